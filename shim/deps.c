@@ -1,0 +1,2 @@
+/* deps.c: being written */
+#include "shim.h"

@@ -1,0 +1,2 @@
+/* memo.c: being written */
+#include "shim.h"

@@ -1,0 +1,2 @@
+/* shim.c: being written */
+#include "shim.h"

@@ -1,0 +1,106 @@
+/*
+ * Internals shared by the shim's parts (not installed, not exported).
+ *
+ * libkcache.so is built with -fvisibility=hidden; only the intercepted
+ * CUDA/NVRTC/libc names are exported (KC_EXPORT). Internal non-static names
+ * carry the kc__ prefix.
+ */
+#ifndef KCACHE_SHIM_H
+#define KCACHE_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "log.h"
+#include "../store/store.h"
+
+#define KC_EXPORT __attribute__((visibility("default")))
+
+/* ---- state ---------------------------------------------------------- */
+
+/* The configuration, read once on first use (thread-safe). */
+const struct kc_config *kc__config(void);
+
+/* The store, opened (dlopen of libkcache-store.so + open) on first call.
+ * Returns NULL when the cache is off or the store cannot be used (one
+ * warning was logged); *api is set when non-NULL is returned. */
+struct kc_store *kc__store(const struct kc_store_api **api);
+
+/* Adds to this process's counters of `backend` (printed by KCACHE_STATS and
+ * handed to the store at exit). Thread-safe. */
+void kc__count(const char *backend, const struct kc_counters *c);
+
+/* Monotonic clock, nanoseconds. */
+uint64_t kc__now_ns(void);
+
+/* ---- re-entry guard --------------------------------------------------- */
+
+/* NVRTC's compile dlopen()s libcuda and calls cuInit; hooks run inside
+ * hooks. A hook that finds the guard held on its thread passes straight
+ * through to the real function. enter() returns false when already held. */
+bool kc__guard_enter(void);
+void kc__guard_exit(void);
+bool kc__guard_held(void);
+
+/* ---- interposition ---------------------------------------------------- */
+
+/* One intercepted entry point. `real` is filled the first time the real
+ * function is found (dlsym(RTLD_NEXT), a dlsym() the host made, or
+ * cuGetProcAddress). */
+struct kc__hook {
+    const char *name;   /* exact exported name, e.g. "cuMemAlloc_v2" */
+    void *wrapper;      /* our function */
+    void **real;        /* where the real pointer is kept */
+    int lib;            /* KC_LIB_* the real one must come from */
+};
+
+enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2 };
+
+/* Each part registers its table (NULL-name terminated). */
+extern const struct kc__hook kc__nvrtc_hooks[];
+extern const struct kc__hook kc__driver_hooks[];
+
+/* Finds the hook for `name` in library `lib` (0: any), or NULL. */
+const struct kc__hook *kc__hook_find(const char *name, int lib);
+
+/* Resolves *h->real if still unset: dlsym(RTLD_NEXT, name). Returns it. */
+void *kc__hook_real(const struct kc__hook *h);
+
+/* Given a pointer the real dlsym/cuGetProcAddress returned, says which
+ * library it lies in (KC_LIB_* or 0) and, via *sym, the name the real
+ * library's symbol table gives it (dladdr), which may differ from the name
+ * asked for (versioned variants). */
+int kc__classify(const void *fn, const char **sym);
+
+/* Swaps `fn` (from the real resolver, asked for `asked`) for our wrapper
+ * when one matches the symbol actually returned; records the real pointer.
+ * Returns what the caller should hand the host. */
+void *kc__swap(const char *asked, void *fn);
+
+/* The real dlsym (dlvsym GLIBC_2.34, else GLIBC_2.2.5). */
+void *kc__real_dlsym(void *handle, const char *name);
+
+/* ---- hashing ---------------------------------------------------------- */
+
+/* Streaming XXH3-128 with framing: every field is length-prefixed so
+ * ("ab","c") and ("a","bc") hash differently. */
+struct kc__hasher;
+struct kc__hasher *kc__hasher_new(void);
+void kc__hasher_free(struct kc__hasher *h);
+void kc__hash_bytes(struct kc__hasher *h, const void *p, size_t n);
+void kc__hash_str(struct kc__hasher *h, const char *s); /* NULL hashes as absent */
+void kc__hash_u64(struct kc__hasher *h, uint64_t v);
+kc_digest kc__hash_digest(struct kc__hasher *h);
+kc_digest kc__digest_of(const void *p, size_t n);
+void kc__digest_hex(const kc_digest *d, char out[33]);
+
+/* The GNU build-id of the ELF file at `path` (or, without one, a digest of
+ * its contents). 0 or negative errno. */
+int kc__file_identity(const char *path, kc_digest *out);
+
+/* kcache's own build (the seed's build id): the build-id of libkcache.so. */
+uint64_t kc__self_build(void);
+
+#endif

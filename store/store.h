@@ -1,0 +1,234 @@
+/*
+ * kcache artifact store: the one public header of libkcache-store.so.
+ *
+ * The store keeps compiled artifacts for many processes at once. Every
+ * process reads through a RocksDB secondary instance and the spool; writes go
+ * to the spool (temp file, fsync, rename) and one owner process, started on
+ * demand, drains them into the primary. See ARCHITECTURE.md.
+ *
+ * Conventions: functions return 0 or a negative errno. Nothing here blocks
+ * the caller for long: lock waits are bounded. Memory returned through a
+ * `void **` is malloc'd and released with kc_store_free().
+ *
+ * The preloaded shim never links this library; it dlopen()s it on first use
+ * and reaches every function through the table kc_store_api() returns, so
+ * the table is the ABI. Bump KC_STORE_ABI when it changes.
+ */
+#ifndef KCACHE_STORE_H
+#define KCACHE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KC_STORE_ABI 1
+
+/* Version of the record layout. Part of every record header and of every
+ * namespace fingerprint the shim builds, so a new layout never reads an old
+ * one. */
+#define KC_FORMAT_VERSION 1
+
+/* Default size limit, bytes (KCACHE_MAXSIZE). */
+#define KC_DEFAULT_MAX_SIZE (5ull << 30)
+
+/* An XXH3-128 digest. */
+typedef struct kc_digest {
+    uint64_t lo, hi;
+} kc_digest;
+
+/* A kernel key, as the seed's KernelCacheKey: what the request is (`id`,
+ * a digest of everything that decides the output) and which build of kcache
+ * derived it (`build`). */
+typedef struct kc_key {
+    kc_digest id;
+    uint64_t build;
+} kc_key;
+
+/* What a record holds. */
+enum kc_kind {
+    KC_KIND_NVRTC = 1,    /* a replayable NVRTC compile result */
+    KC_KIND_JIT = 2,      /* a cubin produced by the driver's JIT */
+    KC_KIND_MANIFEST = 3, /* the header files a compile read */
+    KC_KIND_BLOB = 4,     /* anything else (tests) */
+};
+
+struct kc_store_options {
+    const char *dir;    /* cache directory; created 0700 when missing */
+    int readonly;       /* never write, never start the owner */
+    uint64_t max_size;  /* bytes; 0 means KC_DEFAULT_MAX_SIZE */
+    const char *tool;   /* the kcache tool that runs the owner; NULL: locate it
+                         * ($KCACHE_TOOL, beside this library, then $PATH) */
+};
+
+/* The header fields of one record, as the tool shows them. */
+struct kc_record_info {
+    uint32_t kind;       /* enum kc_kind */
+    uint32_t format;     /* KC_FORMAT_VERSION it was written with */
+    uint64_t body_size;  /* uncompressed body bytes */
+    uint64_t created;    /* unix time, seconds */
+    uint64_t last_hit;   /* unix time, seconds; 0 = never hit */
+    uint64_t hits;       /* hits folded in by the owner so far */
+    uint64_t saved_ns;   /* compile time one hit saves */
+};
+
+/* Per-backend counters a process adds to the store's statistics. */
+struct kc_counters {
+    uint64_t hits;
+    uint64_t misses;
+    uint64_t passthrough; /* requests that bypassed the cache (PCH, ...) */
+    uint64_t stores;      /* artifacts written */
+    uint64_t errors;      /* internal failures that fell back */
+    uint64_t saved_ns;    /* compile time hits saved */
+    uint64_t compile_ns;  /* compile time spent on misses */
+};
+
+/* One entry as kc_store_foreach() reports it. Valid during the callback. */
+struct kc_entry {
+    const char *ns;
+    kc_key key;
+    struct kc_record_info info;
+    uint64_t stored_bytes; /* its share of the body as stored (compressed, deduplicated) */
+    int pending;           /* still in the spool, not yet drained */
+};
+
+struct kc_ns_stats {
+    char ns[128];
+    uint64_t entries;
+    uint64_t raw_bytes;    /* sum of body sizes */
+};
+
+struct kc_backend_stats {
+    char backend[32];
+    struct kc_counters c;
+};
+
+struct kc_store_stats {
+    size_t n_ns;
+    struct kc_ns_stats *ns;        /* array of n_ns */
+    size_t n_backends;
+    struct kc_backend_stats *backends;
+    uint64_t entries;
+    uint64_t raw_bytes;            /* sum of artifact body sizes */
+    uint64_t unique_bytes;         /* body bytes after dedup */
+    uint64_t disk_bytes;           /* everything under the cache directory */
+    uint64_t spool_entries;        /* written, not yet drained */
+    uint64_t max_size;
+};
+
+struct kc_verify_report {
+    uint64_t checked;
+    uint64_t bad;       /* records that failed their header or checksum */
+    uint64_t purged;    /* of those, removed */
+    uint64_t spool_bad; /* spool files that were unreadable, removed */
+};
+
+struct kc_gc_report {
+    uint64_t evicted;
+    uint64_t bytes_before;
+    uint64_t bytes_after;
+};
+
+/* Progress callback for long operations: done of total (total 0 = unknown). */
+typedef void (*kc_progress_fn)(uint64_t done, uint64_t total, void *arg);
+
+struct kc_store;
+
+struct kc_store_api {
+    int abi; /* KC_STORE_ABI */
+
+    /* Opens the store in opts->dir (copied). Reading is lazy: no RocksDB
+     * instance is opened until the first get. Fails with -ENOTDIR, -EACCES,
+     * -EPERM (directory owned by someone else or writable by group/others).
+     * On success *out is owned by the caller; close it with close(). */
+    int (*open)(const struct kc_store_options *opts, struct kc_store **out);
+
+    /* Flushes pending hit and counter logs (see flush) and releases
+     * everything. NULL is a no-op. */
+    void (*close)(struct kc_store *st);
+
+    /* Looks up `key` in namespace `ns`. 0: hit, *body (malloc'd, caller
+     * frees) and *len hold the body, *info (may be NULL) the header, and the
+     * hit is noted for recency (no write per hit). -ENOENT: miss; a record
+     * that fails its checksum is a miss and is purged. Other negative
+     * values: the store could not be read (treat as a miss). */
+    int (*get)(struct kc_store *st, const char *ns, const kc_key *key, void **body, size_t *len,
+               struct kc_record_info *info);
+
+    /* Stores `body` under `key` in `ns` and, when `source` is not NULL,
+     * records `source` -> key in the namespace's sources map. `saved_ns` is
+     * the compile time a hit will save. Returns 0 once the record is durable
+     * (in the spool, fsynced); -EROFS on a read-only store; other negative
+     * errno on failure (the caller only loses the caching). */
+    int (*put)(struct kc_store *st, const char *ns, const kc_key *key, const kc_digest *source,
+               uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
+
+    /* The seed's take_by_source: the artifact another kernel finalized from
+     * `source`. If that kernel's build is `build` it keeps its entry (a copy
+     * is returned); if it is of an earlier build, the entry is moved: the
+     * sources map and the old key are purged. 0 with *body, *len and *found
+     * filled; -ENOENT when none. */
+    int (*take_by_source)(struct kc_store *st, const char *ns, const kc_digest *source,
+                          uint64_t build, void **body, size_t *len, kc_key *found);
+
+    /* Removes `key` from `ns` (a bad or stale entry). 0 or -ENOENT. */
+    int (*purge)(struct kc_store *st, const char *ns, const kc_key *key);
+
+    /* Adds `c` to the counters of `backend` ("nvrtc", "jit", ...). Kept in
+     * memory; written by flush() and close(). */
+    void (*count)(struct kc_store *st, const char *backend, const struct kc_counters *c);
+
+    /* Writes the noted hits and counters to the spool. 0 or negative errno. */
+    int (*flush)(struct kc_store *st);
+
+    /* Releases handles a forked child must not use (RocksDB is not fork
+     * safe). Called in the child; the store reopens lazily. */
+    void (*after_fork_child)(struct kc_store *st);
+
+    void (*free)(void *p);
+
+    /* --- tool operations (may wait, bounded, for the owner lock) --- */
+
+    /* Calls cb for every entry (drained and pending) of `ns`, or of all
+     * namespaces when ns is NULL. A non-zero return from cb stops the walk
+     * and is returned. */
+    int (*foreach)(struct kc_store *st, const char *ns,
+                   int (*cb)(const struct kc_entry *e, void *arg), void *arg);
+
+    /* Statistics. *out is allocated; release with stats_free(). */
+    int (*stats)(struct kc_store *st, struct kc_store_stats **out);
+    void (*stats_free)(struct kc_store_stats *s);
+
+    /* Re-checks every record; with `repair`, purges the bad ones. */
+    int (*verify)(struct kc_store *st, int repair, struct kc_verify_report *rep,
+                  kc_progress_fn progress, void *arg);
+
+    /* Evicts least-recently-hit entries until the store is at most
+     * `max_size` bytes (0: the configured limit) and compacts. */
+    int (*gc)(struct kc_store *st, uint64_t max_size, struct kc_gc_report *rep,
+              kc_progress_fn progress, void *arg);
+
+    /* Removes every entry. */
+    int (*clear)(struct kc_store *st);
+
+    /* Runs the owner: holds the primary, drains the spool, folds hit logs,
+     * evicts past the size limit, compacts; returns after `idle_ms` without
+     * work, or -EBUSY at once if another owner holds the lock. */
+    int (*owner_run)(const struct kc_store_options *opts, int idle_ms);
+
+    /* Parses a record (header + body) as stored; 0 with *info filled and
+     * *body pointing inside `rec`, or -EBADMSG. Exposed for the fuzzers. */
+    int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info,
+                        const void **body, size_t *body_len);
+};
+
+/* The function table. The shim finds this one symbol with dlsym(). */
+const struct kc_store_api *kc_store_api(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
