@@ -209,7 +209,12 @@ void kc_config_load(struct kc_config *cfg)
             char cwd[PATH_MAX];
             if (getcwd(cwd, sizeof cwd) != NULL &&
                 strlen(cwd) + strlen(v) + 2 < sizeof cfg->dir - 64)
-                snprintf(cfg->dir, sizeof cfg->dir, "%s/%s", cwd, v);
+            {
+                size_t a = strlen(cwd), b = strlen(v);
+                memcpy(cfg->dir, cwd, a);
+                cfg->dir[a] = '/';
+                memcpy(cfg->dir + a + 1, v, b + 1);
+            }
             else
                 snprintf(cfg->dir, sizeof cfg->dir, "%s", v);
         } else {
