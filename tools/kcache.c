@@ -1,3 +1,875 @@
-/* kcache.c: being written */
+/*
+ * kcache: the command-line tool over the artifact store (store/store.h).
+ *
+ * It inspects and maintains a cache directory (stats, ls, show, verify, gc,
+ * clear), prints the effective configuration (config) and runs the owner
+ * process the store starts on demand (owner). Every command works on an empty
+ * or missing cache directory; a missing one is never created except by the
+ * owner. Errors are one line on stderr, "kcache: error: ...", with exit
+ * status 2 for usage errors and 1 for runtime errors.
+ */
+#include "config.h"
+#include "log.h"
+#include "store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
-int main(void) { fprintf(stderr, "kcache: not yet\n"); return 1; }
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef KC_VERSION
+#define KC_VERSION "unknown"
+#endif
+
+#define EXIT_USAGE 2
+#define EXIT_RUNTIME 1
+
+static const char usage_text[] =
+    "Usage: kcache [--dir DIR] COMMAND [OPTIONS]\n"
+    "\n"
+    "Inspect and maintain the kcache artifact store.\n"
+    "\n"
+    "Commands:\n"
+    "  stats [--json]         entries and bytes per namespace; hits, misses,\n"
+    "                         pass-throughs and stores per backend; compile time\n"
+    "                         saved; size on disk vs raw vs unique bytes\n"
+    "  ls [--namespace NS]    list entries, one per line:\n"
+    "                         KEY NAMESPACE KIND SIZE STORED HITS LAST-HIT [pending]\n"
+    "  show KEY               one entry's header; KEY is the hex key as ls prints\n"
+    "                         it, or a unique prefix of at least 4 hex digits\n"
+    "  verify                 re-check every record; report and purge bad ones\n"
+    "  gc [--max-size SIZE]   evict least-recently-hit entries until the store is\n"
+    "                         at most SIZE (default: KCACHE_MAXSIZE), then compact\n"
+    "  clear                  remove every entry\n"
+    "  config                 every KCACHE_* variable: effective value and where\n"
+    "                         it came from (default, environment, command line)\n"
+    "  owner [--idle-ms N]    run the owner process: drain the spool, evict,\n"
+    "                         compact; exit after N ms idle (the store starts it)\n"
+    "\n"
+    "Options:\n"
+    "  --dir DIR              cache directory (overrides KCACHE_DIR)\n"
+    "  -h, --help             show this help and exit\n"
+    "  -V, --version          show the version and exit\n"
+    "\n"
+    "SIZE is a number with an optional K, M, G or T suffix (powers of 1024).\n"
+    "Exit status: 0 on success, 1 on a runtime error, 2 on a usage error.\n";
+
+/* Everything one invocation needs. */
+struct ctx {
+    const char *prog_cmd;            /* the subcommand */
+    char dir[PATH_MAX];              /* effective cache directory */
+    bool dir_from_cli;
+    struct kc_config cfg;
+    const struct kc_store_api *api;
+    bool progress;                   /* stderr is a terminal */
+};
+
+static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void err_line(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    /* One line, whatever the message held. */
+    for (char *p = line; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    fflush(stdout);
+    fprintf(stderr, "kcache: error: %s\n", line);
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    char line[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    err_line("%s (see kcache --help)", line);
+    return EXIT_USAGE;
+}
+
+static const char *kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case KC_KIND_NVRTC:
+        return "nvrtc";
+    case KC_KIND_JIT:
+        return "jit";
+    case KC_KIND_MANIFEST:
+        return "manifest";
+    case KC_KIND_BLOB:
+        return "blob";
+    default:
+        return "unknown";
+    }
+}
+
+/* Formats a byte count for people: "512 B", "1.5 KiB", "3.2 GiB". */
+static const char *human_size(uint64_t n, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (n < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", n);
+        return buf;
+    }
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+static const char *format_time(uint64_t t, char *buf, size_t len)
+{
+    if (t == 0) {
+        snprintf(buf, len, "-");
+        return buf;
+    }
+    time_t tt = (time_t)t;
+    struct tm tm;
+    if (localtime_r(&tt, &tm) == NULL || strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+        snprintf(buf, len, "%" PRIu64, t);
+    return buf;
+}
+
+static void key_hex(const kc_key *k, char out[33])
+{
+    snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, k->id.hi, k->id.lo);
+}
+
+/* Prints s as a JSON string. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* ---- progress ---------------------------------------------------------- */
+
+struct progress {
+    const char *what;
+    bool shown;
+    int last_pct;
+    uint64_t last_done;
+};
+
+static void progress_cb(uint64_t done, uint64_t total, void *arg)
+{
+    struct progress *p = arg;
+    if (total > 0) {
+        int pct = (int)(done * 100 / total);
+        if (p->shown && pct == p->last_pct)
+            return;
+        p->last_pct = pct;
+        fprintf(stderr, "\r%s: %" PRIu64 "/%" PRIu64 " (%d%%)", p->what, done, total, pct);
+    } else {
+        if (p->shown && done - p->last_done < 100)
+            return;
+        p->last_done = done;
+        fprintf(stderr, "\r%s: %" PRIu64, p->what, done);
+    }
+    p->shown = true;
+}
+
+static void progress_end(struct progress *p)
+{
+    if (p->shown)
+        fputs("\r\033[K", stderr);
+}
+
+/* ---- store access ------------------------------------------------------ */
+
+/* Checks that the store library provides `fn`. */
+static bool need(struct ctx *c, const void *fn, const char *name)
+{
+    if (c->api != NULL && fn != NULL)
+        return true;
+    err_line("the store library does not provide %s (store ABI %d)", name,
+             c->api != NULL ? c->api->abi : -1);
+    return false;
+}
+
+/*
+ * Looks at the cache directory without creating it. Returns 1 when it exists,
+ * 0 when it is missing (the caller reports an empty store), or -1 after
+ * printing an error (not a directory, unreadable path).
+ */
+static int probe_dir(struct ctx *c)
+{
+    struct stat sb;
+    if (stat(c->dir, &sb) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        err_line("cannot use cache directory %s: %s", c->dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        err_line("cannot use cache directory %s: %s", c->dir, strerror(ENOTDIR));
+        return -1;
+    }
+    return 1;
+}
+
+static void fill_options(struct ctx *c, struct kc_store_options *o, bool readonly)
+{
+    memset(o, 0, sizeof *o);
+    o->dir = c->dir;
+    o->readonly = readonly;
+    o->max_size = c->cfg.max_size;
+    o->tool = NULL;
+}
+
+static const char *open_error(int rc)
+{
+    switch (rc) {
+    case -EPERM:
+        return "owned by another user or writable by group or others";
+    default:
+        return strerror(-rc);
+    }
+}
+
+/*
+ * Opens the store for a command. Returns 1 with *st set, 0 when the directory
+ * is missing (*st NULL: report an empty store), or -1 after an error line.
+ */
+static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
+{
+    *st = NULL;
+    int p = probe_dir(c);
+    if (p <= 0)
+        return p;
+    if (!need(c, (const void *)c->api->open, "open") ||
+        !need(c, (const void *)c->api->close, "close"))
+        return -1;
+    struct kc_store_options o;
+    fill_options(c, &o, readonly);
+    int rc = c->api->open(&o, st);
+    if (rc < 0 || *st == NULL) {
+        err_line("cannot use cache directory %s: %s", c->dir,
+                 open_error(rc < 0 ? rc : -EIO));
+        *st = NULL;
+        return -1;
+    }
+    return 1;
+}
+
+/* ---- stats ------------------------------------------------------------- */
+
+static const struct kc_backend_stats *find_backend(const struct kc_store_stats *s,
+                                                   const char *name)
+{
+    for (size_t i = 0; s != NULL && i < s->n_backends; i++)
+        if (strcmp(s->backends[i].backend, name) == 0)
+            return &s->backends[i];
+    return NULL;
+}
+
+/* The backends to print: nvrtc and jit always, then any others the store
+ * reports. Returns the count; names point into `s` or static strings. */
+static size_t backend_list(const struct kc_store_stats *s, const char **names, size_t max)
+{
+    size_t n = 0;
+    names[n++] = "nvrtc";
+    names[n++] = "jit";
+    for (size_t i = 0; s != NULL && i < s->n_backends && n < max; i++) {
+        const char *b = s->backends[i].backend;
+        if (strcmp(b, "nvrtc") != 0 && strcmp(b, "jit") != 0)
+            names[n++] = b;
+    }
+    return n;
+}
+
+static int cmd_stats(struct ctx *c, bool json)
+{
+    struct kc_store *st = NULL;
+    int o = open_store(c, true, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    struct kc_store_stats *s = NULL;
+    struct kc_store_stats empty;
+    memset(&empty, 0, sizeof empty);
+    empty.max_size = c->cfg.max_size;
+    if (st != NULL) {
+        if (!need(c, (const void *)c->api->stats, "stats") ||
+            !need(c, (const void *)c->api->stats_free, "stats_free")) {
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+        int rc = c->api->stats(st, &s);
+        if (rc < 0 || s == NULL) {
+            err_line("cannot read statistics of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+    }
+    const struct kc_store_stats *v = s != NULL ? s : &empty;
+    uint64_t max_size = v->max_size != 0 ? v->max_size : c->cfg.max_size;
+
+    const char *names[64];
+    size_t nb = backend_list(s, names, 64);
+    uint64_t saved_ns = 0;
+    for (size_t i = 0; s != NULL && i < s->n_backends; i++)
+        saved_ns += s->backends[i].c.saved_ns;
+
+    if (json) {
+        printf("{\"dir\": ");
+        json_str(stdout, c->dir);
+        printf(", \"exists\": %s", o == 1 ? "true" : "false");
+        printf(", \"entries\": %" PRIu64 ", \"spool_entries\": %" PRIu64, v->entries,
+               v->spool_entries);
+        printf(", \"raw_bytes\": %" PRIu64 ", \"unique_bytes\": %" PRIu64
+               ", \"disk_bytes\": %" PRIu64 ", \"max_size\": %" PRIu64,
+               v->raw_bytes, v->unique_bytes, v->disk_bytes, max_size);
+        printf(", \"saved_seconds\": %.3f", saved_ns / 1e9);
+        printf(", \"namespaces\": [");
+        for (size_t i = 0; i < v->n_ns; i++) {
+            printf("%s{\"name\": ", i ? ", " : "");
+            json_str(stdout, v->ns[i].ns);
+            printf(", \"entries\": %" PRIu64 ", \"raw_bytes\": %" PRIu64 "}", v->ns[i].entries,
+                   v->ns[i].raw_bytes);
+        }
+        printf("], \"backends\": [");
+        for (size_t i = 0; i < nb; i++) {
+            const struct kc_backend_stats *b = find_backend(s, names[i]);
+            struct kc_counters z;
+            memset(&z, 0, sizeof z);
+            const struct kc_counters *k = b != NULL ? &b->c : &z;
+            printf("%s{\"name\": ", i ? ", " : "");
+            json_str(stdout, names[i]);
+            printf(", \"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"passthrough\": %" PRIu64
+                   ", \"stores\": %" PRIu64 ", \"errors\": %" PRIu64
+                   ", \"saved_seconds\": %.3f, \"compile_seconds\": %.3f}",
+                   k->hits, k->misses, k->passthrough, k->stores, k->errors, k->saved_ns / 1e9,
+                   k->compile_ns / 1e9);
+        }
+        printf("]}\n");
+    } else {
+        char b1[32], b2[32], b3[32], b4[32];
+        printf("Cache directory:      %s%s\n", c->dir,
+               o == 1 ? "" : " (does not exist yet)");
+        printf("Entries:              %" PRIu64, v->entries);
+        if (v->spool_entries)
+            printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
+        printf("\n");
+        printf("Size on disk:         %s of %s limit\n", human_size(v->disk_bytes, b1, sizeof b1),
+               human_size(max_size, b2, sizeof b2));
+        printf("Artifact bytes:       %s raw, %s unique after dedup\n",
+               human_size(v->raw_bytes, b3, sizeof b3),
+               human_size(v->unique_bytes, b4, sizeof b4));
+        printf("Compile time saved:   %.3f s\n", saved_ns / 1e9);
+        if (v->n_ns > 0) {
+            printf("Namespaces:\n");
+            for (size_t i = 0; i < v->n_ns; i++)
+                printf("  %-40s %8" PRIu64 " entries  %s\n", v->ns[i].ns, v->ns[i].entries,
+                       human_size(v->ns[i].raw_bytes, b1, sizeof b1));
+        }
+        printf("Backends:\n");
+        for (size_t i = 0; i < nb; i++) {
+            const struct kc_backend_stats *b = find_backend(s, names[i]);
+            struct kc_counters z;
+            memset(&z, 0, sizeof z);
+            const struct kc_counters *k = b != NULL ? &b->c : &z;
+            uint64_t lookups = k->hits + k->misses;
+            printf("  %-6s hits %" PRIu64 "  misses %" PRIu64 "  passthrough %" PRIu64
+                   "  stores %" PRIu64 "  errors %" PRIu64,
+                   names[i], k->hits, k->misses, k->passthrough, k->stores, k->errors);
+            if (lookups > 0)
+                printf("  hit rate %.1f%%", 100.0 * (double)k->hits / (double)lookups);
+            printf("  saved %.3fs  compiled %.3fs\n", k->saved_ns / 1e9, k->compile_ns / 1e9);
+        }
+    }
+    if (s != NULL)
+        c->api->stats_free(s);
+    if (st != NULL)
+        c->api->close(st);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- ls / show --------------------------------------------------------- */
+
+static int ls_cb(const struct kc_entry *e, void *arg)
+{
+    (void)arg;
+    char hex[33], t[40], b[32];
+    key_hex(&e->key, hex);
+    (void)b;
+    printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex, e->ns,
+           kind_name(e->info.kind), e->info.body_size, e->stored_bytes, e->info.hits,
+           format_time(e->info.last_hit, t, sizeof t), e->pending ? " pending" : "");
+    return 0;
+}
+
+static int walk_error(struct ctx *c, int rc)
+{
+    err_line("cannot read the entries of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
+    return EXIT_RUNTIME;
+}
+
+static int cmd_ls(struct ctx *c, const char *ns)
+{
+    struct kc_store *st = NULL;
+    int o = open_store(c, true, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    if (st == NULL)
+        return 0;
+    if (!need(c, (const void *)c->api->foreach, "foreach")) {
+        c->api->close(st);
+        return EXIT_RUNTIME;
+    }
+    int rc = c->api->foreach(st, ns, ls_cb, NULL);
+    c->api->close(st);
+    if (rc != 0)
+        return walk_error(c, rc);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+struct show_match {
+    kc_key key;
+    char ns[128];
+    struct kc_record_info info;
+    uint64_t stored_bytes;
+    int pending;
+};
+
+struct show_state {
+    const char *prefix; /* lower-case hex */
+    size_t n, cap;
+    struct show_match *m;
+    bool oom;
+};
+
+static int show_cb(const struct kc_entry *e, void *arg)
+{
+    struct show_state *s = arg;
+    char hex[33];
+    key_hex(&e->key, hex);
+    if (strncmp(hex, s->prefix, strlen(s->prefix)) != 0)
+        return 0;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 4;
+        struct show_match *m = realloc(s->m, cap * sizeof *m);
+        if (m == NULL) {
+            s->oom = true;
+            return -ENOMEM;
+        }
+        s->m = m;
+        s->cap = cap;
+    }
+    struct show_match *m = &s->m[s->n++];
+    m->key = e->key;
+    snprintf(m->ns, sizeof m->ns, "%s", e->ns);
+    m->info = e->info;
+    m->stored_bytes = e->stored_bytes;
+    m->pending = e->pending;
+    return 0;
+}
+
+static int cmd_show(struct ctx *c, const char *key)
+{
+    char prefix[33];
+    size_t n = strlen(key);
+    if (n < 4 || n > 32)
+        return usage_error("KEY must be 4 to 32 hex digits, got '%s'", key);
+    for (size_t i = 0; i < n; i++) {
+        char ch = key[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F')))
+            return usage_error("KEY must be hex digits, got '%s'", key);
+        prefix[i] = (char)(ch >= 'A' && ch <= 'F' ? ch - 'A' + 'a' : ch);
+    }
+    prefix[n] = '\0';
+
+    struct kc_store *st = NULL;
+    int o = open_store(c, true, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    struct show_state s = {.prefix = prefix};
+    if (st != NULL) {
+        if (!need(c, (const void *)c->api->foreach, "foreach")) {
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+        int rc = c->api->foreach(st, NULL, show_cb, &s);
+        c->api->close(st);
+        if (rc != 0) {
+            free(s.m);
+            return walk_error(c, rc);
+        }
+    }
+    if (s.n == 0) {
+        err_line("no entry with key %s in %s", prefix, c->dir);
+        return EXIT_RUNTIME;
+    }
+    for (size_t i = 1; i < s.n; i++) {
+        if (s.m[i].key.id.lo != s.m[0].key.id.lo || s.m[i].key.id.hi != s.m[0].key.id.hi) {
+            err_line("key prefix %s is ambiguous: it matches more than one key", prefix);
+            free(s.m);
+            return EXIT_RUNTIME;
+        }
+    }
+    for (size_t i = 0; i < s.n; i++) {
+        const struct show_match *m = &s.m[i];
+        char hex[33], t1[40], t2[40], b1[32], b2[32];
+        key_hex(&m->key, hex);
+        if (i > 0)
+            printf("\n");
+        printf("Key:          %s\n", hex);
+        printf("Build:        %016" PRIx64 "\n", m->key.build);
+        printf("Namespace:    %s\n", m->ns);
+        printf("Kind:         %s\n", kind_name(m->info.kind));
+        printf("Format:       %" PRIu32 "\n", m->info.format);
+        printf("Size:         %" PRIu64 " bytes (%s)\n", m->info.body_size,
+               human_size(m->info.body_size, b1, sizeof b1));
+        printf("Stored:       %" PRIu64 " bytes (%s)\n", m->stored_bytes,
+               human_size(m->stored_bytes, b2, sizeof b2));
+        printf("Created:      %s\n", format_time(m->info.created, t1, sizeof t1));
+        printf("Last hit:     %s\n", format_time(m->info.last_hit, t2, sizeof t2));
+        printf("Hits:         %" PRIu64 "\n", m->info.hits);
+        printf("Saves:        %.3f s per hit\n", m->info.saved_ns / 1e9);
+        printf("State:        %s\n", m->pending ? "pending (in the spool)" : "stored");
+    }
+    free(s.m);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- verify / gc / clear ---------------------------------------------- */
+
+static int cmd_verify(struct ctx *c)
+{
+    struct kc_store *st = NULL;
+    int o = open_store(c, false, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    struct kc_verify_report r;
+    memset(&r, 0, sizeof r);
+    if (st != NULL) {
+        if (!need(c, (const void *)c->api->verify, "verify")) {
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+        struct progress p = {.what = "verify"};
+        int rc = c->api->verify(st, 1, &r, c->progress ? progress_cb : NULL, &p);
+        progress_end(&p);
+        c->api->close(st);
+        if (rc < 0) {
+            err_line("verify of %s failed: %s", c->dir, strerror(-rc));
+            return EXIT_RUNTIME;
+        }
+    }
+    printf("checked %" PRIu64 " records: %" PRIu64 " bad, %" PRIu64 " purged, %" PRIu64
+           " bad spool files removed\n",
+           r.checked, r.bad, r.purged, r.spool_bad);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+static int cmd_gc(struct ctx *c, uint64_t max_size)
+{
+    struct kc_store *st = NULL;
+    int o = open_store(c, false, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    struct kc_gc_report r;
+    memset(&r, 0, sizeof r);
+    if (st != NULL) {
+        if (!need(c, (const void *)c->api->gc, "gc")) {
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+        struct progress p = {.what = "gc"};
+        int rc = c->api->gc(st, max_size, &r, c->progress ? progress_cb : NULL, &p);
+        progress_end(&p);
+        c->api->close(st);
+        if (rc < 0) {
+            err_line("gc of %s failed: %s", c->dir, strerror(-rc));
+            return EXIT_RUNTIME;
+        }
+    }
+    char b1[32], b2[32], b3[32];
+    printf("evicted %" PRIu64 " entries: %s -> %s (limit %s)\n", r.evicted,
+           human_size(r.bytes_before, b1, sizeof b1), human_size(r.bytes_after, b2, sizeof b2),
+           human_size(max_size ? max_size : c->cfg.max_size, b3, sizeof b3));
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+static int cmd_clear(struct ctx *c)
+{
+    struct kc_store *st = NULL;
+    int o = open_store(c, false, &st);
+    if (o < 0)
+        return EXIT_RUNTIME;
+    if (st != NULL) {
+        if (!need(c, (const void *)c->api->clear, "clear")) {
+            c->api->close(st);
+            return EXIT_RUNTIME;
+        }
+        int rc = c->api->clear(st);
+        c->api->close(st);
+        if (rc < 0) {
+            err_line("clear of %s failed: %s", c->dir, strerror(-rc));
+            return EXIT_RUNTIME;
+        }
+    }
+    printf("cleared %s\n", c->dir);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- config / owner ---------------------------------------------------- */
+
+static int cmd_config(struct ctx *c)
+{
+    printf("%-22s %-12s %s\n", "VARIABLE", "FROM", "VALUE");
+    for (int i = 0; i < kc_config_n_vars; i++) {
+        char val[PATH_MAX + 32];
+        const char *from;
+        bool is_dir = strcmp(kc_config_vars[i].name, "KCACHE_DIR") == 0;
+        if (is_dir && c->dir_from_cli) {
+            snprintf(val, sizeof val, "%s", c->dir);
+            from = "command-line";
+        } else {
+            kc_config_value(&c->cfg, i, val, (int)sizeof val);
+            from = c->cfg.origin[i] == KC_FROM_ENV ? "environment" : "default";
+        }
+        /* A value the environment set but that was rejected: say so. */
+        const char *raw = getenv(kc_config_vars[i].name);
+        if (!(is_dir && c->dir_from_cli) && c->cfg.origin[i] != KC_FROM_ENV && raw != NULL &&
+            raw[0] != '\0')
+            printf("%-22s %-12s %s (environment value '%s' ignored)\n", kc_config_vars[i].name,
+                   from, val, raw);
+        else
+            printf("%-22s %-12s %s\n", kc_config_vars[i].name, from, val);
+    }
+    for (int i = 0; i < c->cfg.n_warnings; i++)
+        printf("warning: %s\n", c->cfg.warnings[i]);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+static int cmd_owner(struct ctx *c, int idle_ms)
+{
+    if (!need(c, (const void *)c->api->owner_run, "owner_run"))
+        return EXIT_RUNTIME;
+    struct kc_store_options o;
+    fill_options(c, &o, false);
+    int rc = c->api->owner_run(&o, idle_ms);
+    if (rc == -EBUSY) {
+        kc_log(KC_LOG_INFO, "another owner holds %s; nothing to do", c->dir);
+        return 0;
+    }
+    if (rc < 0) {
+        err_line("owner of %s failed: %s", c->dir, open_error(rc));
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+/* ---- arguments --------------------------------------------------------- */
+
+/* Makes `d` absolute (against the working directory) into c->dir. */
+static int set_dir(struct ctx *c, const char *d)
+{
+    if (d[0] == '\0')
+        return usage_error("--dir needs a non-empty directory");
+    if (d[0] == '/') {
+        if (strlen(d) >= sizeof c->dir - 64)
+            return usage_error("--dir is too long");
+        snprintf(c->dir, sizeof c->dir, "%s", d);
+        return 0;
+    }
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof cwd) == NULL) {
+        err_line("cannot resolve %s: %s", d, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    if (strlen(cwd) + strlen(d) + 2 >= sizeof c->dir - 64)
+        return usage_error("--dir is too long");
+    size_t a = strlen(cwd), b = strlen(d);
+    memcpy(c->dir, cwd, a);
+    c->dir[a] = '/';
+    memcpy(c->dir + a + 1, d, b + 1);
+    return 0;
+}
+
+/* Matches "--name VALUE" and "--name=VALUE"; advances *i past VALUE. */
+static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0)
+        return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0')
+        return 0;
+    if (*i + 1 >= argc)
+        return -1;
+    *val = argv[++*i];
+    return 1;
+}
+
+static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc",
+                                       "clear", "config", "owner", "help"};
+
+int main(int argc, char **argv)
+{
+    static struct ctx c;
+    kc_config_load(&c.cfg);
+    kc__log_set_level(c.cfg.log_level);
+    snprintf(c.dir, sizeof c.dir, "%s", c.cfg.dir);
+    c.progress = isatty(STDERR_FILENO);
+
+    const char *cmd = NULL;
+    const char *pos[4] = {NULL};
+    int npos = 0;
+    bool json = false;
+    const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL;
+    bool ns_seen = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        int r;
+        if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
+            if (r < 0)
+                return usage_error("--dir needs a directory");
+            int rc = set_dir(&c, val);
+            if (rc != 0)
+                return rc;
+            c.dir_from_cli = true;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        if ((strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) && cmd == NULL) {
+            printf("kcache %s (store ABI %d, record format %d)\n", KC_VERSION, KC_STORE_ABI,
+                   KC_FORMAT_VERSION);
+            return 0;
+        }
+        if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--json") == 0) {
+            json = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "ls") == 0 &&
+            (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
+            if (r < 0 || val[0] == '\0')
+                return usage_error("--namespace needs a namespace");
+            ns = val;
+            ns_seen = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "gc") == 0 &&
+            (r = opt_value(argc, argv, &i, "--max-size", &val)) != 0) {
+            if (r < 0)
+                return usage_error("--max-size needs a size");
+            max_size_s = val;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "owner") == 0 &&
+            (r = opt_value(argc, argv, &i, "--idle-ms", &val)) != 0) {
+            if (r < 0)
+                return usage_error("--idle-ms needs a number of milliseconds");
+            idle_s = val;
+            continue;
+        }
+        if (a[0] == '-' && a[1] != '\0') {
+            if (cmd == NULL)
+                return usage_error("unknown option '%s'", a);
+            return usage_error("unknown option '%s' for '%s'", a, cmd);
+        }
+        if (cmd == NULL) {
+            bool known = false;
+            for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
+                known = known || strcmp(a, commands[k]) == 0;
+            if (!known)
+                return usage_error("unknown command '%s'", a);
+            cmd = a;
+            continue;
+        }
+        if (npos >= 1 || strcmp(cmd, "show") != 0)
+            return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+        pos[npos++] = a;
+    }
+    (void)ns_seen;
+
+    if (cmd == NULL)
+        return usage_error("no command given");
+    c.prog_cmd = cmd;
+    if (strcmp(cmd, "help") == 0) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+
+    /* The tool's own configuration warnings; `config` prints them itself. */
+    if (strcmp(cmd, "config") != 0 && strcmp(cmd, "owner") != 0)
+        for (int i = 0; i < c.cfg.n_warnings; i++)
+            kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[i]);
+
+    if (strcmp(cmd, "config") == 0)
+        return cmd_config(&c);
+
+    c.api = kc_store_api();
+    if (c.api == NULL || c.api->abi != KC_STORE_ABI) {
+        err_line("the store library has ABI %d, this tool needs %d",
+                 c.api != NULL ? c.api->abi : -1, KC_STORE_ABI);
+        return EXIT_RUNTIME;
+    }
+
+    if (strcmp(cmd, "stats") == 0)
+        return cmd_stats(&c, json);
+    if (strcmp(cmd, "ls") == 0)
+        return cmd_ls(&c, ns);
+    if (strcmp(cmd, "show") == 0) {
+        if (npos != 1)
+            return usage_error("show needs a KEY");
+        return cmd_show(&c, pos[0]);
+    }
+    if (strcmp(cmd, "verify") == 0)
+        return cmd_verify(&c);
+    if (strcmp(cmd, "gc") == 0) {
+        uint64_t max_size = 0;
+        if (max_size_s != NULL && kc_parse_size(max_size_s, &max_size) != 0)
+            return usage_error("--max-size: '%s' is not a size (like 512M or 5G)", max_size_s);
+        return cmd_gc(&c, max_size);
+    }
+    if (strcmp(cmd, "clear") == 0)
+        return cmd_clear(&c);
+    if (strcmp(cmd, "owner") == 0) {
+        long idle_ms = 5000;
+        const char *env_idle = getenv("KCACHE_OWNER_IDLE_MS");
+        if (idle_s == NULL && env_idle != NULL && env_idle[0] != '\0')
+            idle_s = env_idle;
+        if (idle_s != NULL) {
+            char *end;
+            errno = 0;
+            idle_ms = strtol(idle_s, &end, 10);
+            if (end == idle_s || *end != '\0' || errno != 0 || idle_ms < 0 || idle_ms > 86400000)
+                return usage_error("--idle-ms: '%s' is not a number of milliseconds", idle_s);
+        }
+        return cmd_owner(&c, (int)idle_ms);
+    }
+    return usage_error("unknown command '%s'", cmd);
+}
