@@ -1,0 +1,111 @@
+#!/bin/bash
+# kcache on a populated store: ls, show, stats, verify (with a corrupted
+# record), gc and clear.
+# Usage: populated.sh PATH-OF-kc-populate
+. "$(dirname "$0")/lib.sh"
+POP=$1
+
+if store_is_stub; then
+    echo "store is a stub: skipping" >&2
+    exit 77
+fi
+
+D="$T/cache"
+"$POP" "$D" 6 --drain >"$T/keys" || { echo "kc-populate failed" >&2; exit 1; }
+[ "$(wc -l <"$T/keys")" -eq 6 ] && ok || fail "kc-populate printed $(wc -l <"$T/keys") keys"
+
+# --- ls ---------------------------------------------------------------------
+run "$KC" --dir "$D" ls
+expect_rc 0 "ls"
+[ "$(printf '%s\n' "$out" | grep -c .)" -eq 6 ] && ok || fail "ls lists 6 entries: $out"
+while read -r k; do
+    expect_out_match "^$k (nvrtc|jit)-test " "ls lists $k"
+done <"$T/keys"
+run "$KC" --dir "$D" ls --namespace jit-test
+expect_rc 0 "ls --namespace"
+[ "$(printf '%s\n' "$out" | grep -c .)" -eq 3 ] && ok || fail "ls --namespace jit-test lists 3: $out"
+expect_out_no_match 'nvrtc-test' "ls --namespace filters"
+run "$KC" --dir "$D" ls --namespace nothing-here
+expect_rc 0 "ls on an unknown namespace"
+[ -z "$out" ] && ok || fail "ls on an unknown namespace printed: $out"
+
+# --- show ---------------------------------------------------------------
+k2=$(sed -n 3p "$T/keys")
+run "$KC" --dir "$D" show "$k2"
+expect_rc 0 "show"
+expect_out_match "^Key: +$k2\$" "show prints the key"
+expect_out_match '^Namespace: +nvrtc-test$' "show prints the namespace"
+expect_out_match '^Kind: +nvrtc$' "show prints the kind"
+expect_out_match "^Size: +$((1000 + 37 * 2)) bytes" "show prints the size"
+run "$KC" --dir "$D" show "$(printf '%s' "$k2" | tr a-f A-F)"
+expect_rc 0 "show accepts upper-case hex"
+run "$KC" --dir "$D" show "${k2:0:31}"
+expect_rc 0 "show accepts a unique prefix"
+run "$KC" --dir "$D" show feed
+expect_rc 1 "show with an ambiguous prefix"
+expect_one_line_error "kcache: error: " "show with an ambiguous prefix"
+expect_err_match ambiguous "show with an ambiguous prefix says so"
+run "$KC" --dir "$D" show 00000000000000000000000000000000
+expect_rc 1 "show with an unknown key"
+expect_one_line_error "kcache: error: no entry" "show with an unknown key"
+
+# --- stats --------------------------------------------------------------
+run "$KC" --dir "$D" stats
+expect_rc 0 "stats"
+expect_out_match '^Entries: +6' "stats counts 6 entries"
+expect_out_match '^  nvrtc-test +3 entries' "stats per namespace"
+expect_out_match '^  nvrtc +hits 3 +misses 2 +passthrough 1 +stores 2' "stats nvrtc counters"
+expect_out_match '^  jit +hits 5 +misses 1 +passthrough 0 +stores 1 +errors 1' "stats jit counters"
+run "$KC" --dir "$D" stats --json
+expect_rc 0 "stats --json"
+[ "$(json_get 'd["entries"]')" = 6 ] && ok || fail "json entries: $out"
+[ "$(json_get '{n["name"]: n["entries"] for n in d["namespaces"]}["jit-test"]')" = 3 ] && ok ||
+    fail "json namespaces: $out"
+[ "$(json_get '{b["name"]: b["hits"] for b in d["backends"]}["jit"]')" = 5 ] && ok ||
+    fail "json backend hits: $out"
+[ "$(json_get 'd["saved_seconds"]')" = 1.75 ] && ok || fail "json saved seconds: $out"
+raw=$((1000 * 2 + 37 * (2 + 3 + 4 + 5) + 1000 * 4))
+[ "$(json_get 'd["raw_bytes"]')" = "$raw" ] && ok || fail "json raw_bytes should be $raw: $out"
+[ "$(json_get 'd["unique_bytes"] < d["raw_bytes"]')" = True ] && ok ||
+    fail "identical bodies count once in unique_bytes: $out"
+[ "$(json_get 'd["disk_bytes"] > 0')" = True ] && ok || fail "json disk_bytes: $out"
+
+# --- verify: a clean store, then a corrupted record -------------------------
+run "$KC" --dir "$D" verify
+expect_rc 0 "verify"
+expect_out_match '^checked 6 records: 0 bad' "verify on a clean store"
+. "$(dirname "$0")/corrupt.sh"
+if corrupt_one "$D" "$T/keys"; then
+    run "$KC" --dir "$D" verify
+    expect_rc 0 "verify with a corrupted record"
+    expect_out_match '^checked [0-9]+ records: [1-9][0-9]* bad, [1-9][0-9]* purged' "verify finds and purges it"
+    run "$KC" --dir "$D" verify
+    expect_out_match ': 0 bad, 0 purged, 0 bad spool' "verify again finds nothing"
+    run "$KC" --dir "$D" ls
+    [ "$(printf '%s\n' "$out" | grep -c .)" -eq 5 ] && ok || fail "ls after purge lists 5: $out"
+else
+    fail "could not corrupt a record (corrupt.sh does not know the store's files)"
+fi
+
+# --- gc -------------------------------------------------------------------
+run "$KC" --dir "$D" gc --max-size 1G
+expect_rc 0 "gc with room to spare"
+expect_out_match '^evicted 0 entries' "gc evicts nothing under the limit"
+run "$KC" --dir "$D" gc --max-size 1
+expect_rc 0 "gc to 1 byte"
+expect_out_match '^evicted [1-9]' "gc evicts"
+run "$KC" --dir "$D" ls
+n=$(printf '%s\n' "$out" | grep -c .)
+[ "$n" -lt 5 ] && ok || fail "gc --max-size 1 left $n entries"
+
+# --- clear ------------------------------------------------------------------
+"$POP" "$D" 4 >/dev/null || fail "repopulate"
+run "$KC" --dir "$D" clear
+expect_rc 0 "clear"
+run "$KC" --dir "$D" ls
+expect_rc 0 "ls after clear"
+[ -z "$out" ] && ok || fail "ls after clear printed: $out"
+run "$KC" --dir "$D" stats --json
+[ "$(json_get 'd["entries"]')" = 0 ] && ok || fail "stats after clear: $out"
+
+finish
