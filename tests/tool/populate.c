@@ -2,11 +2,13 @@
  * kc-populate: puts a few records into a cache directory through the store's
  * function table, for the tool tests.
  *
- * Usage: kc-populate DIR N [--drain]
- * Writes N records alternating between namespaces "nvrtc-test" and
+ * Usage: kc-populate DIR N [--drain] [--no-owner] [--first I]
+ * Writes N records (numbered from I, default 0) alternating between namespaces "nvrtc-test" and
  * "jit-test" (bodies of 1000 + 37*i bytes; records 0 and 1 share a body, to
  * exercise dedup), adds counters for both backends, flushes and closes. With
- * --drain it then runs the owner once so the records leave the spool. Prints
+ * --drain it then runs the owner once so the records leave the spool; with
+ * --no-owner the store is given a tool that does not exist, so no owner
+ * starts and the records stay in the spool. Prints
  * each key as `kcache ls` does (32 hex digits), one per line.
  */
 #include "store.h"
@@ -25,20 +27,33 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     int n = atoi(argv[2]);
-    int drain = argc > 3 && strcmp(argv[3], "--drain") == 0;
+    int drain = 0, first = 0;
+    const char *tool = NULL;
+    for (int a = 3; a < argc; a++) {
+        if (strcmp(argv[a], "--drain") == 0)
+            drain = 1;
+        else if (strcmp(argv[a], "--no-owner") == 0)
+            tool = "/nonexistent/kcache";
+        else if (strcmp(argv[a], "--first") == 0 && a + 1 < argc)
+            first = atoi(argv[++a]);
+        else {
+            fprintf(stderr, "kc-populate: bad argument %s\n", argv[a]);
+            return 2;
+        }
+    }
     const struct kc_store_api *api = kc_store_api();
     if (api == NULL || api->open == NULL || api->put == NULL || api->close == NULL) {
         fprintf(stderr, "kc-populate: the store library is a stub\n");
         return 77;
     }
-    struct kc_store_options o = {.dir = dir, .readonly = 0, .max_size = 0, .tool = NULL};
+    struct kc_store_options o = {.dir = dir, .readonly = 0, .max_size = 0, .tool = tool};
     struct kc_store *st = NULL;
     int rc = api->open(&o, &st);
     if (rc < 0) {
         fprintf(stderr, "kc-populate: open %s: %s\n", dir, strerror(-rc));
         return 1;
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = first; i < first + n; i++) {
         const char *ns = i % 2 ? "jit-test" : "nvrtc-test";
         kc_key key = {.id = {.lo = 0x1000 + (uint64_t)i, .hi = 0xfeed0000c0de0000ull + (uint64_t)i * 7919},
                       .build = 1};
