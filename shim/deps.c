@@ -1,2 +1,453 @@
-/* deps.c: being written */
+/*
+ * Header tracking through libc interposition. See deps.h.
+ *
+ * Every wrapper here is on the path of every open() in every process that
+ * preloads the shim, so the first thing each does is one thread-local load;
+ * with no compile being tracked on the thread it goes straight to libc.
+ */
+/* The wrappers must define open and open64 separately. */
+#undef _FILE_OFFSET_BITS
+#include "deps.h"
 #include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+static __thread struct kc__deps *tracking __attribute__((tls_model("initial-exec")));
+
+void kc__deps_begin(struct kc__deps *d)
+{
+    tracking = d;
+}
+
+void kc__deps_end(void)
+{
+    tracking = NULL;
+}
+
+void kc__deps_free(struct kc__deps *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        free(d->v[i].path);
+    free(d->v);
+    memset(d, 0, sizeof *d);
+}
+
+static bool ignored(const char *p)
+{
+    return strncmp(p, "/proc/", 6) == 0 || strncmp(p, "/sys/", 5) == 0 ||
+           strncmp(p, "/dev/", 5) == 0;
+}
+
+/* Records `path` (as the compile named it) with what the call found. The
+ * strongest observation of a path wins: a file read beats a stat. */
+static void record(const char *path, int kind, const struct stat *st)
+{
+    struct kc__deps *d = tracking;
+    if (d == NULL || path == NULL || path[0] == '\0')
+        return;
+    tracking = NULL; /* our own calls below are not the compile's */
+    /* Kept as the compile named it: a relative path is checked against the
+     * working directory of each later lookup, which is what NVRTC would
+     * read there. */
+    if (ignored(path))
+        goto out;
+    for (size_t i = 0; i < d->n; i++) {
+        if (strcmp(d->v[i].path, path) != 0)
+            continue;
+        if (kind == KC_DEP_FILE && d->v[i].kind != KC_DEP_FILE) {
+            d->v[i].kind = kind;
+            d->v[i].st = *st;
+        }
+        goto out;
+    }
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 64;
+        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
+        if (v == NULL) {
+            d->failed = true;
+            goto out;
+        }
+        d->v = v;
+        d->cap = cap;
+    }
+    struct kc__dep *e = &d->v[d->n];
+    memset(e, 0, sizeof *e);
+    e->path = strdup(path);
+    if (e->path == NULL) {
+        d->failed = true;
+        goto out;
+    }
+    e->kind = kind;
+    if (st != NULL)
+        e->st = *st;
+    d->n++;
+out:
+    tracking = d;
+}
+
+static int kind_of(const struct stat *st)
+{
+    if (S_ISREG(st->st_mode))
+        return KC_DEP_OTHER;
+    if (S_ISDIR(st->st_mode))
+        return KC_DEP_DIR;
+    return KC_DEP_OTHER;
+}
+
+static void record_stat(const char *path, int rc, int err, const struct stat *st)
+{
+    if (rc == 0)
+        record(path, kind_of(st), st);
+    else if (err == ENOENT || err == ENOTDIR)
+        record(path, KC_DEP_ABSENT, NULL);
+}
+
+static void record_open(const char *path, int fd, int flags, int err)
+{
+    if (fd < 0) {
+        if (err == ENOENT || err == ENOTDIR)
+            record(path, KC_DEP_ABSENT, NULL);
+        return;
+    }
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
+        tracking->writes = true;
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return;
+    record(path, S_ISREG(st.st_mode) ? KC_DEP_FILE : kind_of(&st), &st);
+}
+
+/* ---- the real libc functions ------------------------------------------ */
+
+static void *real(const char *name, const char *version)
+{
+    void *p = version ? dlvsym(RTLD_NEXT, name, version) : NULL;
+    return p ? p : kc__real_dlsym(RTLD_NEXT, name);
+}
+
+#define REAL(var, name, version)                                                                   \
+    do {                                                                                           \
+        if (var == NULL)                                                                           \
+            var = (__typeof__(var))real(name, version);                                            \
+    } while (0)
+
+static int (*real_open)(const char *, int, ...);
+static int (*real_open64)(const char *, int, ...);
+static int (*real_openat)(int, const char *, int, ...);
+static FILE *(*real_fopen)(const char *, const char *);
+static FILE *(*real_fopen64)(const char *, const char *);
+static int (*real_xstat)(int, const char *, struct stat *);
+static int (*real_xstat64)(int, const char *, struct stat *);
+static int (*real_stat)(const char *, struct stat *);
+static int (*real_access)(const char *, int);
+
+static int mode_arg(int flags, va_list ap)
+{
+    return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(ap, int) : 0;
+}
+
+KC_EXPORT int open(const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int mode = mode_arg(flags, ap);
+    va_end(ap);
+    REAL(real_open, "open", NULL);
+    int fd = real_open(path, flags, mode);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        record_open(path, fd, flags, e);
+        errno = e;
+    }
+    return fd;
+}
+
+KC_EXPORT int open64(const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int mode = mode_arg(flags, ap);
+    va_end(ap);
+    REAL(real_open64, "open64", NULL);
+    int fd = real_open64(path, flags, mode);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        record_open(path, fd, flags, e);
+        errno = e;
+    }
+    return fd;
+}
+
+KC_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int mode = mode_arg(flags, ap);
+    va_end(ap);
+    REAL(real_openat, "openat", NULL);
+    int fd = real_openat(dirfd, path, flags, mode);
+    if (__builtin_expect(tracking != NULL, 0) && (dirfd == AT_FDCWD || path[0] == '/')) {
+        int e = errno;
+        record_open(path, fd, flags, e);
+        errno = e;
+    }
+    return fd;
+}
+
+static int fopen_flags(const char *mode)
+{
+    if (mode == NULL)
+        return O_RDONLY;
+    if (mode[0] == 'r' && strchr(mode, '+') == NULL)
+        return O_RDONLY;
+    return O_RDWR | O_CREAT;
+}
+
+static FILE *track_fopen(FILE *f, const char *path, const char *mode)
+{
+    int e = errno;
+    record_open(path, f ? fileno(f) : -1, fopen_flags(mode), e);
+    errno = e;
+    return f;
+}
+
+KC_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+    REAL(real_fopen, "fopen", NULL);
+    FILE *f = real_fopen(path, mode);
+    if (__builtin_expect(tracking != NULL, 0))
+        return track_fopen(f, path, mode);
+    return f;
+}
+
+KC_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+    REAL(real_fopen64, "fopen64", NULL);
+    FILE *f = real_fopen64(path, mode);
+    if (__builtin_expect(tracking != NULL, 0))
+        return track_fopen(f, path, mode);
+    return f;
+}
+
+KC_EXPORT int __xstat(int ver, const char *path, struct stat *st)
+{
+    REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
+    int rc = real_xstat(ver, path, st);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        record_stat(path, rc, e, st);
+        errno = e;
+    }
+    return rc;
+}
+
+KC_EXPORT int __xstat64(int ver, const char *path, struct stat *st)
+{
+    REAL(real_xstat64, "__xstat64", "GLIBC_2.2.5");
+    int rc = real_xstat64(ver, path, st);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        record_stat(path, rc, e, st);
+        errno = e;
+    }
+    return rc;
+}
+
+KC_EXPORT int stat(const char *path, struct stat *st)
+{
+    REAL(real_stat, "stat", NULL);
+    int rc = real_stat(path, st);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        record_stat(path, rc, e, st);
+        errno = e;
+    }
+    return rc;
+}
+
+KC_EXPORT int access(const char *path, int mode)
+{
+    REAL(real_access, "access", NULL);
+    int rc = real_access(path, mode);
+    if (__builtin_expect(tracking != NULL, 0)) {
+        int e = errno;
+        struct stat st;
+        REAL(real_stat, "stat", NULL);
+        if (rc == 0 && real_stat(path, &st) == 0)
+            record(path, kind_of(&st), &st);
+        else if (rc != 0)
+            record_stat(path, rc, e, NULL);
+        errno = e;
+    }
+    return rc;
+}
+
+/* ---- content digests through a memo -------------------------------------- */
+
+struct memo_entry {
+    char *path;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+    kc_digest digest;
+    struct memo_entry *next;
+};
+
+#define MEMO_BUCKETS 4096
+static struct memo_entry *memo[MEMO_BUCKETS];
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool same_stat(const struct memo_entry *m, const struct stat *st)
+{
+    return m->dev == st->st_dev && m->ino == st->st_ino && m->size == st->st_size &&
+           m->mtime.tv_sec == st->st_mtim.tv_sec && m->mtime.tv_nsec == st->st_mtim.tv_nsec &&
+           m->ctime.tv_sec == st->st_ctim.tv_sec && m->ctime.tv_nsec == st->st_ctim.tv_nsec;
+}
+
+static int hash_file(const char *path, const struct stat *want, kc_digest *out)
+{
+    REAL(real_open, "open", NULL);
+    int fd = real_open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        goto done;
+    }
+    if (want != NULL && (st.st_ino != want->st_ino || st.st_dev != want->st_dev ||
+                         st.st_size != want->st_size)) {
+        rc = -ESTALE;
+        goto done;
+    }
+    if (st.st_size == 0) {
+        *out = kc__digest_of("", 0);
+        goto done;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+        rc = -errno;
+        goto done;
+    }
+    *out = kc__digest_of(m, (size_t)st.st_size);
+    munmap(m, (size_t)st.st_size);
+done:
+    close(fd);
+    return rc;
+}
+
+int kc__file_digest(const char *path, const struct stat *st, kc_digest *out)
+{
+    uint64_t h = XXH3_64bits(path, strlen(path)) % MEMO_BUCKETS;
+    pthread_mutex_lock(&memo_lock);
+    struct memo_entry *m = memo[h];
+    while (m != NULL && strcmp(m->path, path) != 0)
+        m = m->next;
+    if (m != NULL && same_stat(m, st)) {
+        *out = m->digest;
+        pthread_mutex_unlock(&memo_lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&memo_lock);
+
+    kc_digest d;
+    int rc = hash_file(path, st, &d);
+    if (rc != 0)
+        return rc;
+    /* A file modified within the clock's granularity of being hashed could
+     * change again without changing its times; do not memoize it. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    bool settled = now.tv_sec > st->st_mtim.tv_sec + 1 && now.tv_sec > st->st_ctim.tv_sec + 1;
+
+    pthread_mutex_lock(&memo_lock);
+    m = memo[h];
+    while (m != NULL && strcmp(m->path, path) != 0)
+        m = m->next;
+    if (m == NULL && settled) {
+        m = calloc(1, sizeof *m);
+        if (m != NULL && (m->path = strdup(path)) != NULL) {
+            m->next = memo[h];
+            memo[h] = m;
+        } else {
+            free(m);
+            m = NULL;
+        }
+    }
+    if (m != NULL) {
+        if (settled) {
+            m->dev = st->st_dev;
+            m->ino = st->st_ino;
+            m->size = st->st_size;
+            m->mtime = st->st_mtim;
+            m->ctime = st->st_ctim;
+        } else {
+            m->size = -1; /* never matches */
+        }
+        m->digest = d;
+    }
+    pthread_mutex_unlock(&memo_lock);
+    *out = d;
+    return 0;
+}
+
+int kc__deps_finish(struct kc__deps *d)
+{
+    if (d->failed)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->n; i++) {
+        struct kc__dep *e = &d->v[i];
+        if (e->kind != KC_DEP_FILE)
+            continue;
+        struct stat now;
+        REAL(real_stat, "stat", NULL);
+        if (real_stat(e->path, &now) != 0)
+            return -ESTALE;
+        /* The file must be the one the compile read. */
+        if (now.st_ino != e->st.st_ino || now.st_dev != e->st.st_dev ||
+            now.st_size != e->st.st_size || now.st_mtim.tv_sec != e->st.st_mtim.tv_sec ||
+            now.st_mtim.tv_nsec != e->st.st_mtim.tv_nsec)
+            return -ESTALE;
+        int rc = kc__file_digest(e->path, &now, &e->digest);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+bool kc__dep_holds(const char *path, int kind, const kc_digest *digest)
+{
+    struct stat st;
+    REAL(real_stat, "stat", NULL);
+    if (real_stat(path, &st) != 0)
+        return kind == KC_DEP_ABSENT && (errno == ENOENT || errno == ENOTDIR);
+    switch (kind) {
+    case KC_DEP_ABSENT:
+        return false;
+    case KC_DEP_DIR:
+        return S_ISDIR(st.st_mode);
+    case KC_DEP_OTHER:
+        return !S_ISDIR(st.st_mode);
+    case KC_DEP_FILE: {
+        if (!S_ISREG(st.st_mode))
+            return false;
+        kc_digest d;
+        return kc__file_digest(path, &st, &d) == 0 && d.lo == digest->lo && d.hi == digest->hi;
+    }
+    }
+    return false;
+}

@@ -1,3 +1,1262 @@
-/* nvrtc.c: being written */
+/*
+ * The NVRTC cache.
+ *
+ * Every program the host creates gets a shadow: its source, name, headers
+ * and name expressions. nvrtcCompileProgram keys the request, and on a hit
+ * the real program is left uncompiled and the shadow is "served": every
+ * getter answers from the stored replay record, which holds exactly what
+ * NVRTC's own getters returned when the artifact was compiled (return codes
+ * included, and whether a size was written at all). Handles the shim does
+ * not know, and programs not served, go to the real NVRTC untouched, so
+ * invalid input gets NVRTC's own answer.
+ *
+ * Header files read from disk are covered by a manifest (deps.h): the key
+ * of the request without them ("base") names a manifest listing, for each
+ * set of files seen, the files' digests and the absent paths probed; the
+ * artifact's key is the base plus the digests of the set that still holds.
+ */
+#include "deps.h"
 #include "shim.h"
-const struct kc__hook kc__nvrtc_hooks[] = {{0}};
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BACKEND "nvrtc"
+
+/* ---- real functions ------------------------------------------------------ */
+
+static nvrtcResult (*real_create)(nvrtcProgram *, const char *, const char *, int,
+                                  const char *const *, const char *const *);
+static nvrtcResult (*real_destroy)(nvrtcProgram *);
+static nvrtcResult (*real_compile)(nvrtcProgram, int, const char *const *);
+static nvrtcResult (*real_add_name)(nvrtcProgram, const char *);
+static nvrtcResult (*real_lowered)(nvrtcProgram, const char *, const char **);
+static nvrtcResult (*real_ptx_size)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_ptx)(nvrtcProgram, char *);
+static nvrtcResult (*real_cubin_size)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_cubin)(nvrtcProgram, char *);
+static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
+static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_optix)(nvrtcProgram, char *);
+static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_log)(nvrtcProgram, char *);
+static nvrtcResult (*real_pch_status)(nvrtcProgram);
+static nvrtcResult (*real_pch_required)(nvrtcProgram, size_t *);
+static nvrtcResult (*real_flow_callback)(nvrtcProgram, int (*)(void *, void *), void *);
+static nvrtcResult (*real_version)(int *, int *);
+
+/* Resolves a real function, or returns NVRTC_ERROR_INTERNAL_ERROR from the
+ * wrapper when no real NVRTC is loaded (cannot happen for a host that got
+ * the wrapper through the dynamic linker or dlsym). */
+#define REAL_OR_FAIL(var, name)                                                                    \
+    do {                                                                                           \
+        if (var == NULL) {                                                                         \
+            const struct kc__hook *h_ = kc__hook_find(name, KC_LIB_NVRTC);                         \
+            var = (__typeof__(var))(h_ ? kc__hook_real(h_) : NULL);                                \
+            if (var == NULL)                                                                       \
+                return NVRTC_ERROR_INTERNAL_ERROR;                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* ---- the replay record ----------------------------------------------------- */
+
+enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, N_OUT };
+
+struct output {
+    int size_rc;
+    int size_set; /* whether the size getter wrote its argument */
+    uint64_t size;
+    int get_rc;
+    uint64_t nbytes; /* bytes the getter wrote */
+    char *bytes;
+};
+
+struct lowered {
+    char *expr;
+    int rc;
+    int is_null; /* the getter stored NULL */
+    char *name;
+};
+
+struct replay {
+    int compile_rc;
+    struct output out[N_OUT];
+    uint32_t n_names;
+    struct lowered *names;
+    int lowered_unknown_rc, lowered_null_name_rc, lowered_null_out_rc;
+    int add_after_rc;
+    int pch_status_rc;
+    int pch_required_rc, pch_required_set;
+    uint64_t pch_required;
+};
+
+static void replay_free(struct replay *r)
+{
+    if (r == NULL)
+        return;
+    for (int i = 0; i < N_OUT; i++)
+        free(r->out[i].bytes);
+    for (uint32_t i = 0; i < r->n_names; i++) {
+        free(r->names[i].expr);
+        free(r->names[i].name);
+    }
+    free(r->names);
+    free(r);
+}
+
+/* A growable byte buffer for serializing. */
+struct buf {
+    char *p;
+    size_t n, cap;
+    int failed;
+};
+
+static void put(struct buf *b, const void *p, size_t n)
+{
+    if (b->failed)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static void put_u64(struct buf *b, uint64_t v)
+{
+    put(b, &v, sizeof v);
+}
+
+static void put_i32(struct buf *b, int v)
+{
+    int32_t x = v;
+    put(b, &x, sizeof x);
+}
+
+static void put_blob(struct buf *b, const void *p, uint64_t n)
+{
+    put_u64(b, n);
+    put(b, p, n);
+}
+
+/* A bounds-checked reader. */
+struct rd {
+    const char *p;
+    size_t n, off;
+    int bad;
+};
+
+static int get(struct rd *r, void *out, size_t n)
+{
+    if (r->bad || r->n - r->off < n) {
+        r->bad = 1;
+        memset(out, 0, n);
+        return -1;
+    }
+    memcpy(out, r->p + r->off, n);
+    r->off += n;
+    return 0;
+}
+
+static uint64_t get_u64(struct rd *r)
+{
+    uint64_t v;
+    get(r, &v, sizeof v);
+    return v;
+}
+
+static int get_i32(struct rd *r)
+{
+    int32_t v;
+    get(r, &v, sizeof v);
+    return v;
+}
+
+/* A malloc'd copy of a blob, NUL-terminated (for strings). */
+static char *get_blob(struct rd *r, uint64_t *len)
+{
+    uint64_t n = get_u64(r);
+    if (r->bad || n > r->n - r->off) {
+        r->bad = 1;
+        return NULL;
+    }
+    char *s = malloc(n + 1);
+    if (s == NULL) {
+        r->bad = 1;
+        return NULL;
+    }
+    memcpy(s, r->p + r->off, n);
+    s[n] = '\0';
+    r->off += n;
+    if (len != NULL)
+        *len = n;
+    return s;
+}
+
+#define REPLAY_MAGIC 0x4b434e56u /* "KCNV" */
+
+static int replay_encode(const struct replay *r, struct buf *b)
+{
+    put_u64(b, REPLAY_MAGIC);
+    put_i32(b, r->compile_rc);
+    for (int i = 0; i < N_OUT; i++) {
+        const struct output *o = &r->out[i];
+        put_i32(b, o->size_rc);
+        put_i32(b, o->size_set);
+        put_u64(b, o->size);
+        put_i32(b, o->get_rc);
+        put_blob(b, o->bytes, o->nbytes);
+    }
+    put_u64(b, r->n_names);
+    for (uint32_t i = 0; i < r->n_names; i++) {
+        const struct lowered *l = &r->names[i];
+        put_blob(b, l->expr, strlen(l->expr));
+        put_i32(b, l->rc);
+        put_i32(b, l->is_null);
+        put_blob(b, l->name, l->name ? strlen(l->name) : 0);
+    }
+    put_i32(b, r->lowered_unknown_rc);
+    put_i32(b, r->lowered_null_name_rc);
+    put_i32(b, r->lowered_null_out_rc);
+    put_i32(b, r->add_after_rc);
+    put_i32(b, r->pch_status_rc);
+    put_i32(b, r->pch_required_rc);
+    put_i32(b, r->pch_required_set);
+    put_u64(b, r->pch_required);
+    return b->failed ? -ENOMEM : 0;
+}
+
+static struct replay *replay_decode(const void *p, size_t n)
+{
+    struct rd r = {.p = p, .n = n};
+    if (get_u64(&r) != REPLAY_MAGIC)
+        return NULL;
+    struct replay *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return NULL;
+    x->compile_rc = get_i32(&r);
+    for (int i = 0; i < N_OUT; i++) {
+        struct output *o = &x->out[i];
+        o->size_rc = get_i32(&r);
+        o->size_set = get_i32(&r);
+        o->size = get_u64(&r);
+        o->get_rc = get_i32(&r);
+        o->bytes = get_blob(&r, &o->nbytes);
+    }
+    uint64_t names = get_u64(&r);
+    if (!r.bad && names <= (r.n - r.off) / 8) {
+        x->names = calloc(names ? names : 1, sizeof *x->names);
+        if (x->names == NULL)
+            r.bad = 1;
+        for (uint64_t i = 0; i < names && !r.bad; i++) {
+            struct lowered *l = &x->names[i];
+            x->n_names++;
+            l->expr = get_blob(&r, NULL);
+            l->rc = get_i32(&r);
+            l->is_null = get_i32(&r);
+            l->name = get_blob(&r, NULL);
+        }
+    } else {
+        r.bad = 1;
+    }
+    x->lowered_unknown_rc = get_i32(&r);
+    x->lowered_null_name_rc = get_i32(&r);
+    x->lowered_null_out_rc = get_i32(&r);
+    x->add_after_rc = get_i32(&r);
+    x->pch_status_rc = get_i32(&r);
+    x->pch_required_rc = get_i32(&r);
+    x->pch_required_set = get_i32(&r);
+    x->pch_required = get_u64(&r);
+    if (r.bad || r.off != r.n) {
+        replay_free(x);
+        return NULL;
+    }
+    return x;
+}
+
+/* ---- shadows of the host's programs ------------------------------------------ */
+
+struct prog {
+    nvrtcProgram h;
+    char *src, *name;
+    int n_headers;
+    char **headers, **include_names;
+    int n_exprs;
+    char **exprs;
+    int has_callback;
+    struct replay *served; /* non-NULL: the last compile was served */
+    struct prog *next;
+};
+
+#define PROG_BUCKETS 1024
+static struct prog *progs[PROG_BUCKETS];
+static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t bucket(nvrtcProgram h)
+{
+    return ((uintptr_t)h >> 4) % PROG_BUCKETS;
+}
+
+static void prog_free(struct prog *p)
+{
+    if (p == NULL)
+        return;
+    free(p->src);
+    free(p->name);
+    for (int i = 0; i < p->n_headers; i++) {
+        free(p->headers[i]);
+        free(p->include_names[i]);
+    }
+    free(p->headers);
+    free(p->include_names);
+    for (int i = 0; i < p->n_exprs; i++)
+        free(p->exprs[i]);
+    free(p->exprs);
+    replay_free(p->served);
+    free(p);
+}
+
+/* Finds the shadow of h. Called with progs_lock held. */
+static struct prog *find_locked(nvrtcProgram h)
+{
+    struct prog *p = progs[bucket(h)];
+    while (p != NULL && p->h != h)
+        p = p->next;
+    return p;
+}
+
+static char *dup_or_null(const char *s, int *failed)
+{
+    if (s == NULL)
+        return NULL;
+    char *d = strdup(s);
+    if (d == NULL)
+        *failed = 1;
+    return d;
+}
+
+static bool nvrtc_enabled(void)
+{
+    const struct kc_config *cfg = kc__config();
+    return !cfg->disable && cfg->nvrtc;
+}
+
+static void *sibling(const char *name);
+
+/* ---- NVRTC's identity ----------------------------------------------------------- */
+
+struct identity {
+    int ready;
+    kc_digest digest;
+    char ns[96];
+};
+static struct identity ident;
+static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    const char *base = strrchr(info->dlpi_name, '/');
+    base = base ? base + 1 : info->dlpi_name;
+    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
+        snprintf(arg, 4096, "%s", info->dlpi_name);
+        return 1;
+    }
+    return 0;
+}
+
+/* NVRTC's identity: version, build-ids of libnvrtc and libnvrtc-builtins. */
+static const struct identity *nvrtc_identity(void)
+{
+    if (__atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE))
+        return &ident;
+    pthread_mutex_lock(&ident_lock);
+    if (!ident.ready) {
+        struct kc__hasher *h = kc__hasher_new();
+        if (h == NULL) {
+            pthread_mutex_unlock(&ident_lock);
+            return NULL;
+        }
+        kc__hash_str(h, "nvrtc-identity");
+        int major = 0, minor = 0;
+        if (real_version == NULL)
+            real_version = (__typeof__(real_version))sibling("nvrtcVersion");
+        if (real_version != NULL)
+            real_version(&major, &minor);
+        kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
+        Dl_info info;
+        kc_digest d;
+        char path[4096] = "";
+        if (dladdr((void *)real_compile, &info) != 0 && info.dli_fname != NULL &&
+            kc__file_identity(info.dli_fname, &d) == 0) {
+            kc__hash_bytes(h, &d, sizeof d);
+            /* libnvrtc-builtins: loaded, or beside libnvrtc. */
+            if (dl_iterate_phdr(find_builtins, path) == 0) {
+                const char *slash = strrchr(info.dli_fname, '/');
+                int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
+                snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname,
+                         major, minor);
+            }
+        } else {
+            kc__hash_str(h, "unknown-libnvrtc");
+        }
+        if (path[0] != '\0' && kc__file_identity(path, &d) == 0)
+            kc__hash_bytes(h, &d, sizeof d);
+        else
+            kc__hash_str(h, "unknown-builtins");
+        ident.digest = kc__hash_digest(h);
+        kc__hasher_free(h);
+        snprintf(ident.ns, sizeof ident.ns, "nvrtc:%d.%d-%016llx-f%d", major, minor,
+                 (unsigned long long)ident.digest.lo, KC_FORMAT_VERSION);
+        __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ident_lock);
+    return &ident;
+}
+
+/* ---- keys ------------------------------------------------------------------------- */
+
+/* Options whose effect is not just the output: PCH creation or use, time
+ * traces written to disk. Such compiles pass through uncached. */
+static bool side_effect_option(const char *o)
+{
+    static const char *bad[] = {"-pch",   "--pch",   "-create-pch", "--create-pch", "-use-pch",
+                                "--use-pch", "-pch-dir", "--pch-dir", "-time", "--time",
+                                "-fdevice-time-trace", "--fdevice-time-trace"};
+    if (o == NULL)
+        return false;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        size_t n = strlen(bad[i]);
+        if (strncmp(o, bad[i], n) == 0 && (o[n] == '\0' || o[n] == '=' || o[n] == '-'))
+            return true;
+    }
+    return false;
+}
+
+static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
+{
+    const struct identity *id = nvrtc_identity();
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL || id == NULL) {
+        kc__hasher_free(h);
+        return -ENOMEM;
+    }
+    kc__hash_str(h, "kcache-nvrtc");
+    kc__hash_u64(h, KC_FORMAT_VERSION);
+    kc__hash_bytes(h, &id->digest, sizeof id->digest);
+    kc__hash_str(h, p->src);
+    kc__hash_str(h, p->name);
+    kc__hash_u64(h, (uint64_t)p->n_headers);
+    for (int i = 0; i < p->n_headers; i++) {
+        kc__hash_str(h, p->headers[i]);
+        kc__hash_str(h, p->include_names[i]);
+    }
+    kc__hash_u64(h, (uint64_t)n_opts);
+    for (int i = 0; i < n_opts; i++)
+        kc__hash_str(h, opts[i]);
+    kc__hash_u64(h, (uint64_t)p->n_exprs);
+    for (int i = 0; i < p->n_exprs; i++)
+        kc__hash_str(h, p->exprs[i]);
+    *out = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return 0;
+}
+
+/* ---- manifests ----------------------------------------------------------------------- */
+
+/* A manifest body: u64 magic, u64 n_sets, then per set: the result id
+ * (16 bytes), u64 n_deps, per dep: i32 kind, blob path, 16 bytes digest. */
+#define MANIFEST_MAGIC 0x4b434d46u /* "KCMF" */
+#define MANIFEST_MAX_SETS 16
+
+struct dep_set {
+    kc_digest result;
+    uint64_t n;
+    struct kc__dep *deps; /* path and kind and digest only */
+};
+
+struct manifest {
+    uint64_t n;
+    struct dep_set *sets;
+};
+
+static void manifest_free(struct manifest *m)
+{
+    if (m == NULL)
+        return;
+    for (uint64_t i = 0; i < m->n; i++) {
+        for (uint64_t j = 0; j < m->sets[i].n; j++)
+            free(m->sets[i].deps[j].path);
+        free(m->sets[i].deps);
+    }
+    free(m->sets);
+    free(m);
+}
+
+static struct manifest *manifest_decode(const void *p, size_t n)
+{
+    struct rd r = {.p = p, .n = n};
+    if (get_u64(&r) != MANIFEST_MAGIC)
+        return NULL;
+    struct manifest *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return NULL;
+    uint64_t sets = get_u64(&r);
+    if (r.bad || sets > MANIFEST_MAX_SETS * 4)
+        goto bad;
+    m->sets = calloc(sets ? sets : 1, sizeof *m->sets);
+    if (m->sets == NULL)
+        goto bad;
+    for (uint64_t i = 0; i < sets; i++) {
+        struct dep_set *s = &m->sets[i];
+        m->n++;
+        get(&r, &s->result, sizeof s->result);
+        uint64_t deps = get_u64(&r);
+        if (r.bad || deps > (r.n - r.off) / 28)
+            goto bad;
+        s->deps = calloc(deps ? deps : 1, sizeof *s->deps);
+        if (s->deps == NULL)
+            goto bad;
+        for (uint64_t j = 0; j < deps; j++) {
+            struct kc__dep *d = &s->deps[j];
+            s->n++;
+            d->kind = get_i32(&r);
+            d->path = get_blob(&r, NULL);
+            get(&r, &d->digest, sizeof d->digest);
+            if (r.bad)
+                goto bad;
+        }
+    }
+    if (r.off != r.n)
+        goto bad;
+    return m;
+bad:
+    manifest_free(m);
+    return NULL;
+}
+
+static void encode_set(struct buf *b, const kc_digest *result, const struct kc__dep *deps,
+                       uint64_t n)
+{
+    put(b, result, sizeof *result);
+    put_u64(b, n);
+    for (uint64_t j = 0; j < n; j++) {
+        put_i32(b, deps[j].kind);
+        put_blob(b, deps[j].path, strlen(deps[j].path));
+        put(b, &deps[j].digest, sizeof deps[j].digest);
+    }
+}
+
+/* The result id of a base with a dependency set. */
+static kc_digest result_id(const kc_digest *base, const struct kc__dep *deps, uint64_t n)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return *base;
+    kc__hash_bytes(h, base, sizeof *base);
+    kc__hash_u64(h, n);
+    for (uint64_t i = 0; i < n; i++) {
+        kc__hash_u64(h, (uint64_t)deps[i].kind);
+        kc__hash_str(h, deps[i].path);
+        kc__hash_bytes(h, &deps[i].digest, sizeof deps[i].digest);
+    }
+    kc_digest d = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return d;
+}
+
+static kc_key manifest_key(const kc_digest *base)
+{
+    kc_digest d = *base;
+    d.lo ^= 0x6d616e6966657374ull; /* "manifest" */
+    d.hi = d.hi * 0x9e3779b97f4a7c15ull + 1;
+    return (kc_key){.id = d, .build = 0};
+}
+
+/* In-process memo of manifests: base -> decoded manifest. */
+struct mmemo {
+    kc_digest base;
+    struct manifest *m;
+    struct mmemo *next;
+};
+#define MMEMO_BUCKETS 1024
+static struct mmemo *mmemo[MMEMO_BUCKETS];
+static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Finds the result id of the first dependency set of `m` that still holds. */
+static int manifest_match(const struct manifest *m, kc_digest *result)
+{
+    for (uint64_t i = 0; i < m->n; i++) {
+        const struct dep_set *s = &m->sets[i];
+        uint64_t j = 0;
+        while (j < s->n && kc__dep_holds(s->deps[j].path, s->deps[j].kind, &s->deps[j].digest))
+            j++;
+        if (j == s->n) {
+            *result = s->result;
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+/* Looks the base up: memo first, then the store. 0 with *result set. */
+static int lookup_result(struct kc_store *st, const struct kc_store_api *api, const char *ns,
+                         const kc_digest *base, kc_digest *result)
+{
+    size_t b = (base->lo ^ base->hi) % MMEMO_BUCKETS;
+    pthread_mutex_lock(&mmemo_lock);
+    for (struct mmemo *e = mmemo[b]; e != NULL; e = e->next) {
+        if (e->base.lo == base->lo && e->base.hi == base->hi) {
+            int rc = manifest_match(e->m, result);
+            pthread_mutex_unlock(&mmemo_lock);
+            if (rc == 0)
+                return 0;
+            goto from_store;
+        }
+    }
+    pthread_mutex_unlock(&mmemo_lock);
+from_store:;
+    kc_key mk = manifest_key(base);
+    void *body = NULL;
+    size_t len = 0;
+    int rc = api->get(st, ns, &mk, &body, &len, NULL);
+    if (rc != 0)
+        return rc;
+    struct manifest *m = manifest_decode(body, len);
+    api->free(body);
+    if (m == NULL) {
+        api->purge(st, ns, &mk);
+        return -ENOENT;
+    }
+    rc = manifest_match(m, result);
+    pthread_mutex_lock(&mmemo_lock);
+    struct mmemo *e = mmemo[b];
+    while (e != NULL && !(e->base.lo == base->lo && e->base.hi == base->hi))
+        e = e->next;
+    if (e == NULL && (e = calloc(1, sizeof *e)) != NULL) {
+        e->base = *base;
+        e->next = mmemo[b];
+        mmemo[b] = e;
+    }
+    if (e != NULL) {
+        manifest_free(e->m);
+        e->m = m;
+        m = NULL;
+    }
+    pthread_mutex_unlock(&mmemo_lock);
+    manifest_free(m);
+    return rc;
+}
+
+/* Adds a dependency set to the manifest of `base` (newest first, bounded)
+ * and stores it. A race with another writer loses one set: a recompile. */
+static int manifest_add(struct kc_store *st, const struct kc_store_api *api, const char *ns,
+                        const kc_digest *base, const kc_digest *result, const struct kc__deps *d)
+{
+    kc_key mk = manifest_key(base);
+    void *body = NULL;
+    size_t len = 0;
+    struct manifest *old = NULL;
+    if (api->get(st, ns, &mk, &body, &len, NULL) == 0) {
+        old = manifest_decode(body, len);
+        api->free(body);
+    }
+    struct buf b = {0};
+    uint64_t n = 1;
+    if (old != NULL)
+        for (uint64_t i = 0; i < old->n && n < MANIFEST_MAX_SETS; i++)
+            if (!(old->sets[i].result.lo == result->lo && old->sets[i].result.hi == result->hi))
+                n++;
+    put_u64(&b, MANIFEST_MAGIC);
+    put_u64(&b, n);
+    encode_set(&b, result, d->v, d->n);
+    if (old != NULL)
+        for (uint64_t i = 0, k = 1; i < old->n && k < n; i++)
+            if (!(old->sets[i].result.lo == result->lo && old->sets[i].result.hi == result->hi)) {
+                encode_set(&b, &old->sets[i].result, old->sets[i].deps, old->sets[i].n);
+                k++;
+            }
+    manifest_free(old);
+    int rc = b.failed ? -ENOMEM
+                      : api->put(st, ns, &mk, NULL, KC_KIND_MANIFEST, b.p, b.n, 0);
+    free(b.p);
+    return rc;
+}
+
+/* ---- capture ------------------------------------------------------------------------------ */
+
+typedef nvrtcResult (*size_fn)(nvrtcProgram, size_t *);
+typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
+
+static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct output *o)
+{
+    if (sz == NULL || g == NULL) {
+        o->size_rc = o->get_rc = NVRTC_ERROR_INTERNAL_ERROR;
+        return;
+    }
+    const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
+    size_t n = s1;
+    o->size_rc = sz(h, &n);
+    o->size_set = 1;
+    if (n == s1) {
+        n = s2;
+        sz(h, &n);
+        o->size_set = n != s2;
+        if (!o->size_set)
+            n = 0;
+    }
+    o->size = n;
+    if (o->size_rc == NVRTC_SUCCESS && o->size_set && n > 0 && n < (1ull << 34)) {
+        o->bytes = malloc(n);
+        if (o->bytes == NULL) {
+            o->get_rc = NVRTC_ERROR_OUT_OF_MEMORY;
+            return;
+        }
+        o->get_rc = g(h, o->bytes);
+        o->nbytes = n;
+        return;
+    }
+    /* No size: see what the getter does with a small buffer, twice with two
+     * fill patterns, and keep the bytes it wrote. */
+    char a[64], b[64];
+    memset(a, 0x5a, sizeof a);
+    memset(b, 0xa5, sizeof b);
+    o->get_rc = g(h, a);
+    g(h, b);
+    size_t w = 0;
+    for (size_t i = 0; i < sizeof a; i++)
+        if (a[i] != 0x5a || b[i] != (char)0xa5)
+            w = i + 1;
+    if (w > 0 && (o->bytes = malloc(w)) != NULL) {
+        memcpy(o->bytes, a, w);
+        o->nbytes = w;
+    }
+}
+
+static struct replay *capture(const struct prog *p, nvrtcResult compile_rc)
+{
+    struct replay *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    nvrtcProgram h = p->h;
+    r->compile_rc = compile_rc;
+    capture_output(h, real_ptx_size, real_ptx, &r->out[OUT_PTX]);
+    capture_output(h, real_cubin_size, real_cubin, &r->out[OUT_CUBIN]);
+    capture_output(h, real_ltoir_size, real_ltoir, &r->out[OUT_LTOIR]);
+    capture_output(h, real_optix_size, real_optix, &r->out[OUT_OPTIX]);
+    capture_output(h, real_log_size, real_log, &r->out[OUT_LOG]);
+    r->names = calloc(p->n_exprs ? p->n_exprs : 1, sizeof *r->names);
+    if (r->names == NULL)
+        goto fail;
+    for (int i = 0; i < p->n_exprs; i++) {
+        struct lowered *l = &r->names[i];
+        r->n_names++;
+        const char *out = NULL;
+        l->expr = strdup(p->exprs[i]);
+        l->rc = real_lowered(h, p->exprs[i], &out);
+        l->is_null = out == NULL;
+        l->name = out ? strdup(out) : NULL;
+        if (l->expr == NULL || (out != NULL && l->name == NULL))
+            goto fail;
+    }
+    const char *out = NULL;
+    r->lowered_unknown_rc = real_lowered(h, "__kcache_not_a_name_expression__", &out);
+    r->lowered_null_name_rc = real_lowered(h, NULL, &out);
+    r->lowered_null_out_rc =
+        real_lowered(h, p->n_exprs ? p->exprs[0] : "__kcache_not_a_name_expression__", NULL);
+    r->pch_status_rc = real_pch_status ? real_pch_status(h) : NVRTC_ERROR_INTERNAL_ERROR;
+    if (real_pch_required != NULL) {
+        size_t n = (size_t)0x5a5a5a5a5a5a5a5aull;
+        r->pch_required_rc = real_pch_required(h, &n);
+        r->pch_required_set = n != (size_t)0x5a5a5a5a5a5a5a5aull;
+        r->pch_required = r->pch_required_set ? n : 0;
+    } else {
+        r->pch_required_rc = NVRTC_ERROR_INTERNAL_ERROR;
+    }
+    /* Last, because on an uncompiled program it would add a name. */
+    r->add_after_rc = compile_rc == NVRTC_SUCCESS || compile_rc == NVRTC_ERROR_COMPILATION
+                          ? real_add_name(h, "__kcache_probe__")
+                          : NVRTC_SUCCESS;
+    return r;
+fail:
+    replay_free(r);
+    return NULL;
+}
+
+/* A function of the NVRTC that real_compile came from, found even when the
+ * host dlopen'd it privately and never asked for this one. */
+static void *sibling(const char *name)
+{
+    const struct kc__hook *h = kc__hook_find(name, KC_LIB_NVRTC);
+    void *p = h ? kc__hook_real(h) : NULL;
+    if (p != NULL || real_compile == NULL)
+        return p;
+    Dl_info info;
+    if (dladdr((void *)real_compile, &info) == 0 || info.dli_fname == NULL)
+        return NULL;
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == NULL)
+        return NULL;
+    p = kc__real_dlsym(lib, name);
+    dlclose(lib);
+    if (p != NULL && h != NULL) {
+        void *expected = NULL;
+        __atomic_compare_exchange_n(h->real, &expected, p, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    }
+    return p;
+}
+
+/* Resolves every real getter capture() needs. */
+static bool resolve_getters(void)
+{
+#define R(var, name)                                                                               \
+    if (var == NULL)                                                                               \
+        var = (__typeof__(var))sibling(name);
+    R(real_ptx_size, "nvrtcGetPTXSize");
+    R(real_ptx, "nvrtcGetPTX");
+    R(real_cubin_size, "nvrtcGetCUBINSize");
+    R(real_cubin, "nvrtcGetCUBIN");
+    R(real_ltoir_size, "nvrtcGetLTOIRSize");
+    R(real_ltoir, "nvrtcGetLTOIR");
+    R(real_optix_size, "nvrtcGetOptiXIRSize");
+    R(real_optix, "nvrtcGetOptiXIR");
+    R(real_log_size, "nvrtcGetProgramLogSize");
+    R(real_log, "nvrtcGetProgramLog");
+    R(real_lowered, "nvrtcGetLoweredName");
+    R(real_add_name, "nvrtcAddNameExpression");
+    R(real_pch_status, "nvrtcGetPCHCreateStatus");
+    R(real_pch_required, "nvrtcGetPCHHeapSizeRequired");
+#undef R
+    return real_ptx_size && real_ptx && real_log_size && real_log && real_lowered &&
+           real_add_name;
+}
+
+/* ---- the hooks ------------------------------------------------------------------------------ */
+
+KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
+                                         int numHeaders, const char *const *headers,
+                                         const char *const *includeNames)
+{
+    REAL_OR_FAIL(real_create, "nvrtcCreateProgram");
+    nvrtcResult rc = real_create(prog, src, name, numHeaders, headers, includeNames);
+    if (rc != NVRTC_SUCCESS || kc__guard_held() || !nvrtc_enabled() || *prog == NULL)
+        return rc;
+    struct prog *p = calloc(1, sizeof *p);
+    int failed = p == NULL;
+    if (!failed) {
+        p->h = *prog;
+        p->src = dup_or_null(src, &failed);
+        p->name = dup_or_null(name, &failed);
+        if (numHeaders > 0 && headers != NULL) {
+            p->headers = calloc(numHeaders, sizeof *p->headers);
+            p->include_names = calloc(numHeaders, sizeof *p->include_names);
+            failed |= p->headers == NULL || p->include_names == NULL;
+            for (int i = 0; i < numHeaders && !failed; i++) {
+                p->n_headers++;
+                p->headers[i] = dup_or_null(headers[i], &failed);
+                p->include_names[i] = dup_or_null(includeNames ? includeNames[i] : NULL, &failed);
+            }
+        }
+    }
+    if (failed) {
+        prog_free(p);
+        kc_log_once(KC_LOG_WARN, "out of memory; NVRTC programs pass through uncached");
+        return rc;
+    }
+    pthread_mutex_lock(&progs_lock);
+    struct prog *stale = find_locked(p->h);
+    if (stale != NULL) {
+        /* A handle NVRTC reused after a destroy we did not see. */
+        struct prog **pp = &progs[bucket(p->h)];
+        while (*pp != stale)
+            pp = &(*pp)->next;
+        *pp = stale->next;
+    }
+    p->next = progs[bucket(p->h)];
+    progs[bucket(p->h)] = p;
+    pthread_mutex_unlock(&progs_lock);
+    prog_free(stale);
+    return rc;
+}
+
+KC_EXPORT nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog)
+{
+    REAL_OR_FAIL(real_destroy, "nvrtcDestroyProgram");
+    struct prog *p = NULL;
+    if (prog != NULL && *prog != NULL) {
+        pthread_mutex_lock(&progs_lock);
+        p = find_locked(*prog);
+        if (p != NULL) {
+            struct prog **pp = &progs[bucket(*prog)];
+            while (*pp != p)
+                pp = &(*pp)->next;
+            *pp = p->next;
+        }
+        pthread_mutex_unlock(&progs_lock);
+    }
+    nvrtcResult rc = real_destroy(prog);
+    if (rc != NVRTC_SUCCESS && p != NULL) {
+        pthread_mutex_lock(&progs_lock);
+        p->next = progs[bucket(p->h)];
+        progs[bucket(p->h)] = p;
+        pthread_mutex_unlock(&progs_lock);
+        return rc;
+    }
+    prog_free(p);
+    return rc;
+}
+
+KC_EXPORT nvrtcResult nvrtcAddNameExpression(nvrtcProgram prog, const char *name)
+{
+    REAL_OR_FAIL(real_add_name, "nvrtcAddNameExpression");
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p != NULL && p->served != NULL) {
+        nvrtcResult rc =
+            name == NULL ? real_add_name(prog, name) : (nvrtcResult)p->served->add_after_rc;
+        pthread_mutex_unlock(&progs_lock);
+        return rc;
+    }
+    pthread_mutex_unlock(&progs_lock);
+    nvrtcResult rc = real_add_name(prog, name);
+    if (rc != NVRTC_SUCCESS || name == NULL)
+        return rc;
+    pthread_mutex_lock(&progs_lock);
+    p = find_locked(prog);
+    if (p != NULL) {
+        char **v = realloc(p->exprs, (p->n_exprs + 1) * sizeof *v);
+        char *s = strdup(name);
+        if (v != NULL)
+            p->exprs = v;
+        if (v != NULL && s != NULL) {
+            p->exprs[p->n_exprs++] = s;
+        } else {
+            free(s);
+            p->has_callback = 1; /* cannot key it any more: pass through */
+        }
+    }
+    pthread_mutex_unlock(&progs_lock);
+    return rc;
+}
+
+KC_EXPORT nvrtcResult nvrtcSetFlowCallback(nvrtcProgram prog, int (*callback)(void *, void *),
+                                           void *payload)
+{
+    REAL_OR_FAIL(real_flow_callback, "nvrtcSetFlowCallback");
+    nvrtcResult rc = real_flow_callback(prog, callback, payload);
+    if (rc == NVRTC_SUCCESS) {
+        pthread_mutex_lock(&progs_lock);
+        struct prog *p = find_locked(prog);
+        if (p != NULL)
+            p->has_callback = callback != NULL;
+        pthread_mutex_unlock(&progs_lock);
+    }
+    return rc;
+}
+
+/* Compiles for real, recording the headers read. */
+static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *opts,
+                                   struct kc__deps *deps, uint64_t *ns)
+{
+    uint64_t t0 = kc__now_ns();
+    kc__deps_begin(deps);
+    nvrtcResult rc = real_compile(prog, n, opts);
+    kc__deps_end();
+    *ns = kc__now_ns() - t0;
+    return rc;
+}
+
+KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
+                                          const char *const *options)
+{
+    REAL_OR_FAIL(real_compile, "nvrtcCompileProgram");
+    if (!kc__guard_enter())
+        return real_compile(prog, numOptions, options);
+
+    struct kc_counters c = {0};
+    nvrtcResult rc;
+    const struct kc_config *cfg = kc__config();
+
+    /* A copy of the shadow's identity, so the lock is not held while
+     * compiling. */
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    bool cacheable = p != NULL && !p->has_callback && numOptions >= 0 &&
+                     (numOptions == 0 || options != NULL);
+    for (int i = 0; cacheable && i < numOptions; i++)
+        if (options[i] == NULL || side_effect_option(options[i]))
+            cacheable = false;
+    kc_digest base = {0};
+    bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
+    pthread_mutex_unlock(&progs_lock);
+
+    if (p == NULL || !nvrtc_enabled()) {
+        /* Not a program we shadow (invalid handle, or caching off). */
+        rc = real_compile(prog, numOptions, options);
+        kc__guard_exit();
+        return rc;
+    }
+    if (!keyed || !resolve_getters()) {
+        c.passthrough = 1;
+        rc = real_compile(prog, numOptions, options);
+        goto out;
+    }
+
+    const struct kc_store_api *api = NULL;
+    struct kc_store *st = kc__store(&api);
+    const struct identity *id = nvrtc_identity();
+    const char *ns = id->ns;
+    uint64_t build = kc__self_build();
+
+    /* Lookup. */
+    if (st != NULL && !cfg->recache) {
+        kc_digest result;
+        if (lookup_result(st, api, ns, &base, &result) == 0) {
+            kc_key key = {.id = result, .build = build};
+            void *body = NULL;
+            size_t len = 0;
+            struct kc_record_info info = {0};
+            int grc = api->get(st, ns, &key, &body, &len, &info);
+            if (grc != 0 && !cfg->readonly) {
+                /* The seed's take_by_source: an earlier build's artifact of
+                 * the same request is moved under this build's key. */
+                kc_key found;
+                if (api->take_by_source(st, ns, &result, build, &body, &len, &found) == 0) {
+                    grc = 0;
+                    api->put(st, ns, &key, &result, KC_KIND_NVRTC, body, len, 0);
+                }
+            }
+            if (grc == 0) {
+                struct replay *r = replay_decode(body, len);
+                api->free(body);
+                if (r == NULL) {
+                    kc_log(KC_LOG_WARN, "a cached NVRTC result could not be read; recompiling");
+                    api->purge(st, ns, &key);
+                    c.errors = 1;
+                } else {
+                    pthread_mutex_lock(&progs_lock);
+                    p = find_locked(prog);
+                    if (p != NULL) {
+                        rc = r->compile_rc;
+                        replay_free(p->served);
+                        p->served = r;
+                        r = NULL;
+                    }
+                    pthread_mutex_unlock(&progs_lock);
+                    if (r == NULL) {
+                        c.hits = 1;
+                        c.saved_ns = info.saved_ns;
+                        goto out;
+                    }
+                    replay_free(r);
+                }
+            }
+        }
+    }
+
+    /* Miss: compile for real, then capture and store. */
+    pthread_mutex_lock(&progs_lock);
+    p = find_locked(prog);
+    if (p != NULL) {
+        replay_free(p->served);
+        p->served = NULL;
+    }
+    pthread_mutex_unlock(&progs_lock);
+
+    struct kc__deps deps = {0};
+    uint64_t took = 0;
+    rc = compile_tracked(prog, numOptions, options, &deps, &took);
+    c.misses = 1;
+    c.compile_ns = took;
+    if ((rc == NVRTC_SUCCESS || rc == NVRTC_ERROR_COMPILATION) && st != NULL && !cfg->readonly) {
+        if (deps.writes) {
+            c.misses = 0;
+            c.passthrough = 1;
+        } else if (kc__deps_finish(&deps) != 0) {
+            kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
+        } else {
+            pthread_mutex_lock(&progs_lock);
+            p = find_locked(prog);
+            struct replay *r = p ? capture(p, rc) : NULL;
+            pthread_mutex_unlock(&progs_lock);
+            struct buf b = {0};
+            if (r != NULL && replay_encode(r, &b) == 0) {
+                kc_digest result = result_id(&base, deps.v, deps.n);
+                kc_key key = {.id = result, .build = build};
+                int prc = api->put(st, ns, &key, &result, KC_KIND_NVRTC, b.p, b.n, took);
+                if (prc == 0)
+                    prc = manifest_add(st, api, ns, &base, &result, &deps);
+                if (prc == 0) {
+                    c.stores = 1;
+                } else {
+                    c.errors = 1;
+                    kc_log_once(KC_LOG_WARN, "cannot store an NVRTC result (%s); continuing "
+                                             "uncached", strerror(-prc));
+                }
+            } else {
+                c.errors = 1;
+                kc_log_once(KC_LOG_WARN, "cannot capture an NVRTC result; continuing uncached");
+            }
+            free(b.p);
+            replay_free(r);
+        }
+    }
+    kc__deps_free(&deps);
+out:
+    kc__count(BACKEND, &c);
+    kc__guard_exit();
+    return rc;
+}
+
+/* ---- getters: served programs answer from the record ----------------------------------------- */
+
+static nvrtcResult serve_size(nvrtcProgram prog, size_t *ret, int which, size_fn real)
+{
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p == NULL || p->served == NULL) {
+        pthread_mutex_unlock(&progs_lock);
+        return real(prog, ret);
+    }
+    const struct output *o = &p->served->out[which];
+    nvrtcResult rc = o->size_rc;
+    size_t size = o->size;
+    int set = o->size_set;
+    pthread_mutex_unlock(&progs_lock);
+    if (set)
+        *ret = size; /* NVRTC dereferences a NULL pointer here too */
+    return rc;
+}
+
+static nvrtcResult serve_get(nvrtcProgram prog, char *dst, int which, get_fn real)
+{
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p == NULL || p->served == NULL) {
+        pthread_mutex_unlock(&progs_lock);
+        return real(prog, dst);
+    }
+    const struct output *o = &p->served->out[which];
+    if (o->nbytes > 0)
+        memcpy(dst, o->bytes, o->nbytes);
+    nvrtcResult rc = o->get_rc;
+    pthread_mutex_unlock(&progs_lock);
+    return rc;
+}
+
+#define GETTERS(Size, Get, which, real_size_var, real_get_var)                                     \
+    KC_EXPORT nvrtcResult Size(nvrtcProgram prog, size_t *ret)                                     \
+    {                                                                                              \
+        REAL_OR_FAIL(real_size_var, #Size);                                                        \
+        return serve_size(prog, ret, which, real_size_var);                                        \
+    }                                                                                              \
+    KC_EXPORT nvrtcResult Get(nvrtcProgram prog, char *dst)                                        \
+    {                                                                                              \
+        REAL_OR_FAIL(real_get_var, #Get);                                                          \
+        return serve_get(prog, dst, which, real_get_var);                                          \
+    }
+
+GETTERS(nvrtcGetPTXSize, nvrtcGetPTX, OUT_PTX, real_ptx_size, real_ptx)
+GETTERS(nvrtcGetCUBINSize, nvrtcGetCUBIN, OUT_CUBIN, real_cubin_size, real_cubin)
+GETTERS(nvrtcGetLTOIRSize, nvrtcGetLTOIR, OUT_LTOIR, real_ltoir_size, real_ltoir)
+GETTERS(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR, OUT_OPTIX, real_optix_size, real_optix)
+GETTERS(nvrtcGetProgramLogSize, nvrtcGetProgramLog, OUT_LOG, real_log_size, real_log)
+
+KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, const char **out)
+{
+    REAL_OR_FAIL(real_lowered, "nvrtcGetLoweredName");
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p == NULL || p->served == NULL) {
+        pthread_mutex_unlock(&progs_lock);
+        return real_lowered(prog, expr, out);
+    }
+    const struct replay *r = p->served;
+    nvrtcResult rc;
+    if (expr == NULL) {
+        rc = r->lowered_null_name_rc;
+    } else if (out == NULL) {
+        rc = r->lowered_null_out_rc;
+    } else {
+        rc = r->lowered_unknown_rc;
+        for (uint32_t i = 0; i < r->n_names; i++) {
+            if (strcmp(r->names[i].expr, expr) == 0) {
+                rc = r->names[i].rc;
+                /* Lives in the record until the program is destroyed. */
+                *out = r->names[i].is_null ? NULL : r->names[i].name;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&progs_lock);
+    return rc;
+}
+
+KC_EXPORT nvrtcResult nvrtcGetPCHCreateStatus(nvrtcProgram prog)
+{
+    REAL_OR_FAIL(real_pch_status, "nvrtcGetPCHCreateStatus");
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    int served = p != NULL && p->served != NULL;
+    nvrtcResult rc = served ? (nvrtcResult)p->served->pch_status_rc : NVRTC_SUCCESS;
+    pthread_mutex_unlock(&progs_lock);
+    return served ? rc : real_pch_status(prog);
+}
+
+KC_EXPORT nvrtcResult nvrtcGetPCHHeapSizeRequired(nvrtcProgram prog, size_t *size)
+{
+    REAL_OR_FAIL(real_pch_required, "nvrtcGetPCHHeapSizeRequired");
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p == NULL || p->served == NULL) {
+        pthread_mutex_unlock(&progs_lock);
+        return real_pch_required(prog, size);
+    }
+    nvrtcResult rc = p->served->pch_required_rc;
+    int set = p->served->pch_required_set;
+    size_t v = p->served->pch_required;
+    pthread_mutex_unlock(&progs_lock);
+    if (set)
+        *size = v;
+    return rc;
+}
+
+#define HOOK(name, var) {#name, (void *)name, (void **)&var, KC_LIB_NVRTC}
+const struct kc__hook kc__nvrtc_hooks[] = {
+    HOOK(nvrtcCreateProgram, real_create),
+    HOOK(nvrtcDestroyProgram, real_destroy),
+    HOOK(nvrtcCompileProgram, real_compile),
+    HOOK(nvrtcAddNameExpression, real_add_name),
+    HOOK(nvrtcGetLoweredName, real_lowered),
+    HOOK(nvrtcGetPTXSize, real_ptx_size),
+    HOOK(nvrtcGetPTX, real_ptx),
+    HOOK(nvrtcGetCUBINSize, real_cubin_size),
+    HOOK(nvrtcGetCUBIN, real_cubin),
+    HOOK(nvrtcGetLTOIRSize, real_ltoir_size),
+    HOOK(nvrtcGetLTOIR, real_ltoir),
+    HOOK(nvrtcGetOptiXIRSize, real_optix_size),
+    HOOK(nvrtcGetOptiXIR, real_optix),
+    HOOK(nvrtcGetProgramLogSize, real_log_size),
+    HOOK(nvrtcGetProgramLog, real_log),
+    HOOK(nvrtcGetPCHCreateStatus, real_pch_status),
+    HOOK(nvrtcGetPCHHeapSizeRequired, real_pch_required),
+    HOOK(nvrtcSetFlowCallback, real_flow_callback),
+    {"nvrtcVersion", NULL, (void **)&real_version, KC_LIB_NVRTC},
+    {NULL, NULL, NULL, 0},
+};

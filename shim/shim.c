@@ -1,2 +1,418 @@
-/* shim.c: being written */
+/*
+ * The shim's core: configuration and store on first use, counters and the
+ * KCACHE_STATS line, the re-entry guard, fork handling, and the dlsym
+ * interposer that swaps our wrappers into dlopen'd NVRTC and libcuda.
+ */
 #include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- configuration ---------------------------------------------------- */
+
+static struct kc_config config;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+static void config_init(void)
+{
+    kc_config_load(&config);
+    kc__log_set_level(config.log_level);
+    for (int i = 0; i < config.n_warnings; i++)
+        kc_log(KC_LOG_WARN, "%s", config.warnings[i]);
+}
+
+const struct kc_config *kc__config(void)
+{
+    pthread_once(&config_once, config_init);
+    return &config;
+}
+
+uint64_t kc__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- re-entry guard --------------------------------------------------- */
+
+static __thread int guard_depth __attribute__((tls_model("initial-exec")));
+
+bool kc__guard_enter(void)
+{
+    if (guard_depth > 0)
+        return false;
+    guard_depth++;
+    return true;
+}
+
+void kc__guard_exit(void)
+{
+    guard_depth--;
+}
+
+bool kc__guard_held(void)
+{
+    return guard_depth > 0;
+}
+
+/* ---- the store, loaded on first use ----------------------------------- */
+
+static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
+static int store_state; /* 0 untried, 1 open, -1 unusable */
+static struct kc_store *store;
+static const struct kc_store_api *store_api;
+static void *store_handle;
+
+/* The directory libkcache.so was loaded from, with a trailing '/'. */
+static int self_dir(char *buf, size_t len)
+{
+    Dl_info info;
+    if (dladdr((void *)self_dir, &info) == 0 || info.dli_fname == NULL)
+        return -ENOENT;
+    const char *slash = strrchr(info.dli_fname, '/');
+    size_t n = slash ? (size_t)(slash - info.dli_fname) + 1 : 0;
+    if (n + 1 > len)
+        return -ENAMETOOLONG;
+    memcpy(buf, info.dli_fname, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+static void *load_store_lib(void)
+{
+    const char *env = getenv("KCACHE_STORE_LIB");
+    if (env != NULL && env[0] != '\0')
+        return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    char dir[4096], path[4200];
+    if (self_dir(dir, sizeof dir) != 0)
+        return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
+    /* Installed side by side, or the build tree's store/ beside shim/. */
+    static const char *rel[] = {"libkcache-store.so", "../store/libkcache-store.so"};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        snprintf(path, sizeof path, "%s%s", dir, rel[i]);
+        if (access(path, R_OK) == 0)
+            return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
+}
+
+struct kc_store *kc__store(const struct kc_store_api **api)
+{
+    int state = __atomic_load_n(&store_state, __ATOMIC_ACQUIRE);
+    if (state == 0) {
+        const struct kc_config *cfg = kc__config();
+        pthread_mutex_lock(&store_lock);
+        if (store_state == 0) {
+            int rc = -1;
+            /* Loading RocksDB runs its constructors; keep our hooks out. */
+            bool entered = kc__guard_enter();
+            store_handle = load_store_lib();
+            if (store_handle == NULL) {
+                kc_log(KC_LOG_WARN, "cannot load the store (%s); caching is off", dlerror());
+            } else {
+                const struct kc_store_api *(*get)(void) =
+                    (const struct kc_store_api *(*)(void))kc__real_dlsym(store_handle,
+                                                                         "kc_store_api");
+                const struct kc_store_api *a = get ? get() : NULL;
+                if (a == NULL || a->abi != KC_STORE_ABI || a->open == NULL) {
+                    kc_log(KC_LOG_WARN, "the store library does not match this shim; "
+                                        "caching is off");
+                } else {
+                    struct kc_store_options opts = {
+                        .dir = cfg->dir,
+                        .readonly = cfg->readonly,
+                        .max_size = cfg->max_size,
+                    };
+                    rc = a->open(&opts, &store);
+                    if (rc != 0)
+                        kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
+                               cfg->dir, strerror(-rc));
+                    else
+                        store_api = a;
+                }
+            }
+            if (entered)
+                kc__guard_exit();
+            __atomic_store_n(&store_state, rc == 0 ? 1 : -1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&store_lock);
+        state = __atomic_load_n(&store_state, __ATOMIC_ACQUIRE);
+    }
+    if (state != 1)
+        return NULL;
+    if (api != NULL)
+        *api = store_api;
+    return store;
+}
+
+/* ---- counters --------------------------------------------------------- */
+
+#define N_BACKENDS 3
+static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo"};
+static struct kc_counters counters[N_BACKENDS];
+static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void kc__count(const char *backend, const struct kc_counters *c)
+{
+    for (int i = 0; i < N_BACKENDS; i++) {
+        if (strcmp(backend, backend_names[i]) != 0)
+            continue;
+        pthread_mutex_lock(&counters_lock);
+        struct kc_counters *t = &counters[i];
+        t->hits += c->hits;
+        t->misses += c->misses;
+        t->passthrough += c->passthrough;
+        t->stores += c->stores;
+        t->errors += c->errors;
+        t->saved_ns += c->saved_ns;
+        t->compile_ns += c->compile_ns;
+        pthread_mutex_unlock(&counters_lock);
+        return;
+    }
+}
+
+__attribute__((destructor)) static void shim_fini(void)
+{
+    if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !config.stats)
+        return;
+    pthread_mutex_lock(&counters_lock);
+    struct kc_counters snap[N_BACKENDS];
+    memcpy(snap, counters, sizeof snap);
+    pthread_mutex_unlock(&counters_lock);
+
+    const struct kc_store_api *api;
+    struct kc_store *st =
+        __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? kc__store(&api) : NULL;
+    if (st != NULL && !config.readonly) {
+        for (int i = 0; i < N_BACKENDS; i++)
+            if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) != 0)
+                api->count(st, backend_names[i], &snap[i]);
+    }
+    /* Flush, not close: other threads may still be inside a hook while the
+     * process exits, and the kernel releases everything anyway. */
+    if (st != NULL)
+        api->flush(st);
+
+    if (config.stats) {
+        char line[1024];
+        int n = snprintf(line, sizeof line, "kcache: stats:");
+        for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {
+            const struct kc_counters *c = &snap[i];
+            n += snprintf(line + n, sizeof line - n,
+                          "%s %s hits=%llu misses=%llu passthrough=%llu stores=%llu errors=%llu "
+                          "saved=%.3fs",
+                          i ? ";" : "", backend_names[i], (unsigned long long)c->hits,
+                          (unsigned long long)c->misses, (unsigned long long)c->passthrough,
+                          (unsigned long long)c->stores, (unsigned long long)c->errors,
+                          c->saved_ns / 1e9);
+        }
+        if (n > 0 && (size_t)n < sizeof line - 1) {
+            line[n++] = '\n';
+            ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+            (void)w;
+        }
+    }
+}
+
+/* ---- fork --------------------------------------------------------------- */
+
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&store_lock);
+    pthread_mutex_lock(&counters_lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&counters_lock);
+    pthread_mutex_unlock(&store_lock);
+}
+
+static void atfork_child(void)
+{
+    pthread_mutex_init(&counters_lock, NULL);
+    pthread_mutex_init(&store_lock, NULL);
+    /* The child reports only what it does itself. */
+    memset(counters, 0, sizeof counters);
+    if (store_state == 1 && store_api->after_fork_child != NULL)
+        store_api->after_fork_child(store);
+}
+
+__attribute__((constructor)) static void shim_init(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* ---- interposition ------------------------------------------------------ */
+
+/* The real dlsym. Hidden, read by the dlsym trampoline below. */
+__attribute__((visibility("hidden"))) void *(*kc__dlsym_real)(void *, const char *);
+
+static void resolve_real_dlsym(void)
+{
+    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (p == NULL)
+        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    __atomic_store_n(&kc__dlsym_real, (void *(*)(void *, const char *))p, __ATOMIC_RELEASE);
+}
+
+void *kc__real_dlsym(void *handle, const char *name)
+{
+    void *(*real)(void *, const char *) = __atomic_load_n(&kc__dlsym_real, __ATOMIC_ACQUIRE);
+    if (real == NULL) {
+        resolve_real_dlsym();
+        real = kc__dlsym_real;
+    }
+    return real ? real(handle, name) : NULL;
+}
+
+static bool has_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+int kc__classify(const void *fn, const char **sym)
+{
+    Dl_info info;
+    if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL)
+        return 0;
+    if (sym != NULL)
+        *sym = info.dli_sname;
+    const char *base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    /* libnvrtc.so.13, libnvrtc.alt.so.13, a wheel's copy by absolute path;
+     * never libnvrtc-builtins. */
+    if (has_prefix(base, "libnvrtc.") || has_prefix(base, "libnvrtc_"))
+        return KC_LIB_NVRTC;
+    if (has_prefix(base, "libcuda.so"))
+        return KC_LIB_CUDA;
+    return 0;
+}
+
+const struct kc__hook *kc__hook_find(const char *name, int lib)
+{
+    if (name == NULL)
+        return NULL;
+    const struct kc__hook *tables[] = {kc__nvrtc_hooks, kc__driver_hooks};
+    int libs[] = {KC_LIB_NVRTC, KC_LIB_CUDA};
+    for (int t = 0; t < 2; t++) {
+        if (lib != 0 && lib != libs[t])
+            continue;
+        for (const struct kc__hook *h = tables[t]; h->name != NULL; h++)
+            if (strcmp(h->name, name) == 0)
+                return h;
+    }
+    return NULL;
+}
+
+void *kc__hook_real(const struct kc__hook *h)
+{
+    void *p = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
+    if (p != NULL)
+        return p;
+    /* Linked directly: the real library follows us in the global scope. */
+    p = kc__real_dlsym(RTLD_NEXT, h->name);
+    if (p != NULL) {
+        void *expected = NULL;
+        __atomic_compare_exchange_n(h->real, &expected, p, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+        p = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
+    }
+    return p;
+}
+
+static void *self_base(void)
+{
+    static void *base;
+    if (base == NULL) {
+        Dl_info info;
+        if (dladdr((void *)self_base, &info) != 0)
+            base = info.dli_fbase;
+    }
+    return base;
+}
+
+void *kc__swap(const char *asked, void *fn)
+{
+    if (fn == NULL)
+        return fn;
+    const char *sym = NULL;
+    int lib = kc__classify(fn, &sym);
+    if (lib == 0)
+        return fn;
+    /* The symbol the library actually returned decides the wrapper, so a
+     * request for "cuMemAlloc" answered with cuMemAlloc_v2 gets ours for
+     * cuMemAlloc_v2. Without a symbol name, fall back to the asked one. */
+    const struct kc__hook *h = kc__hook_find(sym != NULL ? sym : asked, lib);
+    if (h == NULL)
+        return fn;
+    const struct kc_config *cfg = kc__config();
+    if (cfg->disable)
+        return fn;
+    void *expected = NULL;
+    __atomic_compare_exchange_n(h->real, &expected, fn, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    if (expected != NULL && expected != fn) {
+        /* A second copy of the library: our wrapper forwards to the first
+         * one found, so hand this one out untouched. */
+        return fn;
+    }
+    return h->wrapper != NULL ? h->wrapper : fn;
+}
+
+/* dlsym(handle, name) for every handle but RTLD_NEXT (the trampoline
+ * forwards that one to the real dlsym with the caller's return address
+ * intact, since RTLD_NEXT is relative to the caller). */
+__attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const char *name)
+{
+    void *r = kc__real_dlsym(handle, name);
+    if (r == NULL || name == NULL || kc__guard_held())
+        return r;
+    if (!(name[0] == 'n' && has_prefix(name, "nvrtc")) && !(name[0] == 'c' && name[1] == 'u'))
+        return r;
+    Dl_info info;
+    if (dladdr(r, &info) != 0 && info.dli_fbase == self_base()) {
+        /* RTLD_DEFAULT found our own export. It exists for the host only if
+         * the real library is loaded too. */
+        const struct kc__hook *h = kc__hook_find(name, 0);
+        if (h == NULL)
+            return r;
+        return kc__hook_real(h) != NULL ? r : NULL;
+    }
+    return kc__swap(name, r);
+}
+
+#if defined(__x86_64__)
+/* dlsym itself: RTLD_NEXT ((void *)-1) jumps straight to the real dlsym so
+ * it sees the host's return address; everything else goes through
+ * kc__dlsym_impl. */
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        "dlsym:\n"
+        "    cmpq $-1, %rdi\n"
+        "    jne 1f\n"
+        "    movq kc__dlsym_real(%rip), %rax\n"
+        "    testq %rax, %rax\n"
+        "    je 1f\n"
+        "    jmp *%rax\n"
+        "1:  jmp kc__dlsym_impl\n"
+        ".size dlsym, .-dlsym\n");
+#else
+KC_EXPORT void *dlsym(void *handle, const char *name)
+{
+    return kc__dlsym_impl(handle, name);
+}
+#endif
+
+__attribute__((constructor(101))) static void dlsym_init(void)
+{
+    resolve_real_dlsym();
+}

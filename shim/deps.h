@@ -1,0 +1,60 @@
+/*
+ * Header tracking: while a compile runs on a thread, the libc calls NVRTC
+ * uses to find and read headers (open, fopen, __xstat, stat, access) are
+ * recorded, so the files a compile read and the paths it probed and did not
+ * find can be checked on every later lookup (ccache's direct mode).
+ */
+#ifndef KCACHE_DEPS_H
+#define KCACHE_DEPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "../store/store.h"
+
+enum kc__dep_kind {
+    KC_DEP_ABSENT = 0, /* probed, not found */
+    KC_DEP_FILE = 1,   /* read: content digest */
+    KC_DEP_DIR = 2,    /* exists, a directory */
+    KC_DEP_OTHER = 3,  /* exists, stat'ed only (not read) */
+};
+
+struct kc__dep {
+    char *path;        /* as the compile named it */
+    int kind;
+    kc_digest digest;  /* KC_DEP_FILE only */
+    struct stat st;    /* as seen when the compile opened it */
+};
+
+struct kc__deps {
+    struct kc__dep *v;
+    size_t n, cap;
+    bool writes;   /* something was opened for writing: side effects */
+    bool failed;   /* out of memory or a file changed under the compile */
+};
+
+/* Starts recording on this thread into d (zeroed by the caller). */
+void kc__deps_begin(struct kc__deps *d);
+
+/* Stops recording on this thread. */
+void kc__deps_end(void);
+
+/* Computes the content digests of the files read, checking each is
+ * unchanged since the compile opened it. 0, or -ESTALE when one changed
+ * (the result must not be cached), or another negative errno. */
+int kc__deps_finish(struct kc__deps *d);
+
+void kc__deps_free(struct kc__deps *d);
+
+/* Whether the dependency still holds: the path is still absent, still a
+ * directory, or still has the same content. Uses an in-process memo keyed
+ * by (path, device, inode, size, mtime, ctime) so an unchanged file is not
+ * re-read. */
+bool kc__dep_holds(const char *path, int kind, const kc_digest *digest);
+
+/* The content digest of a regular file, through the memo. 0 or -errno. */
+int kc__file_digest(const char *path, const struct stat *st, kc_digest *out);
+
+#endif
