@@ -1,0 +1,137 @@
+/*
+ * Unit tests of the configuration every part shares (shim/config.c).
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+static void clean_env(void)
+{
+    extern char **environ;
+    /* Drop every KCACHE_* variable the runner may have set. */
+    for (int again = 1; again;) {
+        again = 0;
+        for (char **e = environ; *e; e++) {
+            if (strncmp(*e, "KCACHE_", 7) == 0) {
+                char name[128];
+                size_t n = strcspn(*e, "=");
+                snprintf(name, sizeof name, "%.*s", (int)n, *e);
+                unsetenv(name);
+                again = 1;
+                break;
+            }
+        }
+    }
+}
+
+TestSuite(config, .init = clean_env);
+
+Test(config, defaults)
+{
+    setenv("HOME", "/home/someone", 1);
+    unsetenv("XDG_CACHE_HOME");
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_str_eq(c.dir, "/home/someone/.cache/kcache");
+    cr_assert_eq(c.max_size, 5ull << 30);
+    cr_assert(c.nvrtc && c.jit && c.memo && c.alloc);
+    cr_assert(!c.disable && !c.readonly && !c.recache && !c.stats);
+    cr_assert_eq(c.log_level, KC_LOG_WARN);
+    cr_assert_eq(c.n_warnings, 0);
+}
+
+Test(config, xdg_cache_home)
+{
+    setenv("XDG_CACHE_HOME", "/var/xdg", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_str_eq(c.dir, "/var/xdg/kcache");
+}
+
+Test(config, sizes)
+{
+    uint64_t v;
+    cr_assert_eq(kc_parse_size("512", &v), 0);
+    cr_assert_eq(v, 512);
+    cr_assert_eq(kc_parse_size("5G", &v), 0);
+    cr_assert_eq(v, 5ull << 30);
+    cr_assert_eq(kc_parse_size("64MiB", &v), 0);
+    cr_assert_eq(v, 64ull << 20);
+    cr_assert_eq(kc_parse_size("10kb", &v), 0);
+    cr_assert_eq(v, 10ull << 10);
+    cr_assert_neq(kc_parse_size("banana", &v), 0);
+    cr_assert_neq(kc_parse_size("5X", &v), 0);
+    cr_assert_neq(kc_parse_size("", &v), 0);
+    cr_assert_neq(kc_parse_size("-1", &v), 0);
+    cr_assert_neq(kc_parse_size("99999999999999999999T", &v), 0);
+}
+
+Test(config, malformed_values_warn_and_keep_defaults)
+{
+    setenv("KCACHE_MAXSIZE", "banana", 1);
+    setenv("KCACHE_NVRTC", "maybe", 1);
+    setenv("KCACHE_LOG", "loud", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_eq(c.max_size, 5ull << 30);
+    cr_assert(c.nvrtc);
+    cr_assert_eq(c.log_level, KC_LOG_WARN);
+    cr_assert_eq(c.n_warnings, 3);
+    cr_assert(strstr(c.warnings[0], "KCACHE_MAXSIZE=banana") != NULL);
+}
+
+Test(config, unknown_variable_warns)
+{
+    setenv("KCACHE_DISABEL", "1", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert(!c.disable);
+    cr_assert_eq(c.n_warnings, 1);
+    cr_assert(strstr(c.warnings[0], "KCACHE_DISABEL") != NULL);
+}
+
+Test(config, switches_and_provenance)
+{
+    setenv("KCACHE_DISABLE", "yes", 1);
+    setenv("KCACHE_JIT", "off", 1);
+    setenv("KCACHE_MAXSIZE", "1G", 1);
+    setenv("KCACHE_ALLOC_FALLBACK", "managed", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert(c.disable);
+    cr_assert(!c.jit);
+    cr_assert_eq(c.max_size, 1ull << 30);
+    cr_assert_eq(c.alloc_fallback, KC_ALLOC_FALLBACK_MANAGED);
+    char buf[64];
+    for (int i = 0; i < kc_config_n_vars; i++) {
+        if (strcmp(kc_config_vars[i].name, "KCACHE_MAXSIZE") == 0) {
+            cr_assert_eq(c.origin[i], KC_FROM_ENV);
+            kc_config_value(&c, i, buf, sizeof buf);
+            cr_assert_str_eq(buf, "1073741824");
+        }
+        if (strcmp(kc_config_vars[i].name, "KCACHE_RECACHE") == 0)
+            cr_assert_eq(c.origin[i], KC_FROM_DEFAULT);
+    }
+}
+
+Test(config, relative_dir_is_made_absolute)
+{
+    setenv("KCACHE_DIR", "rel/cache", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_eq(c.dir[0], '/');
+    cr_assert(strstr(c.dir, "/rel/cache") != NULL);
+}
+
+Test(config, readonly_and_recache_conflict_warns)
+{
+    setenv("KCACHE_READONLY", "1", 1);
+    setenv("KCACHE_RECACHE", "1", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert(c.readonly && c.recache);
+    cr_assert_eq(c.n_warnings, 1);
+}
