@@ -23,6 +23,8 @@
  *   KCACHE_TEST_STANDIN_COUNTS   file to which one line of call counters is
  *                                appended at exit ("standin pid=N jit=J ...")
  *   KCACHE_TEST_STANDIN_TRACE    print each call to stderr
+ *   KCACHE_TEST_STANDIN_REUSE    1: reuse module and library handles after
+ *                                unload (off: use after unload is reported)
  *
  * Handles are tagged integers into per-type tables, never dereferenced
  * pointers, so a garbage or stale handle is detected instead of crashing.
@@ -92,6 +94,7 @@ static _Atomic uint64_t si_jit;            /* PTX compilations */
 static _Atomic uint64_t si_jit_ns;         /* time spent in them */
 static _Atomic uint64_t si_live_at_destroy; /* allocations a context destroy freed */
 static int si_trace;
+static int si_reuse;
 
 #define COUNT(n)                                                                                   \
     do {                                                                                           \
@@ -176,6 +179,8 @@ __attribute__((constructor)) static void si_load(void)
     if (v && *v)
         cfg_version = atoi(v);
     si_trace = getenv("KCACHE_TEST_STANDIN_TRACE") != NULL;
+    const char *reuse = getenv("KCACHE_TEST_STANDIN_REUSE");
+    si_reuse = reuse && *reuse == '1';
     atexit(counts_write);
 }
 
@@ -274,7 +279,7 @@ static int tab_add(int type, void *obj)
     struct table *t = &si_tab[type];
     if (t->n == 0)
         t->n = 1;
-    if (t->n == t->cap) {
+    if (t->n >= t->cap) {
         int cap = t->cap ? t->cap * 2 : 64;
         void **v = realloc(t->v, (size_t)cap * sizeof *v);
         if (!v)
@@ -287,6 +292,23 @@ static int tab_add(int type, void *obj)
 }
 
 #define OBJ(type, T, slot) ((struct T *)si_tab[type].v[slot])
+
+/* With KCACHE_TEST_STANDIN_REUSE=1, module and library handles are reused
+ * after unload (the first free slot), as the real driver reuses addresses.
+ * The first field of every object is its `alive` flag. */
+static int tab_add_reusing(int type, void *obj)
+{
+    if (si_reuse) {
+        for (int s = 1; s < si_tab[type].n; s++) {
+            if (!*(bool *)si_tab[type].v[s]) {
+                free(si_tab[type].v[s]);
+                si_tab[type].v[s] = obj;
+                return s;
+            }
+        }
+    }
+    return tab_add(type, obj);
+}
 
 static struct ctx *ctx_get(CUcontext h, int *slot)
 {
@@ -1329,7 +1351,7 @@ static CUresult module_load(CUmodule *out, const void *image, unsigned n, CUjit_
         return rc;
     struct mod *m = calloc(1, sizeof *m);
     LOCK();
-    int slot = m ? tab_add(T_MOD, m) : 0;
+    int slot = m ? tab_add_reusing(T_MOD, m) : 0;
     if (slot) {
         m->alive = true;
         m->ctx = cslot;
@@ -1540,7 +1562,7 @@ SI_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
         return rc;
     struct lib *l = calloc(1, sizeof *l);
     LOCK();
-    int slot = l ? tab_add(T_LIB, l) : 0;
+    int slot = l ? tab_add_reusing(T_LIB, l) : 0;
     if (slot) {
         l->alive = true;
         l->img = im;
