@@ -1,5 +1,1387 @@
-/* store.c: being written */
-#include "store.h"
-#define KC_API __attribute__((visibility("default")))
-static const struct kc_store_api api = {.abi = KC_STORE_ABI};
-KC_API const struct kc_store_api *kc_store_api(void) { return &api; }
+/*
+ * store.c: the store as each process sees it (store.h's function table).
+ *
+ * Reads go through a RocksDB secondary instance opened lazily on the first
+ * get, then the spool, then (only when the owner has committed something
+ * since this process last looked) a catch-up with the primary and a second
+ * look. Writes are spool files; the owner is started when nobody holds its
+ * lock. Hits, counters, purges and recently put sources are kept in memory
+ * and written as spool logs on flush/close.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define SPOOL_READ_MAX (1ull << 32)
+#define HITS_FLUSH_AT 65536
+#define KICK_INTERVAL_NS 200000000ull
+#define OPEN_RETRY_NS 50000000ull
+#define OP_WAIT_MS 15000
+
+/* ---- a small open-addressing map -------------------------------------- */
+
+enum { M_HIT = 1, M_TOMB_KEY = 2, M_TOMB_SRC = 3, M_SRC = 4 };
+
+struct ment {
+    uint8_t used; /* 0 empty, 1 used, 2 deleted */
+    uint8_t type;
+    uint32_t ns;
+    unsigned char k[KC__KEY_LEN];
+    uint64_t a, b;
+    kc_key val;
+};
+
+struct map {
+    struct ment *e;
+    size_t cap, n, dead;
+};
+
+static uint64_t ment_hash(int type, uint32_t ns, const unsigned char *k)
+{
+    uint64_t h = 1469598103934665603ull ^ ((uint64_t)type << 32) ^ ns;
+    for (int i = 0; i < KC__KEY_LEN; i++)
+        h = (h ^ k[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static struct ment *map_find(struct map *m, int type, uint32_t ns, const unsigned char *k)
+{
+    if (m->n == 0)
+        return NULL;
+    size_t mask = m->cap - 1;
+    for (size_t i = ment_hash(type, ns, k) & mask;; i = (i + 1) & mask) {
+        struct ment *e = &m->e[i];
+        if (e->used == 0)
+            return NULL;
+        if (e->used == 1 && e->type == type && e->ns == ns && !memcmp(e->k, k, KC__KEY_LEN))
+            return e;
+    }
+}
+
+static struct ment *map_add(struct map *m, int type, uint32_t ns, const unsigned char *k)
+{
+    struct ment *f = map_find(m, type, ns, k);
+    if (f != NULL)
+        return f;
+    if ((m->n + m->dead + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap : 64;
+        while ((m->n + 1) * 2 > cap / 2 * 1)
+            cap *= 2;
+        if (cap < 64)
+            cap = 64;
+        struct ment *ne = calloc(cap, sizeof *ne);
+        if (ne == NULL)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++) {
+            struct ment *e = &m->e[i];
+            if (e->used != 1)
+                continue;
+            size_t j = ment_hash(e->type, e->ns, e->k) & (cap - 1);
+            while (ne[j].used)
+                j = (j + 1) & (cap - 1);
+            ne[j] = *e;
+        }
+        free(m->e);
+        m->e = ne;
+        m->cap = cap;
+        m->dead = 0;
+    }
+    size_t mask = m->cap - 1;
+    size_t i = ment_hash(type, ns, k) & mask;
+    while (m->e[i].used == 1)
+        i = (i + 1) & mask;
+    struct ment *e = &m->e[i];
+    if (e->used == 2)
+        m->dead--;
+    memset(e, 0, sizeof *e);
+    e->used = 1;
+    e->type = (uint8_t)type;
+    e->ns = ns;
+    memcpy(e->k, k, KC__KEY_LEN);
+    m->n++;
+    return e;
+}
+
+static void map_del(struct map *m, struct ment *e)
+{
+    if (e == NULL)
+        return;
+    e->used = 2;
+    m->n--;
+    m->dead++;
+}
+
+static void map_free(struct map *m)
+{
+    free(m->e);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- the handle -------------------------------------------------------- */
+
+struct counter {
+    char name[32];
+    struct kc_counters c;
+};
+
+struct kc_store {
+    struct kc__paths p;
+    bool readonly;
+    uint64_t max_size;
+    char *tool;
+
+    /* The reader, guarded by mu; rd_ready is published with release. */
+    pthread_mutex_t mu;
+    struct kc__db rd;
+    int rd_ready;
+    char secpath[PATH_MAX];
+    uint64_t caught_gen;
+    uint64_t next_open_ns;
+    volatile uint64_t *gen;
+
+    /* In-memory logs, guarded by memu. */
+    pthread_mutex_t memu;
+    struct map m;
+    size_t n_hits, n_tombs;
+    char **nss;
+    size_t n_nss;
+    struct counter *ctr;
+    size_t n_ctr;
+    uint64_t last_created;
+
+    /* Starting the owner. */
+    int lockfd;
+    pid_t spawned;
+    uint64_t last_kick_ns;
+    bool warned_spawn;
+};
+
+static uint32_t ns_index(struct kc_store *st, const char *ns)
+{
+    for (size_t i = 0; i < st->n_nss; i++)
+        if (strcmp(st->nss[i], ns) == 0)
+            return (uint32_t)i;
+    char **v = realloc(st->nss, (st->n_nss + 1) * sizeof *v);
+    if (v == NULL)
+        return UINT32_MAX;
+    st->nss = v;
+    v[st->n_nss] = strdup(ns);
+    if (v[st->n_nss] == NULL)
+        return UINT32_MAX;
+    return (uint32_t)st->n_nss++;
+}
+
+static void src_k(const kc_digest *src, unsigned char k[KC__KEY_LEN])
+{
+    memset(k, 0, KC__KEY_LEN);
+    kc__digest_encode(src, k);
+}
+
+/* ---- locating and starting the owner ------------------------------------ */
+
+static char *find_tool(const char *given)
+{
+    if (given != NULL && given[0] != 0)
+        return strdup(given);
+    const char *env = getenv("KCACHE_TOOL");
+    if (env != NULL && env[0] != 0)
+        return strdup(env);
+    Dl_info di;
+    if (dladdr((void *)kc_store_api, &di) != 0 && di.dli_fname != NULL) {
+        char lib[PATH_MAX];
+        if (realpath(di.dli_fname, lib) != NULL) {
+            char *slash = strrchr(lib, '/');
+            if (slash != NULL) {
+                *slash = 0;
+                static const char *const rel[] = {"/../tools/kcache", "/../bin/kcache",
+                                                  "/../../bin/kcache"};
+                for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+                    char cand[PATH_MAX + 32];
+                    snprintf(cand, sizeof cand, "%s%s", lib, rel[i]);
+                    if (access(cand, X_OK) == 0)
+                        return strdup(cand);
+                }
+            }
+        }
+    }
+    return strdup("kcache");
+}
+
+static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
+{
+    size_t n = 0;
+    while (environ != NULL && environ[n] != NULL)
+        n++;
+    char **env = calloc(n + 3, sizeof *env);
+    if (env == NULL)
+        return -ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = environ[i];
+        if (strncmp(e, "KCACHE_OWNER_DETACH=", 20) == 0)
+            continue;
+        if (max_size != 0 && strncmp(e, "KCACHE_MAXSIZE=", 15) == 0)
+            continue;
+        /* The owner needs no interposer. */
+        if (strncmp(e, "LD_PRELOAD=", 11) == 0 && strstr(e, "libkcache") != NULL)
+            continue;
+        env[m++] = (char *)e;
+    }
+    char detach[] = "KCACHE_OWNER_DETACH=1";
+    char maxs[64];
+    env[m++] = detach;
+    if (max_size != 0) {
+        snprintf(maxs, sizeof maxs, "KCACHE_MAXSIZE=%llu", (unsigned long long)max_size);
+        env[m++] = maxs;
+    }
+    env[m] = NULL;
+    char *argv[] = {(char *)tool, "owner", "--dir", (char *)dir, NULL};
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_init(&at);
+    posix_spawn_file_actions_init(&fa);
+    sigset_t none, dfl;
+    sigemptyset(&none);
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGPIPE);
+    sigaddset(&dfl, SIGTERM);
+    sigaddset(&dfl, SIGINT);
+    sigaddset(&dfl, SIGHUP);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &dfl);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
+                                      POSIX_SPAWN_SETSIGDEF);
+    for (int fd = 0; fd < 3; fd++)
+        posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+    int rc = strchr(tool, '/') != NULL ? posix_spawn(pid, tool, &fa, &at, argv, env)
+                                       : posix_spawnp(pid, tool, &fa, &at, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    free(env);
+    return -rc;
+}
+
+/* Reaps the short-lived process the last spawn started (it forks the real
+ * owner away and exits at once). */
+static void reap(struct kc_store *st, int wait_ms)
+{
+    if (st->spawned <= 0)
+        return;
+    for (int i = 0;; i++) {
+        pid_t r = waitpid(st->spawned, NULL, WNOHANG);
+        if (r == st->spawned || (r < 0 && errno != EINTR)) {
+            st->spawned = 0;
+            return;
+        }
+        if (i * 5 >= wait_ms)
+            return;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void kc__kick_owner(const char *dir, const char *tool, uint64_t max_size)
+{
+    struct kc__paths p;
+    kc__paths_init(&p, dir);
+    int fd = open(p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        char *t = find_tool(tool);
+        pid_t pid;
+        if (t != NULL && spawn_owner(t, dir, max_size, &pid) == 0) {
+            while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+        free(t);
+    }
+    close(fd);
+}
+
+/* Starts the owner unless one holds the lock. Never waits for it. */
+static void kick(struct kc_store *st)
+{
+    pthread_mutex_lock(&st->memu);
+    reap(st, 0);
+    uint64_t now = kc__mono_ns();
+    if (st->lockfd < 0)
+        st->lockfd = open(st->p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (st->lockfd >= 0 && flock(st->lockfd, LOCK_EX | LOCK_NB) == 0) {
+        flock(st->lockfd, LOCK_UN);
+        if (st->last_kick_ns == 0 || now - st->last_kick_ns > KICK_INTERVAL_NS) {
+            st->last_kick_ns = now;
+            pid_t pid;
+            int rc = spawn_owner(st->tool, st->p.dir, st->max_size, &pid);
+            if (rc == 0)
+                st->spawned = pid;
+            else if (!st->warned_spawn) {
+                st->warned_spawn = true;
+                fprintf(stderr, "kcache: warning: cannot start the store owner %s: %s\n",
+                        st->tool, strerror(-rc));
+            }
+        }
+    }
+    pthread_mutex_unlock(&st->memu);
+}
+
+/* ---- the reader -------------------------------------------------------- */
+
+static uint64_t gen_read(struct kc_store *st)
+{
+    if (st->gen == NULL) {
+        int fd = open(st->p.gen, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return 0;
+        struct stat sb;
+        void *m = MAP_FAILED;
+        if (fstat(fd, &sb) == 0 && sb.st_size >= 4096)
+            m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED)
+            return 0;
+        void *expected = NULL;
+        if (!__atomic_compare_exchange_n(&st->gen, &expected, m, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            munmap(m, 4096);
+    }
+    return __atomic_load_n(st->gen, __ATOMIC_ACQUIRE);
+}
+
+static void reader_drop(struct kc_store *st)
+{
+    __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
+    kc__db_close(&st->rd);
+    if (st->secpath[0] != 0) {
+        kc__rm_rf(st->secpath);
+        st->secpath[0] = 0;
+    }
+}
+
+/* Opens the secondary; mu held. */
+static int reader_open(struct kc_store *st)
+{
+    char cur[PATH_MAX];
+    snprintf(cur, sizeof cur, "%s/CURRENT", st->p.db);
+    if (access(cur, F_OK) != 0)
+        return -ENOENT;
+    if (st->readonly) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(st->secpath, sizeof st->secpath, "%s/kcache-sec-XXXXXX",
+                 tmp && tmp[0] ? tmp : "/tmp");
+        if (mkdtemp(st->secpath) == NULL) {
+            st->secpath[0] = 0;
+            return -errno;
+        }
+    } else {
+        snprintf(st->secpath, sizeof st->secpath, "%s/%d-%016llx", st->p.sec, (int)getpid(),
+                 (unsigned long long)kc__rand64());
+        if (mkdir(st->secpath, 0700) != 0) {
+            int rc = -errno;
+            st->secpath[0] = 0;
+            return rc;
+        }
+    }
+    int rc = kc__db_open(&st->rd, st->p.db, st->secpath, NULL);
+    if (rc < 0) {
+        kc__rm_rf(st->secpath);
+        st->secpath[0] = 0;
+        return rc;
+    }
+    __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Brings the reader up to what the owner has committed as of generation g
+ * (read by the caller after it looked in the spool). force: even if the
+ * generation did not move. Returns whether the reader is usable. */
+static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
+{
+    pthread_mutex_lock(&st->mu);
+    bool ok = false;
+    if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE)) {
+        uint64_t now = kc__mono_ns();
+        if (force || now >= st->next_open_ns) {
+            if (reader_open(st) == 0)
+                st->caught_gen = g;
+            else
+                st->next_open_ns = now + OPEN_RETRY_NS;
+        }
+    } else if (force || g != st->caught_gen) {
+        char *err = NULL;
+        rocksdb_try_catch_up_with_primary(st->rd.db, &err);
+        if (err != NULL) {
+            free(err);
+            /* A secondary that cannot follow is replaced. */
+            reader_drop(st);
+            if (reader_open(st) != 0)
+                st->next_open_ns = kc__mono_ns() + OPEN_RETRY_NS;
+        }
+        st->caught_gen = g;
+    }
+    ok = __atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&st->mu);
+    return ok;
+}
+
+static int reader_lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
+                         size_t *len, struct kc__hdr *h)
+{
+    if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
+        return -ENOENT;
+    return kc__lookup(&st->rd, ns, key, body, len, h);
+}
+
+static void spool_name(const char *ns, const kc_key *key, char prefix, char out[40])
+{
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(ns, key, kk);
+    kc_digest d = kc__digest_of(kk, kl);
+    unsigned char b[16];
+    kc__digest_encode(&d, b);
+    out[0] = prefix;
+    out[1] = '-';
+    kc__hex(b, 16, out + 2);
+}
+
+static int spool_lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
+                        size_t *len, struct kc__hdr *h)
+{
+    static const char prefixes[2] = {'p', 'd'};
+    for (int i = 0; i < 2; i++) {
+        char name[40], path[PATH_MAX];
+        spool_name(ns, key, prefixes[i], name);
+        snprintf(path, sizeof path, "%s/%s", st->p.spool, name);
+        unsigned char *buf;
+        size_t n;
+        if (kc__read_file(AT_FDCWD, path, SPOOL_READ_MAX, &buf, &n) != 0)
+            continue;
+        struct kc__sp_put sp;
+        if (kc__spool_put_decode(buf, n, &sp) == 0 && strcmp(sp.ns, ns) == 0 &&
+            memcmp(&sp.key, key, sizeof *key) == 0) {
+            void *b = malloc(sp.body_len ? sp.body_len : 1);
+            if (b == NULL) {
+                free(buf);
+                return -ENOMEM;
+            }
+            memcpy(b, sp.body, sp.body_len);
+            *body = b;
+            *len = sp.body_len;
+            *h = sp.hdr;
+            free(buf);
+            return 0;
+        }
+        free(buf);
+    }
+    return -ENOENT;
+}
+
+static void request_purge(struct kc_store *st, const char *ns, const kc_key *key,
+                          const kc_digest *src, uint32_t flags);
+
+/* The lookup behind get, take_by_source and purge. */
+static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
+                  size_t *len, struct kc__hdr *h)
+{
+    if (st->n_tombs > 0) {
+        unsigned char k[KC__KEY_LEN];
+        kc__key_encode(key, k);
+        pthread_mutex_lock(&st->memu);
+        uint32_t nsi = ns_index(st, ns);
+        bool dead = map_find(&st->m, M_TOMB_KEY, nsi, k) != NULL;
+        pthread_mutex_unlock(&st->memu);
+        if (dead)
+            return -ENOENT;
+    }
+    if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
+        reader_refresh(st, gen_read(st), false);
+    int rc = reader_lookup(st, ns, key, body, len, h);
+    if (rc == 0)
+        return 0;
+    if (rc == -EBADMSG && !st->readonly)
+        request_purge(st, ns, key, NULL, KC__PF_KEY | KC__PF_IFBAD);
+    if (spool_lookup(st, ns, key, body, len, h) == 0)
+        return 0;
+    uint64_t g = gen_read(st);
+    if (reader_refresh(st, g, rc == -EIO)) {
+        rc = reader_lookup(st, ns, key, body, len, h);
+        if (rc == 0)
+            return 0;
+    }
+    return -ENOENT;
+}
+
+/* ---- in-memory logs ---------------------------------------------------- */
+
+static void note_hit(struct kc_store *st, const char *ns, const kc_key *key);
+
+static int write_items(struct kc_store *st, int type, struct kc__buf *b, size_t n)
+{
+    if (n == 0)
+        return 0;
+    kc__spool_end(b);
+    if (b->err)
+        return b->err;
+    char name[64];
+    snprintf(name, sizeof name, "%c-%d-%016llx", type == KC__SP_PURGE ? 'x'
+                                                 : type == KC__SP_HITS ? 'h'
+                                                                       : 'c',
+             (int)getpid(), (unsigned long long)kc__rand64());
+    return kc__spool_write(st->p.spool, name, b->p, b->len, type == KC__SP_PURGE);
+}
+
+/* Writes the hit log; memu held. */
+static int flush_hits_locked(struct kc_store *st)
+{
+    if (st->n_hits == 0)
+        return 0;
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_HITS);
+    size_t n = 0;
+    for (size_t i = 0; i < st->m.cap; i++) {
+        struct ment *e = &st->m.e[i];
+        if (e->used != 1 || e->type != M_HIT)
+            continue;
+        struct kc__sp_item it = {0};
+        snprintf(it.ns, sizeof it.ns, "%s", st->nss[e->ns]);
+        kc__key_decode(e->k, &it.key);
+        it.a = e->a;
+        it.b = e->b;
+        kc__spool_item_add(&b, KC__SP_HITS, &it);
+        map_del(&st->m, e);
+        n++;
+    }
+    st->n_hits = 0;
+    int rc = st->readonly ? 0 : write_items(st, KC__SP_HITS, &b, n);
+    kc__buf_free(&b);
+    return rc;
+}
+
+static void note_hit(struct kc_store *st, const char *ns, const kc_key *key)
+{
+    if (st->readonly)
+        return;
+    unsigned char k[KC__KEY_LEN];
+    kc__key_encode(key, k);
+    pthread_mutex_lock(&st->memu);
+    uint32_t nsi = ns_index(st, ns);
+    if (nsi != UINT32_MAX) {
+        struct ment *e = map_find(&st->m, M_HIT, nsi, k);
+        if (e == NULL && (e = map_add(&st->m, M_HIT, nsi, k)) != NULL)
+            st->n_hits++;
+        if (e != NULL) {
+            e->a++;
+            e->b = kc__now_ns();
+        }
+        if (st->n_hits >= HITS_FLUSH_AT)
+            flush_hits_locked(st);
+    }
+    pthread_mutex_unlock(&st->memu);
+}
+
+static void request_purge(struct kc_store *st, const char *ns, const kc_key *key,
+                          const kc_digest *src, uint32_t flags)
+{
+    struct kc__sp_item it = {0};
+    snprintf(it.ns, sizeof it.ns, "%s", ns);
+    it.flags = flags;
+    if (key != NULL)
+        it.key = *key;
+    if (src != NULL)
+        it.source = *src;
+    it.a = kc__now_ns();
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_PURGE);
+    kc__spool_item_add(&b, KC__SP_PURGE, &it);
+    write_items(st, KC__SP_PURGE, &b, 1);
+    kc__buf_free(&b);
+    kick(st);
+}
+
+/* ---- the API ----------------------------------------------------------- */
+
+static int st_open(const struct kc_store_options *opts, struct kc_store **out)
+{
+    if (opts == NULL || opts->dir == NULL || opts->dir[0] == 0 || out == NULL)
+        return -EINVAL;
+    *out = NULL;
+    if (strlen(opts->dir) >= 4000)
+        return -ENAMETOOLONG;
+    struct kc_store *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return -ENOMEM;
+    kc__paths_init(&st->p, opts->dir);
+    st->readonly = opts->readonly != 0;
+    st->max_size = opts->max_size;
+    st->lockfd = -1;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->memu, NULL);
+    int rc = kc__private_dir(st->p.dir, !st->readonly);
+    if (rc == -ENOENT && st->readonly)
+        rc = 0; /* nothing to read yet: every get misses */
+    if (rc == 0 && !st->readonly) {
+        rc = kc__private_dir(st->p.spool, true);
+        if (rc == 0)
+            rc = kc__private_dir(st->p.sec, true);
+    } else if (rc == 0) {
+        int r = kc__private_dir(st->p.spool, false);
+        if (r == -EPERM || r == -ENOTDIR)
+            rc = r;
+    }
+    if (rc < 0) {
+        pthread_mutex_destroy(&st->mu);
+        pthread_mutex_destroy(&st->memu);
+        free(st);
+        return rc;
+    }
+    st->tool = find_tool(opts->tool);
+    *out = st;
+    return 0;
+}
+
+static int st_flush(struct kc_store *st);
+
+static void st_close(struct kc_store *st)
+{
+    if (st == NULL)
+        return;
+    st_flush(st);
+    pthread_mutex_lock(&st->mu);
+    reader_drop(st);
+    pthread_mutex_unlock(&st->mu);
+    if (st->gen != NULL)
+        munmap((void *)st->gen, 4096);
+    reap(st, 200);
+    if (st->lockfd >= 0)
+        close(st->lockfd);
+    map_free(&st->m);
+    for (size_t i = 0; i < st->n_nss; i++)
+        free(st->nss[i]);
+    free(st->nss);
+    free(st->ctr);
+    free(st->tool);
+    pthread_mutex_destroy(&st->mu);
+    pthread_mutex_destroy(&st->memu);
+    free(st);
+}
+
+static bool key_ok(const char *ns, const kc_key *key)
+{
+    return kc__ns_ok(ns) && key != NULL;
+}
+
+static int st_get(struct kc_store *st, const char *ns, const kc_key *key, void **body,
+                  size_t *len, struct kc_record_info *info)
+{
+    if (st == NULL || !key_ok(ns, key) || body == NULL || len == NULL)
+        return -EINVAL;
+    struct kc__hdr h;
+    int rc = lookup(st, ns, key, body, len, &h);
+    if (rc < 0)
+        return rc;
+    kc__hdr_to_info(&h, info);
+    note_hit(st, ns, key);
+    return 0;
+}
+
+static int st_put(struct kc_store *st, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
+{
+    if (st == NULL || !key_ok(ns, key) || (body == NULL && len > 0) || kind < KC_KIND_NVRTC ||
+        kind > KC_KIND_BLOB)
+        return -EINVAL;
+    if (st->readonly)
+        return -EROFS;
+    struct kc__hdr h = {0};
+    h.kind = kind;
+    h.format = KC_FORMAT_VERSION;
+    h.body_size = len;
+    h.saved_ns = saved_ns;
+    h.body_xxh = kc__body_xxh(body, len);
+    uint64_t now = kc__now_ns();
+    pthread_mutex_lock(&st->memu);
+    if (now <= st->last_created)
+        now = st->last_created + 1;
+    st->last_created = now;
+    pthread_mutex_unlock(&st->memu);
+    h.created_ns = now;
+    struct kc__buf b = {0};
+    int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
+    char name[40];
+    spool_name(ns, key, 'p', name);
+    if (rc == 0)
+        rc = kc__spool_write(st->p.spool, name, b.p, b.len, true);
+    kc__buf_free(&b);
+    if (rc < 0)
+        return rc;
+    /* What this process just wrote wins over what it purged before. */
+    unsigned char k[KC__KEY_LEN];
+    kc__key_encode(key, k);
+    pthread_mutex_lock(&st->memu);
+    uint32_t nsi = ns_index(st, ns);
+    if (nsi != UINT32_MAX) {
+        struct ment *e = map_find(&st->m, M_TOMB_KEY, nsi, k);
+        if (e != NULL) {
+            map_del(&st->m, e);
+            st->n_tombs--;
+        }
+        if (source != NULL) {
+            unsigned char sk[KC__KEY_LEN];
+            src_k(source, sk);
+            e = map_find(&st->m, M_TOMB_SRC, nsi, sk);
+            if (e != NULL) {
+                map_del(&st->m, e);
+                st->n_tombs--;
+            }
+            e = map_add(&st->m, M_SRC, nsi, sk);
+            if (e != NULL)
+                e->val = *key;
+        }
+    }
+    pthread_mutex_unlock(&st->memu);
+    kick(st);
+    return 0;
+}
+
+static void tombstone(struct kc_store *st, int type, const char *ns, const unsigned char *k)
+{
+    pthread_mutex_lock(&st->memu);
+    uint32_t nsi = ns_index(st, ns);
+    if (nsi != UINT32_MAX && map_find(&st->m, type, nsi, k) == NULL &&
+        map_add(&st->m, type, nsi, k) != NULL)
+        st->n_tombs++;
+    pthread_mutex_unlock(&st->memu);
+}
+
+static int source_lookup(struct kc_store *st, const char *ns, const kc_digest *source,
+                         kc_key *found)
+{
+    unsigned char sk[KC__KEY_LEN];
+    src_k(source, sk);
+    pthread_mutex_lock(&st->memu);
+    uint32_t nsi = ns_index(st, ns);
+    int rc = -ENOENT;
+    if (nsi != UINT32_MAX) {
+        if (map_find(&st->m, M_TOMB_SRC, nsi, sk) != NULL)
+            rc = -ESRCH;
+        else {
+            struct ment *e = map_find(&st->m, M_SRC, nsi, sk);
+            if (e != NULL) {
+                *found = e->val;
+                rc = 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&st->memu);
+    if (rc != -ENOENT)
+        return rc == -ESRCH ? -ENOENT : rc;
+    unsigned char kk[KC__NS_MAX + 1 + 16];
+    size_t kl = kc__skey(ns, source, kk);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && !reader_refresh(st, gen_read(st), false))
+            break;
+        if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
+            reader_refresh(st, gen_read(st), false);
+        if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
+            continue;
+        char *v;
+        size_t vl;
+        if (kc__db_get(&st->rd, KC__CF_SOURCES, kk, kl, &v, &vl) == 0) {
+            bool ok = vl == KC__KEY_LEN;
+            if (ok)
+                kc__key_decode((unsigned char *)v, found);
+            free(v);
+            if (ok)
+                return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+static int st_take_by_source(struct kc_store *st, const char *ns, const kc_digest *source,
+                             uint64_t build, void **body, size_t *len, kc_key *found)
+{
+    if (st == NULL || !kc__ns_ok(ns) || source == NULL || body == NULL || len == NULL)
+        return -EINVAL;
+    kc_key k;
+    int rc = source_lookup(st, ns, source, &k);
+    if (rc < 0)
+        return rc;
+    struct kc__hdr h;
+    rc = lookup(st, ns, &k, body, len, &h);
+    if (rc < 0)
+        return -ENOENT;
+    if (found != NULL)
+        *found = k;
+    if (k.build == build) {
+        note_hit(st, ns, &k);
+        return 0;
+    }
+    /* An earlier build's entry is moved: nothing asks for its key again. */
+    if (!st->readonly) {
+        unsigned char kb[KC__KEY_LEN], sb[KC__KEY_LEN];
+        kc__key_encode(&k, kb);
+        src_k(source, sb);
+        pthread_mutex_lock(&st->memu);
+        uint32_t nsi = ns_index(st, ns);
+        struct ment *e = nsi != UINT32_MAX ? map_find(&st->m, M_SRC, nsi, sb) : NULL;
+        if (e != NULL)
+            map_del(&st->m, e);
+        pthread_mutex_unlock(&st->memu);
+        tombstone(st, M_TOMB_KEY, ns, kb);
+        tombstone(st, M_TOMB_SRC, ns, sb);
+        request_purge(st, ns, &k, source, KC__PF_KEY | KC__PF_SOURCE);
+    }
+    return 0;
+}
+
+static int st_purge(struct kc_store *st, const char *ns, const kc_key *key)
+{
+    if (st == NULL || !key_ok(ns, key))
+        return -EINVAL;
+    if (st->readonly)
+        return -EROFS;
+    void *body = NULL;
+    size_t len;
+    struct kc__hdr h;
+    int rc = lookup(st, ns, key, &body, &len, &h);
+    free(body);
+    unsigned char kb[KC__KEY_LEN];
+    kc__key_encode(key, kb);
+    tombstone(st, M_TOMB_KEY, ns, kb);
+    request_purge(st, ns, key, NULL, KC__PF_KEY);
+    return rc == 0 ? 0 : -ENOENT;
+}
+
+static void st_count(struct kc_store *st, const char *backend, const struct kc_counters *c)
+{
+    if (st == NULL || backend == NULL || c == NULL || strlen(backend) >= 32)
+        return;
+    pthread_mutex_lock(&st->memu);
+    struct counter *t = NULL;
+    for (size_t i = 0; i < st->n_ctr; i++)
+        if (strcmp(st->ctr[i].name, backend) == 0)
+            t = &st->ctr[i];
+    if (t == NULL) {
+        struct counter *v = realloc(st->ctr, (st->n_ctr + 1) * sizeof *v);
+        if (v != NULL) {
+            st->ctr = v;
+            t = &v[st->n_ctr++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "%s", backend);
+        }
+    }
+    if (t != NULL) {
+        t->c.hits += c->hits;
+        t->c.misses += c->misses;
+        t->c.passthrough += c->passthrough;
+        t->c.stores += c->stores;
+        t->c.errors += c->errors;
+        t->c.saved_ns += c->saved_ns;
+        t->c.compile_ns += c->compile_ns;
+    }
+    pthread_mutex_unlock(&st->memu);
+}
+
+static int st_flush(struct kc_store *st)
+{
+    if (st == NULL)
+        return -EINVAL;
+    pthread_mutex_lock(&st->memu);
+    bool wrote = st->n_hits > 0;
+    int rc = flush_hits_locked(st);
+    if (st->n_ctr > 0) {
+        struct kc__buf b = {0};
+        kc__spool_begin(&b, KC__SP_COUNT);
+        for (size_t i = 0; i < st->n_ctr; i++) {
+            struct kc__sp_item it = {0};
+            snprintf(it.ns, sizeof it.ns, "%s", st->ctr[i].name);
+            it.c = st->ctr[i].c;
+            if (it.ns[0] != 0)
+                kc__spool_item_add(&b, KC__SP_COUNT, &it);
+        }
+        int r = st->readonly ? 0 : write_items(st, KC__SP_COUNT, &b, st->n_ctr);
+        kc__buf_free(&b);
+        if (r < 0 && rc == 0)
+            rc = r;
+        st->n_ctr = 0;
+        wrote = true;
+    }
+    pthread_mutex_unlock(&st->memu);
+    if (wrote && !st->readonly)
+        kick(st);
+    return rc;
+}
+
+static void st_after_fork_child(struct kc_store *st)
+{
+    if (st == NULL)
+        return;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->memu, NULL);
+    /* The parent's RocksDB threads do not exist here: forget its handles. */
+    memset(&st->rd, 0, sizeof st->rd);
+    st->rd_ready = 0;
+    st->secpath[0] = 0;
+    st->next_open_ns = 0;
+    /* Hits and counters so far are the parent's to report. */
+    for (size_t i = 0; i < st->m.cap; i++)
+        if (st->m.e[i].used == 1 && st->m.e[i].type == M_HIT)
+            map_del(&st->m, &st->m.e[i]);
+    st->n_hits = 0;
+    st->n_ctr = 0;
+    if (st->lockfd >= 0)
+        close(st->lockfd);
+    st->lockfd = -1;
+    st->spawned = 0;
+    st->last_kick_ns = 0;
+}
+
+static void st_free(void *p)
+{
+    free(p);
+}
+
+/* ---- tool operations --------------------------------------------------- */
+
+struct pending {
+    struct kc_entry *e;
+    char (*ns)[KC__NS_MAX + 1];
+    size_t n, cap;
+};
+
+static void pending_load(struct kc_store *st, const char *only_ns, struct pending *pd,
+                         uint64_t *bad)
+{
+    memset(pd, 0, sizeof *pd);
+    DIR *d = opendir(st->p.spool);
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if ((de->d_name[0] != 'p' && de->d_name[0] != 'd') || de->d_name[1] != '-')
+            continue;
+        unsigned char *buf;
+        size_t n;
+        if (kc__read_file(dirfd(d), de->d_name, SPOOL_READ_MAX, &buf, &n) != 0)
+            continue;
+        struct kc__sp_put sp;
+        if (kc__spool_put_decode(buf, n, &sp) != 0) {
+            if (bad)
+                (*bad)++;
+            free(buf);
+            continue;
+        }
+        free(buf);
+        if (only_ns != NULL && strcmp(only_ns, sp.ns) != 0)
+            continue;
+        if (pd->n == pd->cap) {
+            size_t cap = pd->cap ? 2 * pd->cap : 16;
+            struct kc_entry *ne = realloc(pd->e, cap * sizeof *ne);
+            if (ne == NULL)
+                break;
+            pd->e = ne;
+            char(*nn)[KC__NS_MAX + 1] = realloc(pd->ns, cap * sizeof *nn);
+            if (nn == NULL)
+                break;
+            pd->ns = nn;
+            pd->cap = cap;
+        }
+        struct kc_entry *e = &pd->e[pd->n];
+        memset(e, 0, sizeof *e);
+        snprintf(pd->ns[pd->n], sizeof pd->ns[0], "%s", sp.ns);
+        e->key = sp.key;
+        kc__hdr_to_info(&sp.hdr, &e->info);
+        e->stored_bytes = n;
+        e->pending = 1;
+        pd->n++;
+    }
+    closedir(d);
+    for (size_t i = 0; i < pd->n; i++)
+        pd->e[i].ns = pd->ns[i];
+}
+
+static void pending_free(struct pending *pd)
+{
+    free(pd->e);
+    free(pd->ns);
+}
+
+static bool pending_has(const struct pending *pd, const char *ns, const kc_key *k)
+{
+    for (size_t i = 0; i < pd->n; i++)
+        if (memcmp(&pd->e[i].key, k, sizeof *k) == 0 && strcmp(pd->ns[i], ns) == 0)
+            return true;
+    return false;
+}
+
+/* A fresh view for a tool operation: the reader caught up, if there is a
+ * database at all. */
+static bool fresh_reader(struct kc_store *st)
+{
+    return reader_refresh(st, gen_read(st), true);
+}
+
+static int st_foreach(struct kc_store *st, const char *ns,
+                      int (*cb)(const struct kc_entry *e, void *arg), void *arg)
+{
+    if (st == NULL || cb == NULL || (ns != NULL && !kc__ns_ok(ns)))
+        return -EINVAL;
+    struct pending pd;
+    pending_load(st, ns, &pd, NULL);
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    bool have = false;
+    pthread_mutex_unlock(&st->mu);
+    have = fresh_reader(st);
+    if (have) {
+        rocksdb_iterator_t *it =
+            rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
+        size_t nsl = ns ? strlen(ns) : 0;
+        if (ns)
+            rocksdb_iter_seek(it, ns, nsl + 1);
+        else
+            rocksdb_iter_seek_to_first(it);
+        for (; rc == 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t kl, vl;
+            const char *k = rocksdb_iter_key(it, &kl);
+            const char *v = rocksdb_iter_value(it, &vl);
+            if (ns && (kl < nsl + 1 || memcmp(k, ns, nsl) != 0 || k[nsl] != 0))
+                break;
+            struct kc_entry e;
+            memset(&e, 0, sizeof e);
+            char ens[KC__NS_MAX + 1];
+            struct kc__hdr h;
+            if (kc__kkey_split((const unsigned char *)k, kl, ens, &e.key) != 0)
+                continue;
+            if (pending_has(&pd, ens, &e.key))
+                continue;
+            e.ns = ens;
+            if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0) {
+                kc__hdr_to_info(&h, &e.info);
+                unsigned char rk[18];
+                rk[0] = 'r';
+                rk[1] = '/';
+                memcpy(rk + 2, v + KC__HDR_LEN, 16);
+                char *rv;
+                size_t rvl;
+                e.stored_bytes = h.body_size;
+                if (kc__db_get(&st->rd, KC__CF_META, rk, sizeof rk, &rv, &rvl) == 0) {
+                    uint64_t cnt = rvl == 16 ? kc__get_u64((unsigned char *)rv) : 0;
+                    if (cnt > 1)
+                        e.stored_bytes = h.body_size / cnt;
+                    free(rv);
+                }
+            }
+            rc = cb(&e, arg);
+        }
+        rocksdb_iter_destroy(it);
+    }
+    for (size_t i = 0; rc == 0 && i < pd.n; i++)
+        rc = cb(&pd.e[i], arg);
+    pending_free(&pd);
+    return rc;
+}
+
+static void add_counters(struct kc_counters *a, const struct kc_counters *b)
+{
+    a->hits += b->hits;
+    a->misses += b->misses;
+    a->passthrough += b->passthrough;
+    a->stores += b->stores;
+    a->errors += b->errors;
+    a->saved_ns += b->saved_ns;
+    a->compile_ns += b->compile_ns;
+}
+
+static struct kc_backend_stats *stats_backend(struct kc_store_stats *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_backends; i++)
+        if (strcmp(s->backends[i].backend, name) == 0)
+            return &s->backends[i];
+    struct kc_backend_stats *v = realloc(s->backends, (s->n_backends + 1) * sizeof *v);
+    if (v == NULL)
+        return NULL;
+    s->backends = v;
+    struct kc_backend_stats *b = &v[s->n_backends++];
+    memset(b, 0, sizeof *b);
+    snprintf(b->backend, sizeof b->backend, "%s", name);
+    return b;
+}
+
+static struct kc_ns_stats *stats_ns(struct kc_store_stats *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_ns; i++)
+        if (strcmp(s->ns[i].ns, name) == 0)
+            return &s->ns[i];
+    struct kc_ns_stats *v = realloc(s->ns, (s->n_ns + 1) * sizeof *v);
+    if (v == NULL)
+        return NULL;
+    s->ns = v;
+    struct kc_ns_stats *n = &v[s->n_ns++];
+    memset(n, 0, sizeof *n);
+    snprintf(n->ns, sizeof n->ns, "%s", name);
+    return n;
+}
+
+static void stats_spool_counters(struct kc_store *st, struct kc_store_stats *s)
+{
+    DIR *d = opendir(st->p.spool);
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        if ((n[0] == 'p' || n[0] == 'd') && n[1] == '-')
+            s->spool_entries++;
+        if (n[0] != 'c' || n[1] != '-')
+            continue;
+        unsigned char *buf;
+        size_t len;
+        if (kc__read_file(dirfd(d), n, SPOOL_READ_MAX, &buf, &len) != 0)
+            continue;
+        int type;
+        const unsigned char *p;
+        size_t pl;
+        if (kc__spool_check(buf, len, &type, &p, &pl) == 0 && type == KC__SP_COUNT) {
+            struct kc__sp_item it;
+            const unsigned char *end = p + pl;
+            while (kc__spool_item_next(type, &p, end, &it) > 0) {
+                struct kc_backend_stats *b = stats_backend(s, it.ns);
+                if (b != NULL)
+                    add_counters(&b->c, &it.c);
+            }
+        }
+        free(buf);
+    }
+    closedir(d);
+}
+
+static void st_stats_free(struct kc_store_stats *s)
+{
+    if (s == NULL)
+        return;
+    free(s->ns);
+    free(s->backends);
+    free(s);
+}
+
+static int st_stats(struct kc_store *st, struct kc_store_stats **out)
+{
+    if (st == NULL || out == NULL)
+        return -EINVAL;
+    struct kc_store_stats *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return -ENOMEM;
+    s->max_size = st->max_size ? st->max_size : KC_DEFAULT_MAX_SIZE;
+    if (fresh_reader(st)) {
+        rocksdb_iterator_t *it =
+            rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
+        struct kc_ns_stats *cur = NULL;
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t kl, vl;
+            const char *k = rocksdb_iter_key(it, &kl);
+            const char *v = rocksdb_iter_value(it, &vl);
+            char ns[KC__NS_MAX + 1];
+            kc_key key;
+            struct kc__hdr h;
+            if (kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0)
+                continue;
+            uint64_t raw = 0;
+            if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0)
+                raw = h.body_size;
+            if (cur == NULL || strcmp(cur->ns, ns) != 0)
+                cur = stats_ns(s, ns);
+            if (cur != NULL) {
+                cur->entries++;
+                cur->raw_bytes += raw;
+            }
+            s->entries++;
+            s->raw_bytes += raw;
+        }
+        rocksdb_iter_destroy(it);
+        it = rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_META]);
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t kl, vl;
+            const char *k = rocksdb_iter_key(it, &kl);
+            const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+            if (kl == 18 && k[0] == 'r' && k[1] == '/' && vl == 16) {
+                s->unique_bytes += kc__get_u64(v + 8);
+            } else if (kl > 2 && kl < 2 + 32 && k[0] == 'b' && k[1] == '/' && vl == 56) {
+                char name[32];
+                memcpy(name, k + 2, kl - 2);
+                name[kl - 2] = 0;
+                struct kc_backend_stats *b = stats_backend(s, name);
+                if (b != NULL) {
+                    struct kc_counters c = {kc__get_u64(v),      kc__get_u64(v + 8),
+                                            kc__get_u64(v + 16), kc__get_u64(v + 24),
+                                            kc__get_u64(v + 32), kc__get_u64(v + 40),
+                                            kc__get_u64(v + 48)};
+                    add_counters(&b->c, &c);
+                }
+            }
+        }
+        rocksdb_iter_destroy(it);
+    }
+    stats_spool_counters(st, s);
+    s->disk_bytes = kc__du(st->p.dir);
+    *out = s;
+    return 0;
+}
+
+/* Becomes the owner for a tool operation; afterwards starts the background
+ * owner again if writers left work while we held the lock. */
+static int as_owner(struct kc_store *st, struct kc__owner **o)
+{
+    if (st->readonly)
+        return -EROFS;
+    return kc__owner_begin(st->p.dir, st->max_size, OP_WAIT_MS, o);
+}
+
+static void end_owner(struct kc_store *st, struct kc__owner *o)
+{
+    kc__owner_end(o);
+    if (kc__spool_pending(st->p.spool))
+        kick(st);
+}
+
+static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *rep,
+                     kc_progress_fn progress, void *arg)
+{
+    if (st == NULL)
+        return -EINVAL;
+    struct kc_verify_report r = {0};
+    if (st->readonly || !repair) {
+        /* Read-only check through the reader. */
+        struct pending pd;
+        pending_load(st, NULL, &pd, &r.spool_bad);
+        pending_free(&pd);
+        if (fresh_reader(st)) {
+            rocksdb_iterator_t *it =
+                rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
+            for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it);
+                 rocksdb_iter_next(it)) {
+                size_t kl;
+                const char *k = rocksdb_iter_key(it, &kl);
+                char ns[KC__NS_MAX + 1];
+                kc_key key;
+                void *body = NULL;
+                size_t len;
+                struct kc__hdr h;
+                r.checked++;
+                if (kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0 ||
+                    kc__lookup(&st->rd, ns, &key, &body, &len, &h) != 0)
+                    r.bad++;
+                free(body);
+                if (progress && (r.checked & 1023) == 0)
+                    progress(r.checked, 0, arg);
+            }
+            rocksdb_iter_destroy(it);
+        }
+        if (rep)
+            *rep = r;
+        return 0;
+    }
+    struct kc__owner *o;
+    int rc = as_owner(st, &o);
+    if (rc < 0)
+        return rc;
+    rc = kc__owner_verify(o, repair, &r, progress, arg);
+    end_owner(st, o);
+    if (rep)
+        *rep = r;
+    return rc;
+}
+
+static int st_gc(struct kc_store *st, uint64_t max_size, struct kc_gc_report *rep,
+                 kc_progress_fn progress, void *arg)
+{
+    if (st == NULL)
+        return -EINVAL;
+    struct kc__owner *o;
+    int rc = as_owner(st, &o);
+    if (rc < 0)
+        return rc;
+    rc = kc__owner_gc(o, max_size, rep, progress, arg);
+    end_owner(st, o);
+    return rc;
+}
+
+static int st_clear(struct kc_store *st)
+{
+    if (st == NULL)
+        return -EINVAL;
+    struct kc__owner *o;
+    int rc = as_owner(st, &o);
+    if (rc < 0)
+        return rc;
+    rc = kc__owner_clear(o);
+    end_owner(st, o);
+    pthread_mutex_lock(&st->memu);
+    for (size_t i = 0; i < st->m.cap; i++)
+        if (st->m.e[i].used == 1 && st->m.e[i].type == M_SRC)
+            map_del(&st->m, &st->m.e[i]);
+    pthread_mutex_unlock(&st->memu);
+    return rc;
+}
+
+static int st_drain(struct kc_store *st, int timeout_ms)
+{
+    if (st == NULL)
+        return -EINVAL;
+    if (st->readonly)
+        return -EROFS;
+    st_flush(st);
+    struct kc__owner *o;
+    int rc = kc__owner_begin(st->p.dir, st->max_size, timeout_ms < 0 ? 0 : timeout_ms, &o);
+    if (rc < 0)
+        return rc;
+    end_owner(st, o);
+    return 0;
+}
+
+static const struct kc_store_api api = {
+    .abi = KC_STORE_ABI,
+    .open = st_open,
+    .close = st_close,
+    .get = st_get,
+    .put = st_put,
+    .take_by_source = st_take_by_source,
+    .purge = st_purge,
+    .count = st_count,
+    .flush = st_flush,
+    .after_fork_child = st_after_fork_child,
+    .free = st_free,
+    .foreach = st_foreach,
+    .stats = st_stats,
+    .stats_free = st_stats_free,
+    .verify = st_verify,
+    .gc = st_gc,
+    .clear = st_clear,
+    .owner_run = kc__owner_run,
+    .parse_record = kc__parse_record,
+    .drain = st_drain,
+};
+
+KC_API const struct kc_store_api *kc_store_api(void)
+{
+    return &api;
+}

@@ -222,6 +222,16 @@ struct kc_store_api {
      * *body pointing inside `rec`, or -EBADMSG. Exposed for the fuzzers. */
     int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info,
                         const void **body, size_t *body_len);
+
+    /* --- added after ABI 1 was drafted; members only ever appended --- */
+
+    /* Flushes this handle's logs, then becomes the owner long enough to
+     * drain everything in the spool into the database: afterwards every put
+     * acknowledged before the call is in the database and visible to a
+     * fresh reader. Asks a running owner to exit and waits for its lock at
+     * most `timeout_ms`. 0; -EBUSY when the lock stayed held; -EROFS on a
+     * read-only store; other negative errno. For tests and `kcache`. */
+    int (*drain)(struct kc_store *st, int timeout_ms);
 };
 
 /* The function table. The shim finds this one symbol with dlsym(). */

@@ -1,0 +1,168 @@
+/*
+ * db.c: RocksDB options and handles, shared by readers (secondaries) and
+ * the owner (primary).
+ *
+ * Column families: kernels (ns \0 key -> header + body digest, small, in
+ * SST files), bodies (digest -> body; values of 4 KB and more live in blob
+ * files, zstd-compressed), sources (ns \0 source digest -> key), meta
+ * (b/<backend> counters, n/<ns> namespace names, r/<digest> refcount+size).
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+
+static const char *const cf_names[KC__N_CF] = {"default", "kernels", "bodies", "sources", "meta"};
+
+static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool secondary)
+{
+    rocksdb_options_t *o = rocksdb_options_create();
+    rocksdb_block_based_table_options_t *t = rocksdb_block_based_options_create();
+    rocksdb_block_based_options_set_block_cache(t, cache);
+    rocksdb_block_based_options_set_filter_policy(t, rocksdb_filterpolicy_create_bloom_full(10));
+    rocksdb_block_based_options_set_cache_index_and_filter_blocks(t, 0);
+    rocksdb_options_set_block_based_table_factory(o, t);
+    rocksdb_block_based_options_destroy(t);
+    rocksdb_options_set_info_log_level(o, 4 /* FATAL */);
+    rocksdb_options_set_max_log_file_size(o, 1 << 20);
+    rocksdb_options_set_keep_log_file_num(o, 2);
+    rocksdb_options_set_max_open_files(o, -1);
+    rocksdb_options_set_write_buffer_size(o, cf == KC__CF_BODIES ? (32u << 20) : (8u << 20));
+    if (cf == KC__CF_BODIES) {
+        rocksdb_options_set_compression(o, 7 /* zstd */);
+        rocksdb_options_set_enable_blob_files(o, 1);
+        rocksdb_options_set_min_blob_size(o, 4096);
+        rocksdb_options_set_blob_file_size(o, 64u << 20);
+        rocksdb_options_set_blob_compression_type(o, 7 /* zstd */);
+        rocksdb_options_set_enable_blob_gc(o, 1);
+        rocksdb_options_set_blob_gc_age_cutoff(o, 0.5);
+        rocksdb_options_set_blob_gc_force_threshold(o, 0.5);
+    } else {
+        rocksdb_options_set_compression(o, 4 /* lz4 */);
+    }
+    if (cf == KC__N_CF) { /* the database-wide options */
+        rocksdb_options_set_create_if_missing(o, !secondary);
+        rocksdb_options_set_create_missing_column_families(o, !secondary);
+        rocksdb_options_set_max_background_jobs(o, 2);
+        rocksdb_options_set_max_total_wal_size(o, 64u << 20);
+    }
+    return o;
+}
+
+int kc__db_err(char *err, const char *what)
+{
+    if (err == NULL)
+        return 0;
+    int rc = -EIO;
+    if (strstr(err, "NotFound") || strstr(err, "No such file"))
+        rc = -ENOENT;
+    else if (strstr(err, "lock") || strstr(err, "Resource busy"))
+        rc = -EBUSY;
+    else if (strstr(err, "No space"))
+        rc = -ENOSPC;
+    else if (strstr(err, "Permission denied"))
+        rc = -EACCES;
+    (void)what;
+    free(err);
+    return rc;
+}
+
+int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
+{
+    memset(d, 0, sizeof *d);
+    d->secondary = secpath != NULL;
+    d->cache = rocksdb_cache_create_lru(secpath ? (8u << 20) : (32u << 20));
+    for (int i = 0; i <= KC__N_CF; i++)
+        d->opts[i] = make_options(i, d->cache, d->secondary);
+    char *err = NULL;
+    const rocksdb_options_t *cfo[KC__N_CF];
+    for (int i = 0; i < KC__N_CF; i++)
+        cfo[i] = d->opts[i];
+    if (secpath)
+        d->db = rocksdb_open_as_secondary_column_families(d->opts[KC__N_CF], dbpath, secpath,
+                                                          KC__N_CF, cf_names, cfo, d->cf, &err);
+    else
+        d->db = rocksdb_open_column_families(d->opts[KC__N_CF], dbpath, KC__N_CF, cf_names, cfo,
+                                             d->cf, &err);
+    if (err != NULL || d->db == NULL) {
+        if (why != NULL && err != NULL)
+            *why = strdup(err);
+        int rc = err ? kc__db_err(err, "open") : -EIO;
+        d->db = NULL;
+        kc__db_close(d);
+        return rc;
+    }
+    d->ro = rocksdb_readoptions_create();
+    d->wo = rocksdb_writeoptions_create();
+    d->wo_sync = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(d->wo_sync, 1);
+    return 0;
+}
+
+void kc__db_close(struct kc__db *d)
+{
+    if (d->db != NULL) {
+        for (int i = 0; i < KC__N_CF; i++)
+            if (d->cf[i] != NULL)
+                rocksdb_column_family_handle_destroy(d->cf[i]);
+        rocksdb_close(d->db);
+    }
+    for (int i = 0; i <= KC__N_CF; i++)
+        if (d->opts[i] != NULL)
+            rocksdb_options_destroy(d->opts[i]);
+    if (d->cache)
+        rocksdb_cache_destroy(d->cache);
+    if (d->ro)
+        rocksdb_readoptions_destroy(d->ro);
+    if (d->wo)
+        rocksdb_writeoptions_destroy(d->wo);
+    if (d->wo_sync)
+        rocksdb_writeoptions_destroy(d->wo_sync);
+    memset(d, 0, sizeof *d);
+}
+
+int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val, size_t *vlen)
+{
+    char *err = NULL;
+    size_t n = 0;
+    char *v = rocksdb_get_cf(d->db, d->ro, d->cf[cf], k, klen, &n, &err);
+    if (err != NULL) {
+        free(v);
+        int rc = kc__db_err(err, "get");
+        return rc == -ENOENT ? -EIO : rc;
+    }
+    if (v == NULL)
+        return -ENOENT;
+    *val = v;
+    *vlen = n;
+    return 0;
+}
+
+int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body, size_t *len,
+               struct kc__hdr *h)
+{
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(ns, key, kk);
+    char *kv = NULL, *bv = NULL;
+    size_t kvl = 0, bvl = 0;
+    int rc = kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl);
+    if (rc < 0)
+        return rc;
+    if (kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, h) != 0) {
+        free(kv);
+        return -EBADMSG;
+    }
+    rc = kc__db_get(d, KC__CF_BODIES, kv + KC__HDR_LEN, 16, &bv, &bvl);
+    free(kv);
+    if (rc < 0)
+        return rc;
+    if (bvl != h->body_size || kc__body_xxh(bv, bvl) != h->body_xxh) {
+        free(bv);
+        return -EBADMSG;
+    }
+    *body = bv;
+    *len = bvl;
+    return 0;
+}

@@ -1,0 +1,236 @@
+/*
+ * fs.c: the few file-system operations the store trusts: private
+ * directories, atomic spool writes that never follow a planted symlink,
+ * bounded reads.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t kc__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kc__mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kc__rand64(void)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != sizeof v)
+        v = kc__mono_ns() ^ ((uint64_t)getpid() << 32);
+    return v;
+}
+
+void kc__hex(const void *p, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+int kc__mkdir_p(const char *path, mode_t mode)
+{
+    char tmp[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp)
+        return -ENAMETOOLONG;
+    memcpy(tmp, path, n + 1);
+    for (char *s = tmp + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+            return -errno;
+        *s = '/';
+    }
+    if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+int kc__private_dir(const char *path, bool create)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno != ENOENT || !create)
+            return -errno;
+        int rc = kc__mkdir_p(path, 0700);
+        if (rc < 0)
+            return rc;
+        if (stat(path, &sb) != 0)
+            return -errno;
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return -ENOTDIR;
+    if (sb.st_uid != geteuid() || (sb.st_mode & 022) != 0)
+        return -EPERM;
+    return 0;
+}
+
+int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable)
+{
+    char tmp[PATH_MAX], dst[PATH_MAX];
+    static unsigned seq;
+    int rc = 0;
+    snprintf(tmp, sizeof tmp, "%s/t-%d-%u-%016llx", dir, (int)getpid(),
+             __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED), (unsigned long long)kc__rand64());
+    if (snprintf(dst, sizeof dst, "%s/%s", dir, name) >= (int)sizeof dst)
+        return -ENAMETOOLONG;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    const unsigned char *b = p;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, b + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            goto fail;
+        }
+        off += (size_t)w;
+    }
+    if (durable && fsync(fd) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        rc = -errno;
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, dst) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (durable) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+    return rc;
+}
+
+int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, size_t *len)
+{
+    int fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ELOOP ? -EPERM : -errno;
+    struct stat sb;
+    int rc = 0;
+    unsigned char *buf = NULL;
+    if (fstat(fd, &sb) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) {
+        rc = -EPERM;
+        goto out;
+    }
+    if ((uint64_t)sb.st_size > max) {
+        rc = -EFBIG;
+        goto out;
+    }
+    size_t n = (size_t)sb.st_size;
+    buf = malloc(n ? n : 1);
+    if (buf == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t off = 0;
+    while (off < n) {
+        ssize_t r = read(fd, buf + off, n - off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            goto out;
+        }
+        if (r == 0)
+            break;
+        off += (size_t)r;
+    }
+    *out = buf;
+    *len = off;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int kc__rm_rf(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(sb.st_mode))
+        return unlink(path) == 0 ? 0 : -errno;
+    DIR *d = opendir(path);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char sub[PATH_MAX];
+            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+                kc__rm_rf(sub);
+        }
+        closedir(d);
+    }
+    return rmdir(path) == 0 ? 0 : -errno;
+}
+
+uint64_t kc__du(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return 0;
+    uint64_t total = (uint64_t)sb.st_blocks * 512u;
+    if (!S_ISDIR(sb.st_mode))
+        return S_ISREG(sb.st_mode) ? total : 0;
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return total;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char sub[PATH_MAX];
+        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+            total += kc__du(sub);
+    }
+    closedir(d);
+    return total;
+}

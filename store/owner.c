@@ -1,0 +1,1101 @@
+/*
+ * owner.c: the one process that holds the primary.
+ *
+ * It takes DIR/owner.lock with flock() (the kernel frees it if the owner
+ * dies), drains the spool in rounds (each spool file one write batch, then a
+ * synced write, then the generation bump readers watch, then the unlinks),
+ * folds hit logs into recency, evicts least-recently-hit entries past the
+ * size limit and exits when idle. The tool operations that must write
+ * (verify with repair, gc, clear) become the owner for their duration.
+ *
+ * Every step is idempotent, so an owner killed at any point leaves work the
+ * next one redoes: a put file is renamed p- -> d- before it is applied and
+ * unlinked only after the synced write, and the next owner applies d- files
+ * first.
+ */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPOOL_FILE_MAX (1ull << 32)
+#define ROUND_FILES 256
+
+struct kc__owner {
+    struct kc__paths p;
+    int lockfd;
+    struct kc__db d;
+    uint64_t max_size;
+    uint64_t unique; /* deduplicated body bytes */
+    uint64_t gen_seq;
+    volatile uint64_t *gen;
+    int spool_bad;
+    bool stop;
+};
+
+void kc__paths_init(struct kc__paths *p, const char *dir)
+{
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    snprintf(p->db, sizeof p->db, "%s/db", dir);
+    snprintf(p->spool, sizeof p->spool, "%s/spool", dir);
+    snprintf(p->sec, sizeof p->sec, "%s/sec", dir);
+    snprintf(p->lock, sizeof p->lock, "%s/owner.lock", dir);
+    snprintf(p->gen, sizeof p->gen, "%s/gen", dir);
+}
+
+struct kc__db *kc__owner_db(struct kc__owner *o)
+{
+    return &o->d;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* ---- spool listing ----------------------------------------------------- */
+
+struct names {
+    char **v;
+    size_t n, cap;
+};
+
+static void names_add(struct names *s, const char *name)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        char **v = realloc(s->v, cap * sizeof *v);
+        if (v == NULL)
+            return;
+        s->v = v;
+        s->cap = cap;
+    }
+    char *d = strdup(name);
+    if (d != NULL)
+        s->v[s->n++] = d;
+}
+
+static void names_free(struct names *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+struct listing {
+    struct names put, drain, purge, hits, count, stop, temp;
+};
+
+static void listing_free(struct listing *l)
+{
+    names_free(&l->put);
+    names_free(&l->drain);
+    names_free(&l->purge);
+    names_free(&l->hits);
+    names_free(&l->count);
+    names_free(&l->stop);
+    names_free(&l->temp);
+}
+
+static int list_spool(const char *spool, struct listing *l)
+{
+    memset(l, 0, sizeof *l);
+    DIR *d = opendir(spool);
+    if (d == NULL)
+        return errno == ENOENT ? 0 : -errno;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        if (n[0] == 0 || n[1] != '-')
+            continue;
+        switch (n[0]) {
+        case 'p': names_add(&l->put, n); break;
+        case 'd': names_add(&l->drain, n); break;
+        case 'x': names_add(&l->purge, n); break;
+        case 'h': names_add(&l->hits, n); break;
+        case 'c': names_add(&l->count, n); break;
+        case 's': names_add(&l->stop, n); break;
+        case 't': names_add(&l->temp, n); break;
+        default: break;
+        }
+    }
+    closedir(d);
+    qsort(l->purge.v, l->purge.n, sizeof(char *), cmp_str);
+    return 0;
+}
+
+bool kc__spool_pending(const char *spool)
+{
+    DIR *d = opendir(spool);
+    if (d == NULL)
+        return false;
+    bool any = false;
+    struct dirent *e;
+    while (!any && (e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        if (n[0] != 0 && n[1] == '-' && strchr("pdxhc", n[0]) != NULL)
+            any = true;
+    }
+    closedir(d);
+    return any;
+}
+
+/* ---- refcounted bodies ------------------------------------------------- */
+
+static size_t rkey(const unsigned char digest[16], unsigned char out[18])
+{
+    out[0] = 'r';
+    out[1] = '/';
+    memcpy(out + 2, digest, 16);
+    return 18;
+}
+
+static int get_ref(struct kc__owner *o, const unsigned char digest[16], uint64_t *cnt,
+                   uint64_t *size)
+{
+    unsigned char rk[18];
+    char *v;
+    size_t vl;
+    int rc = kc__db_get(&o->d, KC__CF_META, rk, rkey(digest, rk), &v, &vl);
+    if (rc < 0)
+        return rc;
+    if (vl != 16) {
+        free(v);
+        *cnt = 0;
+        *size = 0;
+        return 0;
+    }
+    *cnt = kc__get_u64((unsigned char *)v);
+    *size = kc__get_u64((unsigned char *)v + 8);
+    free(v);
+    return 0;
+}
+
+static void put_ref(struct kc__owner *o, rocksdb_writebatch_t *wb,
+                    const unsigned char digest[16], uint64_t cnt, uint64_t size)
+{
+    unsigned char rk[18], v[16];
+    rkey(digest, rk);
+    if (cnt == 0) {
+        rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk);
+        rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_BODIES], (const char *)digest, 16);
+        return;
+    }
+    kc__put_u64(v, cnt);
+    kc__put_u64(v + 8, size);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk, (char *)v,
+                              sizeof v);
+}
+
+/* Drops one reference to a body (in the batch). */
+static void deref(struct kc__owner *o, rocksdb_writebatch_t *wb, const unsigned char digest[16])
+{
+    uint64_t cnt = 0, size = 0;
+    if (get_ref(o, digest, &cnt, &size) != 0 || cnt == 0) {
+        /* No refcount: the body is an orphan; drop it. */
+        rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_BODIES], (const char *)digest, 16);
+        return;
+    }
+    if (cnt == 1 && o->unique >= size)
+        o->unique -= size;
+    put_ref(o, wb, digest, cnt - 1, size);
+}
+
+static int write_batch(struct kc__owner *o, rocksdb_writebatch_t *wb, bool sync)
+{
+    char *err = NULL;
+    rocksdb_write(o->d.db, sync ? o->d.wo_sync : o->d.wo, wb, &err);
+    return kc__db_err(err, "write");
+}
+
+/* Makes everything written so far durable and tells readers to catch up. */
+static int commit(struct kc__owner *o)
+{
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    unsigned char v[8];
+    kc__put_u64(v, ++o->gen_seq);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], "g", 1, (char *)v, 8);
+    int rc = write_batch(o, wb, true);
+    rocksdb_writebatch_destroy(wb);
+    if (rc == 0 && o->gen != NULL)
+        __atomic_add_fetch(o->gen, 1, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
+/* Deletes one kernel entry (in the batch) and drops its body reference. */
+static void delete_kernel(struct kc__owner *o, rocksdb_writebatch_t *wb, const unsigned char *kk,
+                          size_t kl, const char *kv, size_t kvl)
+{
+    rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_KERNELS], (const char *)kk, kl);
+    if (kvl == KC__KVAL_LEN)
+        deref(o, wb, (const unsigned char *)kv + KC__HDR_LEN);
+}
+
+/* ---- applying spool files ---------------------------------------------- */
+
+static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp)
+{
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(sp->ns, &sp->key, kk);
+    kc_digest dg = kc__digest_of(sp->body, sp->body_len);
+    unsigned char digest[16];
+    kc__digest_encode(&dg, digest);
+    struct kc__hdr h = sp->hdr;
+    bool need_ref = true;
+
+    char *old = NULL;
+    size_t oldl = 0;
+    int rc = kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &old, &oldl);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    if (rc == 0) {
+        struct kc__hdr oh;
+        if (oldl == KC__KVAL_LEN && kc__hdr_decode(old, oldl, &oh) == 0) {
+            if (oh.created_ns > h.created_ns) {
+                /* A newer version is already in: this one is stale. */
+                free(old);
+                rocksdb_writebatch_destroy(wb);
+                return 0;
+            }
+            h.hits = oh.hits;
+            h.last_hit_ns = oh.last_hit_ns;
+            if (memcmp(old + KC__HDR_LEN, digest, 16) == 0)
+                need_ref = false;
+        }
+        if (need_ref && oldl == KC__KVAL_LEN)
+            deref(o, wb, (unsigned char *)old + KC__HDR_LEN);
+        free(old);
+    }
+
+    uint64_t cnt = 0, size = 0;
+    rc = get_ref(o, digest, &cnt, &size);
+    if (rc < 0 && rc != -ENOENT)
+        goto out;
+    /* The body must be there and whole; rewrite it when it is not. */
+    char *bv = NULL;
+    size_t bvl = 0;
+    bool body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
+                   bvl == sp->body_len && kc__body_xxh(bv, bvl) == h.body_xxh;
+    free(bv);
+    if (!body_ok)
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
+                                  (const char *)sp->body, sp->body_len);
+    if (need_ref || cnt == 0) {
+        if (cnt == 0)
+            o->unique += sp->body_len;
+        put_ref(o, wb, digest, cnt + 1, sp->body_len);
+    }
+
+    unsigned char kv[KC__KVAL_LEN];
+    kc__hdr_encode(&h, kv);
+    memcpy(kv + KC__HDR_LEN, digest, 16);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, (char *)kv, sizeof kv);
+    unsigned char nk[2 + KC__NS_MAX];
+    size_t nsl = strlen(sp->ns);
+    nk[0] = 'n';
+    nk[1] = '/';
+    memcpy(nk + 2, sp->ns, nsl);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)nk, 2 + nsl, "", 0);
+    if (sp->has_source) {
+        unsigned char sk[KC__NS_MAX + 1 + 16], sv[KC__KEY_LEN];
+        size_t sl = kc__skey(sp->ns, &sp->source, sk);
+        kc__key_encode(&sp->key, sv);
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl, (char *)sv,
+                                  sizeof sv);
+    }
+    rc = write_batch(o, wb, false);
+out:
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
+/* Applies a put file; a bad one is counted and dropped (0). */
+static int apply_put_file(struct kc__owner *o, const char *name)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, &buf, &len);
+    close(dfd);
+    if (rc == -ENOENT)
+        return 0;
+    struct kc__sp_put sp;
+    if (rc < 0 || kc__spool_put_decode(buf, len, &sp) != 0) {
+        free(buf);
+        o->spool_bad++;
+        return 0; /* unlinked with the round */
+    }
+    rc = apply_put(o, &sp);
+    free(buf);
+    return rc;
+}
+
+static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
+{
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    int rc = 0;
+    if (it->flags & KC__PF_KEY) {
+        unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+        size_t kl = kc__kkey(it->ns, &it->key, kk);
+        char *kv = NULL;
+        size_t kvl = 0;
+        if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) == 0) {
+            struct kc__hdr h;
+            bool bad = kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, &h) != 0;
+            bool del = bad || h.created_ns <= it->a;
+            if (!bad && del && (it->flags & KC__PF_IFBAD)) {
+                /* Only a record that is bad here too is purged. */
+                void *body;
+                size_t blen;
+                struct kc__hdr h2;
+                int lr = kc__lookup(&o->d, it->ns, &it->key, &body, &blen, &h2);
+                if (lr == 0)
+                    free(body);
+                del = lr == -EBADMSG;
+            }
+            if (del)
+                delete_kernel(o, wb, kk, kl, kv, kvl);
+            free(kv);
+        }
+    }
+    if (it->flags & KC__PF_SOURCE) {
+        unsigned char sk[KC__NS_MAX + 1 + 16];
+        size_t sl = kc__skey(it->ns, &it->source, sk);
+        char *sv = NULL;
+        size_t svl = 0;
+        if (kc__db_get(&o->d, KC__CF_SOURCES, sk, sl, &sv, &svl) == 0) {
+            unsigned char want[KC__KEY_LEN];
+            kc__key_encode(&it->key, want);
+            if (!(it->flags & KC__PF_KEY) || (svl == KC__KEY_LEN && !memcmp(sv, want, svl)))
+                rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl);
+            free(sv);
+        }
+    }
+    rc = write_batch(o, wb, false);
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
+static int apply_hit(struct kc__owner *o, const struct kc__sp_item *it)
+{
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(it->ns, &it->key, kk);
+    char *kv = NULL;
+    size_t kvl = 0;
+    if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) != 0)
+        return 0;
+    struct kc__hdr h;
+    int rc = 0;
+    if (kvl == KC__KVAL_LEN && kc__hdr_decode(kv, kvl, &h) == 0) {
+        h.hits += it->a;
+        if (it->b > h.last_hit_ns)
+            h.last_hit_ns = it->b;
+        kc__hdr_encode(&h, (unsigned char *)kv);
+        char *err = NULL;
+        rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl, &err);
+        rc = kc__db_err(err, "put");
+    }
+    free(kv);
+    return rc;
+}
+
+static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
+{
+    unsigned char k[2 + KC__NS_MAX];
+    size_t n = strlen(it->ns);
+    k[0] = 'b';
+    k[1] = '/';
+    memcpy(k + 2, it->ns, n);
+    uint64_t v[7] = {0};
+    char *old = NULL;
+    size_t ol = 0;
+    if (kc__db_get(&o->d, KC__CF_META, k, 2 + n, &old, &ol) == 0) {
+        if (ol == sizeof v)
+            for (int i = 0; i < 7; i++)
+                v[i] = kc__get_u64((unsigned char *)old + 8 * i);
+        free(old);
+    }
+    const uint64_t add[7] = {it->c.hits,   it->c.misses,   it->c.passthrough, it->c.stores,
+                             it->c.errors, it->c.saved_ns, it->c.compile_ns};
+    unsigned char out[56];
+    for (int i = 0; i < 7; i++)
+        kc__put_u64(out + 8 * i, v[i] + add[i]);
+    char *err = NULL;
+    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, 2 + n, (char *)out,
+                   sizeof out, &err);
+    return kc__db_err(err, "put");
+}
+
+/* Applies a purge, hit or counter file; a bad one is counted and dropped. */
+static int apply_items_file(struct kc__owner *o, const char *name, int want)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, &buf, &len);
+    close(dfd);
+    if (rc == -ENOENT)
+        return 0;
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (rc < 0 || kc__spool_check(buf, len, &type, &p, &n) != 0 || type != want) {
+        free(buf);
+        o->spool_bad++;
+        return 0;
+    }
+    const unsigned char *end = p + n;
+    struct kc__sp_item it;
+    int r;
+    rc = 0;
+    while (rc == 0 && (r = kc__spool_item_next(type, &p, end, &it)) > 0) {
+        if (type == KC__SP_PURGE)
+            rc = apply_purge(o, &it);
+        else if (type == KC__SP_HITS)
+            rc = apply_hit(o, &it);
+        else
+            rc = apply_count(o, &it);
+    }
+    free(buf);
+    return rc;
+}
+
+static void unlink_all(struct kc__owner *o, char **names, size_t n)
+{
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        unlinkat(dfd, names[i], 0);
+    close(dfd);
+}
+
+int kc__owner_drain(struct kc__owner *o, uint64_t *count)
+{
+    struct listing l;
+    uint64_t done = 0;
+    int rc = list_spool(o->p.spool, &l);
+    if (rc < 0)
+        return rc;
+    if (l.stop.n > 0) {
+        o->stop = true;
+        unlink_all(o, l.stop.v, l.stop.n);
+    }
+    /* Puts a killed owner claimed and may not have committed: first. */
+    for (size_t i = 0; rc == 0 && i < l.drain.n; i++)
+        rc = apply_put_file(o, l.drain.v[i]);
+    if (rc == 0 && l.drain.n > 0 && (rc = commit(o)) == 0) {
+        unlink_all(o, l.drain.v, l.drain.n);
+        done += l.drain.n;
+    }
+    for (size_t i = 0; rc == 0 && i < l.put.n; i += ROUND_FILES) {
+        size_t end = i + ROUND_FILES < l.put.n ? i + ROUND_FILES : l.put.n;
+        size_t claimed = 0;
+        char *cl[ROUND_FILES];
+        for (size_t j = i; rc == 0 && j < end; j++) {
+            char *name = l.put.v[j];
+            char from[PATH_MAX], to[PATH_MAX];
+            snprintf(from, sizeof from, "%s/%s", o->p.spool, name);
+            name[0] = 'd';
+            snprintf(to, sizeof to, "%s/%s", o->p.spool, name);
+            if (rename(from, to) != 0) {
+                name[0] = 'p';
+                continue;
+            }
+            cl[claimed++] = name;
+            rc = apply_put_file(o, name);
+        }
+        if (rc == 0 && claimed > 0 && (rc = commit(o)) == 0) {
+            unlink_all(o, cl, claimed);
+            done += claimed;
+        }
+    }
+    struct names *rest[3] = {&l.purge, &l.hits, &l.count};
+    const int types[3] = {KC__SP_PURGE, KC__SP_HITS, KC__SP_COUNT};
+    size_t nrest = 0;
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; rc == 0 && i < rest[t]->n; i++, nrest++)
+            rc = apply_items_file(o, rest[t]->v[i], types[t]);
+    if (rc == 0 && nrest > 0 && (rc = commit(o)) == 0) {
+        for (int t = 0; t < 3; t++)
+            unlink_all(o, rest[t]->v, rest[t]->n);
+        done += nrest;
+    }
+    listing_free(&l);
+    if (count != NULL)
+        *count = done;
+    return rc;
+}
+
+/* ---- eviction ---------------------------------------------------------- */
+
+struct victim {
+    unsigned char *k;
+    size_t kl;
+    uint64_t recency;
+};
+
+static int cmp_victim(const void *a, const void *b)
+{
+    const struct victim *x = a, *y = b;
+    return x->recency < y->recency ? -1 : x->recency > y->recency;
+}
+
+static void compact(struct kc__owner *o)
+{
+    for (int cf = KC__CF_KERNELS; cf < KC__N_CF; cf++)
+        rocksdb_compact_range_cf(o->d.db, o->d.cf[cf], NULL, 0, NULL, 0);
+}
+
+static uint64_t count_unique(struct kc__owner *o)
+{
+    uint64_t total = 0;
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_META]);
+    for (rocksdb_iter_seek(it, "r/", 2); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        if (kl < 2 || k[0] != 'r' || k[1] != '/')
+            break;
+        if (vl == 16)
+            total += kc__get_u64((const unsigned char *)v + 8);
+    }
+    rocksdb_iter_destroy(it);
+    return total;
+}
+
+/* Evicts least-recently-hit entries until o->unique <= target. */
+static int evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progress_fn progress,
+                 void *arg)
+{
+    if (o->unique <= target)
+        return 0;
+    struct victim *v = NULL;
+    size_t n = 0, cap = 0;
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *val = rocksdb_iter_value(it, &vl);
+        struct kc__hdr h;
+        uint64_t rec = 0;
+        if (vl == KC__KVAL_LEN && kc__hdr_decode(val, vl, &h) == 0)
+            rec = h.last_hit_ns > h.created_ns ? h.last_hit_ns : h.created_ns;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            struct victim *nv = realloc(v, cap * sizeof *v);
+            if (nv == NULL)
+                break;
+            v = nv;
+        }
+        v[n].k = malloc(kl);
+        if (v[n].k == NULL)
+            break;
+        memcpy(v[n].k, k, kl);
+        v[n].kl = kl;
+        v[n].recency = rec;
+        n++;
+    }
+    rocksdb_iter_destroy(it);
+    qsort(v, n, sizeof *v, cmp_victim);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0 && o->unique > target; i++) {
+        char *kv = NULL;
+        size_t kvl = 0;
+        if (kc__db_get(&o->d, KC__CF_KERNELS, v[i].k, v[i].kl, &kv, &kvl) != 0)
+            continue;
+        rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+        delete_kernel(o, wb, v[i].k, v[i].kl, kv, kvl);
+        rc = write_batch(o, wb, false);
+        rocksdb_writebatch_destroy(wb);
+        free(kv);
+        if (evicted)
+            (*evicted)++;
+        if (progress && (i & 255) == 0)
+            progress(i, n, arg);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(v[i].k);
+    free(v);
+    if (rc == 0)
+        rc = commit(o);
+    return rc;
+}
+
+/* Drops sources entries whose kernel is gone. */
+static void prune_sources(struct kc__owner *o)
+{
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_SOURCES]);
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        const char *z = memchr(k, 0, kl);
+        bool drop = z == NULL || vl != KC__KEY_LEN || (size_t)(z - k) > KC__NS_MAX;
+        if (!drop) {
+            unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+            size_t nsl = (size_t)(z - k);
+            memcpy(kk, k, nsl + 1);
+            memcpy(kk + nsl + 1, v, KC__KEY_LEN);
+            char *kv;
+            size_t kvl;
+            if (kc__db_get(&o->d, KC__CF_KERNELS, kk, nsl + 1 + KC__KEY_LEN, &kv, &kvl) == 0)
+                free(kv);
+            else
+                drop = true;
+        }
+        if (drop)
+            rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_SOURCES], k, kl);
+    }
+    rocksdb_iter_destroy(it);
+    write_batch(o, wb, false);
+    rocksdb_writebatch_destroy(wb);
+}
+
+int kc__owner_gc(struct kc__owner *o, uint64_t max_size, struct kc_gc_report *rep,
+                 kc_progress_fn progress, void *arg)
+{
+    struct kc_gc_report r = {0};
+    if (max_size == 0)
+        max_size = o->max_size;
+    r.bytes_before = o->unique;
+    int rc = evict(o, max_size, &r.evicted, progress, arg);
+    if (rc == 0) {
+        prune_sources(o);
+        rc = commit(o);
+        compact(o);
+    }
+    r.bytes_after = o->unique;
+    if (rep)
+        *rep = r;
+    return rc;
+}
+
+/* ---- verify and clear -------------------------------------------------- */
+
+struct refc {
+    unsigned char d[16];
+    uint64_t n;
+};
+
+static int cmp_refc(const void *a, const void *b)
+{
+    return memcmp(((const struct refc *)a)->d, ((const struct refc *)b)->d, 16);
+}
+
+int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *rep,
+                     kc_progress_fn progress, void *arg)
+{
+    struct kc_verify_report r = {0};
+    r.spool_bad = (uint64_t)o->spool_bad;
+    struct refc *refs = NULL;
+    size_t nref = 0, cap = 0;
+    int rc = 0;
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        char ns[KC__NS_MAX + 1];
+        kc_key key;
+        struct kc__hdr h;
+        bool bad = kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0 ||
+                   vl != KC__KVAL_LEN || kc__hdr_decode(v, vl, &h) != 0;
+        if (!bad) {
+            char *bv = NULL;
+            size_t bvl = 0;
+            bad = kc__db_get(&o->d, KC__CF_BODIES, v + KC__HDR_LEN, 16, &bv, &bvl) != 0 ||
+                  bvl != h.body_size || kc__body_xxh(bv, bvl) != h.body_xxh;
+            free(bv);
+        }
+        r.checked++;
+        if (bad) {
+            r.bad++;
+            if (repair) {
+                rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_KERNELS], k, kl);
+                r.purged++;
+            }
+        } else {
+            if (nref == cap) {
+                cap = cap ? 2 * cap : 1024;
+                struct refc *nr = realloc(refs, cap * sizeof *refs);
+                if (nr == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                refs = nr;
+            }
+            memcpy(refs[nref].d, v + KC__HDR_LEN, 16);
+            refs[nref].n = 1;
+            nref++;
+        }
+        if (progress && (r.checked & 1023) == 0)
+            progress(r.checked, 0, arg);
+    }
+    rocksdb_iter_destroy(it);
+    if (rc == 0 && repair) {
+        /* Rebuild the refcounts from the kernels that are good, and drop
+         * bodies nothing references. */
+        qsort(refs, nref, sizeof *refs, cmp_refc);
+        size_t m = 0;
+        for (size_t i = 0; i < nref; i++) {
+            if (m > 0 && memcmp(refs[m - 1].d, refs[i].d, 16) == 0)
+                refs[m - 1].n++;
+            else
+                refs[m++] = refs[i];
+        }
+        nref = m;
+        rocksdb_iterator_t *bi =
+            rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_BODIES]);
+        uint64_t unique = 0;
+        for (rocksdb_iter_seek_to_first(bi); rocksdb_iter_valid(bi); rocksdb_iter_next(bi)) {
+            size_t kl, vl;
+            const char *k = rocksdb_iter_key(bi, &kl);
+            rocksdb_iter_value(bi, &vl);
+            struct refc want;
+            struct refc *f = NULL;
+            if (kl == 16) {
+                memcpy(want.d, k, 16);
+                f = bsearch(&want, refs, nref, sizeof *refs, cmp_refc);
+            }
+            if (f == NULL) {
+                rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_BODIES], k, kl);
+                if (kl == 16)
+                    put_ref(o, wb, (const unsigned char *)k, 0, 0);
+            } else {
+                uint64_t cnt = 0, size = 0;
+                get_ref(o, f->d, &cnt, &size);
+                if (cnt != f->n || size != vl)
+                    put_ref(o, wb, f->d, f->n, vl);
+                unique += vl;
+            }
+        }
+        rocksdb_iter_destroy(bi);
+        o->unique = unique;
+        rc = write_batch(o, wb, false);
+        if (rc == 0)
+            rc = commit(o);
+    }
+    rocksdb_writebatch_destroy(wb);
+    free(refs);
+    if (rep)
+        *rep = r;
+    return rc;
+}
+
+int kc__owner_clear(struct kc__owner *o)
+{
+    int rc = 0;
+    for (int cf = KC__CF_KERNELS; cf < KC__N_CF && rc == 0; cf++) {
+        rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[cf]);
+        rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t kl;
+            const char *k = rocksdb_iter_key(it, &kl);
+            /* Counters are statistics, not entries: they stay. */
+            if (cf == KC__CF_META && kl >= 2 && k[0] == 'b' && k[1] == '/')
+                continue;
+            rocksdb_writebatch_delete_cf(wb, o->d.cf[cf], k, kl);
+        }
+        rocksdb_iter_destroy(it);
+        rc = write_batch(o, wb, false);
+        rocksdb_writebatch_destroy(wb);
+    }
+    o->unique = 0;
+    if (rc == 0)
+        rc = commit(o);
+    compact(o);
+    return rc;
+}
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+static bool pid_dead(const char *name)
+{
+    char *end;
+    long pid = strtol(name, &end, 10);
+    if (end == name || pid <= 0)
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Removes secondaries and temp files of processes that are gone. */
+static void clean_stale(struct kc__owner *o)
+{
+    DIR *d = opendir(o->p.sec);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.' || !pid_dead(e->d_name))
+                continue;
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/%s", o->p.sec, e->d_name);
+            kc__rm_rf(path);
+        }
+        closedir(d);
+    }
+    d = opendir(o->p.spool);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == 't' && e->d_name[1] == '-' && pid_dead(e->d_name + 2))
+                unlinkat(dirfd(d), e->d_name, 0);
+        }
+        closedir(d);
+    }
+}
+
+static void ask_stop(struct kc__owner *o)
+{
+    char name[64];
+    snprintf(name, sizeof name, "s-%d-%016llx", (int)getpid(), (unsigned long long)kc__rand64());
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_HITS);
+    kc__spool_end(&b);
+    kc__spool_write(o->p.spool, name, b.p, b.len, false);
+    kc__buf_free(&b);
+}
+
+static int lock_owner(struct kc__owner *o, int wait_ms, bool stop_other)
+{
+    o->lockfd = open(o->p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (o->lockfd < 0)
+        return -errno;
+    uint64_t deadline = kc__mono_ns() + (uint64_t)wait_ms * 1000000u, last_ask = 0;
+    for (;;) {
+        if (flock(o->lockfd, LOCK_EX | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return -errno;
+        uint64_t now = kc__mono_ns();
+        if (now >= deadline)
+            return -EBUSY;
+        if (stop_other && now - last_ask > 500000000u) {
+            ask_stop(o);
+            last_ask = now;
+        }
+        sleep_ms(5);
+    }
+}
+
+static void map_gen(struct kc__owner *o)
+{
+    int fd = open(o->p.gen, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && sb.st_size < 4096 && ftruncate(fd, 4096) != 0) {
+        close(fd);
+        return;
+    }
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m != MAP_FAILED)
+        o->gen = m;
+}
+
+static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool stop_other,
+                       struct kc__owner **out)
+{
+    struct kc__owner *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return -ENOMEM;
+    o->lockfd = -1;
+    kc__paths_init(&o->p, dir);
+    o->max_size = max_size ? max_size : KC_DEFAULT_MAX_SIZE;
+    int rc = kc__private_dir(dir, true);
+    if (rc == 0)
+        rc = kc__private_dir(o->p.spool, true);
+    if (rc == 0)
+        rc = kc__private_dir(o->p.sec, true);
+    if (rc == 0)
+        rc = lock_owner(o, wait_ms, stop_other);
+    if (rc == 0) {
+        char *why = NULL;
+        rc = kc__db_open(&o->d, o->p.db, NULL, &why);
+        free(why);
+    }
+    if (rc < 0) {
+        kc__owner_end(o);
+        return rc;
+    }
+    map_gen(o);
+    o->unique = count_unique(o);
+    char *v;
+    size_t vl;
+    if (kc__db_get(&o->d, KC__CF_META, "g", 1, &v, &vl) == 0) {
+        if (vl == 8)
+            o->gen_seq = kc__get_u64((unsigned char *)v);
+        free(v);
+    }
+    clean_stale(o);
+    *out = o;
+    return 0;
+}
+
+int kc__owner_begin(const char *dir, uint64_t max_size, int wait_ms, struct kc__owner **out)
+{
+    struct kc__owner *o;
+    int rc = owner_begin(dir, max_size, wait_ms, true, &o);
+    if (rc < 0)
+        return rc;
+    rc = kc__owner_drain(o, NULL);
+    if (rc < 0) {
+        kc__owner_end(o);
+        return rc;
+    }
+    *out = o;
+    return 0;
+}
+
+void kc__owner_end(struct kc__owner *o)
+{
+    if (o == NULL)
+        return;
+    if (o->d.db != NULL) {
+        rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+        rocksdb_flushoptions_set_wait(fo, 1);
+        char *err = NULL;
+        rocksdb_flush(o->d.db, fo, &err);
+        free(err);
+        rocksdb_flushoptions_destroy(fo);
+        kc__db_close(&o->d);
+    }
+    if (o->gen != NULL) {
+        __atomic_add_fetch(o->gen, 1, __ATOMIC_SEQ_CST);
+        munmap((void *)o->gen, 4096);
+    }
+    if (o->lockfd >= 0) {
+        flock(o->lockfd, LOCK_UN);
+        close(o->lockfd);
+    }
+    free(o);
+}
+
+static uint64_t env_max_size(void)
+{
+    const char *s = getenv("KCACHE_MAXSIZE");
+    uint64_t v = 0;
+    extern int kc_parse_size(const char *s, uint64_t *out);
+    if (s != NULL && s[0] != 0 && kc_parse_size(s, &v) == 0)
+        return v;
+    return 0;
+}
+
+int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
+{
+    if (opts == NULL || opts->dir == NULL)
+        return -EINVAL;
+    if (opts->readonly)
+        return -EROFS;
+    const char *det = getenv("KCACHE_OWNER_DETACH");
+    if (det != NULL && strcmp(det, "1") == 0) {
+        /* Started by a store: leave its process tree so the host never
+         * has a child of ours to reap. */
+        unsetenv("KCACHE_OWNER_DETACH");
+        pid_t pid = fork();
+        if (pid < 0)
+            return -errno;
+        if (pid > 0)
+            _exit(0);
+        setsid();
+    }
+    uint64_t max = opts->max_size ? opts->max_size : env_max_size();
+    if (max == 0)
+        max = KC_DEFAULT_MAX_SIZE;
+    if (idle_ms < 0)
+        idle_ms = 0;
+
+    struct kc__owner *o;
+    int rc = owner_begin(opts->dir, max, 300, false, &o);
+    if (rc < 0)
+        return rc;
+    int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (ino >= 0)
+        inotify_add_watch(ino, o->p.spool, IN_MOVED_TO | IN_CLOSE_WRITE);
+    uint64_t last_work = kc__mono_ns();
+    for (;;) {
+        uint64_t n = 0;
+        rc = kc__owner_drain(o, &n);
+        if (rc < 0)
+            break;
+        if (n > 0) {
+            last_work = kc__mono_ns();
+            if (o->unique > o->max_size) {
+                rc = evict(o, o->max_size / 10 * 9, NULL, NULL, NULL);
+                if (rc < 0)
+                    break;
+                prune_sources(o);
+                compact(o);
+            }
+        }
+        if (o->stop)
+            break;
+        uint64_t idle = (kc__mono_ns() - last_work) / 1000000u;
+        if (idle >= (uint64_t)idle_ms) {
+            /* Release, then look again: a writer that saw the lock held
+             * just before we let go relies on us to see its file. */
+            char dir[4096], spool[4200];
+            snprintf(dir, sizeof dir, "%s", o->p.dir);
+            snprintf(spool, sizeof spool, "%s", o->p.spool);
+            kc__owner_end(o);
+            o = NULL;
+            if (!kc__spool_pending(spool))
+                break;
+            if (owner_begin(dir, max, 0, false, &o) < 0) {
+                o = NULL;
+                break;
+            }
+            last_work = kc__mono_ns();
+            continue;
+        }
+        uint64_t wait = (uint64_t)idle_ms - idle;
+        if (wait > 200)
+            wait = 200;
+        if (ino >= 0) {
+            struct pollfd pfd = {.fd = ino, .events = POLLIN};
+            if (poll(&pfd, 1, (int)wait) > 0) {
+                char buf[4096];
+                while (read(ino, buf, sizeof buf) > 0)
+                    ;
+            }
+        } else {
+            sleep_ms((int)wait);
+        }
+    }
+    if (ino >= 0)
+        close(ino);
+    kc__owner_end(o);
+    return rc < 0 ? rc : 0;
+}
