@@ -883,6 +883,17 @@ SI_EXPORT CUresult cuDriverGetVersion(int *v)
     return CUDA_SUCCESS;
 }
 
+/* NVRTC 13 dlopen()s libcuda during a compile, calls cuInit and then looks
+ * up cuGetExportTable; without the symbol it crashes. The stand-in has no
+ * export tables: it answers as a driver without the requested table does. */
+SI_EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
+{
+    (void)id;
+    if (table)
+        *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 SI_EXPORT CUresult cuDeviceGetCount(int *n)
 {
     COUNT(cuDeviceGetCount);
