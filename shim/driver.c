@@ -1,3 +1,711 @@
-/* driver.c: being written */
-#include "shim.h"
-const struct kc__hook kc__driver_hooks[] = {{0}};
+/*
+ * The driver path: interception of libcuda and the driver JIT cache.
+ *
+ * cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary and
+ * cuLibraryLoadData are wrapped. A PTX image, or a fatbinary with no SASS
+ * for the device, is keyed (format version, image bytes, the JIT options
+ * that affect code, compute capability, driver version and libcuda
+ * build-id); a miss compiles it with the driver's own linker
+ * (cuLinkCreate/cuLinkAddData/cuLinkComplete), stores the cubin and the
+ * linker's info log, and loads the cubin; a hit loads the stored cubin. Log
+ * buffers are filled as the driver fills them. Everything else (cubin
+ * images, fatbinaries with matching SASS, options the cache cannot replay,
+ * bad input) goes to the real function untouched, so the host sees the
+ * driver's own answer.
+ *
+ * cuGetProcAddress and cuGetProcAddress_v2 call the real resolver, then
+ * kc__swap() hands out our wrapper for the symbol actually returned.
+ */
+#include "memo.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BACKEND "jit"
+
+/* ---- real functions -------------------------------------------------------- */
+
+static void *real_load_data, *real_load_data_ex, *real_load_fatbin, *real_lib_load;
+static void *real_gpa, *real_gpa_v2;
+
+typedef CUresult (*load_data_fn)(CUmodule *, const void *);
+typedef CUresult (*load_data_ex_fn)(CUmodule *, const void *, unsigned, CUjit_option *, void **);
+typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void **, unsigned,
+                                CUlibraryOption *, void **, unsigned);
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t);
+
+#define REAL(var, name) ((var) ? (var) : kc__hook_real(kc__hook_find(name, KC_LIB_CUDA)))
+
+void *kc__cu_hooked_real(const char *name)
+{
+    const struct kc__hook *h = kc__hook_find(name, KC_LIB_CUDA);
+    return h ? kc__hook_real(h) : NULL;
+}
+
+/* The libcuda the host uses, as a handle, found from any real pointer we
+ * hold. */
+static void *cuda_handle(void)
+{
+    static void *handle;
+    void *h = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
+    if (h)
+        return h;
+    void *any = NULL;
+    for (const struct kc__hook *k = kc__driver_hooks; k->name && !any; k++)
+        any = __atomic_load_n(k->real, __ATOMIC_ACQUIRE);
+    if (!any)
+        any = kc__real_dlsym(RTLD_NEXT, "cuInit");
+    Dl_info di;
+    if (!any || !dladdr(any, &di) || !di.dli_fname)
+        return NULL;
+    h = dlopen(di.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    if (h)
+        __atomic_store_n(&handle, h, __ATOMIC_RELEASE);
+    return h;
+}
+
+void *kc__cu_real(const char *name)
+{
+    void *h = cuda_handle();
+    void *p = h ? kc__real_dlsym(h, name) : NULL;
+    return p ? p : kc__real_dlsym(RTLD_NEXT, name);
+}
+
+/* Real driver entry points the JIT path calls, resolved once. */
+static struct {
+    CUresult (*ctx_get_current)(CUcontext *);
+    CUresult (*ctx_get_device)(CUdevice *);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_get_count)(int *);
+    CUresult (*device_attr)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*driver_version)(int *);
+    CUresult (*link_create)(unsigned, CUjit_option *, void **, CUlinkState *);
+    CUresult (*link_add)(CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned,
+                         CUjit_option *, void **);
+    CUresult (*link_complete)(CUlinkState, void **, size_t *);
+    CUresult (*link_destroy)(CUlinkState);
+    int ok;
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void drv_resolve(void)
+{
+    drv.ctx_get_current = kc__cu_real("cuCtxGetCurrent");
+    drv.ctx_get_device = kc__cu_real("cuCtxGetDevice");
+    drv.device_get = kc__cu_real("cuDeviceGet");
+    drv.device_get_count = kc__cu_real("cuDeviceGetCount");
+    drv.device_attr = kc__cu_real("cuDeviceGetAttribute");
+    drv.driver_version = kc__cu_real("cuDriverGetVersion");
+    drv.link_create = kc__cu_real("cuLinkCreate_v2");
+    drv.link_add = kc__cu_real("cuLinkAddData_v2");
+    drv.link_complete = kc__cu_real("cuLinkComplete");
+    drv.link_destroy = kc__cu_real("cuLinkDestroy");
+    drv.ok = drv.ctx_get_current && drv.ctx_get_device && drv.device_get && drv.device_get_count &&
+             drv.device_attr && drv.driver_version && drv.link_create && drv.link_add &&
+             drv.link_complete && drv.link_destroy;
+}
+
+/* ---- images ------------------------------------------------------------------ */
+
+#define MAX_IMAGE (1ull << 30)
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBIN_WRAPPER_MAGIC 0x466243b1u
+
+struct fatbin_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_size;
+    uint64_t fat_size;
+};
+
+struct fatbin_entry {
+    uint16_t kind; /* 1 PTX, 2 ELF */
+    uint16_t version;
+    uint32_t header_size;
+    uint64_t padded_size;
+    uint32_t compressed_size;
+    uint32_t unknown0;
+    uint16_t minor, major;
+    uint32_t arch;
+    uint32_t name_offset, name_len;
+    uint64_t flags;
+    uint64_t zero;
+    uint64_t uncompressed_size;
+};
+
+static const void *fatbin_unwrap(const void *p)
+{
+    if (*(const uint32_t *)p == FATBIN_WRAPPER_MAGIC)
+        return *(const void *const *)((const char *)p + 8);
+    return p;
+}
+
+enum image_kind { IMG_OTHER, IMG_PTX, IMG_FATBIN_JIT };
+
+static bool looks_like_ptx(const char *s)
+{
+    for (size_t i = 0; i < 4096 && s[i]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 9 || (c > 13 && c < 32 && c != 27) || c == 127)
+            return false;
+        if (c == '.' && !strncmp(s + i, ".version", 8))
+            return true;
+    }
+    return false;
+}
+
+/* Whether a fatbinary needs the JIT on a device of major.minor: no SASS
+ * entry runs there but a PTX entry does. Malformed: IMG_OTHER (the driver
+ * answers). */
+static enum image_kind fatbin_kind(const void *p, size_t *len, int major, int minor)
+{
+    const struct fatbin_header *fh = p;
+    if (fh->magic != FATBIN_MAGIC || fh->header_size < sizeof *fh || fh->fat_size > MAX_IMAGE)
+        return IMG_OTHER;
+    const unsigned char *b = (const unsigned char *)p + fh->header_size, *end = b + fh->fat_size;
+    bool sass = false, ptx = false;
+    while (b + sizeof(struct fatbin_entry) <= end) {
+        const struct fatbin_entry *e = (const void *)b;
+        if (e->header_size < sizeof *e || e->padded_size > fh->fat_size ||
+            e->header_size + e->padded_size > (size_t)(end - b))
+            return IMG_OTHER;
+        int arch = (int)e->arch;
+        if (e->kind == 2 && arch / 10 == major && arch % 10 <= minor)
+            sass = true;
+        else if (e->kind == 1 && arch <= major * 10 + minor)
+            ptx = true;
+        else if (e->kind != 1 && e->kind != 2)
+            return IMG_OTHER;
+        b += e->header_size + e->padded_size;
+    }
+    *len = fh->header_size + fh->fat_size;
+    return !sass && ptx ? IMG_FATBIN_JIT : IMG_OTHER;
+}
+
+/* ---- JIT options ------------------------------------------------------------- */
+
+struct jit_req {
+    /* The host's log buffers and where to write back. */
+    char *info_buf, *error_buf;
+    size_t info_size, error_size;
+    int info_idx, error_idx, wall_idx;
+    /* Options for the linker: the host's code-affecting ones and ours. */
+    unsigned n;
+    CUjit_option opt[72];
+    void *val[72];
+};
+
+/* Sorts the host's options into log handling and code-affecting ones, and
+ * hashes the latter. Returns false when the request cannot be replayed from
+ * the cache (pointer-valued or output options, unknown ones, bad arrays):
+ * those go to the driver untouched. */
+static bool jit_req_parse(unsigned n, CUjit_option *opt, void **val, struct jit_req *r,
+                          struct kc__hasher *h)
+{
+    memset(r, 0, sizeof *r);
+    r->info_idx = r->error_idx = r->wall_idx = -1;
+    if (n && (!opt || !val))
+        return false;
+    if (n > 64)
+        return false;
+    for (unsigned i = 0; i < n; i++) {
+        uintptr_t v = (uintptr_t)val[i];
+        switch (opt[i]) {
+        case CU_JIT_INFO_LOG_BUFFER: r->info_buf = val[i]; break;
+        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: r->info_size = (unsigned)v; r->info_idx = (int)i; break;
+        case CU_JIT_ERROR_LOG_BUFFER: r->error_buf = val[i]; break;
+        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: r->error_size = (unsigned)v; r->error_idx = (int)i; break;
+        case CU_JIT_WALL_TIME: r->wall_idx = (int)i; break;
+        case CU_JIT_MAX_REGISTERS:
+        case CU_JIT_OPTIMIZATION_LEVEL:
+        case CU_JIT_TARGET_FROM_CUCONTEXT:
+        case CU_JIT_TARGET:
+        case CU_JIT_FALLBACK_STRATEGY:
+        case CU_JIT_GENERATE_DEBUG_INFO:
+        case CU_JIT_LOG_VERBOSE: /* decides the info log we store */
+        case CU_JIT_GENERATE_LINE_INFO:
+        case CU_JIT_CACHE_MODE:
+        case CU_JIT_NEW_SM3X_OPT:
+        case CU_JIT_FAST_COMPILE:
+        case CU_JIT_FTZ:
+        case CU_JIT_PREC_DIV:
+        case CU_JIT_PREC_SQRT:
+        case CU_JIT_FMA:
+        case CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES:
+        case CU_JIT_POSITION_INDEPENDENT_CODE:
+        case CU_JIT_MIN_CTA_PER_SM:
+        case CU_JIT_MAX_THREADS_PER_BLOCK:
+        case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
+        case CU_JIT_SPLIT_COMPILE:
+            kc__hash_u64(h, (uint64_t)opt[i]);
+            kc__hash_u64(h, (uint64_t)(unsigned)v); /* the driver reads these as 32-bit values */
+            r->opt[r->n] = opt[i];
+            r->val[r->n++] = val[i];
+            break;
+        default: /* THREADS_PER_BLOCK (in/out), global symbols, referenced names, LTO... */
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Fills a host log buffer as the driver does: at most size-1 characters and
+ * a NUL, the size option overwritten with the characters written. This is
+ * the rule the stand-in implements; scripts/gpu-check compares it with the
+ * real driver's. */
+static void log_fill(char *buf, size_t size, int idx, void **vals, const char *log, size_t len)
+{
+    if (!buf || size == 0)
+        return;
+    size_t n = len < size - 1 ? len : size - 1;
+    if (n)
+        memcpy(buf, log, n);
+    buf[n] = 0;
+    if (idx >= 0)
+        vals[idx] = (void *)(uintptr_t)n;
+}
+
+static void req_finish(const struct jit_req *r, void **vals, const char *info, size_t info_len,
+                       uint64_t started)
+{
+    log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, info_len);
+    log_fill(r->error_buf, r->error_size, r->error_idx, vals, "", 0);
+    if (r->wall_idx >= 0) {
+        float ms = (float)(kc__now_ns() - started) / 1e6f;
+        memcpy(&vals[r->wall_idx], &ms, sizeof ms); /* a float in the pointer slot, as the driver */
+    }
+}
+
+/* ---- driver identity --------------------------------------------------------- */
+
+struct device_id {
+    int major, minor;
+    int version;
+    kc_digest lib; /* build-id of the libcuda in use */
+};
+
+static kc_digest driver_lib_id;
+static int driver_lib_state; /* 0 unknown, 1 known, -1 failed */
+static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int driver_identity(kc_digest *out)
+{
+    pthread_mutex_lock(&id_lock);
+    if (driver_lib_state == 0) {
+        Dl_info di;
+        void *any = (void *)drv.link_create;
+        driver_lib_state = -1;
+        if (any && dladdr(any, &di) && di.dli_fname && kc__file_identity(di.dli_fname, &driver_lib_id) == 0)
+            driver_lib_state = 1;
+        else
+            kc_log(KC_LOG_WARN, "cannot identify the CUDA driver library; the JIT cache is off");
+    }
+    *out = driver_lib_id;
+    int rc = driver_lib_state == 1 ? 0 : -1;
+    pthread_mutex_unlock(&id_lock);
+    return rc;
+}
+
+/* The device an image loads for: the current context's, or for the library
+ * API without one, device 0 when every device has the same capability. */
+static int device_of(bool library, struct device_id *d)
+{
+    CUcontext c = NULL;
+    CUdevice dev = 0;
+    if (drv.ctx_get_current(&c) != CUDA_SUCCESS)
+        return -1;
+    if (c) {
+        if (drv.ctx_get_device(&dev) != CUDA_SUCCESS)
+            return -1;
+    } else if (!library) {
+        return -1;
+    }
+    if (drv.device_attr(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ||
+        drv.device_attr(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        return -1;
+    if (library) {
+        /* A library serves every device: one cubin fits only if all agree. */
+        int n = 0;
+        if (drv.device_get_count(&n) != CUDA_SUCCESS)
+            return -1;
+        for (int i = 0; i < n; i++) {
+            int a = 0, b = 0;
+            if (drv.device_attr(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i) ||
+                drv.device_attr(&b, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, i) || a != d->major ||
+                b != d->minor)
+                return -1;
+        }
+    }
+    if (drv.driver_version(&d->version) != CUDA_SUCCESS)
+        return -1;
+    return driver_identity(&d->lib);
+}
+
+/* ---- the stored record --------------------------------------------------------- */
+
+/* body: "KCJ1", u32 info_len, u64 cubin_len, info bytes, cubin bytes. */
+#define JIT_MAGIC 0x314a434bu
+
+static void *record_make(const char *info, size_t info_len, const void *cubin, size_t cubin_len, size_t *len)
+{
+    *len = 16 + info_len + cubin_len;
+    unsigned char *b = malloc(*len);
+    if (!b)
+        return NULL;
+    uint32_t m = JIT_MAGIC, il = (uint32_t)info_len;
+    uint64_t cl = cubin_len;
+    memcpy(b, &m, 4);
+    memcpy(b + 4, &il, 4);
+    memcpy(b + 8, &cl, 8);
+    memcpy(b + 16, info, info_len);
+    memcpy(b + 16 + info_len, cubin, cubin_len);
+    return b;
+}
+
+static int record_parse(const unsigned char *b, size_t len, const char **info, size_t *info_len,
+                        const void **cubin, size_t *cubin_len)
+{
+    uint32_t m, il;
+    uint64_t cl;
+    if (len < 16)
+        return -EBADMSG;
+    memcpy(&m, b, 4);
+    memcpy(&il, b + 4, 4);
+    memcpy(&cl, b + 8, 8);
+    if (m != JIT_MAGIC || il > len - 16 || cl != len - 16 - il || cl < 64 || memcmp(b + 16 + il, "\177ELF", 4))
+        return -EBADMSG;
+    *info = (const char *)b + 16;
+    *info_len = il;
+    *cubin = b + 16 + il;
+    *cubin_len = cl;
+    return 0;
+}
+
+/* ---- the JIT cache --------------------------------------------------------------- */
+
+enum load_api { API_DATA, API_DATA_EX, API_FATBIN, API_LIBRARY };
+
+struct load_call {
+    enum load_api api;
+    CUmodule *mod;
+    CUlibrary *lib;
+    const void *image;
+    unsigned n;
+    CUjit_option *opt;
+    void **val;
+    CUlibraryOption *lopt;
+    void **lval;
+    unsigned ln;
+};
+
+static CUresult call_real(const struct load_call *c)
+{
+    switch (c->api) {
+    case API_DATA: {
+        load_data_fn f = (load_data_fn)REAL(real_load_data, "cuModuleLoadData");
+        return f ? f(c->mod, c->image) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    case API_DATA_EX: {
+        load_data_ex_fn f = (load_data_ex_fn)REAL(real_load_data_ex, "cuModuleLoadDataEx");
+        return f ? f(c->mod, c->image, c->n, c->opt, c->val) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    case API_FATBIN: {
+        load_data_fn f = (load_data_fn)REAL(real_load_fatbin, "cuModuleLoadFatBinary");
+        return f ? f(c->mod, c->image) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    case API_LIBRARY: {
+        lib_load_fn f = (lib_load_fn)REAL(real_lib_load, "cuLibraryLoadData");
+        return f ? f(c->lib, c->image, c->opt, c->val, c->n, c->lopt, c->lval, c->ln) : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Loads a cubin the way the host asked for (module or library). */
+static CUresult load_cubin(const struct load_call *c, const void *cubin)
+{
+    if (c->api == API_LIBRARY) {
+        lib_load_fn f = (lib_load_fn)REAL(real_lib_load, "cuLibraryLoadData");
+        return f(c->lib, cubin, NULL, NULL, 0, c->lopt, c->lval, c->ln);
+    }
+    load_data_fn f = (load_data_fn)REAL(real_load_data, "cuModuleLoadData");
+    return f(c->mod, cubin);
+}
+
+static void count(uint64_t hits, uint64_t misses, uint64_t pass, uint64_t stores, uint64_t errors,
+                  uint64_t saved, uint64_t compile)
+{
+    struct kc_counters k = {hits, misses, pass, stores, errors, saved, compile};
+    kc__count(BACKEND, &k);
+}
+
+#define INFO_LOG_MAX (256u << 10)
+
+/* Compiles with the driver's linker. On success *cubin (malloc'd) and the
+ * info log (malloc'd) are set. */
+static CUresult link_image(const void *image, size_t len, CUjitInputType type, struct jit_req *r, void **cubin,
+                           size_t *cubin_len, char **info)
+{
+    char *ibuf = calloc(1, INFO_LOG_MAX), *ebuf = calloc(1, INFO_LOG_MAX);
+    if (!ibuf || !ebuf) {
+        free(ibuf);
+        free(ebuf);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    unsigned n = r->n;
+    r->opt[n] = CU_JIT_INFO_LOG_BUFFER;
+    r->val[n++] = ibuf;
+    r->opt[n] = CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES;
+    r->val[n++] = (void *)(uintptr_t)INFO_LOG_MAX;
+    r->opt[n] = CU_JIT_ERROR_LOG_BUFFER;
+    r->val[n++] = ebuf;
+    r->opt[n] = CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
+    r->val[n++] = (void *)(uintptr_t)INFO_LOG_MAX;
+    CUlinkState ls = NULL;
+    CUresult rc = drv.link_create(n, r->opt, r->val, &ls);
+    if (rc == CUDA_SUCCESS)
+        rc = drv.link_add(ls, type, (void *)image, len, "kcache", 0, NULL, NULL);
+    void *out = NULL;
+    size_t out_len = 0;
+    if (rc == CUDA_SUCCESS)
+        rc = drv.link_complete(ls, &out, &out_len);
+    if (rc == CUDA_SUCCESS) {
+        *cubin = malloc(out_len);
+        if (*cubin) {
+            memcpy(*cubin, out, out_len);
+            *cubin_len = out_len;
+        } else {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (ls)
+        drv.link_destroy(ls);
+    free(ebuf);
+    if (rc == CUDA_SUCCESS)
+        *info = ibuf;
+    else
+        free(ibuf);
+    return rc;
+}
+
+static CUresult jit_load(struct load_call *c)
+{
+    const struct kc_config *cfg = kc__config();
+    if (kc__guard_held() || cfg->disable || !cfg->jit || !c->image || (c->api == API_LIBRARY ? !c->lib : !c->mod))
+        return call_real(c);
+    pthread_once(&drv_once, drv_resolve);
+    if (!drv.ok)
+        return call_real(c);
+    if (c->api == API_LIBRARY && c->ln && (!c->lopt || !c->lval))
+        return call_real(c);
+    uint64_t t0 = kc__now_ns();
+
+    /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
+    const unsigned char *img = c->image;
+    if (!memcmp(img, "\177ELF", 4))
+        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+    struct device_id d;
+    if (device_of(c->api == API_LIBRARY, &d) != 0)
+        return call_real(c); /* no context, no device: the driver answers */
+    enum image_kind kind = IMG_OTHER;
+    size_t len = 0;
+    const void *data = img;
+    if (*(const uint32_t *)fatbin_unwrap(img) == FATBIN_MAGIC) {
+        data = fatbin_unwrap(img);
+        kind = fatbin_kind(data, &len, d.major, d.minor);
+    } else if (c->api != API_FATBIN && looks_like_ptx((const char *)img)) {
+        kind = IMG_PTX;
+        len = strlen((const char *)img) + 1;
+    }
+    if (kind == IMG_OTHER)
+        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+
+    /* The key. */
+    struct kc__hasher *h = kc__hasher_new();
+    if (!h)
+        return count(0, 0, 0, 0, 1, 0, 0), call_real(c);
+    struct jit_req r;
+    kc__hash_str(h, "kcache-jit");
+    kc__hash_u64(h, KC_FORMAT_VERSION);
+    kc__hash_u64(h, (uint64_t)kind);
+    kc__hash_bytes(h, data, len);
+    if (!jit_req_parse(c->n, c->opt, c->val, &r, h)) {
+        kc__hasher_free(h);
+        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+    }
+    kc__hash_u64(h, (uint64_t)d.major);
+    kc__hash_u64(h, (uint64_t)d.minor);
+    kc__hash_u64(h, (uint64_t)d.version);
+    kc__hash_bytes(h, &d.lib, sizeof d.lib);
+    kc_key key = {kc__hash_digest(h), kc__self_build()};
+    kc__hasher_free(h);
+    /* The namespace: an entry for one device and driver never serves another. */
+    struct kc__hasher *fh = kc__hasher_new();
+    if (!fh)
+        return count(0, 0, 0, 0, 1, 0, 0), call_real(c);
+    kc__hash_u64(fh, (uint64_t)d.major);
+    kc__hash_u64(fh, (uint64_t)d.minor);
+    kc__hash_u64(fh, (uint64_t)d.version);
+    kc__hash_bytes(fh, &d.lib, sizeof d.lib);
+    kc_digest fp = kc__hash_digest(fh);
+    kc__hasher_free(fh);
+    char hex[33], ns[64];
+    kc__digest_hex(&fp, hex);
+    snprintf(ns, sizeof ns, "jit:%.16s", hex);
+
+    bool entered = kc__guard_enter();
+    const struct kc_store_api *api = NULL;
+    struct kc_store *st = kc__store(&api);
+    CUresult rc;
+
+    /* A hit loads the stored cubin. */
+    if (st && !cfg->recache) {
+        void *body = NULL;
+        size_t blen = 0;
+        struct kc_record_info info;
+        if (api->get(st, ns, &key, &body, &blen, &info) == 0) {
+            const char *ilog;
+            size_t ilen, clen;
+            const void *cubin;
+            if (record_parse(body, blen, &ilog, &ilen, &cubin, &clen) == 0) {
+                rc = load_cubin(c, cubin);
+                if (rc == CUDA_SUCCESS) {
+                    req_finish(&r, c->val, ilog, ilen, t0);
+                    api->free(body);
+                    if (entered)
+                        kc__guard_exit();
+                    count(1, 0, 0, 0, 0, info.saved_ns, 0);
+                    return rc;
+                }
+            }
+            /* A stored cubin the driver refuses, or a bad record: purge, compile. */
+            kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
+            api->purge(st, ns, &key);
+            api->free(body);
+            count(0, 0, 0, 0, 1, 0, 0);
+        }
+    }
+
+    /* A miss: the driver's own linker, then load what it produced. */
+    void *cubin = NULL;
+    size_t clen = 0;
+    char *ilog = NULL;
+    uint64_t c0 = kc__now_ns();
+    rc = link_image(data, len, kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &r, &cubin, &clen,
+                    &ilog);
+    uint64_t compile_ns = kc__now_ns() - c0;
+    if (rc == CUDA_SUCCESS)
+        rc = load_cubin(c, cubin);
+    if (rc != CUDA_SUCCESS) {
+        /* Bad PTX, a linker that differs, out of memory: the driver answers
+         * the host's own call, logs and all. */
+        free(cubin);
+        free(ilog);
+        if (entered)
+            kc__guard_exit();
+        count(0, 0, 1, 0, 0, 0, 0);
+        return call_real(c);
+    }
+    size_t ilen = strlen(ilog);
+    req_finish(&r, c->val, ilog, ilen, t0);
+    uint64_t stores = 0;
+    if (st && !cfg->readonly) {
+        size_t blen;
+        void *body = record_make(ilog, ilen, cubin, clen, &blen);
+        if (body && api->put(st, ns, &key, NULL, KC_KIND_JIT, body, blen, compile_ns) == 0)
+            stores = 1;
+        free(body);
+    }
+    free(cubin);
+    free(ilog);
+    if (entered)
+        kc__guard_exit();
+    count(0, 1, 0, stores, 0, 0, compile_ns);
+    return CUDA_SUCCESS;
+}
+
+/* ---- exported wrappers ------------------------------------------------------------ */
+
+KC_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    struct load_call c = {.api = API_DATA, .mod = module, .image = image};
+    return jit_load(&c);
+}
+
+KC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
+                                      void **values)
+{
+    struct load_call c = {.api = API_DATA_EX, .mod = module, .image = image, .n = n, .opt = options, .val = values};
+    return jit_load(&c);
+}
+
+KC_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    struct load_call c = {.api = API_FATBIN, .mod = module, .image = fatCubin};
+    return jit_load(&c);
+}
+
+KC_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                     void **jitOptionsValues, unsigned int numJitOptions,
+                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                     unsigned int numLibraryOptions)
+{
+    struct load_call c = {.api = API_LIBRARY, .lib = library, .image = code, .n = numJitOptions,
+                          .opt = jitOptions, .val = jitOptionsValues, .lopt = libraryOptions,
+                          .lval = libraryOptionValues, .ln = numLibraryOptions};
+    return jit_load(&c);
+}
+
+KC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus)
+{
+    gpa_v2_fn f = (gpa_v2_fn)REAL(real_gpa_v2, "cuGetProcAddress_v2");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = f(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (rc == CUDA_SUCCESS && pfn && *pfn && !kc__guard_held())
+        *pfn = kc__swap(symbol, *pfn);
+    return rc;
+}
+
+KC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    gpa_fn f = (gpa_fn)REAL(real_gpa, "cuGetProcAddress");
+    if (!f)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = f(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS && pfn && *pfn && !kc__guard_held())
+        *pfn = kc__swap(symbol, *pfn);
+    return rc;
+}
+
+/* ---- the hook table ------------------------------------------------------------------ */
+
+/* Hidden aliases: the table points at our own code whatever the lookup
+ * order, at the exported function's address. */
+#define ALIAS(name) extern __typeof__(name) kc__w_##name __attribute__((alias(#name), visibility("hidden")));
+ALIAS(cuModuleLoadData)
+ALIAS(cuModuleLoadDataEx)
+ALIAS(cuModuleLoadFatBinary)
+ALIAS(cuLibraryLoadData)
+ALIAS(cuGetProcAddress_v2)
+ALIAS(cuGetProcAddress)
+
+#define HOOK(name, var) {#name, (void *)kc__w_##name, &var, KC_LIB_CUDA}
+#define MEMO_HOOK(name) {#name, (void *)kc__w_##name, &kc__real_##name, KC_LIB_CUDA},
+
+const struct kc__hook kc__driver_hooks[] = {
+    HOOK(cuModuleLoadData, real_load_data),
+    HOOK(cuModuleLoadDataEx, real_load_data_ex),
+    HOOK(cuModuleLoadFatBinary, real_load_fatbin),
+    HOOK(cuLibraryLoadData, real_lib_load),
+    HOOK(cuGetProcAddress_v2, real_gpa_v2),
+    HOOK(cuGetProcAddress, real_gpa),
+    KC_MEMO_WRAPPERS(MEMO_HOOK)
+    {NULL, NULL, NULL, 0},
+};

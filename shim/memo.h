@@ -1,0 +1,46 @@
+/*
+ * The driver path's internals shared by driver.c (interception, JIT cache)
+ * and memo.c (the context memo: function handles and the allocation pool).
+ * Not installed, not exported.
+ *
+ * Both files define __CUDA_API_VERSION_INTERNAL before including cuda.h so
+ * that the unversioned legacy names (cuCtxDestroy, cuDevicePrimaryCtxReset,
+ * ...) are declared with their own signatures and can be wrapped too.
+ */
+#ifndef KCACHE_MEMO_H
+#define KCACHE_MEMO_H
+
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include "shim.h"
+
+/* A real driver function that is not hooked (cuCtxGetCurrent, cuLinkCreate_v2,
+ * ...): found in the libcuda the host uses, which is the library any hooked
+ * real pointer lies in, else the next one in the global scope. NULL when no
+ * libcuda is loaded. Never goes through our dlsym. */
+void *kc__cu_real(const char *name);
+
+/* The real pointer behind one of our driver hooks, by its exported name;
+ * NULL when no real libcuda is loaded. */
+void *kc__cu_hooked_real(const char *name);
+
+/* Wrappers defined in memo.c, under hidden aliases so that the hook table in
+ * driver.c points at our own code whatever the symbol lookup order (the
+ * address is the exported function's, so dladdr names it correctly). */
+#define KC_MEMO_WRAPPERS(X)                                                                         \
+    X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuModuleUnload)          \
+    X(cuLibraryUnload) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)              \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)        \
+    X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2)
+
+#define KC_MEMO_ALIAS_DECL(name) extern __typeof__(name) kc__w_##name __attribute__((visibility("hidden")));
+KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)
+#undef KC_MEMO_ALIAS_DECL
+
+/* Where memo.c keeps the real pointers (filled by the hook machinery). */
+#define KC_MEMO_REAL_DECL(name) extern void *kc__real_##name __attribute__((visibility("hidden")));
+KC_MEMO_WRAPPERS(KC_MEMO_REAL_DECL)
+#undef KC_MEMO_REAL_DECL
+
+#endif
