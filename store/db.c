@@ -23,6 +23,7 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     rocksdb_block_based_options_set_block_cache(t, cache);
     rocksdb_block_based_options_set_filter_policy(t, rocksdb_filterpolicy_create_bloom_full(10));
     rocksdb_block_based_options_set_cache_index_and_filter_blocks(t, 0);
+    rocksdb_block_based_options_set_block_size(t, cf == KC__CF_BODIES ? 16384 : 4096);
     rocksdb_options_set_block_based_table_factory(o, t);
     rocksdb_block_based_options_destroy(t);
     rocksdb_options_set_info_log_level(o, 4 /* FATAL */);
@@ -31,14 +32,13 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     rocksdb_options_set_max_open_files(o, -1);
     rocksdb_options_set_write_buffer_size(o, cf == KC__CF_BODIES ? (32u << 20) : (8u << 20));
     if (cf == KC__CF_BODIES) {
+        /* Bodies in SST blocks, zstd-compressed, one value per block or
+         * a few small ones. Not BlobDB: RocksDB 7.8's secondary instance
+         * (ReactiveVersionSet) binds the blob cache key's db_id and
+         * db_session_id to temporaries, and a blob read through a
+         * secondary then reads freed memory (crashes seen here after the
+         * primary compacted). Revisit with RocksDB >= 8. */
         rocksdb_options_set_compression(o, 7 /* zstd */);
-        rocksdb_options_set_enable_blob_files(o, 1);
-        rocksdb_options_set_min_blob_size(o, 4096);
-        rocksdb_options_set_blob_file_size(o, 64u << 20);
-        rocksdb_options_set_blob_compression_type(o, 7 /* zstd */);
-        rocksdb_options_set_enable_blob_gc(o, 1);
-        rocksdb_options_set_blob_gc_age_cutoff(o, 0.5);
-        rocksdb_options_set_blob_gc_force_threshold(o, 0.5);
     } else {
         rocksdb_options_set_compression(o, 4 /* lz4 */);
     }

@@ -9,8 +9,10 @@
  *                    logs, s-* stop requests, t-* temp files being written
  *   DIR/sec/         one RocksDB secondary directory per reading process
  *   DIR/owner.lock   flock()ed by the owner for as long as it runs
- *   DIR/gen          8 bytes, mmap()ed: bumped by the owner after each
- *                    durable drain, so readers know when to catch up
+ *   DIR/gen          mmap()ed counters: u64 generation, bumped by the owner
+ *                    after each durable drain, so readers know when to catch
+ *                    up; u64 epoch, bumped when an owner session opens the
+ *                    primary, so readers reopen their secondary
  */
 #ifndef KCACHE_STORE_INTERNAL_H
 #define KCACHE_STORE_INTERNAL_H

@@ -951,6 +951,8 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         return rc;
     }
     map_gen(o);
+    if (o->gen != NULL)
+        __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* a new session */
     o->unique = count_unique(o);
     char *v;
     size_t vl;
@@ -964,6 +966,20 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     return 0;
 }
 
+/* Past the limit, evicts down to 90% of it (as ccache does, so the next
+ * few puts do not each evict). */
+static int enforce_limit(struct kc__owner *o)
+{
+    if (o->unique <= o->max_size)
+        return 0;
+    int rc = evict(o, o->max_size / 10 * 9, NULL, NULL, NULL);
+    if (rc == 0) {
+        prune_sources(o);
+        compact(o);
+    }
+    return rc;
+}
+
 int kc__owner_begin(const char *dir, uint64_t max_size, int wait_ms, struct kc__owner **out)
 {
     struct kc__owner *o;
@@ -971,6 +987,8 @@ int kc__owner_begin(const char *dir, uint64_t max_size, int wait_ms, struct kc__
     if (rc < 0)
         return rc;
     rc = kc__owner_drain(o, NULL);
+    if (rc == 0)
+        rc = enforce_limit(o);
     if (rc < 0) {
         kc__owner_end(o);
         return rc;
@@ -1052,13 +1070,8 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
             break;
         if (n > 0) {
             last_work = kc__mono_ns();
-            if (o->unique > o->max_size) {
-                rc = evict(o, o->max_size / 10 * 9, NULL, NULL, NULL);
-                if (rc < 0)
-                    break;
-                prune_sources(o);
-                compact(o);
-            }
+            if ((rc = enforce_limit(o)) < 0)
+                break;
         }
         if (o->stop)
             break;

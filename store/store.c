@@ -153,6 +153,7 @@ struct kc_store {
     int rd_ready;
     char secpath[PATH_MAX];
     uint64_t caught_gen;
+    uint64_t rd_epoch;
     uint64_t next_open_ns;
     volatile uint64_t *gen;
 
@@ -366,6 +367,17 @@ static uint64_t gen_read(struct kc_store *st)
     return __atomic_load_n(st->gen, __ATOMIC_ACQUIRE);
 }
 
+/* The owner session counter, bumped each time a process opens the primary.
+ * A secondary that saw one session's WAL is reopened rather than caught up
+ * across sessions: RocksDB 7.8's catch-up can keep a memtable replayed from
+ * the old WAL whose entries the new session deleted and compacted away. */
+static uint64_t epoch_read(struct kc_store *st)
+{
+    if (st->gen == NULL)
+        gen_read(st);
+    return st->gen ? __atomic_load_n(st->gen + 1, __ATOMIC_ACQUIRE) : 0;
+}
+
 static void reader_drop(struct kc_store *st)
 {
     __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
@@ -400,6 +412,7 @@ static int reader_open(struct kc_store *st)
             return rc;
         }
     }
+    st->rd_epoch = epoch_read(st);
     int rc = kc__db_open(&st->rd, st->p.db, st->secpath, NULL);
     if (rc < 0) {
         kc__rm_rf(st->secpath);
@@ -419,15 +432,19 @@ static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
     bool ok = false;
     if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE)) {
         uint64_t now = kc__mono_ns();
-        if (force || now >= st->next_open_ns) {
-            if (reader_open(st) == 0)
-                st->caught_gen = g;
-            else
+        /* A failed open is retried when the owner committed something
+         * since, or after a while. */
+        if (force || g != st->caught_gen || now >= st->next_open_ns) {
+            if (reader_open(st) != 0)
                 st->next_open_ns = now + OPEN_RETRY_NS;
+            st->caught_gen = g;
         }
     } else if (force || g != st->caught_gen) {
         char *err = NULL;
-        rocksdb_try_catch_up_with_primary(st->rd.db, &err);
+        if (epoch_read(st) != st->rd_epoch)
+            err = strdup("a new owner session");
+        else
+            rocksdb_try_catch_up_with_primary(st->rd.db, &err);
         if (err != NULL) {
             free(err);
             /* A secondary that cannot follow is replaced. */

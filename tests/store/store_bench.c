@@ -1,0 +1,163 @@
+/*
+ * store-bench: fills a store with PTX-like artifacts of realistic sizes
+ * (1-64 KB, median ~8 KB) and measures random gets.
+ *
+ *   store-bench [--entries N] [--dir D] [--gets G] [--keep]
+ *
+ * Prints one line per measure, `name value unit`, then a summary line:
+ *   store-bench: entries=N get_p50_us=.. get_p99_us=.. raw_bytes=.. disk_bytes=.. ratio=..
+ * Without --dir it uses a fresh temp directory and removes it afterwards.
+ */
+#include "ptxgen.h"
+#include "store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static kc_key key_of(uint64_t i)
+{
+    return (kc_key){.id = {.lo = i * 0x9e3779b97f4a7c15ull, .hi = i}, .build = 1};
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t entries = 10000, gets = 2000;
+    const char *dir = NULL;
+    int keep = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--entries") == 0 && i + 1 < argc)
+            entries = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--gets") == 0 && i + 1 < argc)
+            gets = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--keep") == 0)
+            keep = 1;
+        else {
+            fprintf(stderr, "usage: store-bench [--entries N] [--gets G] [--dir D] [--keep]\n");
+            return 2;
+        }
+    }
+    char tmp[] = "/tmp/kc-bench-XXXXXX";
+    if (dir == NULL) {
+        if (mkdtemp(tmp) == NULL)
+            return 1;
+        dir = tmp;
+    } else {
+        keep = 1;
+    }
+    const struct kc_store_api *api = kc_store_api();
+    const char *NS = "bench/sm_90";
+    struct kc_store_options o = {.dir = dir, .max_size = 1ull << 40, .tool = "/bin/true"};
+    struct kc_store *st;
+    int rc = api->open(&o, &st);
+    if (rc < 0) {
+        fprintf(stderr, "store-bench: open %s: %s\n", dir, strerror(-rc));
+        return 1;
+    }
+
+    /* Fill, draining in-process as we go (the owner's work, timed apart). */
+    uint64_t raw = 0, t0 = now_ns(), put_ns = 0, drain_ns = 0;
+    uint64_t sz_seed = 12345;
+    for (uint64_t i = 0; i < entries; i++) {
+        size_t len = ptxgen_size(&sz_seed);
+        char *body = ptxgen(i, len);
+        kc_key k = key_of(i);
+        uint64_t a = now_ns();
+        rc = api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, len, 1000000);
+        put_ns += now_ns() - a;
+        free(body);
+        if (rc < 0) {
+            fprintf(stderr, "store-bench: put: %s\n", strerror(-rc));
+            return 1;
+        }
+        raw += len;
+        if ((i + 1) % 2000 == 0 || i + 1 == entries) {
+            a = now_ns();
+            rc = api->drain(st, 30000);
+            drain_ns += now_ns() - a;
+            if (rc < 0) {
+                fprintf(stderr, "store-bench: drain: %s\n", strerror(-rc));
+                return 1;
+            }
+        }
+    }
+    uint64_t fill_ns = now_ns() - t0;
+    api->close(st);
+
+    /* A fresh handle, as a new process would have: the secondary opens on
+     * the first get (timed apart), then random gets. */
+    rc = api->open(&o, &st);
+    if (rc < 0)
+        return 1;
+    uint64_t *lat = calloc(gets ? gets : 1, sizeof *lat);
+    uint64_t s = 99, first_ns = 0;
+    for (uint64_t g = 0; g <= gets; g++) {
+        uint64_t i = entries ? ptxgen_next(&s) % entries : 0;
+        kc_key k = key_of(i);
+        void *b = NULL;
+        size_t n = 0;
+        uint64_t a = now_ns();
+        rc = api->get(st, NS, &k, &b, &n, NULL);
+        uint64_t dt = now_ns() - a;
+        if (rc < 0 && entries > 0) {
+            fprintf(stderr, "store-bench: get %" PRIu64 ": %s\n", i, strerror(-rc));
+            return 1;
+        }
+        api->free(b);
+        if (g == 0)
+            first_ns = dt;
+        else
+            lat[g - 1] = dt;
+    }
+    qsort(lat, gets, sizeof *lat, cmp_u64);
+    double p50 = gets ? lat[gets / 2] / 1000.0 : 0, p99 = gets ? lat[gets * 99 / 100] / 1000.0 : 0;
+    struct kc_store_stats *stt;
+    uint64_t disk = 0, unique = 0;
+    if (api->stats(st, &stt) == 0) {
+        disk = stt->disk_bytes;
+        unique = stt->unique_bytes;
+        api->stats_free(stt);
+    }
+    api->close(st);
+
+    printf("entries %" PRIu64 "\n", entries);
+    printf("fill %.2f s\n", fill_ns / 1e9);
+    printf("put_mean %.1f us\n", entries ? put_ns / 1e3 / (double)entries : 0);
+    printf("drain_total %.2f s\n", drain_ns / 1e9);
+    printf("first_get %.1f us\n", first_ns / 1e3);
+    printf("get_p50 %.1f us\n", p50);
+    printf("get_p99 %.1f us\n", p99);
+    printf("raw_bytes %" PRIu64 " B\n", raw);
+    printf("unique_bytes %" PRIu64 " B\n", unique);
+    printf("disk_bytes %" PRIu64 " B\n", disk);
+    printf("store-bench: entries=%" PRIu64 " get_p50_us=%.1f get_p99_us=%.1f raw_bytes=%" PRIu64
+           " disk_bytes=%" PRIu64 " ratio=%.2f\n",
+           entries, p50, p99, raw, disk, disk ? (double)raw / (double)disk : 0.0);
+    free(lat);
+    if (!keep) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+            return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,685 @@
+/*
+ * test_store.c: the store's behaviour in one process (suite `store`).
+ *
+ * Each test has its own cache directory. The store is opened with a tool
+ * that does nothing (/bin/true), so no background owner runs; tests drain
+ * the spool explicitly with api->drain(), which makes every step
+ * deterministic. The multi-process behaviour is in test_multiproc.c.
+ */
+#include "internal.h"
+#include "ptxgen.h"
+#include "store.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const struct kc_store_api *api;
+static char dir[256];
+
+static void setup(void)
+{
+    api = kc_store_api();
+    snprintf(dir, sizeof dir, "/tmp/kc-store-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    chmod(dir, 0700);
+}
+
+static void teardown(void)
+{
+    kc__rm_rf(dir);
+}
+
+TestSuite(store, .init = setup, .fini = teardown, .timeout = 60);
+
+static struct kc_store *open_at(const char *d, int readonly, uint64_t max)
+{
+    struct kc_store_options o = {.dir = d, .readonly = readonly, .max_size = max,
+                                 .tool = "/bin/true"};
+    struct kc_store *st = NULL;
+    int rc = api->open(&o, &st);
+    cr_assert_eq(rc, 0, "open %s: %s", d, strerror(-rc));
+    return st;
+}
+
+static kc_key key(uint64_t id, uint64_t build)
+{
+    return (kc_key){.id = {.lo = id, .hi = ~id}, .build = build};
+}
+
+static kc_digest digest(const char *s)
+{
+    return kc__digest_of(s, strlen(s));
+}
+
+static const char *NS = "nvrtc/sm_90/test";
+
+static void put_str(struct kc_store *st, const kc_key *k, const char *src, const char *body)
+{
+    kc_digest d = src ? digest(src) : (kc_digest){0};
+    int rc = api->put(st, NS, k, src ? &d : NULL, KC_KIND_BLOB, body, strlen(body), 42);
+    cr_assert_eq(rc, 0, "put: %s", strerror(-rc));
+}
+
+/* The body under k as a string, or NULL on a miss. */
+static char *get_str(struct kc_store *st, const kc_key *k)
+{
+    void *b = NULL;
+    size_t n = 0;
+    int rc = api->get(st, NS, k, &b, &n, NULL);
+    if (rc == -ENOENT)
+        return NULL;
+    cr_assert_eq(rc, 0, "get: %s", strerror(-rc));
+    char *s = malloc(n + 1);
+    memcpy(s, b, n);
+    s[n] = 0;
+    api->free(b);
+    return s;
+}
+
+static void drain(struct kc_store *st)
+{
+    int rc = api->drain(st, 5000);
+    cr_assert_eq(rc, 0, "drain: %s", strerror(-rc));
+}
+
+static void expect_body(struct kc_store *st, const kc_key *k, const char *want)
+{
+    char *got = get_str(st, k);
+    cr_assert_not_null(got, "miss, expected \"%s\"", want);
+    cr_assert_str_eq(got, want);
+    free(got);
+}
+
+static void expect_miss(struct kc_store *st, const kc_key *k, const char *why)
+{
+    char *got = get_str(st, k);
+    cr_assert_null(got, "%s: got \"%s\"", why, got ? got : "");
+}
+
+Test(store, put_then_get_pending_drained_and_fresh)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1);
+    put_str(st, &k, NULL, "artifact one");
+    expect_body(st, &k, "artifact one"); /* from the spool */
+    drain(st);
+    expect_body(st, &k, "artifact one"); /* from the database */
+    api->close(st);
+    st = open_at(dir, 0, 0);
+    struct kc_record_info info;
+    void *b;
+    size_t n;
+    cr_assert_eq(api->get(st, NS, &k, &b, &n, &info), 0);
+    api->free(b);
+    cr_assert_eq(info.kind, KC_KIND_BLOB);
+    cr_assert_eq(info.format, KC_FORMAT_VERSION);
+    cr_assert_eq(info.body_size, strlen("artifact one"));
+    cr_assert_eq(info.saved_ns, 42);
+    cr_assert(info.created > 1600000000);
+    kc_key other = key(2, 1);
+    expect_miss(st, &other, "never written");
+    api->close(st);
+}
+
+/* The seed's kernels_sharing_a_source_each_keep_it, with the sources map
+ * read from the spool (no drain) and from the database (drained). */
+Test(store, kernels_sharing_a_source_each_keep_it)
+{
+    for (int drained = 0; drained < 2; drained++) {
+        struct kc_store *st = open_at(dir, 0, 0);
+        const uint64_t build = 77;
+        kc_key kernels[3] = {key(100 + 10 * drained, build), key(101 + 10 * drained, build),
+                             key(102 + 10 * drained, build)};
+        const char *src = drained ? "shared-2" : "shared";
+        put_str(st, &kernels[0], src, "7");
+        if (drained) {
+            drain(st);
+            api->close(st);
+            st = open_at(dir, 0, 0); /* nothing in memory from the put */
+        }
+        for (int i = 1; i < 3; i++) {
+            kc_digest d = digest(src);
+            void *b = NULL;
+            size_t n = 0;
+            kc_key found;
+            int rc = api->take_by_source(st, NS, &d, build, &b, &n, &found);
+            cr_assert_eq(rc, 0, "kept by source: %s", strerror(-rc));
+            cr_assert_eq(n, 1);
+            cr_assert_eq(((char *)b)[0], '7');
+            cr_assert_eq(api->put(st, NS, &kernels[i], &d, KC_KIND_BLOB, b, n, 0), 0);
+            api->free(b);
+            if (drained)
+                drain(st);
+        }
+        for (int i = 0; i < 3; i++)
+            expect_body(st, &kernels[i], "7");
+        drain(st);
+        api->close(st);
+        st = open_at(dir, 0, 0);
+        for (int i = 0; i < 3; i++)
+            expect_body(st, &kernels[i], "7");
+        api->close(st);
+    }
+}
+
+/* The seed's an_earlier_build_is_moved. */
+Test(store, an_earlier_build_is_moved)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    const uint64_t current = 2, earlier = 1;
+    kc_key kernel_then = key(5, earlier);
+    put_str(st, &kernel_then, "shared", "7");
+
+    kc_digest d = digest("shared");
+    void *b = NULL;
+    size_t n = 0;
+    kc_key found;
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(((char *)b)[0], '7');
+    cr_assert_eq(found.build, earlier);
+    api->free(b);
+    expect_miss(st, &kernel_then, "moved out");
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), -ENOENT,
+                 "the sources entry moved too");
+
+    /* And for everyone else, once the owner has applied it. */
+    drain(st);
+    api->close(st);
+    st = open_at(dir, 0, 0);
+    expect_miss(st, &kernel_then, "moved out, seen by a fresh process");
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), -ENOENT);
+    api->close(st);
+}
+
+Test(store, identical_bodies_are_stored_once)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    char *big = ptxgen(1, 20000), *other = ptxgen(2, 10000);
+    for (uint64_t i = 0; i < 3; i++) {
+        kc_key k = key(i, 1);
+        cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_BLOB, big, 20000, 0), 0);
+    }
+    kc_key k3 = key(3, 1);
+    cr_assert_eq(api->put(st, "jit/sm_90", &k3, NULL, KC_KIND_JIT, other, 10000, 0), 0);
+    drain(st);
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 4);
+    cr_assert_eq(s->raw_bytes, 70000);
+    cr_assert_eq(s->unique_bytes, 30000, "unique %llu", (unsigned long long)s->unique_bytes);
+    cr_assert_eq(s->n_ns, 2);
+    cr_assert_eq(s->spool_entries, 0);
+    api->stats_free(s);
+    /* Dropping two of the three keeps the body for the third. */
+    for (uint64_t i = 0; i < 2; i++) {
+        kc_key k = key(i, 1);
+        cr_assert_eq(api->purge(st, NS, &k), 0);
+    }
+    drain(st);
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 2);
+    cr_assert_eq(s->unique_bytes, 30000);
+    api->stats_free(s);
+    kc_key k2 = key(2, 1);
+    void *b;
+    size_t n;
+    cr_assert_eq(api->get(st, NS, &k2, &b, &n, NULL), 0);
+    cr_assert_eq(n, 20000);
+    cr_assert(memcmp(b, big, n) == 0);
+    api->free(b);
+    api->close(st);
+    free(big);
+    free(other);
+}
+
+/* Replaces the body stored for `k` with same-length bytes that fail the
+ * record's checksum, straight in the primary. */
+static void corrupt_body(const kc_key *k)
+{
+    struct kc__owner *o;
+    cr_assert_eq(kc__owner_begin(dir, 0, 5000, &o), 0);
+    struct kc__db *d = kc__owner_db(o);
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(NS, k, kk);
+    char *kv;
+    size_t kvl;
+    cr_assert_eq(kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl), 0);
+    char *bv;
+    size_t bvl;
+    cr_assert_eq(kc__db_get(d, KC__CF_BODIES, kv + KC__HDR_LEN, 16, &bv, &bvl), 0);
+    bv[bvl / 2] ^= 0x20;
+    char *err = NULL;
+    rocksdb_put_cf(d->db, d->wo_sync, d->cf[KC__CF_BODIES], kv + KC__HDR_LEN, 16, bv, bvl,
+                   &err);
+    cr_assert_null(err);
+    free(kv);
+    free(bv);
+    kc__owner_end(o);
+}
+
+Test(store, a_record_failing_its_checksum_is_a_miss_and_purged)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(9, 1), good = key(10, 1);
+    char *body = ptxgen(9, 12000);
+    cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, 12000, 0), 0);
+    put_str(st, &good, NULL, "fine");
+    drain(st);
+    api->close(st);
+
+    corrupt_body(&k);
+    st = open_at(dir, 0, 0);
+    expect_miss(st, &k, "bad checksum");
+    expect_body(st, &good, "fine");
+    drain(st); /* applies the purge the miss requested */
+
+    struct kc_verify_report r;
+    cr_assert_eq(api->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(r.bad, 0, "purged: nothing bad left");
+    cr_assert_eq(r.checked, 1);
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 1);
+    cr_assert_eq(s->unique_bytes, 4, "the bad body went with its only entry");
+    api->stats_free(s);
+
+    /* Compiled again, it is stored whole again. */
+    cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, 12000, 0), 0);
+    drain(st);
+    void *b;
+    size_t n;
+    cr_assert_eq(api->get(st, NS, &k, &b, &n, NULL), 0);
+    cr_assert(n == 12000 && memcmp(b, body, n) == 0);
+    api->free(b);
+    api->close(st);
+    free(body);
+}
+
+Test(store, verify_repairs_what_it_finds)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(11, 1);
+    char *body = ptxgen(11, 9000);
+    cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, 9000, 0), 0);
+    drain(st);
+    api->close(st);
+    corrupt_body(&k);
+    /* A spool file with flipped bytes, as a full disk might leave one. */
+    char path[512];
+    snprintf(path, sizeof path, "%s/spool/p-00000000000000000000000000000000", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, "KCS1garbage", 11), 11);
+    close(fd);
+
+    st = open_at(dir, 0, 0);
+    struct kc_verify_report r;
+    cr_assert_eq(api->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(r.checked, 1);
+    cr_assert_eq(r.bad, 1);
+    cr_assert_eq(r.spool_bad, 1);
+    cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+    cr_assert_eq(r.bad, 1);
+    cr_assert_eq(r.purged, 1);
+    cr_assert_eq(r.spool_bad, 1);
+    cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+    cr_assert_eq(r.bad + r.spool_bad, 0, "all repaired");
+    cr_assert_eq(r.checked, 0);
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->unique_bytes, 0);
+    api->stats_free(s);
+    api->close(st);
+    free(body);
+}
+
+static size_t count_files(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return 0;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        n++;
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+        struct stat sb;
+        if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
+            n += count_files(sub);
+    }
+    closedir(d);
+    return n;
+}
+
+Test(store, readonly_reads_and_writes_nothing)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1), p = key(2, 1);
+    put_str(st, &k, NULL, "drained");
+    drain(st);
+    put_str(st, &p, NULL, "pending");
+    api->close(st);
+
+    size_t before = count_files(dir);
+    st = open_at(dir, 1, 0);
+    expect_body(st, &k, "drained");
+    expect_body(st, &p, "pending");
+    cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_BLOB, "x", 1, 0), -EROFS);
+    kc_key miss = key(3, 1);
+    expect_miss(st, &miss, "never written");
+    struct kc_counters c = {.hits = 1};
+    api->count(st, "nvrtc", &c);
+    cr_assert_eq(api->flush(st), 0);
+    cr_assert_eq(api->gc(st, 0, NULL, NULL, NULL), -EROFS);
+    api->close(st);
+    cr_assert_eq(count_files(dir), before, "a read-only store wrote into the cache directory");
+
+    /* A missing directory stays missing. */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/not/there", dir);
+    st = open_at(missing, 1, 0);
+    expect_miss(st, &k, "empty");
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 0);
+    api->stats_free(s);
+    api->close(st);
+    struct stat sb;
+    cr_assert_neq(stat(missing, &sb), 0);
+}
+
+Test(store, eviction_removes_the_least_recently_hit)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key a = key(1, 1), b = key(2, 1), c = key(3, 1);
+    char *ba = ptxgen(1, 10000), *bb = ptxgen(2, 10000), *bc = ptxgen(3, 10000);
+    cr_assert_eq(api->put(st, NS, &a, NULL, KC_KIND_BLOB, ba, 10000, 0), 0);
+    cr_assert_eq(api->put(st, NS, &b, NULL, KC_KIND_BLOB, bb, 10000, 0), 0);
+    cr_assert_eq(api->put(st, NS, &c, NULL, KC_KIND_BLOB, bc, 10000, 0), 0);
+    drain(st);
+    /* a is the oldest, but a hit makes it the most recent. */
+    void *p;
+    size_t n;
+    cr_assert_eq(api->get(st, NS, &a, &p, &n, NULL), 0);
+    api->free(p);
+    drain(st); /* flushes the hit log and folds it in */
+    struct kc_gc_report r;
+    cr_assert_eq(api->gc(st, 25000, &r, NULL, NULL), 0);
+    cr_assert_eq(r.evicted, 1);
+    cr_assert_eq(r.bytes_before, 30000);
+    cr_assert_eq(r.bytes_after, 20000);
+    api->close(st);
+    st = open_at(dir, 0, 0);
+    cr_assert_eq(api->get(st, NS, &a, &p, &n, NULL), 0, "hit, so kept");
+    api->free(p);
+    cr_assert_eq(api->get(st, NS, &b, &p, &n, NULL), -ENOENT, "least recently hit");
+    cr_assert_eq(api->get(st, NS, &c, &p, &n, NULL), 0);
+    api->free(p);
+    struct kc_record_info info;
+    cr_assert_eq(api->get(st, NS, &a, &p, &n, &info), 0);
+    api->free(p);
+    cr_assert_eq(info.hits, 1);
+    cr_assert(info.last_hit >= info.created);
+    api->close(st);
+
+    /* The owner enforces the limit by itself after a drain. */
+    st = open_at(dir, 0, 15000);
+    drain(st);
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert(s->unique_bytes <= 15000, "unique %llu", (unsigned long long)s->unique_bytes);
+    api->stats_free(s);
+    api->close(st);
+    free(ba);
+    free(bb);
+    free(bc);
+}
+
+Test(store, a_directory_others_can_write_is_refused)
+{
+    struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
+    struct kc_store *st = NULL;
+    chmod(dir, 0777);
+    cr_assert_eq(api->open(&o, &st), -EPERM);
+    chmod(dir, 0770);
+    cr_assert_eq(api->open(&o, &st), -EPERM);
+    o.readonly = 1;
+    cr_assert_eq(api->open(&o, &st), -EPERM, "read-only too: it would read planted kernels");
+    o.readonly = 0;
+    chmod(dir, 0700);
+    cr_assert_eq(api->open(&o, &st), 0);
+    api->close(st);
+    /* A spool others can write is refused too. */
+    char spool[300];
+    snprintf(spool, sizeof spool, "%s/spool", dir);
+    chmod(spool, 0733);
+    cr_assert_eq(api->open(&o, &st), -EPERM);
+    chmod(spool, 0700);
+    /* A file where the directory should be. */
+    char file[300];
+    snprintf(file, sizeof file, "%s/file", dir);
+    close(open(file, O_CREAT | O_WRONLY, 0600));
+    o.dir = file;
+    cr_assert_eq(api->open(&o, &st), -ENOTDIR);
+    if (geteuid() == 0) {
+        char theirs[300];
+        snprintf(theirs, sizeof theirs, "%s/theirs", dir);
+        cr_assert_eq(mkdir(theirs, 0700), 0);
+        cr_assert_eq(chown(theirs, 65534, 65534), 0);
+        o.dir = theirs;
+        cr_assert_eq(api->open(&o, &st), -EPERM, "owned by another user");
+    }
+    /* A new directory is created private. */
+    char fresh[300];
+    snprintf(fresh, sizeof fresh, "%s/a/b", dir);
+    o.dir = fresh;
+    cr_assert_eq(api->open(&o, &st), 0);
+    api->close(st);
+    struct stat sb;
+    cr_assert_eq(stat(fresh, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0700);
+}
+
+Test(store, a_planted_symlink_is_never_followed)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1);
+    char victim[300], link[600], name[40];
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    int fd = open(victim, O_CREAT | O_WRONLY, 0600);
+    cr_assert_eq(write(fd, "precious", 8), 8);
+    close(fd);
+    /* The spool name of k, as the store derives it. */
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(NS, &k, kk);
+    kc_digest d = kc__digest_of(kk, kl);
+    unsigned char b[16];
+    kc__digest_encode(&d, b);
+    name[0] = 'p';
+    name[1] = '-';
+    kc__hex(b, 16, name + 2);
+    snprintf(link, sizeof link, "%s/spool/%s", dir, name);
+    cr_assert_eq(symlink(victim, link), 0);
+    expect_miss(st, &k, "a symlink is not a spool file");
+    put_str(st, &k, NULL, "mine");
+    char buf[16] = {0};
+    fd = open(victim, O_RDONLY);
+    cr_assert_eq(read(fd, buf, sizeof buf), 8);
+    close(fd);
+    cr_assert_str_eq(buf, "precious");
+    expect_body(st, &k, "mine");
+    api->close(st);
+}
+
+static int count_cb(const struct kc_entry *e, void *arg)
+{
+    (void)e;
+    (*(int *)arg)++;
+    return 0;
+}
+
+Test(store, tool_operations_work_on_an_empty_or_missing_directory)
+{
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/missing", dir);
+    for (int i = 0; i < 2; i++) {
+        struct kc_store *st = open_at(i == 0 ? dir : missing, 0, 0);
+        struct kc_store_stats *s;
+        cr_assert_eq(api->stats(st, &s), 0);
+        cr_assert_eq(s->entries + s->raw_bytes + s->unique_bytes + s->spool_entries, 0);
+        cr_assert_eq(s->max_size, KC_DEFAULT_MAX_SIZE);
+        api->stats_free(s);
+        int n = 0;
+        cr_assert_eq(api->foreach(st, NULL, count_cb, &n), 0);
+        cr_assert_eq(n, 0);
+        struct kc_verify_report r;
+        cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+        cr_assert_eq(r.checked, 0);
+        struct kc_gc_report g;
+        cr_assert_eq(api->gc(st, 0, &g, NULL, NULL), 0);
+        cr_assert_eq(g.evicted, 0);
+        cr_assert_eq(api->clear(st), 0);
+        api->close(st);
+    }
+}
+
+Test(store, foreach_stats_and_clear)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    for (uint64_t i = 0; i < 5; i++) {
+        kc_key k = key(i, 1);
+        put_str(st, &k, NULL, i % 2 ? "odd" : "even");
+    }
+    drain(st);
+    kc_key pend = key(99, 1);
+    put_str(st, &pend, NULL, "pending");
+    struct kc_counters c = {.hits = 3, .misses = 2, .stores = 1, .saved_ns = 5};
+    api->count(st, "nvrtc", &c);
+    api->count(st, "nvrtc", &c);
+    api->count(st, "jit", &c);
+    cr_assert_eq(api->flush(st), 0);
+    int n = 0;
+    cr_assert_eq(api->foreach(st, NS, count_cb, &n), 0);
+    cr_assert_eq(n, 6);
+    n = 0;
+    cr_assert_eq(api->foreach(st, "other", count_cb, &n), 0);
+    cr_assert_eq(n, 0);
+    struct kc_store_stats *s;
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 5);
+    cr_assert_eq(s->spool_entries, 1);
+    cr_assert_eq(s->unique_bytes, 7);
+    int seen = 0;
+    for (size_t i = 0; i < s->n_backends; i++)
+        if (strcmp(s->backends[i].backend, "nvrtc") == 0) {
+            cr_assert_eq(s->backends[i].c.hits, 6);
+            cr_assert_eq(s->backends[i].c.misses, 4);
+            seen = 1;
+        }
+    cr_assert(seen, "counters not reported before the drain");
+    api->stats_free(s);
+    drain(st);
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries, 6);
+    for (size_t i = 0; i < s->n_backends; i++)
+        if (strcmp(s->backends[i].backend, "jit") == 0)
+            cr_assert_eq(s->backends[i].c.hits, 3);
+    api->stats_free(s);
+    cr_assert_eq(api->clear(st), 0);
+    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(s->entries + s->unique_bytes, 0);
+    api->stats_free(s);
+    kc_key k0 = key(0, 1);
+    expect_miss(st, &k0, "cleared");
+    api->close(st);
+}
+
+Test(store, a_forked_child_reopens_its_own_handles)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1), k2 = key(2, 1);
+    put_str(st, &k, NULL, "before fork");
+    drain(st);
+    expect_body(st, &k, "before fork"); /* the parent's secondary is open */
+    pid_t pid = fork();
+    if (pid == 0) {
+        api->after_fork_child(st);
+        void *b;
+        size_t n;
+        int ok = api->get(st, NS, &k, &b, &n, NULL) == 0 && n == 11;
+        kc_key ck = key(2, 1);
+        ok = ok && api->put(st, NS, &ck, NULL, KC_KIND_BLOB, "child", 5, 0) == 0;
+        api->close(st);
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    expect_body(st, &k2, "child");
+    expect_body(st, &k, "before fork");
+    api->close(st);
+}
+
+Test(store, parse_record_takes_any_bytes)
+{
+    unsigned char rec[KC__HDR_LEN + 100];
+    struct kc__hdr h = {.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = 100};
+    memset(rec + KC__HDR_LEN, 'x', 100);
+    h.body_xxh = kc__body_xxh(rec + KC__HDR_LEN, 100);
+    kc__hdr_encode(&h, rec);
+    struct kc_record_info info;
+    const void *body;
+    size_t blen;
+    cr_assert_eq(api->parse_record(rec, sizeof rec, &info, &body, &blen), 0);
+    cr_assert_eq(blen, 100);
+    cr_assert_eq(body, rec + KC__HDR_LEN);
+    for (size_t i = 0; i < sizeof rec; i++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            rec[i] ^= (unsigned char)(1 << bit);
+            cr_assert_eq(api->parse_record(rec, sizeof rec, &info, &body, &blen), -EBADMSG,
+                         "flipped byte %zu accepted", i);
+            rec[i] ^= (unsigned char)(1 << bit);
+        }
+    }
+    for (size_t n = 0; n < sizeof rec; n++)
+        cr_assert_eq(api->parse_record(rec, n, &info, &body, &blen), -EBADMSG);
+    cr_assert_eq(api->parse_record(NULL, 0, &info, &body, &blen), -EBADMSG);
+    uint64_t s = 1;
+    unsigned char junk[512];
+    for (int t = 0; t < 2000; t++) {
+        size_t n = ptxgen_next(&s) % sizeof junk;
+        for (size_t i = 0; i < n; i++)
+            junk[i] = (unsigned char)ptxgen_next(&s);
+        cr_assert_eq(api->parse_record(junk, n, &info, &body, &blen), -EBADMSG);
+    }
+}
+
+Test(store, bad_arguments_are_refused)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1);
+    void *b;
+    size_t n;
+    cr_assert_eq(api->get(st, "", &k, &b, &n, NULL), -EINVAL);
+    cr_assert_eq(api->get(st, NULL, &k, &b, &n, NULL), -EINVAL);
+    char longns[200];
+    memset(longns, 'a', sizeof longns - 1);
+    longns[sizeof longns - 1] = 0;
+    cr_assert_eq(api->put(st, longns, &k, NULL, KC_KIND_BLOB, "x", 1, 0), -EINVAL);
+    cr_assert_eq(api->put(st, NS, &k, NULL, 99, "x", 1, 0), -EINVAL);
+    cr_assert_eq(api->purge(st, NS, &k), -ENOENT);
+    api->close(NULL);
+    api->close(st);
+}
