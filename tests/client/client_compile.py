@@ -85,7 +85,8 @@ def core_cases(d, with_ptx):
 
     compile_("saxpy.cubin", SAXPY, "cubin", arch="sm_90", name="saxpy")
     if with_ptx:
-        compile_("saxpy.ptx", SAXPY, "ptx", arch="sm_90", name="saxpy")
+        # Another name: the same NVRTC compile as the CUBIN one would hit.
+        compile_("saxpy.ptx", SAXPY, "ptx", arch="sm_90", name="saxpy_ptx")
     compile_("complex.cubin", COMPLEX, "cubin", arch="sm_90", std="c++17",
              include_path=[CCCL], name="complex")
     compile_("templates.cubin", TEMPLATES, "cubin",
