@@ -10,9 +10,28 @@ if store_is_stub; then
     exit 77
 fi
 
+# No process may start an owner in the background: one that lingered would
+# drain the spool under the corruption check below. kc-populate --drain and
+# the tool's verify/gc/clear become the owner themselves.
+export KCACHE_TOOL=/nonexistent/kcache
 D="$T/cache"
-"$POP" "$D" 6 --drain >"$T/keys" || { echo "kc-populate failed" >&2; exit 1; }
+"$POP" "$D" 6 --no-owner >"$T/keys" || { echo "kc-populate failed" >&2; exit 1; }
 [ "$(wc -l <"$T/keys")" -eq 6 ] && ok || fail "kc-populate printed $(wc -l <"$T/keys") keys"
+
+# --- owner: drains the spool and exits when idle -----------------------------
+run "$KC" --dir "$D" ls
+[ "$(printf '%s\n' "$out" | grep -c ' pending$')" -eq 6 ] && ok || fail "6 entries pending before the owner: $out"
+run "$KC" owner --dir "$D" --idle-ms 0
+expect_rc 0 "owner --idle-ms 0"
+expect_err_empty "owner"
+run "$KC" --dir "$D" ls
+[ "$(printf '%s\n' "$out" | grep -c ' pending$')" -eq 0 ] && ok || fail "nothing pending after the owner: $out"
+run "$KC" owner --dir "$T/afile-owner/x" --idle-ms 0
+expect_rc 0 "owner creates a missing directory"
+echo x >"$T/afile"
+run "$KC" owner --dir "$T/afile" --idle-ms 0
+expect_rc 1 "owner on a file"
+expect_one_line_error "kcache: error: " "owner on a file"
 
 # --- ls ---------------------------------------------------------------------
 run "$KC" --dir "$D" ls
@@ -106,7 +125,7 @@ n=$(printf '%s\n' "$out" | grep -c .)
 [ "$n" -lt 6 ] && ok || fail "gc --max-size 1 left $n entries"
 
 # --- clear ------------------------------------------------------------------
-"$POP" "$D" 4 >/dev/null || fail "repopulate"
+"$POP" "$D" 4 --no-owner >/dev/null || fail "repopulate"
 run "$KC" --dir "$D" clear
 expect_rc 0 "clear"
 run "$KC" --dir "$D" ls
