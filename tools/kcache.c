@@ -188,7 +188,7 @@ static void progress_cb(uint64_t done, uint64_t total, void *arg)
         if (p->shown && done - p->last_done < 100)
             return;
         p->last_done = done;
-        fprintf(stderr, "\r%s: %" PRIu64, p->what, done);
+        fprintf(stderr, "\r%s: %" PRIu64 " records", p->what, done);
     }
     p->shown = true;
 }

@@ -113,6 +113,21 @@ else
     fail "could not corrupt a record (no spool put file under $D/spool)"
 fi
 
+# --- progress: on a terminal only -------------------------------------------
+if command -v script >/dev/null 2>&1; then
+    P="$T/progress"
+    "$POP" "$P" 8 --drain --no-owner >/dev/null 2>&1 || fail "kc-populate of 8 records"
+    script -qec "'$KC' --dir '$P' gc --max-size 1 >/dev/null" "$T/typescript" >/dev/null 2>&1
+    grep -q $'\rgc: ' "$T/typescript" && ok || fail "gc shows progress on a terminal: $(cat -v "$T/typescript")"
+    "$POP" "$P" 8 --drain --no-owner >/dev/null 2>&1 || fail "kc-populate of 8 records"
+    run "$KC" --dir "$P" gc --max-size 1
+    expect_rc 0 "gc of 8 records"
+    expect_out_match '^evicted [1-9]' "gc of 8 records evicts"
+    expect_err_empty "gc shows no progress when stderr is not a terminal"
+else
+    echo "no script(1): skipping the progress check" >&2
+fi
+
 # --- gc -------------------------------------------------------------------
 run "$KC" --dir "$D" gc --max-size 1G
 expect_rc 0 "gc with room to spare"
