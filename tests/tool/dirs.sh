@@ -97,4 +97,14 @@ run "$KC" --dir "$W" ls
 expect_rc 1 "ls on a world-writable dir"
 expect_one_line_error "kcache: error: " "ls on a world-writable dir"
 
+# --- a directory owned by another user is refused (needs root to set up) ----
+if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
+    O="$T/theirs"
+    mkdir -m 700 "$O" && chown nobody "$O"
+    run "$KC" --dir "$O" stats
+    expect_rc 1 "stats on another user's dir"
+    expect_one_line_error "kcache: error: " "stats on another user's dir"
+    expect_err_match 'owned by another user' "stats on another user's dir says why"
+fi
+
 finish
