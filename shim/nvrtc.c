@@ -74,6 +74,7 @@ struct output {
     int size_set; /* whether the size getter wrote its argument */
     uint64_t size;
     int get_rc;
+    int size_null_rc, get_null_rc; /* the getters given NULL */
     uint64_t nbytes; /* bytes the getter wrote */
     char *bytes;
 };
@@ -93,7 +94,7 @@ struct replay {
     int lowered_unknown_rc, lowered_null_name_rc, lowered_null_out_rc;
     int add_after_rc;
     int pch_status_rc;
-    int pch_required_rc, pch_required_set;
+    int pch_required_rc, pch_required_set, pch_required_null_rc;
     uint64_t pch_required;
 };
 
@@ -209,7 +210,7 @@ static char *get_blob(struct rd *r, uint64_t *len)
     return s;
 }
 
-#define REPLAY_MAGIC 0x4b434e56u /* "KCNV" */
+#define REPLAY_MAGIC 0x324b434e56ull /* "KCNV" 2 */
 
 static int replay_encode(const struct replay *r, struct buf *b)
 {
@@ -221,6 +222,8 @@ static int replay_encode(const struct replay *r, struct buf *b)
         put_i32(b, o->size_set);
         put_u64(b, o->size);
         put_i32(b, o->get_rc);
+        put_i32(b, o->size_null_rc);
+        put_i32(b, o->get_null_rc);
         put_blob(b, o->bytes, o->nbytes);
     }
     put_u64(b, r->n_names);
@@ -238,6 +241,7 @@ static int replay_encode(const struct replay *r, struct buf *b)
     put_i32(b, r->pch_status_rc);
     put_i32(b, r->pch_required_rc);
     put_i32(b, r->pch_required_set);
+    put_i32(b, r->pch_required_null_rc);
     put_u64(b, r->pch_required);
     return b->failed ? -ENOMEM : 0;
 }
@@ -257,6 +261,8 @@ static struct replay *replay_decode(const void *p, size_t n)
         o->size_set = get_i32(&r);
         o->size = get_u64(&r);
         o->get_rc = get_i32(&r);
+        o->size_null_rc = get_i32(&r);
+        o->get_null_rc = get_i32(&r);
         o->bytes = get_blob(&r, &o->nbytes);
     }
     uint64_t names = get_u64(&r);
@@ -282,6 +288,7 @@ static struct replay *replay_decode(const void *p, size_t n)
     x->pch_status_rc = get_i32(&r);
     x->pch_required_rc = get_i32(&r);
     x->pch_required_set = get_i32(&r);
+    x->pch_required_null_rc = get_i32(&r);
     x->pch_required = get_u64(&r);
     if (r.bad || r.off != r.n) {
         replay_free(x);
@@ -710,6 +717,8 @@ static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct output *
         return;
     }
     const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
+    o->size_null_rc = sz(h, NULL);
+    o->get_null_rc = g(h, NULL);
     size_t n = s1;
     o->size_rc = sz(h, &n);
     o->size_set = 1;
@@ -784,6 +793,7 @@ static struct replay *capture(const struct prog *p, nvrtcResult compile_rc)
         size_t n = (size_t)0x5a5a5a5a5a5a5a5aull;
         r->pch_required_rc = real_pch_required(h, &n);
         r->pch_required_set = n != (size_t)0x5a5a5a5a5a5a5a5aull;
+        r->pch_required_null_rc = real_pch_required(h, NULL);
         r->pch_required = r->pch_required_set ? n : 0;
     } else {
         r->pch_required_rc = NVRTC_ERROR_INTERNAL_ERROR;
@@ -1135,12 +1145,12 @@ static nvrtcResult serve_size(nvrtcProgram prog, size_t *ret, int which, size_fn
         return real(prog, ret);
     }
     const struct output *o = &p->served->out[which];
-    nvrtcResult rc = o->size_rc;
+    nvrtcResult rc = ret == NULL ? (nvrtcResult)o->size_null_rc : (nvrtcResult)o->size_rc;
     size_t size = o->size;
     int set = o->size_set;
     pthread_mutex_unlock(&progs_lock);
-    if (set)
-        *ret = size; /* NVRTC dereferences a NULL pointer here too */
+    if (set && ret != NULL)
+        *ret = size;
     return rc;
 }
 
@@ -1153,6 +1163,11 @@ static nvrtcResult serve_get(nvrtcProgram prog, char *dst, int which, get_fn rea
         return real(prog, dst);
     }
     const struct output *o = &p->served->out[which];
+    if (dst == NULL) {
+        nvrtcResult rc = o->get_null_rc;
+        pthread_mutex_unlock(&progs_lock);
+        return rc;
+    }
     if (o->nbytes > 0)
         memcpy(dst, o->bytes, o->nbytes);
     nvrtcResult rc = o->get_rc;
@@ -1228,8 +1243,9 @@ KC_EXPORT nvrtcResult nvrtcGetPCHHeapSizeRequired(nvrtcProgram prog, size_t *siz
         pthread_mutex_unlock(&progs_lock);
         return real_pch_required(prog, size);
     }
-    nvrtcResult rc = p->served->pch_required_rc;
-    int set = p->served->pch_required_set;
+    nvrtcResult rc = size == NULL ? (nvrtcResult)p->served->pch_required_null_rc
+                                  : (nvrtcResult)p->served->pch_required_rc;
+    int set = p->served->pch_required_set && size != NULL;
     size_t v = p->served->pch_required;
     pthread_mutex_unlock(&progs_lock);
     if (set)
