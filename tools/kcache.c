@@ -63,12 +63,12 @@ static const char usage_text[] =
 
 /* Everything one invocation needs. */
 struct ctx {
-    const char *prog_cmd;            /* the subcommand */
-    char dir[PATH_MAX];              /* effective cache directory */
+    const char *prog_cmd; /* the subcommand */
+    char dir[PATH_MAX];   /* effective cache directory */
     bool dir_from_cli;
     struct kc_config cfg;
     const struct kc_store_api *api;
-    bool progress;                   /* stderr is a terminal */
+    bool progress; /* stderr is a terminal */
 };
 
 static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -268,8 +268,7 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
     fill_options(c, &o, readonly);
     int rc = c->api->open(&o, st);
     if (rc < 0 || *st == NULL) {
-        err_line("cannot use cache directory %s: %s", c->dir,
-                 open_error(rc < 0 ? rc : -EIO));
+        err_line("cannot use cache directory %s: %s", c->dir, open_error(rc < 0 ? rc : -EIO));
         *st = NULL;
         return -1;
     }
@@ -278,8 +277,7 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
 
 /* ---- stats ------------------------------------------------------------- */
 
-static const struct kc_backend_stats *find_backend(const struct kc_store_stats *s,
-                                                   const char *name)
+static const struct kc_backend_stats *find_backend(const struct kc_store_stats *s, const char *name)
 {
     for (size_t i = 0; s != NULL && i < s->n_backends; i++)
         if (strcmp(s->backends[i].backend, name) == 0)
@@ -368,8 +366,7 @@ static int cmd_stats(struct ctx *c, bool json)
         printf("]}\n");
     } else {
         char b1[32], b2[32], b3[32], b4[32];
-        printf("Cache directory:      %s%s\n", c->dir,
-               o == 1 ? "" : " (does not exist yet)");
+        printf("Cache directory:      %s%s\n", c->dir, o == 1 ? "" : " (does not exist yet)");
         printf("Entries:              %" PRIu64, v->entries);
         if (v->spool_entries)
             printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
@@ -377,8 +374,7 @@ static int cmd_stats(struct ctx *c, bool json)
         printf("Size on disk:         %s of %s limit\n", human_size(v->disk_bytes, b1, sizeof b1),
                human_size(max_size, b2, sizeof b2));
         printf("Artifact bytes:       %s raw, %s unique after dedup\n",
-               human_size(v->raw_bytes, b3, sizeof b3),
-               human_size(v->unique_bytes, b4, sizeof b4));
+               human_size(v->raw_bytes, b3, sizeof b3), human_size(v->unique_bytes, b4, sizeof b4));
         printf("Compile time saved:   %.3f s\n", saved_ns / 1e9);
         if (v->n_ns > 0) {
             printf("Namespaces:\n");
@@ -413,9 +409,8 @@ static int cmd_stats(struct ctx *c, bool json)
 static int ls_cb(const struct kc_entry *e, void *arg)
 {
     (void)arg;
-    char hex[33], t[40], b[32];
+    char hex[33], t[40];
     key_hex(&e->key, hex);
-    (void)b;
     printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex, e->ns,
            kind_name(e->info.kind), e->info.body_size, e->stored_bytes, e->info.hits,
            format_time(e->info.last_hit, t, sizeof t), e->pending ? " pending" : "");
@@ -440,7 +435,7 @@ static int cmd_ls(struct ctx *c, const char *ns)
         c->api->close(st);
         return EXIT_RUNTIME;
     }
-    int rc = c->api->foreach(st, ns, ls_cb, NULL);
+    int rc = c->api->foreach (st, ns, ls_cb, NULL);
     c->api->close(st);
     if (rc != 0)
         return walk_error(c, rc);
@@ -512,7 +507,7 @@ static int cmd_show(struct ctx *c, const char *key)
             c->api->close(st);
             return EXIT_RUNTIME;
         }
-        int rc = c->api->foreach(st, NULL, show_cb, &s);
+        int rc = c->api->foreach (st, NULL, show_cb, &s);
         c->api->close(st);
         if (rc != 0) {
             free(s.m);
@@ -746,7 +741,6 @@ int main(int argc, char **argv)
     int npos = 0;
     bool json = false;
     const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL;
-    bool ns_seen = false;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
@@ -778,7 +772,6 @@ int main(int argc, char **argv)
             if (r < 0 || val[0] == '\0')
                 return usage_error("--namespace needs a namespace");
             ns = val;
-            ns_seen = true;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "gc") == 0 &&
@@ -813,7 +806,6 @@ int main(int argc, char **argv)
             return usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }
-    (void)ns_seen;
 
     if (cmd == NULL)
         return usage_error("no command given");

@@ -55,8 +55,9 @@ int main(int argc, char **argv)
     }
     for (int i = first; i < first + n; i++) {
         const char *ns = i % 2 ? "jit-test" : "nvrtc-test";
-        kc_key key = {.id = {.lo = 0x1000 + (uint64_t)i, .hi = 0xfeed0000c0de0000ull + (uint64_t)i * 7919},
-                      .build = 1};
+        kc_key key = {
+            .id = {.lo = 0x1000 + (uint64_t)i, .hi = 0xfeed0000c0de0000ull + (uint64_t)i * 7919},
+            .build = 1};
         size_t len = 1000 + 37 * (size_t)(i < 2 ? 0 : i);
         char *body = malloc(len);
         if (body == NULL)
@@ -74,10 +75,20 @@ int main(int argc, char **argv)
         printf("%016" PRIx64 "%016" PRIx64 "\n", key.id.hi, key.id.lo);
     }
     if (api->count != NULL) {
-        struct kc_counters nv = {.hits = 3, .misses = 2, .passthrough = 1, .stores = 2,
-                                 .errors = 0, .saved_ns = 1500000000ull, .compile_ns = 2000000000ull};
-        struct kc_counters jit = {.hits = 5, .misses = 1, .passthrough = 0, .stores = 1,
-                                  .errors = 1, .saved_ns = 250000000ull, .compile_ns = 500000000ull};
+        struct kc_counters nv = {.hits = 3,
+                                 .misses = 2,
+                                 .passthrough = 1,
+                                 .stores = 2,
+                                 .errors = 0,
+                                 .saved_ns = 1500000000ull,
+                                 .compile_ns = 2000000000ull};
+        struct kc_counters jit = {.hits = 5,
+                                  .misses = 1,
+                                  .passthrough = 0,
+                                  .stores = 1,
+                                  .errors = 1,
+                                  .saved_ns = 250000000ull,
+                                  .compile_ns = 500000000ull};
         api->count(st, "nvrtc", &nv);
         api->count(st, "jit", &jit);
     }
