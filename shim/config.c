@@ -27,6 +27,7 @@ enum {
     V_ALLOC_POOL,
     V_ALLOC_FALLBACK,
     V_LOCK_TIMEOUT,
+    V_SINGLE_FLIGHT,
     V_COUNT
 };
 
@@ -45,6 +46,7 @@ const struct kc_config_var kc_config_vars[] = {
     [V_ALLOC_POOL] = {"KCACHE_ALLOC_POOL", "pool bound per context"},
     [V_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
     [V_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
+    [V_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT", "one process compiles a missed key, the rest wait"},
 };
 const int kc_config_n_vars = V_COUNT;
 
@@ -195,7 +197,8 @@ void kc_config_load(struct kc_config *cfg)
     cfg->nvrtc = cfg->jit = cfg->memo = cfg->alloc = true;
     cfg->alloc_pool = 256ull << 20;
     cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
-    cfg->lock_timeout_ms = 10000;
+    cfg->lock_timeout_ms = 30000;
+    cfg->single_flight = true;
 
     const char *v = env(cfg, V_DIR);
     if (v != NULL && v[0] != '\0') {
@@ -235,6 +238,7 @@ void kc_config_load(struct kc_config *cfg)
     load_bool(cfg, V_MEMO, &cfg->memo);
     load_bool(cfg, V_ALLOC, &cfg->alloc);
     load_size(cfg, V_ALLOC_POOL, &cfg->alloc_pool);
+    load_bool(cfg, V_SINGLE_FLIGHT, &cfg->single_flight);
 
     v = env(cfg, V_LOG);
     if (v != NULL) {
@@ -346,6 +350,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case V_LOCK_TIMEOUT:
         snprintf(buf, len, "%d", cfg->lock_timeout_ms);
+        break;
+    case V_SINGLE_FLIGHT:
+        snprintf(buf, len, "%d", cfg->single_flight);
         break;
     default:
         snprintf(buf, len, "?");

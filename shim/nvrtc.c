@@ -16,6 +16,7 @@
  * artifact's key is the base plus the digests of the set that still holds.
  */
 #include "deps.h"
+#include "flight.h"
 #include "shim.h"
 
 #include <dlfcn.h>
@@ -992,6 +993,58 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
     return rc;
 }
 
+/* Looks the request up; on a hit marks the program served, sets *rc to the
+ * compile's recorded result and counts the hit. Returns whether it hit. */
+static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_api *api,
+                      const char *ns, uint64_t build, const kc_digest *base, nvrtcResult *rc,
+                      struct kc_counters *c)
+{
+    const struct kc_config *cfg = kc__config();
+    kc_digest result;
+    if (lookup_result(st, api, ns, base, &result) != 0)
+        return false;
+    kc_key key = {.id = result, .build = build};
+    void *body = NULL;
+    size_t len = 0;
+    struct kc_record_info info = {0};
+    int grc = api->get(st, ns, &key, &body, &len, &info);
+    if (grc != 0 && !cfg->readonly) {
+        /* The seed's take_by_source: an earlier build's artifact of the
+         * same request is moved under this build's key. */
+        kc_key found;
+        if (api->take_by_source(st, ns, &result, build, &body, &len, &found) == 0) {
+            grc = 0;
+            api->put(st, ns, &key, &result, KC_KIND_NVRTC, body, len, 0);
+        }
+    }
+    if (grc != 0)
+        return false;
+    struct replay *r = replay_decode(body, len);
+    api->free(body);
+    if (r == NULL) {
+        kc_log(KC_LOG_WARN, "a cached NVRTC result could not be read; recompiling");
+        api->purge(st, ns, &key);
+        c->errors++;
+        return false;
+    }
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(prog);
+    if (p != NULL) {
+        *rc = r->compile_rc;
+        replay_free(p->served);
+        p->served = r;
+        r = NULL;
+    }
+    pthread_mutex_unlock(&progs_lock);
+    if (r != NULL) {
+        replay_free(r); /* destroyed meanwhile by another thread */
+        return false;
+    }
+    c->hits = 1;
+    c->saved_ns = info.saved_ns;
+    return true;
+}
+
 KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                                           const char *const *options)
 {
@@ -1034,49 +1087,20 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
 
-    /* Lookup. */
-    if (st != NULL && !cfg->recache) {
-        kc_digest result;
-        if (lookup_result(st, api, ns, &base, &result) == 0) {
-            kc_key key = {.id = result, .build = build};
-            void *body = NULL;
-            size_t len = 0;
-            struct kc_record_info info = {0};
-            int grc = api->get(st, ns, &key, &body, &len, &info);
-            if (grc != 0 && !cfg->readonly) {
-                /* The seed's take_by_source: an earlier build's artifact of
-                 * the same request is moved under this build's key. */
-                kc_key found;
-                if (api->take_by_source(st, ns, &result, build, &body, &len, &found) == 0) {
-                    grc = 0;
-                    api->put(st, ns, &key, &result, KC_KIND_NVRTC, body, len, 0);
-                }
-            }
-            if (grc == 0) {
-                struct replay *r = replay_decode(body, len);
-                api->free(body);
-                if (r == NULL) {
-                    kc_log(KC_LOG_WARN, "a cached NVRTC result could not be read; recompiling");
-                    api->purge(st, ns, &key);
-                    c.errors = 1;
-                } else {
-                    pthread_mutex_lock(&progs_lock);
-                    p = find_locked(prog);
-                    if (p != NULL) {
-                        rc = r->compile_rc;
-                        replay_free(p->served);
-                        p->served = r;
-                        r = NULL;
-                    }
-                    pthread_mutex_unlock(&progs_lock);
-                    if (r == NULL) {
-                        c.hits = 1;
-                        c.saved_ns = info.saved_ns;
-                        goto out;
-                    }
-                    replay_free(r);
-                }
-            }
+    if (st != NULL && !cfg->recache && try_serve(prog, st, api, ns, build, &base, &rc, &c))
+        goto out;
+
+    /* Single flight: one process compiles a missed request, the others
+     * wait for it and are served its result. Look again once the lock is
+     * held: the holder may have finished just before. */
+    int flight = -1;
+    if (st != NULL) {
+        bool waited = false;
+        flight = kc__flight_acquire(&base, &waited);
+        if ((flight >= 0 || waited) && !cfg->recache &&
+            try_serve(prog, st, api, ns, build, &base, &rc, &c)) {
+            kc__flight_release(flight);
+            goto out;
         }
     }
 
@@ -1128,6 +1152,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         }
     }
     kc__deps_free(&deps);
+    kc__flight_release(flight);
 out:
     kc__count(BACKEND, &c);
     kc__guard_exit();

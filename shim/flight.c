@@ -1,0 +1,83 @@
+/*
+ * Single flight across processes. See flight.h.
+ */
+#include "flight.h"
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* DIR/locks, created 0700 and checked once: ours, a directory, private. */
+static int locks_dir(char *out, size_t len)
+{
+    static int state; /* 0 untried, 1 usable, -1 not */
+    const struct kc_config *cfg = kc__config();
+    if ((size_t)snprintf(out, len, "%s/locks", cfg->dir) >= len)
+        return -ENAMETOOLONG;
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s != 0)
+        return s > 0 ? 0 : -EPERM;
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        __atomic_store_n(&state, -1, __ATOMIC_RELEASE);
+        return -errno;
+    }
+    struct stat st;
+    int ok = lstat(out, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
+             (st.st_mode & 022) == 0;
+    if (!ok)
+        kc_log_once(KC_LOG_WARN, "%s is not a private directory of this user; compiles are not "
+                                 "coordinated across processes", out);
+    __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
+    return ok ? 0 : -EPERM;
+}
+
+int kc__flight_acquire(const kc_digest *id, bool *waited)
+{
+    *waited = false;
+    const struct kc_config *cfg = kc__config();
+    if (!cfg->single_flight || cfg->readonly || cfg->recache)
+        return -1;
+    char dir[4200], path[4300], hex[33];
+    if (locks_dir(dir, sizeof dir) != 0)
+        return -1;
+    kc__digest_hex(id, hex);
+    snprintf(path, sizeof path, "%s/%s", dir, hex);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        return fd;
+    if (errno != EWOULDBLOCK) {
+        close(fd);
+        return -1;
+    }
+    /* Someone is compiling this request: wait for it, polling with a
+     * backoff, until it finishes (or dies: the kernel drops its lock). */
+    *waited = true;
+    uint64_t deadline = kc__now_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
+    long sleep_us = 1000;
+    while (kc__now_ns() < deadline) {
+        struct timespec ts = {0, sleep_us * 1000};
+        nanosleep(&ts, NULL);
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return fd;
+        if (sleep_us < 20000)
+            sleep_us += sleep_us / 2;
+    }
+    kc_log(KC_LOG_INFO, "waited %d ms for another process's compile; compiling here",
+           cfg->lock_timeout_ms);
+    close(fd);
+    return -1;
+}
+
+void kc__flight_release(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* drops the flock */
+}
