@@ -291,9 +291,11 @@ void kc_config_load(struct kc_config *cfg)
         for (int i = 0; i < V_COUNT && !known; i++)
             known = strlen(kc_config_vars[i].name) == n &&
                     strncmp(kc_config_vars[i].name, *e, n) == 0;
-        /* Internal variables the launcher and the tests use. */
-        static const char *internal[] = {"KCACHE_TOOL", "KCACHE_STORE_LIB", "KCACHE_OWNER_IDLE_MS",
-                                         "KCACHE_TEST_"};
+        /* Internal variables of the store, the launcher, the scripts and
+         * the test harness. */
+        static const char *internal[] = {
+            "KCACHE_TOOL=",  "KCACHE_STORE_LIB=", "KCACHE_OWNER_", "KCACHE_TEST_", "KCACHE_SHIM=",
+            "KCACHE_SRC=",   "KCACHE_BUILD=",     "KCACHE_VENV",   "KCACHE_DEMO_", "KCACHE_BENCH_"};
         for (size_t i = 0; i < sizeof internal / sizeof *internal && !known; i++)
             known = strncmp(*e, internal[i], strlen(internal[i])) == 0;
         if (!known)
