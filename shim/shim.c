@@ -158,23 +158,20 @@ struct kc_store *kc__store(const struct kc_store_api **api)
 #define N_BACKENDS 3
 static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo"};
 static struct kc_counters counters[N_BACKENDS];
-static pthread_mutex_t counters_lock = PTHREAD_MUTEX_INITIALIZER;
+_Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
 
 void kc__count(const char *backend, const struct kc_counters *c)
 {
     for (int i = 0; i < N_BACKENDS; i++) {
         if (strcmp(backend, backend_names[i]) != 0)
             continue;
-        pthread_mutex_lock(&counters_lock);
+        /* Lock-free: the memo counts from its hot path. */
         struct kc_counters *t = &counters[i];
-        t->hits += c->hits;
-        t->misses += c->misses;
-        t->passthrough += c->passthrough;
-        t->stores += c->stores;
-        t->errors += c->errors;
-        t->saved_ns += c->saved_ns;
-        t->compile_ns += c->compile_ns;
-        pthread_mutex_unlock(&counters_lock);
+        const uint64_t *src = (const uint64_t *)c;
+        uint64_t *dst = (uint64_t *)t;
+        for (size_t k = 0; k < sizeof *c / sizeof(uint64_t); k++)
+            if (src[k] != 0)
+                __atomic_fetch_add(&dst[k], src[k], __ATOMIC_RELAXED);
         return;
     }
 }
@@ -183,10 +180,13 @@ __attribute__((destructor)) static void shim_fini(void)
 {
     if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !config.stats)
         return;
-    pthread_mutex_lock(&counters_lock);
     struct kc_counters snap[N_BACKENDS];
-    memcpy(snap, counters, sizeof snap);
-    pthread_mutex_unlock(&counters_lock);
+    for (int i = 0; i < N_BACKENDS; i++) {
+        const uint64_t *src = (const uint64_t *)&counters[i];
+        uint64_t *dst = (uint64_t *)&snap[i];
+        for (size_t k = 0; k < sizeof snap[i] / sizeof(uint64_t); k++)
+            dst[k] = __atomic_load_n(&src[k], __ATOMIC_RELAXED);
+    }
 
     const struct kc_store_api *api;
     struct kc_store *st =
@@ -227,18 +227,15 @@ __attribute__((destructor)) static void shim_fini(void)
 static void atfork_prepare(void)
 {
     pthread_mutex_lock(&store_lock);
-    pthread_mutex_lock(&counters_lock);
 }
 
 static void atfork_parent(void)
 {
-    pthread_mutex_unlock(&counters_lock);
     pthread_mutex_unlock(&store_lock);
 }
 
 static void atfork_child(void)
 {
-    pthread_mutex_init(&counters_lock, NULL);
     pthread_mutex_init(&store_lock, NULL);
     /* The child reports only what it does itself. */
     memset(counters, 0, sizeof counters);
