@@ -22,6 +22,9 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     rocksdb_block_based_table_options_t *t = rocksdb_block_based_options_create();
     rocksdb_block_based_options_set_block_cache(t, cache);
     rocksdb_block_based_options_set_filter_policy(t, rocksdb_filterpolicy_create_bloom_full(10));
+    /* Index and filter blocks are read when a table is opened and kept
+     * with the open table, outside the block cache: a point lookup then
+     * costs one data block read. */
     rocksdb_block_based_options_set_cache_index_and_filter_blocks(t, 0);
     rocksdb_block_based_options_set_block_size(t, cf == KC__CF_BODIES ? 16384 : 4096);
     rocksdb_options_set_block_based_table_factory(o, t);
@@ -29,7 +32,18 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     rocksdb_options_set_info_log_level(o, 4 /* FATAL */);
     rocksdb_options_set_max_log_file_size(o, 1 << 20);
     rocksdb_options_set_keep_log_file_num(o, 2);
-    rocksdb_options_set_max_open_files(o, -1);
+    rocksdb_options_set_stats_dump_period_sec(o, 0);
+    rocksdb_options_set_stats_persist_period_sec(o, 0);
+    if (secondary) {
+        /* A reader opens tables lazily (only those a lookup touches), does
+         * not read every table's properties for statistics, and does not
+         * stat every file: a fresh process pays for what it reads. */
+        rocksdb_options_set_max_open_files(o, 256);
+        rocksdb_options_set_skip_stats_update_on_db_open(o, 1);
+        rocksdb_options_set_skip_checking_sst_file_sizes_on_db_open(o, 1);
+    } else {
+        rocksdb_options_set_max_open_files(o, -1);
+    }
     rocksdb_options_set_write_buffer_size(o, cf == KC__CF_BODIES ? (32u << 20) : (8u << 20));
     if (cf == KC__CF_BODIES) {
         /* Bodies in SST blocks, zstd-compressed, one value per block or
@@ -99,6 +113,20 @@ int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char 
     d->wo_sync = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(d->wo_sync, 1);
     return 0;
+}
+
+int kc__db_flush_all(struct kc__db *d)
+{
+    rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+    rocksdb_flushoptions_set_wait(fo, 1);
+    int rc = 0;
+    for (int i = 0; i < KC__N_CF && rc == 0; i++) {
+        char *err = NULL;
+        rocksdb_flush_cf(d->db, fo, d->cf[i], &err);
+        rc = kc__db_err(err, "flush");
+    }
+    rocksdb_flushoptions_destroy(fo);
+    return rc;
 }
 
 void kc__db_close(struct kc__db *d)

@@ -170,6 +170,10 @@ struct kc__db {
 /* Opens DIR/db as the primary (creating it) or as a secondary in `secpath`. */
 int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why);
 void kc__db_close(struct kc__db *d);
+/* Flushes every column family's memtable to table files (waits). A
+ * database closed with data only in its WAL makes every reader replay
+ * that WAL when it opens, and keeps the data uncompressed. */
+int kc__db_flush_all(struct kc__db *d);
 /* Maps a RocksDB error string to an errno (and frees it). */
 int kc__db_err(char *err, const char *what);
 /* Reads a value: 0 with *val malloc'd, -ENOENT, or -EIO. */

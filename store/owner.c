@@ -1002,12 +1002,9 @@ void kc__owner_end(struct kc__owner *o)
     if (o == NULL)
         return;
     if (o->d.db != NULL) {
-        rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
-        rocksdb_flushoptions_set_wait(fo, 1);
-        char *err = NULL;
-        rocksdb_flush(o->d.db, fo, &err);
-        free(err);
-        rocksdb_flushoptions_destroy(fo);
+        /* Every column family, not only the default one: a session that
+         * left its puts in the WAL would make each reader replay it. */
+        kc__db_flush_all(&o->d);
         kc__db_close(&o->d);
     }
     if (o->gen != NULL) {
