@@ -39,6 +39,9 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
          * not read every table's properties for statistics, and does not
          * stat every file: a fresh process pays for what it reads. */
         rocksdb_options_set_max_open_files(o, 256);
+        /* The default (16) starts 16 threads per column family at open
+         * to load table handlers: ~80 short-lived threads per process. */
+        rocksdb_options_set_max_file_opening_threads(o, 1);
         rocksdb_options_set_skip_stats_update_on_db_open(o, 1);
         rocksdb_options_set_skip_checking_sst_file_sizes_on_db_open(o, 1);
     } else {
