@@ -15,6 +15,7 @@
  * set of files seen, the files' digests and the absent paths probed; the
  * artifact's key is the base plus the digests of the set that still holds.
  */
+#include "codec.h"
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
@@ -66,238 +67,6 @@ static nvrtcResult (*real_version)(int *, int *);
         }                                                                                          \
     } while (0)
 
-/* ---- the replay record ----------------------------------------------------- */
-
-enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, N_OUT };
-
-struct output {
-    int size_rc;
-    int size_set; /* whether the size getter wrote its argument */
-    uint64_t size;
-    int get_rc;
-    int size_null_rc, get_null_rc; /* the getters given NULL */
-    uint64_t nbytes; /* bytes the getter wrote */
-    char *bytes;
-};
-
-struct lowered {
-    char *expr;
-    int rc;
-    int is_null; /* the getter stored NULL */
-    char *name;
-};
-
-struct replay {
-    int compile_rc;
-    struct output out[N_OUT];
-    uint32_t n_names;
-    struct lowered *names;
-    int lowered_unknown_rc, lowered_null_name_rc, lowered_null_out_rc;
-    int add_after_rc;
-    int pch_status_rc;
-    int pch_required_rc, pch_required_set, pch_required_null_rc;
-    uint64_t pch_required;
-};
-
-static void replay_free(struct replay *r)
-{
-    if (r == NULL)
-        return;
-    for (int i = 0; i < N_OUT; i++)
-        free(r->out[i].bytes);
-    for (uint32_t i = 0; i < r->n_names; i++) {
-        free(r->names[i].expr);
-        free(r->names[i].name);
-    }
-    free(r->names);
-    free(r);
-}
-
-/* A growable byte buffer for serializing. */
-struct buf {
-    char *p;
-    size_t n, cap;
-    int failed;
-};
-
-static void put(struct buf *b, const void *p, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (q == NULL) {
-            b->failed = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-}
-
-static void put_u64(struct buf *b, uint64_t v)
-{
-    put(b, &v, sizeof v);
-}
-
-static void put_i32(struct buf *b, int v)
-{
-    int32_t x = v;
-    put(b, &x, sizeof x);
-}
-
-static void put_blob(struct buf *b, const void *p, uint64_t n)
-{
-    put_u64(b, n);
-    put(b, p, n);
-}
-
-/* A bounds-checked reader. */
-struct rd {
-    const char *p;
-    size_t n, off;
-    int bad;
-};
-
-static int get(struct rd *r, void *out, size_t n)
-{
-    if (r->bad || r->n - r->off < n) {
-        r->bad = 1;
-        memset(out, 0, n);
-        return -1;
-    }
-    memcpy(out, r->p + r->off, n);
-    r->off += n;
-    return 0;
-}
-
-static uint64_t get_u64(struct rd *r)
-{
-    uint64_t v;
-    get(r, &v, sizeof v);
-    return v;
-}
-
-static int get_i32(struct rd *r)
-{
-    int32_t v;
-    get(r, &v, sizeof v);
-    return v;
-}
-
-/* A malloc'd copy of a blob, NUL-terminated (for strings). */
-static char *get_blob(struct rd *r, uint64_t *len)
-{
-    uint64_t n = get_u64(r);
-    if (r->bad || n > r->n - r->off) {
-        r->bad = 1;
-        return NULL;
-    }
-    char *s = malloc(n + 1);
-    if (s == NULL) {
-        r->bad = 1;
-        return NULL;
-    }
-    memcpy(s, r->p + r->off, n);
-    s[n] = '\0';
-    r->off += n;
-    if (len != NULL)
-        *len = n;
-    return s;
-}
-
-#define REPLAY_MAGIC 0x324b434e56ull /* "KCNV" 2 */
-
-static int replay_encode(const struct replay *r, struct buf *b)
-{
-    put_u64(b, REPLAY_MAGIC);
-    put_i32(b, r->compile_rc);
-    for (int i = 0; i < N_OUT; i++) {
-        const struct output *o = &r->out[i];
-        put_i32(b, o->size_rc);
-        put_i32(b, o->size_set);
-        put_u64(b, o->size);
-        put_i32(b, o->get_rc);
-        put_i32(b, o->size_null_rc);
-        put_i32(b, o->get_null_rc);
-        put_blob(b, o->bytes, o->nbytes);
-    }
-    put_u64(b, r->n_names);
-    for (uint32_t i = 0; i < r->n_names; i++) {
-        const struct lowered *l = &r->names[i];
-        put_blob(b, l->expr, strlen(l->expr));
-        put_i32(b, l->rc);
-        put_i32(b, l->is_null);
-        put_blob(b, l->name, l->name ? strlen(l->name) : 0);
-    }
-    put_i32(b, r->lowered_unknown_rc);
-    put_i32(b, r->lowered_null_name_rc);
-    put_i32(b, r->lowered_null_out_rc);
-    put_i32(b, r->add_after_rc);
-    put_i32(b, r->pch_status_rc);
-    put_i32(b, r->pch_required_rc);
-    put_i32(b, r->pch_required_set);
-    put_i32(b, r->pch_required_null_rc);
-    put_u64(b, r->pch_required);
-    return b->failed ? -ENOMEM : 0;
-}
-
-static struct replay *replay_decode(const void *p, size_t n)
-{
-    struct rd r = {.p = p, .n = n};
-    if (get_u64(&r) != REPLAY_MAGIC)
-        return NULL;
-    struct replay *x = calloc(1, sizeof *x);
-    if (x == NULL)
-        return NULL;
-    x->compile_rc = get_i32(&r);
-    for (int i = 0; i < N_OUT; i++) {
-        struct output *o = &x->out[i];
-        o->size_rc = get_i32(&r);
-        o->size_set = get_i32(&r);
-        o->size = get_u64(&r);
-        o->get_rc = get_i32(&r);
-        o->size_null_rc = get_i32(&r);
-        o->get_null_rc = get_i32(&r);
-        o->bytes = get_blob(&r, &o->nbytes);
-    }
-    uint64_t names = get_u64(&r);
-    if (!r.bad && names <= (r.n - r.off) / 8) {
-        x->names = calloc(names ? names : 1, sizeof *x->names);
-        if (x->names == NULL)
-            r.bad = 1;
-        for (uint64_t i = 0; i < names && !r.bad; i++) {
-            struct lowered *l = &x->names[i];
-            x->n_names++;
-            l->expr = get_blob(&r, NULL);
-            l->rc = get_i32(&r);
-            l->is_null = get_i32(&r);
-            l->name = get_blob(&r, NULL);
-        }
-    } else {
-        r.bad = 1;
-    }
-    x->lowered_unknown_rc = get_i32(&r);
-    x->lowered_null_name_rc = get_i32(&r);
-    x->lowered_null_out_rc = get_i32(&r);
-    x->add_after_rc = get_i32(&r);
-    x->pch_status_rc = get_i32(&r);
-    x->pch_required_rc = get_i32(&r);
-    x->pch_required_set = get_i32(&r);
-    x->pch_required_null_rc = get_i32(&r);
-    x->pch_required = get_u64(&r);
-    if (r.bad || r.off != r.n) {
-        replay_free(x);
-        return NULL;
-    }
-    return x;
-}
-
 /* ---- shadows of the host's programs ------------------------------------------ */
 
 struct prog {
@@ -308,7 +77,7 @@ struct prog {
     int n_exprs;
     char **exprs;
     int has_callback;
-    struct replay *served; /* non-NULL: the last compile was served */
+    struct kc__replay *served; /* non-NULL: the last compile was served */
     struct prog *next;
 };
 
@@ -336,7 +105,7 @@ static void prog_free(struct prog *p)
     for (int i = 0; i < p->n_exprs; i++)
         free(p->exprs[i]);
     free(p->exprs);
-    replay_free(p->served);
+    kc__replay_free(p->served);
     free(p);
 }
 
@@ -487,89 +256,6 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
 
 /* ---- manifests ----------------------------------------------------------------------- */
 
-/* A manifest body: u64 magic, u64 n_sets, then per set: the result id
- * (16 bytes), u64 n_deps, per dep: i32 kind, blob path, 16 bytes digest. */
-#define MANIFEST_MAGIC 0x4b434d46u /* "KCMF" */
-#define MANIFEST_MAX_SETS 16
-
-struct dep_set {
-    kc_digest result;
-    uint64_t n;
-    struct kc__dep *deps; /* path and kind and digest only */
-};
-
-struct manifest {
-    uint64_t n;
-    struct dep_set *sets;
-};
-
-static void manifest_free(struct manifest *m)
-{
-    if (m == NULL)
-        return;
-    for (uint64_t i = 0; i < m->n; i++) {
-        for (uint64_t j = 0; j < m->sets[i].n; j++)
-            free(m->sets[i].deps[j].path);
-        free(m->sets[i].deps);
-    }
-    free(m->sets);
-    free(m);
-}
-
-static struct manifest *manifest_decode(const void *p, size_t n)
-{
-    struct rd r = {.p = p, .n = n};
-    if (get_u64(&r) != MANIFEST_MAGIC)
-        return NULL;
-    struct manifest *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return NULL;
-    uint64_t sets = get_u64(&r);
-    if (r.bad || sets > MANIFEST_MAX_SETS * 4)
-        goto bad;
-    m->sets = calloc(sets ? sets : 1, sizeof *m->sets);
-    if (m->sets == NULL)
-        goto bad;
-    for (uint64_t i = 0; i < sets; i++) {
-        struct dep_set *s = &m->sets[i];
-        m->n++;
-        get(&r, &s->result, sizeof s->result);
-        uint64_t deps = get_u64(&r);
-        if (r.bad || deps > (r.n - r.off) / 28)
-            goto bad;
-        s->deps = calloc(deps ? deps : 1, sizeof *s->deps);
-        if (s->deps == NULL)
-            goto bad;
-        for (uint64_t j = 0; j < deps; j++) {
-            struct kc__dep *d = &s->deps[j];
-            s->n++;
-            d->kind = get_i32(&r);
-            d->path = get_blob(&r, NULL);
-            get(&r, &d->digest, sizeof d->digest);
-            if (r.bad)
-                goto bad;
-        }
-    }
-    if (r.off != r.n)
-        goto bad;
-    return m;
-bad:
-    manifest_free(m);
-    return NULL;
-}
-
-static void encode_set(struct buf *b, const kc_digest *result, const struct kc__dep *deps,
-                       uint64_t n)
-{
-    put(b, result, sizeof *result);
-    put_u64(b, n);
-    for (uint64_t j = 0; j < n; j++) {
-        put_i32(b, deps[j].kind);
-        put_blob(b, deps[j].path, strlen(deps[j].path));
-        put(b, &deps[j].digest, sizeof deps[j].digest);
-    }
-}
-
 /* The result id of a base with a dependency set. */
 static kc_digest result_id(const kc_digest *base, const struct kc__dep *deps, uint64_t n)
 {
@@ -599,7 +285,7 @@ static kc_key manifest_key(const kc_digest *base)
 /* In-process memo of manifests: base -> decoded manifest. */
 struct mmemo {
     kc_digest base;
-    struct manifest *m;
+    struct kc__manifest *m;
     struct mmemo *next;
 };
 #define MMEMO_BUCKETS 1024
@@ -607,10 +293,10 @@ static struct mmemo *mmemo[MMEMO_BUCKETS];
 static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Finds the result id of the first dependency set of `m` that still holds. */
-static int manifest_match(const struct manifest *m, kc_digest *result)
+static int manifest_match(const struct kc__manifest *m, kc_digest *result)
 {
     for (uint64_t i = 0; i < m->n; i++) {
-        const struct dep_set *s = &m->sets[i];
+        const struct kc__dep_set *s = &m->sets[i];
         uint64_t j = 0;
         while (j < s->n && kc__dep_holds(s->deps[j].path, s->deps[j].kind, &s->deps[j].digest))
             j++;
@@ -645,7 +331,7 @@ from_store:;
     int rc = api->get(st, ns, &mk, &body, &len, NULL);
     if (rc != 0)
         return rc;
-    struct manifest *m = manifest_decode(body, len);
+    struct kc__manifest *m = kc__manifest_decode(body, len);
     api->free(body);
     if (m == NULL) {
         api->purge(st, ns, &mk);
@@ -662,12 +348,12 @@ from_store:;
         mmemo[b] = e;
     }
     if (e != NULL) {
-        manifest_free(e->m);
+        kc__manifest_free(e->m);
         e->m = m;
         m = NULL;
     }
     pthread_mutex_unlock(&mmemo_lock);
-    manifest_free(m);
+    kc__manifest_free(m);
     return rc;
 }
 
@@ -679,27 +365,14 @@ static int manifest_add(struct kc_store *st, const struct kc_store_api *api, con
     kc_key mk = manifest_key(base);
     void *body = NULL;
     size_t len = 0;
-    struct manifest *old = NULL;
+    struct kc__manifest *old = NULL;
     if (api->get(st, ns, &mk, &body, &len, NULL) == 0) {
-        old = manifest_decode(body, len);
+        old = kc__manifest_decode(body, len);
         api->free(body);
     }
-    struct buf b = {0};
-    uint64_t n = 1;
-    if (old != NULL)
-        for (uint64_t i = 0; i < old->n && n < MANIFEST_MAX_SETS; i++)
-            if (!(old->sets[i].result.lo == result->lo && old->sets[i].result.hi == result->hi))
-                n++;
-    put_u64(&b, MANIFEST_MAGIC);
-    put_u64(&b, n);
-    encode_set(&b, result, d->v, d->n);
-    if (old != NULL)
-        for (uint64_t i = 0, k = 1; i < old->n && k < n; i++)
-            if (!(old->sets[i].result.lo == result->lo && old->sets[i].result.hi == result->hi)) {
-                encode_set(&b, &old->sets[i].result, old->sets[i].deps, old->sets[i].n);
-                k++;
-            }
-    manifest_free(old);
+    struct kc__wbuf b = {0};
+    kc__manifest_encode(&b, result, d->v, d->n, old);
+    kc__manifest_free(old);
     int rc = b.failed ? -ENOMEM
                       : api->put(st, ns, &mk, NULL, KC_KIND_MANIFEST, b.p, b.n, 0);
     free(b.p);
@@ -711,7 +384,7 @@ static int manifest_add(struct kc_store *st, const struct kc_store_api *api, con
 typedef nvrtcResult (*size_fn)(nvrtcProgram, size_t *);
 typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
 
-static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct output *o)
+static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct kc__output *o)
 {
     if (sz == NULL || g == NULL) {
         o->size_rc = o->get_rc = NVRTC_ERROR_INTERNAL_ERROR;
@@ -758,9 +431,9 @@ static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct output *
     }
 }
 
-static struct replay *capture(const struct prog *p, nvrtcResult compile_rc)
+static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
 {
-    struct replay *r = calloc(1, sizeof *r);
+    struct kc__replay *r = calloc(1, sizeof *r);
     if (r == NULL)
         return NULL;
     nvrtcProgram h = p->h;
@@ -774,7 +447,7 @@ static struct replay *capture(const struct prog *p, nvrtcResult compile_rc)
     if (r->names == NULL)
         goto fail;
     for (int i = 0; i < p->n_exprs; i++) {
-        struct lowered *l = &r->names[i];
+        struct kc__lowered *l = &r->names[i];
         r->n_names++;
         const char *out = NULL;
         l->expr = strdup(p->exprs[i]);
@@ -805,7 +478,7 @@ static struct replay *capture(const struct prog *p, nvrtcResult compile_rc)
                           : NVRTC_SUCCESS;
     return r;
 fail:
-    replay_free(r);
+    kc__replay_free(r);
     return NULL;
 }
 
@@ -1019,7 +692,7 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     }
     if (grc != 0)
         return false;
-    struct replay *r = replay_decode(body, len);
+    struct kc__replay *r = kc__replay_decode(body, len);
     api->free(body);
     if (r == NULL) {
         kc_log(KC_LOG_WARN, "a cached NVRTC result could not be read; recompiling");
@@ -1031,13 +704,13 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     struct prog *p = find_locked(prog);
     if (p != NULL) {
         *rc = r->compile_rc;
-        replay_free(p->served);
+        kc__replay_free(p->served);
         p->served = r;
         r = NULL;
     }
     pthread_mutex_unlock(&progs_lock);
     if (r != NULL) {
-        replay_free(r); /* destroyed meanwhile by another thread */
+        kc__replay_free(r); /* destroyed meanwhile by another thread */
         return false;
     }
     c->hits = 1;
@@ -1108,7 +781,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     pthread_mutex_lock(&progs_lock);
     p = find_locked(prog);
     if (p != NULL) {
-        replay_free(p->served);
+        kc__replay_free(p->served);
         p->served = NULL;
     }
     pthread_mutex_unlock(&progs_lock);
@@ -1127,10 +800,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);
-            struct replay *r = p ? capture(p, rc) : NULL;
+            struct kc__replay *r = p ? capture(p, rc) : NULL;
             pthread_mutex_unlock(&progs_lock);
-            struct buf b = {0};
-            if (r != NULL && replay_encode(r, &b) == 0) {
+            struct kc__wbuf b = {0};
+            if (r != NULL && kc__replay_encode(r, &b) == 0) {
                 kc_digest result = result_id(&base, deps.v, deps.n);
                 kc_key key = {.id = result, .build = build};
                 int prc = api->put(st, ns, &key, &result, KC_KIND_NVRTC, b.p, b.n, took);
@@ -1148,7 +821,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                 kc_log_once(KC_LOG_WARN, "cannot capture an NVRTC result; continuing uncached");
             }
             free(b.p);
-            replay_free(r);
+            kc__replay_free(r);
         }
     }
     kc__deps_free(&deps);
@@ -1169,7 +842,7 @@ static nvrtcResult serve_size(nvrtcProgram prog, size_t *ret, int which, size_fn
         pthread_mutex_unlock(&progs_lock);
         return real(prog, ret);
     }
-    const struct output *o = &p->served->out[which];
+    const struct kc__output *o = &p->served->out[which];
     nvrtcResult rc = ret == NULL ? (nvrtcResult)o->size_null_rc : (nvrtcResult)o->size_rc;
     size_t size = o->size;
     int set = o->size_set;
@@ -1187,7 +860,7 @@ static nvrtcResult serve_get(nvrtcProgram prog, char *dst, int which, get_fn rea
         pthread_mutex_unlock(&progs_lock);
         return real(prog, dst);
     }
-    const struct output *o = &p->served->out[which];
+    const struct kc__output *o = &p->served->out[which];
     if (dst == NULL) {
         nvrtcResult rc = o->get_null_rc;
         pthread_mutex_unlock(&progs_lock);
@@ -1227,7 +900,7 @@ KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, c
         pthread_mutex_unlock(&progs_lock);
         return real_lowered(prog, expr, out);
     }
-    const struct replay *r = p->served;
+    const struct kc__replay *r = p->served;
     nvrtcResult rc;
     if (expr == NULL) {
         rc = r->lowered_null_name_rc;

@@ -1,0 +1,87 @@
+/*
+ * The shim's two record formats, kept apart from the hooks so they can be
+ * fuzzed: the NVRTC replay record (what every getter of a compiled program
+ * returned) and the manifest (the header files a request read, per
+ * dependency set). Decoders accept any bytes: a record that does not parse
+ * is NULL, never a crash.
+ */
+#ifndef KCACHE_CODEC_H
+#define KCACHE_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deps.h"
+
+/* A growable byte buffer; `failed` once an allocation failed. Free p. */
+struct kc__wbuf {
+    char *p;
+    size_t n, cap;
+    int failed;
+};
+
+enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, N_OUT };
+
+struct kc__output {
+    int size_rc;
+    int size_set; /* whether the size getter wrote its argument */
+    uint64_t size;
+    int get_rc;
+    int size_null_rc, get_null_rc; /* the getters given NULL */
+    uint64_t nbytes; /* bytes the getter wrote */
+    char *bytes;
+};
+
+struct kc__lowered {
+    char *expr;
+    int rc;
+    int is_null; /* the getter stored NULL */
+    char *name;
+};
+
+struct kc__replay {
+    int compile_rc;
+    struct kc__output out[N_OUT];
+    uint32_t n_names;
+    struct kc__lowered *names;
+    int lowered_unknown_rc, lowered_null_name_rc, lowered_null_out_rc;
+    int add_after_rc;
+    int pch_status_rc;
+    int pch_required_rc, pch_required_set, pch_required_null_rc;
+    uint64_t pch_required;
+};
+
+
+struct kc__dep_set {
+    kc_digest result;
+    uint64_t n;
+    struct kc__dep *deps; /* path and kind and digest only */
+};
+
+struct kc__manifest {
+    uint64_t n;
+    struct kc__dep_set *sets;
+};
+
+/* Releases a record; NULL is a no-op. */
+void kc__replay_free(struct kc__replay *r);
+
+/* Appends the encoding of r to b. 0 or -ENOMEM. */
+int kc__replay_encode(const struct kc__replay *r, struct kc__wbuf *b);
+
+/* Decodes a record (malloc'd, release with kc__replay_free), or NULL when
+ * the bytes are not exactly one well-formed record. */
+struct kc__replay *kc__replay_decode(const void *p, size_t n);
+
+void kc__manifest_free(struct kc__manifest *m);
+
+/* Decodes a manifest, or NULL when the bytes are not one. */
+struct kc__manifest *kc__manifest_decode(const void *p, size_t n);
+
+/* Encodes a manifest whose newest set is (result, deps), followed by the
+ * sets of `old` (may be NULL) with another result, MANIFEST_MAX_SETS in
+ * all. Check b->failed. */
+void kc__manifest_encode(struct kc__wbuf *b, const kc_digest *result, const struct kc__dep *deps,
+                         uint64_t n_deps, const struct kc__manifest *old);
+
+#endif
