@@ -791,6 +791,13 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     rc = compile_tracked(prog, numOptions, options, &deps, &took);
     c.misses = 1;
     c.compile_ns = took;
+    if (kc__log_enabled(KC_LOG_DEBUG)) {
+        size_t files = 0;
+        for (size_t i = 0; i < deps.n; i++)
+            files += deps.v[i].kind == KC_DEP_FILE;
+        kc_log(KC_LOG_DEBUG, "nvrtc miss: compiled in %.1f ms, %zu files read, %zu other paths seen",
+               took / 1e6, files, deps.n - files);
+    }
     if ((rc == NVRTC_SUCCESS || rc == NVRTC_ERROR_COMPILATION) && st != NULL && !cfg->readonly) {
         if (deps.writes) {
             c.misses = 0;
