@@ -141,8 +141,16 @@ n=$(printf '%s\n' "$out" | grep -c .)
 
 # --- clear ------------------------------------------------------------------
 "$POP" "$D" 4 --no-owner >/dev/null || fail "repopulate"
+# Single-flight lock files: clear removes the free ones, never a held one.
+mkdir -p "$D/locks" && : >"$D/locks/free" && : >"$D/locks/held"
+flock "$D/locks/held" sleep 5 &
+holder=$!
+sleep 0.3
 run "$KC" --dir "$D" clear
 expect_rc 0 "clear"
+[ ! -e "$D/locks/free" ] && ok || fail "clear left a free lock file"
+[ -e "$D/locks/held" ] && ok || fail "clear removed a held lock file"
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 run "$KC" --dir "$D" ls
 expect_rc 0 "ls after clear"
 [ -z "$out" ] && ok || fail "ls after clear printed: $out"
