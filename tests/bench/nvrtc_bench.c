@@ -1,12 +1,23 @@
 /*
- * nvrtc_bench: times nvrtcCompileProgram for one kernel, repeatedly, in one
- * process. Run it with and without the shim, on a cold and a warm store, and
- * compare (scripts/bench does).
+ * nvrtc_bench: times nvrtcCompileProgram, repeatedly, in one process. Run it
+ * with and without the shim, on a cold and a warm store, and compare
+ * (scripts/bench does).
  *
  *   nvrtc_bench KERNEL ITERS     KERNEL: plain | cudastd | template
+ *   nvrtc_bench [--name N] [--opt O]... [--expr E]... --file SRC [--file SRC]... ITERS
  *
- * Prints one JSON line: the first compile's milliseconds, then p50/p99 of
- * the rest in microseconds, and the PTX size (a check that output exists).
+ * The second form compiles each source file ITERS times, in the order given,
+ * with the options and name expressions given (the program is named N, or
+ * after the file's base name without extension). This is how scripts/bench
+ * runs the demo kernel set and the ranks of the cold-start section.
+ *
+ * --save DIR also writes each kernel's PTX to DIR/<kernel>.ptx (the inputs of
+ * the driver section).
+ *
+ * Prints one JSON line per kernel: the first compile's milliseconds, then
+ * p50/p99 of the rest in microseconds, and the output size (PTX, or CUBIN
+ * when the target is a real architecture) -- a check that output exists.
+ * Exits 1 on any failed compile.
  */
 #include <nvrtc.h>
 #include <stdint.h>
@@ -30,6 +41,8 @@ static const char *cudastd_src =
 static const char *template_src =
     "template <typename T, int N> __global__ void scale(T *p) { p[threadIdx.x] *= T(N); }\n";
 
+enum { MAX_ARGS = 256 };
+
 static double now_us(void)
 {
     struct timespec ts;
@@ -43,49 +56,159 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int main(int argc, char **argv)
+static char *slurp(const char *path)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: nvrtc_bench plain|cudastd|template ITERS\n");
-        return 2;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf != NULL && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (nb == NULL)
+                free(buf);
+            buf = nb;
+        }
     }
-    const char *kernel = argv[1];
-    int iters = atoi(argv[2]);
-    const char *src = strcmp(kernel, "cudastd") == 0    ? cudastd_src
-                      : strcmp(kernel, "template") == 0 ? template_src
-                                                        : plain_src;
-    const char *opts[] = {"-arch=sm_90", "-std=c++17", "-I/usr/local/cuda/include/cccl",
-                          "-I/usr/local/cuda/include"};
+    fclose(f);
+    if (buf != NULL)
+        buf[len] = '\0';
+    return buf;
+}
+
+/* Compiles `src` ITERS times and prints its JSON line. Returns 0 or 1. */
+static const char *save_dir;
+
+static int save_ptx(nvrtcProgram p, const char *label)
+{
+    size_t n = 0;
+    if (nvrtcGetPTXSize(p, &n) != NVRTC_SUCCESS || n == 0)
+        return 1;
+    char *ptx = malloc(n);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.ptx", save_dir, label);
+    FILE *f = ptx ? fopen(path, "wb") : NULL;
+    int bad = f == NULL || nvrtcGetPTX(p, ptx) != NVRTC_SUCCESS || fwrite(ptx, 1, n - 1, f) != n - 1;
+    if (f != NULL && fclose(f) != 0)
+        bad = 1;
+    free(ptx);
+    if (bad)
+        fprintf(stderr, "nvrtc_bench: cannot write %s\n", path);
+    return bad;
+}
+
+static int bench(const char *label, const char *prog_name, const char *src, int nopts,
+                 const char **opts, int nexpr, const char **exprs, int iters)
+{
     double *t = calloc(iters > 0 ? iters : 1, sizeof *t);
-    size_t ptx = 0;
+    size_t out = 0;
+    if (t == NULL)
+        return 1;
     for (int i = 0; i < iters; i++) {
         nvrtcProgram p;
-        if (nvrtcCreateProgram(&p, src, "bench.cu", 0, NULL, NULL) != NVRTC_SUCCESS)
+        if (nvrtcCreateProgram(&p, src, prog_name, 0, NULL, NULL) != NVRTC_SUCCESS)
             return 1;
-        if (strcmp(kernel, "template") == 0)
-            nvrtcAddNameExpression(p, "scale<float, 3>");
+        for (int e = 0; e < nexpr; e++)
+            nvrtcAddNameExpression(p, exprs[e]);
         double t0 = now_us();
-        nvrtcResult rc = nvrtcCompileProgram(p, 4, opts);
+        nvrtcResult rc = nvrtcCompileProgram(p, nopts, opts);
         t[i] = now_us() - t0;
         if (rc != NVRTC_SUCCESS) {
-            fprintf(stderr, "compile failed: %s\n", nvrtcGetErrorString(rc));
+            size_t ln = 0;
+            nvrtcGetProgramLogSize(p, &ln);
+            char *log = malloc(ln + 1);
+            if (log != NULL && nvrtcGetProgramLog(p, log) == NVRTC_SUCCESS)
+                fprintf(stderr, "%s\n", log);
+            free(log);
+            fprintf(stderr, "nvrtc_bench: %s: compile failed: %s\n", label,
+                    nvrtcGetErrorString(rc));
             return 1;
         }
-        nvrtcGetPTXSize(p, &ptx);
+        if (nvrtcGetCUBINSize(p, &out) != NVRTC_SUCCESS || out == 0)
+            nvrtcGetPTXSize(p, &out);
+        if (save_dir != NULL && i == 0 && save_ptx(p, label) != 0)
+            return 1;
         nvrtcDestroyProgram(&p);
     }
     double first = t[0];
     double p50 = 0, p99 = 0;
     if (iters > 1) {
-        qsort(t + 1, iters - 1, sizeof *t, cmp);
-        p50 = t[1 + (iters - 1) / 2];
-        p99 = t[1 + (size_t)((iters - 1) * 0.99)];
-        if (1 + (size_t)((iters - 1) * 0.99) >= (size_t)iters)
-            p99 = t[iters - 1];
+        size_t n = (size_t)iters - 1;
+        qsort(t + 1, n, sizeof *t, cmp);
+        p50 = t[1 + n / 2];
+        size_t i99 = (size_t)(n * 0.99);
+        p99 = t[1 + (i99 < n ? i99 : n - 1)];
     }
     printf("{\"kernel\": \"%s\", \"first_ms\": %.3f, \"p50_us\": %.2f, \"p99_us\": %.2f, "
-           "\"ptx_bytes\": %zu}\n",
-           kernel, first / 1e3, p50, p99, ptx);
+           "\"iters\": %d, \"out_bytes\": %zu, \"ptx_bytes\": %zu}\n",
+           label, first / 1e3, p50, p99, iters, out, out);
+    fflush(stdout);
     free(t);
     return 0;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: nvrtc_bench plain|cudastd|template ITERS\n"
+                    "       nvrtc_bench [--name N] [--opt O]... [--expr E]... [--save DIR] --file SRC... ITERS\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    const char *opts[MAX_ARGS], *exprs[MAX_ARGS], *files[MAX_ARGS], *name = NULL;
+    int nopts = 0, nexpr = 0, nfiles = 0;
+    int i = 1;
+    for (; i < argc - 1 && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        const char *v = argv[i + 1];
+        if (strcmp(argv[i], "--opt") == 0 && nopts < MAX_ARGS)
+            opts[nopts++] = v;
+        else if (strcmp(argv[i], "--expr") == 0 && nexpr < MAX_ARGS)
+            exprs[nexpr++] = v;
+        else if (strcmp(argv[i], "--file") == 0 && nfiles < MAX_ARGS)
+            files[nfiles++] = v;
+        else if (strcmp(argv[i], "--name") == 0)
+            name = v;
+        else if (strcmp(argv[i], "--save") == 0)
+            save_dir = v;
+        else
+            return usage();
+    }
+    if (nfiles > 0) {
+        if (i != argc - 1)
+            return usage();
+        int iters = atoi(argv[i]);
+        for (int f = 0; f < nfiles; f++) {
+            char *src = slurp(files[f]);
+            if (src == NULL) {
+                perror(files[f]);
+                return 1;
+            }
+            const char *base = strrchr(files[f], '/');
+            base = base ? base + 1 : files[f];
+            char label[256];
+            snprintf(label, sizeof label, "%s", base);
+            char *dot = strrchr(label, '.');
+            if (dot != NULL)
+                *dot = '\0';
+            if (bench(label, name ? name : label, src, nopts, opts, nexpr, exprs, iters) != 0)
+                return 1;
+            free(src);
+        }
+        return 0;
+    }
+    if (argc != 3)
+        return usage();
+    const char *kernel = argv[1];
+    const char *src = strcmp(kernel, "cudastd") == 0    ? cudastd_src
+                      : strcmp(kernel, "template") == 0 ? template_src
+                                                        : plain_src;
+    const char *fixed[] = {"-arch=sm_90", "-std=c++17", "-I/usr/local/cuda/include/cccl",
+                           "-I/usr/local/cuda/include"};
+    const char *texpr[] = {"scale<float, 3>"};
+    return bench(kernel, "bench.cu", src, 4, fixed, strcmp(kernel, "template") == 0, texpr,
+                 atoi(argv[2]));
 }

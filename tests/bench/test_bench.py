@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""bench-quick (suite bench): `scripts/bench --quick` runs to the end and its
+results.json holds every field of every section. Asserts nothing about a
+timing: values may be anything, and a section that could not run says why.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("KCACHE_SRC") or os.path.join(os.path.dirname(__file__), "..", "..")
+BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(SRC, "build")
+
+GOAL = ("value", "goal", "met")
+# section -> (top-level fields, per-row fields of its list, the list's name, goals)
+SCHEMA = {
+    "nvrtc": (("kernels", "goals"),
+              ("kernel", "headers_from_disk", "cold_ms", "kcache_hit_fresh_ms",
+               "kcache_hit_inproc_p50_us", "kcache_hit_inproc_p99_us", "core_hit_fresh_ms",
+               "core_hit_inproc_p50_us", "core_cache", "kcache_over_core_fresh",
+               "hit_over_compile"), "kernels",
+              ("cudastd_hit_over_compile", "headerfree_hit_p50_us", "kcache_hit_vs_core")),
+    "store": (("sizes", "skipped", "free_disk_bytes", "goals"),
+              ("entries", "get_p50_us", "get_p99_us", "raw_bytes", "disk_bytes",
+               "disk_over_raw", "fill_s"), "sizes",
+              ("p50_largest_over_smallest", "disk_over_raw")),
+    "ranks": (("available", "reason", "ranks", "distinct_kernels", "single", "single_flight_on",
+               "single_flight_off", "goals"), (), None,
+              ("compiles_equal_distinct", "wall_over_single")),
+    "preload": (("commands", "goals"), ("command", "plain_ms", "preload_ms", "ratio"),
+                "commands", ("median_ratio",)),
+    "driver": (("kernels", "memo", "goals"),
+               ("kernel", "passthrough_ms", "cold_ms", "hit_ms", "hit_over_cold"), "kernels",
+               ("get_function_hit_ns", "mem_alloc_hit_ns")),
+    "miss": (("kernels", "plain_ms", "miss_ms", "ratio", "process_ratio", "goals"),
+             ("kernel", "plain_ms", "miss_ms", "ratio"), "kernels", ("ratio",)),
+}
+RUN_FIELDS = ("wall_s", "cpu_s", "compiles")
+MEMO_FIELDS = ("get_function_hit_ns", "get_function_passthrough_ns", "mem_alloc_hit_ns",
+               "mem_alloc_passthrough_ns", "mem_free_hit_ns", "mem_free_passthrough_ns")
+
+
+def main():
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="kc-bench-test-") as out:
+        cmd = [sys.executable, os.path.join(SRC, "scripts", "bench"), "--quick",
+               "--build", BUILD, "--out", out]
+        print("running:", " ".join(cmd), flush=True)
+        r = subprocess.run(cmd)
+        if r.returncode != 0:
+            print(f"FAIL: scripts/bench --quick exited {r.returncode}")
+            return 1
+        path = os.path.join(out, "results.json")
+        with open(path) as f:
+            res = json.load(f)
+        pngs = [n for n in os.listdir(out) if n.endswith(".png")]
+        if not pngs:
+            problems.append("no PNG plot beside results.json")
+    for key in ("meta",) + tuple(SCHEMA):
+        if key not in res:
+            problems.append(f"missing section {key}")
+    for sec, (top, row, listname, goals) in SCHEMA.items():
+        s = res.get(sec, {})
+        for k in top:
+            if k not in s:
+                problems.append(f"{sec}.{k} missing")
+        if listname:
+            rows = s.get(listname) or []
+            if not rows:
+                problems.append(f"{sec}.{listname} is empty")
+            for i, rw in enumerate(rows):
+                for k in row:
+                    if k not in rw:
+                        problems.append(f"{sec}.{listname}[{i}].{k} missing")
+        for g in goals:
+            gv = s.get("goals", {}).get(g)
+            if not isinstance(gv, dict) or any(k not in gv for k in GOAL):
+                problems.append(f"{sec}.goals.{g} missing or incomplete")
+    ranks = res.get("ranks", {})
+    for run in ("single", "single_flight_on", "single_flight_off"):
+        for k in RUN_FIELDS:
+            if k not in (ranks.get(run) or {}):
+                problems.append(f"ranks.{run}.{k} missing")
+    if not ranks.get("available") and not ranks.get("reason"):
+        problems.append("ranks unavailable without a reason")
+    for k in MEMO_FIELDS:
+        if k not in res.get("driver", {}).get("memo", {}):
+            problems.append(f"driver.memo.{k} missing")
+    # Sections that ran must have measured something.
+    for sec, listname, field in (("nvrtc", "kernels", "kcache_hit_fresh_ms"),
+                                 ("miss", "kernels", "miss_ms"),
+                                 ("driver", "kernels", "hit_ms"),
+                                 ("store", "sizes", "get_p50_us"),
+                                 ("preload", "commands", "ratio")):
+        for rw in res.get(sec, {}).get(listname) or []:
+            if not isinstance(rw.get(field), (int, float)):
+                problems.append(f"{sec}: {rw.get('kernel', rw.get('entries'))}: {field} not a number")
+    for p in problems:
+        print("FAIL:", p)
+    print(f"bench-quick: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
