@@ -147,11 +147,21 @@ struct kc_store {
     uint64_t max_size;
     char *tool;
 
-    /* The reader, guarded by mu; rd_ready is published with release. */
+    /* The reader. mu serialises opening, catching up and replacing it;
+     * rdlk is held shared by every use of rd and exclusively to replace
+     * it; rd_ready is published with release. */
     pthread_mutex_t mu;
+    pthread_rwlock_t rdlk;
     struct kc__db rd;
     int rd_ready;
     char secpath[PATH_MAX];
+    /* A replacement reader being opened in the background after a new
+     * owner session began (guarded by mu). */
+    struct reopen *ro_done; /* finished, not yet installed */
+    pthread_cond_t ro_cv;   /* signalled when ro_done is set */
+    pthread_t ro_thr;
+    bool ro_live;           /* ro_thr started and not joined */
+    uint64_t ro_seq;        /* bumped to disown an in-flight reopen */
     uint64_t caught_gen;
     uint64_t rd_epoch;
     uint64_t next_open_ns;
@@ -378,49 +388,202 @@ static uint64_t epoch_read(struct kc_store *st)
     return st->gen ? __atomic_load_n(st->gen + 1, __ATOMIC_ACQUIRE) : 0;
 }
 
+/* Closes the reader; mu held. Waits for lookups in progress. */
 static void reader_drop(struct kc_store *st)
 {
+    pthread_rwlock_wrlock(&st->rdlk);
     __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
     kc__db_close(&st->rd);
     if (st->secpath[0] != 0) {
         kc__rm_rf(st->secpath);
         st->secpath[0] = 0;
     }
+    pthread_rwlock_unlock(&st->rdlk);
 }
 
-/* Opens the secondary; mu held. */
-static int reader_open(struct kc_store *st)
+/* Opens a secondary into d, in a new directory (secpath). Touches no
+ * state of st but constants and the gen mapping, so it may run on any
+ * thread. */
+static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PATH_MAX],
+                          uint64_t *epoch)
 {
     char cur[PATH_MAX];
-    snprintf(cur, sizeof cur, "%s/CURRENT", st->p.db);
+    snprintf(cur, PATH_MAX, "%s/CURRENT", st->p.db);
     if (access(cur, F_OK) != 0)
         return -ENOENT;
     if (st->readonly) {
         const char *tmp = getenv("TMPDIR");
-        snprintf(st->secpath, sizeof st->secpath, "%s/kcache-sec-XXXXXX",
-                 tmp && tmp[0] ? tmp : "/tmp");
-        if (mkdtemp(st->secpath) == NULL) {
-            st->secpath[0] = 0;
+        snprintf(secpath, PATH_MAX, "%s/kcache-sec-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+        if (mkdtemp(secpath) == NULL) {
+            secpath[0] = 0;
             return -errno;
         }
     } else {
-        snprintf(st->secpath, sizeof st->secpath, "%s/%d-%016llx", st->p.sec, (int)getpid(),
+        snprintf(secpath, PATH_MAX, "%s/%d-%016llx", st->p.sec, (int)getpid(),
                  (unsigned long long)kc__rand64());
-        if (mkdir(st->secpath, 0700) != 0) {
+        if (mkdir(secpath, 0700) != 0) {
             int rc = -errno;
-            st->secpath[0] = 0;
+            secpath[0] = 0;
             return rc;
         }
     }
-    st->rd_epoch = epoch_read(st);
-    int rc = kc__db_open(&st->rd, st->p.db, st->secpath, NULL);
+    *epoch = epoch_read(st);
+    int rc = kc__db_open(d, st->p.db, secpath, NULL);
     if (rc < 0) {
-        kc__rm_rf(st->secpath);
-        st->secpath[0] = 0;
+        kc__rm_rf(secpath);
+        secpath[0] = 0;
         return rc;
     }
-    __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
     return 0;
+}
+
+/* Opens the secondary; mu held, no reader open. */
+static int reader_open(struct kc_store *st)
+{
+    int rc = secondary_open(st, &st->rd, st->secpath, &st->rd_epoch);
+    if (rc == 0)
+        __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* ---- replacing the reader off the caller's path -------------------------
+ *
+ * When a new owner session begins, the secondary is replaced rather than
+ * caught up (see epoch_read). Opening one costs milliseconds, tens of them
+ * on a loaded machine with a live WAL to replay, so the replacement is
+ * opened on a helper thread as soon as a lookup notices the new session,
+ * while hits keep coming from the old reader (not caught up: what it holds
+ * is checksummed and was correct for its key). A miss cannot trust the old
+ * reader, since the spool file it would have found may have been drained:
+ * it waits for the helper and installs the replacement. */
+
+struct reopen {
+    struct kc_store *st;
+    uint64_t seq;
+    int rc;
+    uint64_t epoch;
+    struct kc__db d;
+    char secpath[PATH_MAX];
+};
+
+static void reopen_discard(struct reopen *r)
+{
+    if (r == NULL)
+        return;
+    if (r->rc == 0) {
+        kc__db_close(&r->d);
+        kc__rm_rf(r->secpath);
+    }
+    free(r);
+}
+
+static void *reopen_main(void *arg)
+{
+    struct reopen *r = arg;
+    struct kc_store *st = r->st;
+    r->rc = secondary_open(st, &r->d, r->secpath, &r->epoch);
+    pthread_mutex_lock(&st->mu);
+    if (r->seq == st->ro_seq && st->ro_done == NULL) {
+        st->ro_done = r;
+        r = NULL;
+    }
+    pthread_cond_broadcast(&st->ro_cv);
+    pthread_mutex_unlock(&st->mu);
+    reopen_discard(r); /* disowned meanwhile */
+    return NULL;
+}
+
+/* Joins a finished helper; mu held. */
+static void reopen_join(struct kc_store *st)
+{
+    if (st->ro_live) {
+        pthread_join(st->ro_thr, NULL);
+        st->ro_live = false;
+    }
+}
+
+/* Starts the helper unless one runs; mu held. false: it could not start. */
+static bool reopen_start(struct kc_store *st)
+{
+    if (st->ro_live)
+        return true;
+    struct reopen *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return false;
+    r->st = st;
+    r->seq = st->ro_seq;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the host's signals stay on its threads */
+    int rc = pthread_create(&st->ro_thr, NULL, reopen_main, r);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        free(r);
+        return false;
+    }
+    st->ro_live = true;
+    return true;
+}
+
+/* Installs a finished replacement; mu held. Returns whether it did. */
+static bool reopen_install(struct kc_store *st)
+{
+    struct reopen *r = st->ro_done;
+    if (r == NULL)
+        return false;
+    st->ro_done = NULL;
+    reopen_join(st);
+    if (r->rc != 0) {
+        free(r);
+        return false;
+    }
+    reader_drop(st);
+    pthread_rwlock_wrlock(&st->rdlk);
+    st->rd = r->d;
+    memcpy(st->secpath, r->secpath, sizeof st->secpath);
+    st->rd_epoch = r->epoch;
+    __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
+    pthread_rwlock_unlock(&st->rdlk);
+    free(r);
+    return true;
+}
+
+/* Waits for the helper in flight, if any, and installs what it opened;
+ * mu held. */
+static void reopen_wait(struct kc_store *st)
+{
+    uint64_t seq = st->ro_seq;
+    while (st->ro_live && st->ro_done == NULL && st->ro_seq == seq)
+        pthread_cond_wait(&st->ro_cv, &st->mu);
+    if (st->ro_done == NULL)
+        reopen_join(st); /* it failed to hand over (disowned): reap it */
+    reopen_install(st);
+}
+
+/* Called before a lookup: when a new owner session began, starts opening
+ * the replacement reader, or installs it once open. Never waits. */
+static void reader_prefetch(struct kc_store *st)
+{
+    if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE) || st->gen == NULL ||
+        __atomic_load_n(st->gen + 1, __ATOMIC_ACQUIRE) == st->rd_epoch)
+        return;
+    if (pthread_mutex_trylock(&st->mu) != 0)
+        return;
+    if (st->rd_ready && epoch_read(st) != st->rd_epoch) {
+        reopen_install(st);
+        /* Without a thread, the next miss replaces the reader inline. */
+        if (epoch_read(st) != st->rd_epoch)
+            reopen_start(st);
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Disowns any replacement in flight or finished; mu held. */
+static void reopen_cancel(struct kc_store *st)
+{
+    st->ro_seq++;
+    reopen_discard(st->ro_done);
+    st->ro_done = NULL;
 }
 
 /* Brings the reader up to what the owner has committed as of generation g
@@ -441,13 +604,20 @@ static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
         }
     } else if (force || g != st->caught_gen) {
         char *err = NULL;
-        if (epoch_read(st) != st->rd_epoch)
+        uint64_t epoch = epoch_read(st);
+        if (epoch != st->rd_epoch)
+            reopen_wait(st); /* a replacement being opened: take it, catch it up */
+        if (epoch != st->rd_epoch) {
             err = strdup("a new owner session");
-        else
+        } else {
+            pthread_rwlock_rdlock(&st->rdlk);
             rocksdb_try_catch_up_with_primary(st->rd.db, &err);
+            pthread_rwlock_unlock(&st->rdlk);
+        }
         if (err != NULL) {
             free(err);
-            /* A secondary that cannot follow is replaced. */
+            /* A secondary that cannot follow is replaced, now. */
+            reopen_cancel(st);
             reader_drop(st);
             if (reader_open(st) != 0)
                 st->next_open_ns = kc__mono_ns() + OPEN_RETRY_NS;
@@ -464,7 +634,10 @@ static int reader_lookup(struct kc_store *st, const char *ns, const kc_key *key,
 {
     if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
         return -ENOENT;
-    return kc__lookup(&st->rd, ns, key, body, len, h);
+    pthread_rwlock_rdlock(&st->rdlk);
+    int rc = st->rd_ready ? kc__lookup(&st->rd, ns, key, body, len, h) : -ENOENT;
+    pthread_rwlock_unlock(&st->rdlk);
+    return rc;
 }
 
 static void spool_name(const char *ns, const kc_key *key, char prefix, char out[40])
@@ -530,6 +703,8 @@ static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void *
     }
     if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
         reader_refresh(st, gen_read(st), false);
+    else
+        reader_prefetch(st);
     int rc = reader_lookup(st, ns, key, body, len, h);
     if (rc == 0)
         return 0;
@@ -651,6 +826,8 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     st->lockfd = -1;
     pthread_mutex_init(&st->mu, NULL);
     pthread_mutex_init(&st->memu, NULL);
+    pthread_rwlock_init(&st->rdlk, NULL);
+    pthread_cond_init(&st->ro_cv, NULL);
     int rc = kc__private_dir(st->p.dir, !st->readonly);
     if (rc == -ENOENT && st->readonly)
         rc = 0; /* nothing to read yet: every get misses */
@@ -666,6 +843,8 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     if (rc < 0) {
         pthread_mutex_destroy(&st->mu);
         pthread_mutex_destroy(&st->memu);
+        pthread_rwlock_destroy(&st->rdlk);
+        pthread_cond_destroy(&st->ro_cv);
         free(st);
         return rc;
     }
@@ -682,6 +861,14 @@ static void st_close(struct kc_store *st)
         return;
     st_flush(st);
     pthread_mutex_lock(&st->mu);
+    reopen_cancel(st);
+    bool live = st->ro_live;
+    pthread_t thr = st->ro_thr;
+    st->ro_live = false;
+    pthread_mutex_unlock(&st->mu);
+    if (live)
+        pthread_join(thr, NULL); /* it discards what it opened */
+    pthread_mutex_lock(&st->mu);
     reader_drop(st);
     pthread_mutex_unlock(&st->mu);
     if (st->gen != NULL)
@@ -697,6 +884,8 @@ static void st_close(struct kc_store *st)
     free(st->tool);
     pthread_mutex_destroy(&st->mu);
     pthread_mutex_destroy(&st->memu);
+    pthread_rwlock_destroy(&st->rdlk);
+    pthread_cond_destroy(&st->ro_cv);
     free(st);
 }
 
@@ -821,7 +1010,10 @@ static int source_lookup(struct kc_store *st, const char *ns, const kc_digest *s
             continue;
         char *v;
         size_t vl;
-        if (kc__db_get(&st->rd, KC__CF_SOURCES, kk, kl, &v, &vl) == 0) {
+        pthread_rwlock_rdlock(&st->rdlk);
+        int got = st->rd_ready ? kc__db_get(&st->rd, KC__CF_SOURCES, kk, kl, &v, &vl) : -ENOENT;
+        pthread_rwlock_unlock(&st->rdlk);
+        if (got == 0) {
             bool ok = vl == KC__KEY_LEN;
             if (ok)
                 kc__key_decode((unsigned char *)v, found);
@@ -954,8 +1146,14 @@ static void st_after_fork_child(struct kc_store *st)
         return;
     pthread_mutex_init(&st->mu, NULL);
     pthread_mutex_init(&st->memu, NULL);
-    /* The parent's RocksDB threads do not exist here: forget its handles. */
+    pthread_rwlock_init(&st->rdlk, NULL);
+    pthread_cond_init(&st->ro_cv, NULL);
+    /* The parent's RocksDB threads do not exist here: forget its handles,
+     * and any replacement its helper thread was opening. */
     memset(&st->rd, 0, sizeof st->rd);
+    st->ro_done = NULL;
+    st->ro_live = false;
+    st->ro_seq++;
     st->rd_ready = 0;
     st->secpath[0] = 0;
     st->next_open_ns = 0;
@@ -1069,6 +1267,12 @@ static int st_foreach(struct kc_store *st, const char *ns,
     bool have = false;
     pthread_mutex_unlock(&st->mu);
     have = fresh_reader(st);
+    if (have)
+        pthread_rwlock_rdlock(&st->rdlk);
+    if (have && !st->rd_ready) {
+        pthread_rwlock_unlock(&st->rdlk);
+        have = false;
+    }
     if (have) {
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
@@ -1111,6 +1315,7 @@ static int st_foreach(struct kc_store *st, const char *ns,
             rc = cb(&e, arg);
         }
         rocksdb_iter_destroy(it);
+        pthread_rwlock_unlock(&st->rdlk);
     }
     for (size_t i = 0; rc == 0 && i < pd.n; i++)
         rc = cb(&pd.e[i], arg);
@@ -1209,7 +1414,14 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
     if (s == NULL)
         return -ENOMEM;
     s->max_size = st->max_size ? st->max_size : KC_DEFAULT_MAX_SIZE;
-    if (fresh_reader(st)) {
+    bool have = fresh_reader(st);
+    if (have)
+        pthread_rwlock_rdlock(&st->rdlk);
+    if (have && !st->rd_ready) {
+        pthread_rwlock_unlock(&st->rdlk);
+        have = false;
+    }
+    if (have) {
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
         struct kc_ns_stats *cur = NULL;
@@ -1257,6 +1469,7 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
             }
         }
         rocksdb_iter_destroy(it);
+        pthread_rwlock_unlock(&st->rdlk);
     }
     stats_spool_counters(st, s);
     s->disk_bytes = kc__du(st->p.dir);
@@ -1291,7 +1504,14 @@ static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *r
         struct pending pd;
         pending_load(st, NULL, &pd, &r.spool_bad);
         pending_free(&pd);
-        if (fresh_reader(st)) {
+        bool have = fresh_reader(st);
+        if (have)
+            pthread_rwlock_rdlock(&st->rdlk);
+        if (have && !st->rd_ready) {
+            pthread_rwlock_unlock(&st->rdlk);
+            have = false;
+        }
+        if (have) {
             rocksdb_iterator_t *it =
                 rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
             for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it);
@@ -1312,6 +1532,7 @@ static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *r
                     progress(r.checked, 0, arg);
             }
             rocksdb_iter_destroy(it);
+            pthread_rwlock_unlock(&st->rdlk);
         }
         if (rep)
             *rep = r;

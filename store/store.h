@@ -193,7 +193,8 @@ struct kc_store_api {
 
     /* Calls cb for every entry (drained and pending) of `ns`, or of all
      * namespaces when ns is NULL. A non-zero return from cb stops the walk
-     * and is returned. */
+     * and is returned. cb must not call this store's functions (the walk
+     * holds the reader). */
     int (*foreach)(struct kc_store *st, const char *ns,
                    int (*cb)(const struct kc_entry *e, void *arg), void *arg);
 
