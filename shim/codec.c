@@ -45,7 +45,8 @@ static void put(struct kc__wbuf *b, const void *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, p, n);
+    if (n > 0) /* p may be NULL for an empty blob: memcpy(dst, NULL, 0) is undefined */
+        memcpy(b->p + b->n, p, n);
     b->n += n;
 }
 
