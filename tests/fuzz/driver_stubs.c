@@ -1,0 +1,31 @@
+/*
+ * What shim/driver.c needs from the rest of the shim, stubbed for the
+ * driver fuzz target: no store, no real driver, caching off.
+ */
+#include "shim.h"
+
+#include <stdlib.h>
+
+const struct kc_config *kc__config(void)
+{
+    static struct kc_config cfg;
+    cfg.disable = 1;
+    return &cfg;
+}
+
+struct kc_store *kc__store(const struct kc_store_api **api)
+{
+    *api = NULL;
+    return NULL;
+}
+
+void kc__count(const char *backend, const struct kc_counters *c) {}
+uint64_t kc__now_ns(void) { return 0; }
+bool kc__guard_enter(void) { return false; }
+void kc__guard_exit(void) {}
+bool kc__guard_held(void) { return false; }
+const struct kc__hook *kc__hook_find(const char *name, int lib) { return NULL; }
+void *kc__hook_real(const struct kc__hook *h) { return NULL; }
+void *kc__swap(const char *asked, void *fn) { return fn; }
+void *kc__real_dlsym(void *handle, const char *name) { return NULL; }
+void kc_log(int level, const char *fmt, ...) {}
