@@ -175,6 +175,14 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
         o->size_null_rc = get_i32(&r);
         o->get_null_rc = get_i32(&r);
         o->bytes = get_blob(&r, &o->nbytes);
+        /* What capture() can have written: the getter filled a buffer of
+         * the announced size, or (no usable size) up to 64 bytes. A record
+         * whose getter would write more than the size getter announced
+         * would overrun the host's buffer on a hit: refuse it. */
+        if (o->nbytes > 0 && o->size_rc == 0 && o->size_set && o->size > 0 && o->nbytes > o->size)
+            r.bad = 1;
+        if (o->nbytes > 64 && !(o->size_rc == 0 && o->size_set && o->nbytes == o->size))
+            r.bad = 1;
     }
     uint64_t names = get_u64(&r);
     if (!r.bad && names <= (r.n - r.off) / 8) {
