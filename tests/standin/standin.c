@@ -334,6 +334,8 @@ static CUcontext tls_top(void)
 static CUresult cur_ctx(int *slot, struct ctx **out)
 {
     struct ctx *c = ctx_get(tls_top(), slot);
+    if (out)
+        *out = NULL; /* callers read it even on failure */
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (out)
