@@ -426,15 +426,30 @@ static CUresult call_real(const struct load_call *c)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The real function that loads a cubin for this call: cuLibraryLoadData
+ * for the library API, else cuModuleLoadData, which the host may never have
+ * looked up (a host that dlopen()s libcuda RTLD_LOCAL and resolves only
+ * cuModuleLoadDataEx): then it is found in the libcuda the host uses. NULL
+ * when there is none. */
+static void *cubin_loader(enum load_api api)
+{
+    if (api == API_LIBRARY) {
+        void *f = REAL(real_lib_load, "cuLibraryLoadData");
+        return f ? f : kc__cu_real("cuLibraryLoadData");
+    }
+    void *f = REAL(real_load_data, "cuModuleLoadData");
+    return f ? f : kc__cu_real("cuModuleLoadData");
+}
+
 /* Loads a cubin the way the host asked for (module or library). */
 static CUresult load_cubin(const struct load_call *c, const void *cubin)
 {
-    if (c->api == API_LIBRARY) {
-        lib_load_fn f = (lib_load_fn)REAL(real_lib_load, "cuLibraryLoadData");
-        return f(c->lib, cubin, NULL, NULL, 0, c->lopt, c->lval, c->ln);
-    }
-    load_data_fn f = (load_data_fn)REAL(real_load_data, "cuModuleLoadData");
-    return f(c->mod, cubin);
+    void *f = cubin_loader(c->api);
+    if (f == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (c->api == API_LIBRARY)
+        return ((lib_load_fn)f)(c->lib, cubin, NULL, NULL, 0, c->lopt, c->lval, c->ln);
+    return ((load_data_fn)f)(c->mod, cubin);
 }
 
 static void count(uint64_t hits, uint64_t misses, uint64_t pass, uint64_t stores, uint64_t errors,
@@ -499,7 +514,7 @@ static CUresult jit_load(struct load_call *c)
     if (kc__guard_held() || cfg->disable || !cfg->jit || !c->image || (c->api == API_LIBRARY ? !c->lib : !c->mod))
         return call_real(c);
     pthread_once(&drv_once, drv_resolve);
-    if (!drv.ok)
+    if (!drv.ok || cubin_loader(c->api) == NULL)
         return call_real(c);
     if (c->api == API_LIBRARY && c->ln && (!c->lopt || !c->lval))
         return call_real(c);
@@ -582,8 +597,25 @@ static CUresult jit_load(struct load_call *c)
                     count(1, 0, 0, 0, 0, info.saved_ns, 0);
                     return rc;
                 }
+                /* Refused: the stored cubin, or the host's own request (a
+                 * library option the driver rejects, no memory)? The driver
+                 * answers the host's call; only when it accepts that is the
+                 * stored cubin at fault, and purged. A hostile request must
+                 * not purge good entries or print warnings. */
+                api->free(body);
+                if (entered)
+                    kc__guard_exit();
+                CUresult real_rc = call_real(c);
+                if (real_rc == CUDA_SUCCESS) {
+                    kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
+                    api->purge(st, ns, &key);
+                    count(0, 0, 0, 0, 1, 0, 0);
+                } else {
+                    count(0, 0, 1, 0, 0, 0, 0);
+                }
+                return real_rc;
             }
-            /* A stored cubin the driver refuses, or a bad record: purge, compile. */
+            /* A bad record: purge, compile. */
             kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
             api->purge(st, ns, &key);
             api->free(body);
