@@ -1,0 +1,960 @@
+/*
+ * hostile: a table of hostile calls to every function the shim intercepts,
+ * each run in its own child process, printing the return code and the
+ * out-parameters. tests/hostile/test_hostile.py runs the table without the
+ * shim and with it (cold and warm store) and requires identical dumps.
+ *
+ *   hostile [--list] [--crashers] [--only HOOK] [--label LABEL] [--no-fork] PTX_FILE
+ *
+ * --list prints "hook label [crash: reason]" for every case. A case marked
+ * with a crash reason crashes the real library (or the stand-in driver) by
+ * itself; it is not run unless --crashers is given, and then only to check
+ * that the reason still holds (the test runs those without the shim).
+ *
+ * NVRTC comes from libnvrtc.so.13 and the driver from libcuda.so.1 (the
+ * stand-in, first on LD_LIBRARY_PATH), both dlopen()ed with every entry
+ * point found by dlsym, as PyTorch and CuPy do, so the shim's dlsym hands
+ * out its wrappers. Nothing printed depends on addresses or timing.
+ */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <nvrtc.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void *nv, *cu;
+static const char *ptx_path;
+static char *ptx; /* the PTX file's text, NUL-terminated */
+static size_t ptx_len;
+
+#define SAY(...) (printf(__VA_ARGS__), putchar('\n'), fflush(stdout))
+
+static void *sym(void *lib, const char *name)
+{
+    void *p = dlsym(lib, name);
+    if (!p) {
+        SAY("missing symbol %s", name);
+        _exit(3);
+    }
+    return p;
+}
+#define NV(name) ((__typeof__(&name))sym(nv, #name))
+#define CU(name) ((__typeof__(&name))sym(cu, #name))
+
+/* A handle value that never was one. */
+#define GARBAGE ((void *)(uintptr_t)0x1234560)
+#define SENTINEL ((void *)(uintptr_t)0x5a5a5a5a5a5aull)
+
+static const char *hstate(const void *h)
+{
+    return h == NULL ? "NULL" : h == SENTINEL ? "unchanged" : "set";
+}
+
+/* ---- bytes at the edge of the address space: a page followed by a
+ * PROT_NONE page, so reading one byte past an image faults. ---- */
+static void *edge(const void *bytes, size_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t span = ((n + (size_t)pg - 1) / (size_t)pg + 1) * (size_t)pg;
+    char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        _exit(4);
+    mprotect(m + span - (size_t)pg, (size_t)pg, PROT_NONE);
+    char *p = m + span - (size_t)pg - n;
+    memcpy(p, bytes, n);
+    return p;
+}
+
+/* ---- NVRTC ---------------------------------------------------------------------------- */
+
+static const char *src = "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+                         "template <typename T> __global__ void t(T *x) { x[0] = T(1); }\n";
+
+static nvrtcProgram compiled(nvrtcResult *crc)
+{
+    nvrtcProgram p = NULL;
+    if (NV(nvrtcCreateProgram)(&p, src, "hostile.cu", 0, NULL, NULL) != NVRTC_SUCCESS)
+        _exit(5);
+    NV(nvrtcAddNameExpression)(p, "t<int>");
+    static const char *opts[] = {"-arch=compute_90", "-default-device"};
+    *crc = NV(nvrtcCompileProgram)(p, 2, opts);
+    return p;
+}
+
+static nvrtcProgram created(void)
+{
+    nvrtcProgram p = NULL;
+    if (NV(nvrtcCreateProgram)(&p, src, "hostile.cu", 0, NULL, NULL) != NVRTC_SUCCESS)
+        _exit(5);
+    return p;
+}
+
+static nvrtcProgram failed_compile(void)
+{
+    nvrtcProgram p = NULL;
+    if (NV(nvrtcCreateProgram)(&p, "__global__ void k() { undeclared(); }", "bad.cu", 0, NULL, NULL))
+        _exit(5);
+    static const char *opts[] = {"-arch=compute_90"};
+    SAY("  compile(bad) rc=%d", NV(nvrtcCompileProgram)(p, 1, opts));
+    return p;
+}
+
+typedef nvrtcResult (*size_fn)(nvrtcProgram, size_t *);
+typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
+
+/* One getter pair on a program: NULL out, the size, the bytes' digest. */
+static void getter(nvrtcProgram p, const char *sname, const char *gname, int which)
+{
+    size_fn sz = (size_fn)sym(nv, sname);
+    get_fn g = (get_fn)sym(nv, gname);
+    if (which == 0) {
+        SAY("  %s(NULL) rc=%d", sname, sz(p, NULL));
+        return;
+    }
+    if (which == 1) {
+        SAY("  %s(prog, NULL) rc=%d", gname, g(p, NULL));
+        return;
+    }
+    size_t n = 777;
+    nvrtcResult rc = sz(p, &n);
+    SAY("  %s rc=%d size=%zu", sname, rc, n);
+    /* A buffer of exactly the announced size at the edge: the getter must
+     * not write past it. */
+    size_t cap = rc == NVRTC_SUCCESS && n < (1u << 26) ? n : 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t pages = cap ? (cap + (size_t)pg - 1) / (size_t)pg : 1;
+    size_t span = (pages + 1) * (size_t)pg;
+    char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    mprotect(m + span - (size_t)pg, (size_t)pg, PROT_NONE);
+    memset(m, 0x5a, span - (size_t)pg);
+    /* No usable size: a 4 KiB buffer, and what the getter wrote into it. */
+    char *buf = cap ? m + span - (size_t)pg - cap : m;
+    size_t seen = cap ? cap : 64;
+    rc = g(p, buf);
+    unsigned long h = 5381;
+    for (size_t i = 0; i < seen; i++)
+        h = h * 33 + (unsigned char)buf[i];
+    SAY("  %s rc=%d bytes-hash=%lu first=%d", gname, rc, h, buf[0]);
+}
+
+#define GETTERS(X)                                                                                 \
+    X(nvrtcGetPTXSize, nvrtcGetPTX) X(nvrtcGetCUBINSize, nvrtcGetCUBIN)                            \
+    X(nvrtcGetLTOIRSize, nvrtcGetLTOIR) X(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR)                    \
+    X(nvrtcGetProgramLogSize, nvrtcGetProgramLog)
+
+/* ---- the driver ----------------------------------------------------------------------- */
+
+static CUcontext ctx_setup(void)
+{
+    CUdevice d;
+    CUcontext c = NULL;
+    if (CU(cuInit)(0) || CU(cuDeviceGet)(&d, 0) || CU(cuDevicePrimaryCtxRetain)(&c, d) ||
+        CU(cuCtxSetCurrent)(c))
+        _exit(6);
+    return c;
+}
+
+static CUmodule ptx_module(void)
+{
+    CUmodule m = NULL;
+    if (CU(cuModuleLoadData)(&m, ptx) != CUDA_SUCCESS)
+        _exit(7);
+    return m;
+}
+
+/* ---- the cases -------------------------------------------------------------------------- */
+
+struct hcase {
+    const char *hook;  /* the intercepted function it calls */
+    const char *label;
+    void (*run)(void);
+    const char *crash; /* why it is not run: it crashes the real library */
+};
+
+#define CASE(hook, label) static void hook##__##label(void)
+
+/* nvrtcCreateProgram */
+CASE(nvrtcCreateProgram, null_prog) { SAY("rc=%d", NV(nvrtcCreateProgram)(NULL, src, "x.cu", 0, NULL, NULL)); }
+CASE(nvrtcCreateProgram, null_src)
+{
+    nvrtcProgram p = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, NULL, "x.cu", 0, NULL, NULL), hstate(p));
+}
+CASE(nvrtcCreateProgram, null_name)
+{
+    nvrtcProgram p = SENTINEL;
+    nvrtcResult rc = NV(nvrtcCreateProgram)(&p, src, NULL, 0, NULL, NULL);
+    SAY("rc=%d out=%s", rc, hstate(p));
+    if (rc == NVRTC_SUCCESS) {
+        static const char *o[] = {"-arch=compute_90"};
+        SAY("compile rc=%d", NV(nvrtcCompileProgram)(p, 1, o));
+        getter(p, "nvrtcGetPTXSize", "nvrtcGetPTX", 2);
+    }
+}
+CASE(nvrtcCreateProgram, negative_headers)
+{
+    nvrtcProgram p = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, src, "x.cu", INT_MIN, NULL, NULL), hstate(p));
+}
+CASE(nvrtcCreateProgram, huge_headers_null_arrays)
+{
+    nvrtcProgram p = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, src, "x.cu", INT_MAX, NULL, NULL), hstate(p));
+}
+CASE(nvrtcCreateProgram, header_null_entries)
+{
+    const char *hs[] = {NULL}, *ns[] = {NULL};
+    nvrtcProgram p = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, src, "x.cu", 1, hs, ns), hstate(p));
+}
+CASE(nvrtcCreateProgram, header_null_name)
+{
+    const char *hs[] = {"#define X 1\n"}, *ns[] = {NULL};
+    nvrtcProgram p = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, src, "x.cu", 1, hs, ns), hstate(p));
+}
+/* nvrtcDestroyProgram */
+CASE(nvrtcDestroyProgram, null) { SAY("rc=%d", NV(nvrtcDestroyProgram)(NULL)); }
+CASE(nvrtcDestroyProgram, null_handle)
+{
+    nvrtcProgram p = NULL;
+    SAY("rc=%d", NV(nvrtcDestroyProgram)(&p));
+}
+CASE(nvrtcDestroyProgram, twice)
+{
+    nvrtcProgram p = created(), q = p;
+    SAY("rc=%d after=%s", NV(nvrtcDestroyProgram)(&p), hstate(p));
+    (void)q;
+    SAY("rc=%d", NV(nvrtcDestroyProgram)(&p));
+}
+CASE(nvrtcDestroyProgram, garbage) { nvrtcProgram p = GARBAGE; SAY("rc=%d", NV(nvrtcDestroyProgram)(&p)); }
+/* nvrtcCompileProgram */
+CASE(nvrtcCompileProgram, null_prog) { SAY("rc=%d", NV(nvrtcCompileProgram)(NULL, 0, NULL)); }
+CASE(nvrtcCompileProgram, huge_options_null_array)
+{
+    nvrtcProgram p = created();
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, INT_MAX, NULL));
+}
+CASE(nvrtcCompileProgram, negative_options)
+{
+    nvrtcProgram p = created();
+    static const char *o[] = {"-arch=compute_90"};
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, -1, o));
+}
+CASE(nvrtcCompileProgram, null_option_entry)
+{
+    nvrtcProgram p = created();
+    const char *o[] = {"-arch=compute_90", NULL};
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, 2, o));
+}
+CASE(nvrtcCompileProgram, bad_option)
+{
+    nvrtcProgram p = created();
+    static const char *o[] = {"--no-such-option"};
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, 1, o));
+    getter(p, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", 2);
+}
+CASE(nvrtcCompileProgram, oversized_option)
+{
+    nvrtcProgram p = created();
+    size_t n = 1u << 20;
+    char *big = malloc(n + 1);
+    memcpy(big, "-D", 2);
+    memset(big + 2, 'A', n - 2);
+    big[n] = 0;
+    const char *o[] = {"-arch=compute_90", big};
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, 2, o));
+    getter(p, "nvrtcGetPTXSize", "nvrtcGetPTX", 2);
+}
+CASE(nvrtcCompileProgram, twice)
+{
+    nvrtcResult rc;
+    nvrtcProgram p = compiled(&rc);
+    static const char *o[] = {"-arch=compute_90"};
+    SAY("first rc=%d again rc=%d", rc, NV(nvrtcCompileProgram)(p, 1, o));
+    getter(p, "nvrtcGetPTXSize", "nvrtcGetPTX", 2);
+}
+CASE(nvrtcCompileProgram, destroyed)
+{
+    nvrtcProgram p = created(), q = p;
+    NV(nvrtcDestroyProgram)(&q);
+    SAY("rc=%d", NV(nvrtcCompileProgram)(p, 0, NULL));
+}
+/* nvrtcAddNameExpression */
+CASE(nvrtcAddNameExpression, null_prog) { SAY("rc=%d", NV(nvrtcAddNameExpression)(NULL, "t<int>")); }
+CASE(nvrtcAddNameExpression, null_expr) { SAY("rc=%d", NV(nvrtcAddNameExpression)(created(), NULL)); }
+CASE(nvrtcAddNameExpression, after_compile)
+{
+    nvrtcResult rc;
+    nvrtcProgram p = compiled(&rc);
+    SAY("rc=%d", NV(nvrtcAddNameExpression)(p, "t<float>"));
+}
+CASE(nvrtcAddNameExpression, empty_and_bad)
+{
+    nvrtcProgram p = created();
+    SAY("empty rc=%d", NV(nvrtcAddNameExpression)(p, ""));
+    SAY("bad rc=%d", NV(nvrtcAddNameExpression)(p, "&&&not c++"));
+    static const char *o[] = {"-arch=compute_90"};
+    SAY("compile rc=%d", NV(nvrtcCompileProgram)(p, 1, o));
+    getter(p, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog", 2);
+}
+/* nvrtcGetLoweredName */
+CASE(nvrtcGetLoweredName, null_prog)
+{
+    const char *s = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcGetLoweredName)(NULL, "t<int>", &s), hstate(s));
+}
+CASE(nvrtcGetLoweredName, before_compile)
+{
+    const char *s = SENTINEL;
+    nvrtcProgram p = created();
+    NV(nvrtcAddNameExpression)(p, "t<int>");
+    SAY("rc=%d out=%s", NV(nvrtcGetLoweredName)(p, "t<int>", &s), hstate(s));
+}
+CASE(nvrtcGetLoweredName, after_compile)
+{
+    nvrtcResult rc;
+    nvrtcProgram p = compiled(&rc);
+    const char *s = SENTINEL;
+    SAY("known rc=%d name=%s", NV(nvrtcGetLoweredName)(p, "t<int>", &s), s == SENTINEL ? "unchanged" : s ? s : "NULL");
+    s = SENTINEL;
+    SAY("unknown rc=%d out=%s", NV(nvrtcGetLoweredName)(p, "t<double>", &s), hstate(s));
+    SAY("null expr rc=%d", NV(nvrtcGetLoweredName)(p, NULL, &s));
+    SAY("null out rc=%d", NV(nvrtcGetLoweredName)(p, "t<int>", NULL));
+}
+CASE(nvrtcGetLoweredName, failed_compile)
+{
+    nvrtcProgram p = failed_compile();
+    const char *s = SENTINEL;
+    SAY("rc=%d out=%s", NV(nvrtcGetLoweredName)(p, "k", &s), hstate(s));
+}
+/* The ten getters: NULL program, NULL out, before compile, after a failed
+ * compile, after a good one. */
+#define GETTER_CASES(S, G)                                                                          \
+    CASE(S, null_prog)                                                                             \
+    {                                                                                              \
+        size_t n = 777;                                                                            \
+        SAY("rc=%d size=%zu", NV(S)(NULL, &n), n);                                                 \
+    }                                                                                              \
+    CASE(S, states)                                                                                \
+    {                                                                                              \
+        nvrtcProgram p = created();                                                                \
+        SAY("before compile:");                                                                    \
+        getter(p, #S, #G, 0);                                                                      \
+        getter(p, #S, #G, 2);                                                                      \
+        p = failed_compile();                                                                      \
+        getter(p, #S, #G, 0);                                                                      \
+        getter(p, #S, #G, 2);                                                                      \
+        nvrtcResult rc;                                                                            \
+        p = compiled(&rc);                                                                         \
+        SAY("compiled rc=%d", rc);                                                                 \
+        getter(p, #S, #G, 0);                                                                      \
+        getter(p, #S, #G, 2);                                                                      \
+    }                                                                                              \
+    CASE(G, null_prog) { SAY("rc=%d", NV(G)(NULL, (char[8]){0})); }                                \
+    CASE(G, null_out)                                                                              \
+    {                                                                                              \
+        nvrtcResult rc;                                                                            \
+        nvrtcProgram p = compiled(&rc);                                                            \
+        getter(p, #S, #G, 1);                                                                      \
+        p = failed_compile();                                                                      \
+        getter(p, #S, #G, 1);                                                                      \
+    }
+GETTERS(GETTER_CASES)
+/* PCH and the flow callback. */
+CASE(nvrtcGetPCHCreateStatus, null_prog) { SAY("rc=%d", NV(nvrtcGetPCHCreateStatus)(NULL)); }
+CASE(nvrtcGetPCHCreateStatus, states)
+{
+    SAY("created rc=%d", NV(nvrtcGetPCHCreateStatus)(created()));
+    nvrtcResult rc;
+    SAY("compiled rc=%d", NV(nvrtcGetPCHCreateStatus)(compiled(&rc)));
+}
+CASE(nvrtcGetPCHHeapSizeRequired, null_prog)
+{
+    size_t n = 777;
+    SAY("rc=%d size=%zu", NV(nvrtcGetPCHHeapSizeRequired)(NULL, &n), n);
+}
+CASE(nvrtcGetPCHHeapSizeRequired, states)
+{
+    size_t n = 777;
+    nvrtcProgram p = created();
+    SAY("created rc=%d size=%zu", NV(nvrtcGetPCHHeapSizeRequired)(p, &n), n);
+    SAY("null out rc=%d", NV(nvrtcGetPCHHeapSizeRequired)(p, NULL));
+    nvrtcResult rc;
+    p = compiled(&rc);
+    n = 777;
+    SAY("compiled rc=%d size=%zu", NV(nvrtcGetPCHHeapSizeRequired)(p, &n), n);
+    SAY("compiled null out rc=%d", NV(nvrtcGetPCHHeapSizeRequired)(p, NULL));
+}
+static int flow_cb(void *payload, void *param) { return 0; }
+CASE(nvrtcSetFlowCallback, null_prog) { SAY("rc=%d", NV(nvrtcSetFlowCallback)(NULL, flow_cb, NULL)); }
+CASE(nvrtcSetFlowCallback, null_callback)
+{
+    nvrtcProgram p = created();
+    SAY("rc=%d", NV(nvrtcSetFlowCallback)(p, NULL, NULL));
+    static const char *o[] = {"-arch=compute_90"};
+    SAY("compile rc=%d", NV(nvrtcCompileProgram)(p, 1, o));
+    getter(p, "nvrtcGetPTXSize", "nvrtcGetPTX", 2);
+}
+CASE(nvrtcVersion, null_args)
+{
+    int a = -7, b = -7;
+    SAY("both NULL rc=%d", NV(nvrtcVersion)(NULL, NULL));
+    SAY("minor NULL rc=%d major=%d", NV(nvrtcVersion)(&a, NULL), a);
+    SAY("ok rc=%d", NV(nvrtcVersion)(&a, &b));
+}
+
+/* ---- driver: module loads ---- */
+static const uint32_t fat_huge[] = {0xBA55ED50u, 0x00100001u, 0x3fffffffu, 0x00000000u};
+
+static void load4(const char *what, const void *img)
+{
+    CUmodule m = SENTINEL;
+    CUlibrary l = SENTINEL;
+    SAY("%s: data rc=%d out=%s", what, CU(cuModuleLoadData)(&m, img), hstate(m));
+    m = SENTINEL;
+    SAY("%s: dataex rc=%d out=%s", what, CU(cuModuleLoadDataEx)(&m, img, 0, NULL, NULL), hstate(m));
+    m = SENTINEL;
+    SAY("%s: fatbinary rc=%d out=%s", what, CU(cuModuleLoadFatBinary)(&m, img), hstate(m));
+    SAY("%s: library rc=%d out=%s", what, CU(cuLibraryLoadData)(&l, img, NULL, NULL, 0, NULL, NULL, 0), hstate(l));
+}
+
+CASE(cuModuleLoadData, images)
+{
+    ctx_setup();
+    /* PTX whose NUL is the last mapped byte. */
+    load4("ptx ending at a page edge", edge(ptx, ptx_len + 1));
+    /* Text without ".version", NUL at the edge. */
+    load4("text at a page edge", edge("hello", 6));
+    /* A short ELF magic, nothing after it but its NUL. */
+    load4("elf magic only", edge("\177ELF", 5));
+    /* PTX at an odd address. */
+    char *odd = malloc(ptx_len + 2);
+    memcpy(odd + 1, ptx, ptx_len + 1);
+    load4("ptx at an odd address", odd + 1);
+    /* A fatbinary header alone, fat_size 0, at the edge. */
+    static const uint32_t fat0[] = {0xBA55ED50u, 0x00100001u, 0, 0};
+    load4("empty fatbinary at a page edge", edge(fat0, sizeof fat0));
+    /* A fatbinary header with a header_size below its own size. */
+    static const uint32_t fatsmall[] = {0xBA55ED50u, 0x00040001u, 16, 0};
+    load4("fatbinary header_size 4", fatsmall);
+}
+CASE(cuModuleLoadData, unterminated_ptx)
+{
+    ctx_setup();
+    load4("ptx without NUL at a page edge", edge(ptx, ptx_len));
+}
+CASE(cuModuleLoadData, fatbin_claiming_huge_size)
+{
+    ctx_setup();
+    load4("fatbinary claiming 1 GiB at a page edge", edge(fat_huge, sizeof fat_huge));
+}
+CASE(cuModuleLoadData, fatbin_wrapper_null_data)
+{
+    ctx_setup();
+    static const uint64_t wrapper[] = {0x00000001466243b1ull, 0, 0};
+    load4("fatbinary wrapper with NULL data", wrapper);
+}
+CASE(cuModuleLoadData, no_context)
+{
+    CU(cuInit)(0);
+    load4("ptx without a context", ptx);
+    load4("null image without a context", NULL);
+}
+CASE(cuModuleLoadData, null_out)
+{
+    ctx_setup();
+    SAY("rc=%d", CU(cuModuleLoadData)(NULL, ptx));
+}
+CASE(cuModuleLoadDataEx, options)
+{
+    ctx_setup();
+    CUmodule m = SENTINEL;
+    SAY("huge count, NULL arrays rc=%d out=%s", CU(cuModuleLoadDataEx)(&m, ptx, UINT_MAX, NULL, NULL), hstate(m));
+    CUjit_option o[65];
+    void *v[65];
+    for (int i = 0; i < 65; i++) {
+        o[i] = CU_JIT_OPTIMIZATION_LEVEL;
+        v[i] = (void *)(uintptr_t)3;
+    }
+    m = SENTINEL;
+    SAY("65 options rc=%d out=%s", CU(cuModuleLoadDataEx)(&m, ptx, 65, o, v), hstate(m));
+    m = SENTINEL;
+    SAY("values NULL rc=%d out=%s", CU(cuModuleLoadDataEx)(&m, ptx, 1, o, NULL), hstate(m));
+    /* Log buffers: NULL with a size, a size with no buffer, huge size. */
+    CUjit_option lo[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+    void *lv[] = {NULL, (void *)(uintptr_t)4096};
+    m = SENTINEL;
+    SAY("NULL info buffer rc=%d out=%s written=%zu", CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv), hstate(m),
+        (size_t)(uintptr_t)lv[1]);
+    char small[4] = "abc";
+    void *lv2[] = {small, (void *)(uintptr_t)0};
+    m = SENTINEL;
+    SAY("zero-size info buffer rc=%d out=%s buf=%s written=%zu", CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv2),
+        hstate(m), small, (size_t)(uintptr_t)lv2[1]);
+    char *eb = edge("", 1);
+    void *lv3[] = {eb, (void *)(uintptr_t)1};
+    m = SENTINEL;
+    SAY("one-byte info buffer at a page edge rc=%d out=%s buf0=%d written=%zu",
+        CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv3), hstate(m), eb[0], (size_t)(uintptr_t)lv3[1]);
+    CUjit_option neg[] = {(CUjit_option)-1};
+    void *nv_[] = {NULL};
+    m = SENTINEL;
+    SAY("negative option rc=%d out=%s", CU(cuModuleLoadDataEx)(&m, ptx, 1, neg, nv_), hstate(m));
+}
+CASE(cuModuleLoadFatBinary, ptx_and_null)
+{
+    ctx_setup();
+    CUmodule m = SENTINEL;
+    SAY("ptx rc=%d out=%s", CU(cuModuleLoadFatBinary)(&m, ptx), hstate(m));
+    SAY("null out rc=%d", CU(cuModuleLoadFatBinary)(NULL, ptx));
+}
+CASE(cuLibraryLoadData, options)
+{
+    ctx_setup();
+    CUlibrary l = SENTINEL;
+    SAY("huge jit count, NULL arrays rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, UINT_MAX, NULL, NULL, 0), hstate(l));
+    l = SENTINEL;
+    SAY("huge library count, NULL arrays rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, NULL, NULL, UINT_MAX), hstate(l));
+    CUlibraryOption lo[] = {(CUlibraryOption)12345};
+    void *lv[] = {NULL};
+    l = SENTINEL;
+    SAY("unknown library option rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, lo, lv, 1), hstate(l));
+    l = SENTINEL;
+    SAY("null image rc=%d out=%s", CU(cuLibraryLoadData)(&l, NULL, NULL, NULL, 0, NULL, NULL, 0), hstate(l));
+}
+/* ---- driver: resolvers ---- */
+static void gpa_cases(int v2)
+{
+    void *p = SENTINEL;
+    CUdriverProcAddressQueryResult q = (CUdriverProcAddressQueryResult)77;
+#define GPA(sym_, pfn, ver, fl)                                                                    \
+    (v2 ? CU(cuGetProcAddress_v2)(sym_, pfn, ver, fl, &q) : CU(cuGetProcAddress)(sym_, pfn, ver, fl))
+    SAY("NULL symbol rc=%d out=%s", GPA(NULL, &p, 12000, 0), hstate(p));
+    SAY("NULL pfn rc=%d", GPA("cuModuleLoadData", NULL, 12000, 0));
+    p = SENTINEL;
+    SAY("unknown rc=%d out=%s q=%d", GPA("cuNoSuchThing", &p, 12000, 0), hstate(p), v2 ? (int)q : -1);
+    p = SENTINEL;
+    SAY("negative version rc=%d out=%s", GPA("cuModuleLoadData", &p, -1, 0), hstate(p));
+    p = SENTINEL;
+    SAY("huge flags rc=%d out=%s", GPA("cuModuleLoadData", &p, 12000, ~0ull), hstate(p));
+    p = SENTINEL;
+    SAY("empty name rc=%d out=%s", GPA("", &p, 12000, 0), hstate(p));
+    char longname[8192];
+    memset(longname, 'c', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    p = SENTINEL;
+    SAY("8 KiB name rc=%d out=%s", GPA(longname, &p, 12000, 0), hstate(p));
+    if (v2) {
+        p = SENTINEL;
+        SAY("NULL status rc=%d out=%s", CU(cuGetProcAddress_v2)("cuModuleLoadData", &p, 12000, 0, NULL), hstate(p));
+    }
+#undef GPA
+}
+CASE(cuGetProcAddress, hostile) { CU(cuInit)(0); gpa_cases(0); }
+CASE(cuGetProcAddress_v2, hostile) { CU(cuInit)(0); gpa_cases(1); }
+CASE(cuGetProcAddress_v2, before_init) { gpa_cases(1); }
+/* ---- driver: the context memo's hooks ---- */
+CASE(cuModuleGetFunction, hostile)
+{
+    ctx_setup();
+    CUmodule m = ptx_module();
+    CUfunction f = SENTINEL;
+    SAY("empty name rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, ""), hstate(f));
+    char longname[70000];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    f = SENTINEL;
+    SAY("64 KiB name rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, longname), hstate(f));
+    f = SENTINEL;
+    SAY("name at a page edge rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, edge("add1", 5)), hstate(f));
+    CU(cuCtxSetCurrent)(NULL);
+    f = SENTINEL;
+    SAY("no current context rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, "add1"), hstate(f));
+}
+CASE(cuLibraryGetKernel, hostile)
+{
+    ctx_setup();
+    CUlibrary l = NULL;
+    CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, NULL, NULL, 0);
+    CUkernel k = SENTINEL;
+    SAY("empty name rc=%d out=%s", CU(cuLibraryGetKernel)(&k, l, ""), hstate(k));
+    k = SENTINEL;
+    SAY("NULL library rc=%d out=%s", CU(cuLibraryGetKernel)(&k, NULL, "add1"), hstate(k));
+}
+CASE(cuKernelGetFunction, hostile)
+{
+    ctx_setup();
+    CUfunction f = SENTINEL;
+    SAY("NULL kernel rc=%d out=%s", CU(cuKernelGetFunction)(&f, NULL), hstate(f));
+}
+CASE(cuModuleUnload, before_init) { SAY("rc=%d", CU(cuModuleUnload)(GARBAGE)); }
+CASE(cuModuleUnload, other_context)
+{
+    CUcontext c = ctx_setup();
+    CUmodule m = ptx_module();
+    CUcontext c2 = NULL;
+    CUdevice d;
+    CU(cuDeviceGet)(&d, 0);
+    CU(cuCtxCreate_v4)(&c2, NULL, 0, d);
+    SAY("unload from another context rc=%d", CU(cuModuleUnload)(m));
+    CU(cuCtxSetCurrent)(c);
+    CUfunction f = SENTINEL;
+    SAY("lookup after rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, "add1"), hstate(f));
+}
+CASE(cuLibraryUnload, null) { ctx_setup(); SAY("rc=%d", CU(cuLibraryUnload)(NULL)); }
+static void destroy_cases(const char *name)
+{
+    CUresult (*destroy)(CUcontext) = (CUresult(*)(CUcontext))sym(cu, name);
+    SAY("before init rc=%d", destroy(GARBAGE));
+    CUcontext c = ctx_setup();
+    SAY("primary context rc=%d", destroy(c));
+    SAY("NULL rc=%d", destroy(NULL));
+}
+CASE(cuCtxDestroy, hostile) { destroy_cases("cuCtxDestroy"); }
+CASE(cuCtxDestroy_v2, hostile) { destroy_cases("cuCtxDestroy_v2"); }
+static void primary_cases(const char *retain_or_release_or_reset)
+{
+    if (!strcmp(retain_or_release_or_reset, "retain")) {
+        CUresult (*r)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))sym(cu, "cuDevicePrimaryCtxRetain");
+        CUcontext c = SENTINEL;
+        SAY("before init rc=%d out=%s", r(&c, 0), hstate(c));
+        CU(cuInit)(0);
+        c = SENTINEL;
+        SAY("device -1 rc=%d out=%s", r(&c, -1), hstate(c));
+        c = SENTINEL;
+        SAY("device INT_MAX rc=%d out=%s", r(&c, INT_MAX), hstate(c));
+        return;
+    }
+    CUresult (*f)(CUdevice) = (CUresult(*)(CUdevice))sym(cu, retain_or_release_or_reset);
+    SAY("before init rc=%d", f(0));
+    CU(cuInit)(0);
+    SAY("device -1 rc=%d", f(-1));
+    SAY("device INT_MIN rc=%d", f(INT_MIN));
+    SAY("unretained rc=%d", f(0));
+    ctx_setup();
+    SAY("retained rc=%d", f(0));
+    SAY("again rc=%d", f(0));
+}
+CASE(cuDevicePrimaryCtxRetain, hostile) { primary_cases("retain"); }
+CASE(cuDevicePrimaryCtxRelease, hostile) { primary_cases("cuDevicePrimaryCtxRelease"); }
+CASE(cuDevicePrimaryCtxRelease_v2, hostile) { primary_cases("cuDevicePrimaryCtxRelease_v2"); }
+CASE(cuDevicePrimaryCtxReset, hostile) { primary_cases("cuDevicePrimaryCtxReset"); }
+CASE(cuDevicePrimaryCtxReset_v2, hostile) { primary_cases("cuDevicePrimaryCtxReset_v2"); }
+CASE(cuMemAlloc_v2, hostile)
+{
+    CUdeviceptr p = 0x5a5a;
+    SAY("before init rc=%d", CU(cuMemAlloc_v2)(&p, 16));
+    ctx_setup();
+    p = 0x5a5a;
+    SAY("SIZE_MAX rc=%d changed=%d", CU(cuMemAlloc_v2)(&p, SIZE_MAX), p != 0x5a5a);
+    p = 0x5a5a;
+    SAY("SIZE_MAX-4095 rc=%d changed=%d", CU(cuMemAlloc_v2)(&p, SIZE_MAX - 4095), p != 0x5a5a);
+    /* Freed blocks go to the pool: a NULL out or a zero size must still be
+     * refused exactly as the driver refuses them. */
+    CU(cuMemAlloc_v2)(&p, 4096);
+    CU(cuMemFree_v2)(p);
+    SAY("NULL out with a pooled block rc=%d", CU(cuMemAlloc_v2)(NULL, 4096));
+    p = 0x5a5a;
+    SAY("zero with a pooled block rc=%d changed=%d", CU(cuMemAlloc_v2)(&p, 0), p != 0x5a5a);
+}
+CASE(cuMemFree_v2, hostile)
+{
+    SAY("before init rc=%d", CU(cuMemFree_v2)(0x1000));
+    ctx_setup();
+    CUdeviceptr p = 0;
+    CU(cuMemAlloc_v2)(&p, 4096);
+    SAY("free rc=%d", CU(cuMemFree_v2)(p));
+    /* A double free whose block sits in the pool. */
+    SAY("free twice rc=%d", CU(cuMemFree_v2)(p));
+    SAY("free interior of a freed block rc=%d", CU(cuMemFree_v2)(p + 8));
+    SAY("free ~0 rc=%d", CU(cuMemFree_v2)(~(CUdeviceptr)0));
+    CU(cuCtxSetCurrent)(NULL);
+    SAY("free without a context rc=%d", CU(cuMemFree_v2)(p));
+}
+CASE(cuMemGetInfo_v2, hostile)
+{
+    size_t a = 7, b = 7;
+    SAY("before init rc=%d", CU(cuMemGetInfo_v2)(&a, &b));
+    ctx_setup();
+    SAY("free NULL rc=%d", CU(cuMemGetInfo_v2)(NULL, &b));
+    SAY("total NULL rc=%d", CU(cuMemGetInfo_v2)(&a, NULL));
+    CU(cuCtxSetCurrent)(NULL);
+    SAY("no context rc=%d", CU(cuMemGetInfo_v2)(&a, &b));
+}
+
+/* ---- libc: the header-tracking wrappers (shim/deps.c) and dlsym ---- */
+static char longpath[PATH_MAX * 2];
+static const char *lp(void)
+{
+    memset(longpath, 'x', sizeof longpath - 1);
+    longpath[0] = '/';
+    return longpath;
+}
+#define ERR(rc) (rc), ((rc) < 0 ? errno : 0)
+CASE(open, hostile)
+{
+    errno = 0;
+    SAY("NULL rc=%d errno=%d", ERR(open(NULL, O_RDONLY)));
+    SAY("empty rc=%d errno=%d", ERR(open("", O_RDONLY)));
+    SAY("long rc=%d errno=%d", ERR(open(lp(), O_RDONLY)));
+    SAY("bad flags rc=%d errno=%d", ERR(open("/nonexistent/x", -1)));
+    SAY("dir for writing rc=%d errno=%d", ERR(open("/", O_WRONLY)));
+}
+CASE(open64, hostile)
+{
+    int (*o64)(const char *, int, ...) = dlsym(RTLD_DEFAULT, "open64");
+    SAY("NULL rc=%d errno=%d", ERR(o64(NULL, O_RDONLY)));
+    SAY("long rc=%d errno=%d", ERR(o64(lp(), O_RDONLY)));
+}
+CASE(openat, hostile)
+{
+    SAY("bad dirfd rc=%d errno=%d", ERR(openat(-5, "x", O_RDONLY)));
+    SAY("NULL path rc=%d errno=%d", ERR(openat(AT_FDCWD, NULL, O_RDONLY)));
+    SAY("file as dirfd rc=%d errno=%d", ERR(openat(0, "x", O_RDONLY)));
+    SAY("long rc=%d errno=%d", ERR(openat(AT_FDCWD, lp(), O_RDONLY)));
+}
+static void fopen_cases(FILE *(*fo)(const char *, const char *))
+{
+    FILE *f;
+    errno = 0;
+    f = fo("/nonexistent/x", "r");
+    SAY("absent %s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
+    f = fo(ptx_path, "z");
+    SAY("bad mode %s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
+    f = fo(lp(), "r");
+    SAY("long %s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
+    f = fo("", "r");
+    SAY("empty %s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
+}
+CASE(fopen, hostile) { fopen_cases(fopen); }
+CASE(fopen, null_path) { FILE *f = fopen(NULL, "r"); SAY("%s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno); }
+CASE(fopen, null_mode) { FILE *f = fopen(ptx_path, NULL); SAY("%s", f ? "FILE" : "NULL"); }
+CASE(fopen64, hostile) { fopen_cases((FILE * (*)(const char *, const char *)) dlsym(RTLD_DEFAULT, "fopen64")); }
+static void xstat_cases(const char *name)
+{
+    int (*xs)(int, const char *, struct stat *) = dlvsym(RTLD_DEFAULT, name, "GLIBC_2.2.5");
+    if (!xs) {
+        SAY("%s not found", name);
+        return;
+    }
+    struct stat st;
+    SAY("bad version rc=%d errno=%d", ERR(xs(99, ptx_path, &st)));
+    SAY("NULL path rc=%d errno=%d", ERR(xs(1, NULL, &st)));
+    SAY("absent rc=%d errno=%d", ERR(xs(1, "/nonexistent/x", &st)));
+    SAY("long rc=%d errno=%d", ERR(xs(1, lp(), &st)));
+}
+CASE(__xstat, hostile) { xstat_cases("__xstat"); }
+CASE(__xstat64, hostile) { xstat_cases("__xstat64"); }
+CASE(stat, hostile)
+{
+    struct stat st;
+    SAY("NULL path rc=%d errno=%d", ERR(stat(NULL, &st)));
+    SAY("NULL buf rc=%d errno=%d", ERR(stat(ptx_path, NULL)));
+    SAY("empty rc=%d errno=%d", ERR(stat("", &st)));
+    SAY("long rc=%d errno=%d", ERR(stat(lp(), &st)));
+}
+CASE(access, hostile)
+{
+    SAY("NULL rc=%d errno=%d", ERR(access(NULL, R_OK)));
+    SAY("bad mode rc=%d errno=%d", ERR(access(ptx_path, 0x77)));
+    SAY("long rc=%d errno=%d", ERR(access(lp(), F_OK)));
+}
+CASE(dlsym, hostile)
+{
+    dlerror();
+    void *p = dlsym(nv, "nvrtcNoSuchFunction");
+    const char *e = dlerror();
+    SAY("unknown in libnvrtc: %s error=%d", p ? "found" : "NULL", e != NULL);
+    p = dlsym(RTLD_DEFAULT, "cuModuleLoadData");
+    SAY("RTLD_DEFAULT cuModuleLoadData (libcuda RTLD_LOCAL): %s", p ? "found" : "NULL");
+    p = dlsym(cu, "");
+    SAY("empty name: %s", p ? "found" : "NULL");
+}
+/* The program neither links nor has loaded NVRTC into the global scope. */
+CASE(dlsym, rtld_next)
+{
+    SAY("RTLD_NEXT nvrtcCompileProgram: %s", dlsym(RTLD_NEXT, "nvrtcCompileProgram") ? "found" : "NULL");
+    SAY("RTLD_NEXT cuModuleLoadData: %s", dlsym(RTLD_NEXT, "cuModuleLoadData") ? "found" : "NULL");
+    SAY("RTLD_DEFAULT nvrtcCompileProgram: %s", dlsym(RTLD_DEFAULT, "nvrtcCompileProgram") ? "found" : "NULL");
+}
+CASE(dlsym, null_name) { SAY("%s", dlsym(nv, NULL) ? "found" : "NULL"); }
+CASE(dlsym, garbage_handle) { SAY("%s", dlsym(GARBAGE, "nvrtcVersion") ? "found" : "NULL"); }
+
+#define C(hook, label, crash) {#hook, #label, hook##__##label, crash},
+#define GETTER_ENTRIES(S, G) C(S, null_prog, NULL) C(S, states, NULL) C(G, null_prog, NULL) C(G, null_out, NULL)
+static const struct hcase cases[] = {
+    C(nvrtcCreateProgram, null_prog, NULL)
+    C(nvrtcCreateProgram, null_src, NULL)
+    C(nvrtcCreateProgram, null_name, NULL)
+    C(nvrtcCreateProgram, negative_headers, NULL)
+    C(nvrtcCreateProgram, huge_headers_null_arrays, NULL)
+    C(nvrtcCreateProgram, header_null_entries, NULL)
+    C(nvrtcCreateProgram, header_null_name, NULL)
+    C(nvrtcDestroyProgram, null, NULL)
+    C(nvrtcDestroyProgram, null_handle, NULL)
+    C(nvrtcDestroyProgram, twice, NULL)
+    C(nvrtcDestroyProgram, garbage, "NVRTC dereferences a non-NULL garbage program handle")
+    C(nvrtcCompileProgram, null_prog, NULL)
+    C(nvrtcCompileProgram, huge_options_null_array, NULL)
+    C(nvrtcCompileProgram, negative_options, NULL)
+    C(nvrtcCompileProgram, null_option_entry, NULL)
+    C(nvrtcCompileProgram, bad_option, NULL)
+    C(nvrtcCompileProgram, oversized_option, NULL)
+    C(nvrtcCompileProgram, twice, NULL)
+    C(nvrtcCompileProgram, destroyed, "NVRTC uses a destroyed program handle (use after free)")
+    C(nvrtcAddNameExpression, null_prog, NULL)
+    C(nvrtcAddNameExpression, null_expr, NULL)
+    C(nvrtcAddNameExpression, after_compile, NULL)
+    C(nvrtcAddNameExpression, empty_and_bad, NULL)
+    C(nvrtcGetLoweredName, null_prog, NULL)
+    C(nvrtcGetLoweredName, before_compile, NULL)
+    C(nvrtcGetLoweredName, after_compile, NULL)
+    C(nvrtcGetLoweredName, failed_compile, NULL)
+    GETTERS(GETTER_ENTRIES)
+    C(nvrtcGetPCHCreateStatus, null_prog, NULL)
+    C(nvrtcGetPCHCreateStatus, states, NULL)
+    C(nvrtcGetPCHHeapSizeRequired, null_prog, NULL)
+    C(nvrtcGetPCHHeapSizeRequired, states, NULL)
+    C(nvrtcSetFlowCallback, null_prog, NULL)
+    C(nvrtcSetFlowCallback, null_callback, NULL)
+    C(nvrtcVersion, null_args, NULL)
+    C(cuModuleLoadData, images, NULL)
+    C(cuModuleLoadData, unterminated_ptx, "the driver reads a PTX image up to its NUL: one that has none runs off the mapping")
+    C(cuModuleLoadData, fatbin_claiming_huge_size, "the driver walks the fatbinary as far as its header claims, past the mapping")
+    C(cuModuleLoadData, fatbin_wrapper_null_data, "the driver follows the wrapper's data pointer (NULL)")
+    C(cuModuleLoadData, no_context, NULL)
+    C(cuModuleLoadData, null_out, NULL)
+    C(cuModuleLoadDataEx, options, NULL)
+    C(cuModuleLoadFatBinary, ptx_and_null, NULL)
+    C(cuLibraryLoadData, options, NULL)
+    C(cuGetProcAddress, hostile, NULL)
+    C(cuGetProcAddress_v2, hostile, NULL)
+    C(cuGetProcAddress_v2, before_init, NULL)
+    C(cuModuleGetFunction, hostile, NULL)
+    C(cuLibraryGetKernel, hostile, NULL)
+    C(cuKernelGetFunction, hostile, NULL)
+    C(cuModuleUnload, before_init, NULL)
+    C(cuModuleUnload, other_context, NULL)
+    C(cuLibraryUnload, null, NULL)
+    C(cuCtxDestroy, hostile, NULL)
+    C(cuCtxDestroy_v2, hostile, NULL)
+    C(cuDevicePrimaryCtxRetain, hostile, NULL)
+    C(cuDevicePrimaryCtxRelease, hostile, NULL)
+    C(cuDevicePrimaryCtxRelease_v2, hostile, NULL)
+    C(cuDevicePrimaryCtxReset, hostile, NULL)
+    C(cuDevicePrimaryCtxReset_v2, hostile, NULL)
+    C(cuMemAlloc_v2, hostile, NULL)
+    C(cuMemFree_v2, hostile, NULL)
+    C(cuMemGetInfo_v2, hostile, NULL)
+    C(open, hostile, NULL)
+    C(open64, hostile, NULL)
+    C(openat, hostile, NULL)
+    C(fopen, hostile, NULL)
+    C(fopen, null_path, NULL)
+    C(fopen, null_mode, "glibc's fopen dereferences a NULL mode")
+    C(fopen64, hostile, NULL)
+    C(__xstat, hostile, NULL)
+    C(__xstat64, hostile, NULL)
+    C(stat, hostile, NULL)
+    C(access, hostile, NULL)
+    C(dlsym, hostile, NULL)
+    C(dlsym, rtld_next, NULL)
+    C(dlsym, null_name, "glibc's dlsym dereferences a NULL name")
+    C(dlsym, garbage_handle, "glibc's dlsym dereferences a garbage handle")
+};
+#define N_CASES (sizeof cases / sizeof cases[0])
+
+static int nofork;
+
+static int run_case(const struct hcase *c)
+{
+    printf("### %s %s\n", c->hook, c->label);
+    fflush(stdout);
+    if (nofork) {
+        c->run();
+        return 0;
+    }
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        alarm(120);
+        c->run();
+        fflush(stdout);
+        _exit(0);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    if (WIFSIGNALED(st))
+        SAY("CRASH signal %d", WTERMSIG(st));
+    else if (WEXITSTATUS(st) != 0)
+        SAY("EXIT %d", WEXITSTATUS(st));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int list = 0, crashers = 0;
+    const char *only = NULL, *only_label = NULL;
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "--list"))
+            list = 1;
+        else if (!strcmp(argv[i], "--crashers"))
+            crashers = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--label") && i + 1 < argc)
+            only_label = argv[++i];
+        else if (!strcmp(argv[i], "--no-fork")) /* one case, in this process (debugging) */
+            nofork = 1;
+    }
+    if (list) {
+        for (size_t k = 0; k < N_CASES; k++)
+            printf("%s %s%s%s\n", cases[k].hook, cases[k].label, cases[k].crash ? " crash: " : "",
+                   cases[k].crash ? cases[k].crash : "");
+        return 0;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "usage: hostile [--list] [--crashers] [--only HOOK] [--label LABEL] [--no-fork] PTX_FILE\n");
+        return 2;
+    }
+    ptx_path = argv[i];
+    FILE *f = fopen(ptx_path, "rb");
+    if (!f)
+        return 2;
+    ptx = calloc(1, 1 << 20);
+    ptx_len = fread(ptx, 1, (1 << 20) - 1, f);
+    fclose(f);
+    nv = dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
+    cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!nv || !cu) {
+        fprintf(stderr, "hostile: dlopen: %s\n", dlerror());
+        return 2;
+    }
+    for (size_t k = 0; k < N_CASES; k++) {
+        if ((cases[k].crash != NULL) != crashers)
+            continue;
+        if (only && strcmp(only, cases[k].hook))
+            continue;
+        if (only_label && strcmp(only_label, cases[k].label))
+            continue;
+        if (run_case(&cases[k]) != 0)
+            return 2;
+    }
+    return 0;
+}
