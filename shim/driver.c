@@ -138,10 +138,22 @@ struct fatbin_entry {
     uint64_t uncompressed_size;
 };
 
+/* Images come at any address (a host may pass a pointer into a string), so
+ * fields are read with memcpy, never through a misaligned struct pointer. */
+static uint32_t u32_at(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 static const void *fatbin_unwrap(const void *p)
 {
-    if (*(const uint32_t *)p == FATBIN_WRAPPER_MAGIC)
-        return *(const void *const *)((const char *)p + 8);
+    if (u32_at(p) == FATBIN_WRAPPER_MAGIC) {
+        const void *inner;
+        memcpy(&inner, (const char *)p + 8, sizeof inner);
+        return inner;
+    }
     return p;
 }
 
@@ -164,26 +176,28 @@ static bool looks_like_ptx(const char *s)
  * answers). */
 static enum image_kind fatbin_kind(const void *p, size_t *len, int major, int minor)
 {
-    const struct fatbin_header *fh = p;
-    if (fh->magic != FATBIN_MAGIC || fh->header_size < sizeof *fh || fh->fat_size > MAX_IMAGE)
+    struct fatbin_header fh;
+    memcpy(&fh, p, sizeof fh);
+    if (fh.magic != FATBIN_MAGIC || fh.header_size < sizeof fh || fh.fat_size > MAX_IMAGE)
         return IMG_OTHER;
-    const unsigned char *b = (const unsigned char *)p + fh->header_size, *end = b + fh->fat_size;
+    const unsigned char *b = (const unsigned char *)p + fh.header_size, *end = b + fh.fat_size;
     bool sass = false, ptx = false;
-    while (b + sizeof(struct fatbin_entry) <= end) {
-        const struct fatbin_entry *e = (const void *)b;
-        if (e->header_size < sizeof *e || e->padded_size > fh->fat_size ||
-            e->header_size + e->padded_size > (size_t)(end - b))
+    while ((size_t)(end - b) >= sizeof(struct fatbin_entry)) {
+        struct fatbin_entry e;
+        memcpy(&e, b, sizeof e);
+        if (e.header_size < sizeof e || e.padded_size > fh.fat_size ||
+            e.header_size + e.padded_size > (size_t)(end - b))
             return IMG_OTHER;
-        int arch = (int)e->arch;
-        if (e->kind == 2 && arch / 10 == major && arch % 10 <= minor)
+        int arch = (int)e.arch;
+        if (e.kind == 2 && arch / 10 == major && arch % 10 <= minor)
             sass = true;
-        else if (e->kind == 1 && arch <= major * 10 + minor)
+        else if (e.kind == 1 && arch <= major * 10 + minor)
             ptx = true;
-        else if (e->kind != 1 && e->kind != 2)
+        else if (e.kind != 1 && e.kind != 2)
             return IMG_OTHER;
-        b += e->header_size + e->padded_size;
+        b += e.header_size + e.padded_size;
     }
-    *len = fh->header_size + fh->fat_size;
+    *len = fh.header_size + fh.fat_size;
     return !sass && ptx ? IMG_FATBIN_JIT : IMG_OTHER;
 }
 
@@ -530,7 +544,7 @@ static CUresult jit_load(struct load_call *c)
     enum image_kind kind = IMG_OTHER;
     size_t len = 0;
     const void *data = img;
-    if (*(const uint32_t *)fatbin_unwrap(img) == FATBIN_MAGIC) {
+    if (u32_at(fatbin_unwrap(img)) == FATBIN_MAGIC) {
         data = fatbin_unwrap(img);
         kind = fatbin_kind(data, &len, d.major, d.minor);
     } else if (c->api != API_FATBIN && looks_like_ptx((const char *)img)) {
