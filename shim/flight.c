@@ -30,11 +30,14 @@ static int locks_dir(char *out, size_t len)
     struct stat st;
     int ok = lstat(out, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
              (st.st_mode & 022) == 0;
-    if (!ok)
-        kc_log_once(KC_LOG_WARN, "%s is not a private directory of this user; compiles are not "
-                                 "coordinated across processes", out);
     __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
     return ok ? 0 : -EPERM;
+}
+
+int kc__flight_prepare(void)
+{
+    char dir[4200];
+    return locks_dir(dir, sizeof dir);
 }
 
 int kc__flight_acquire(const kc_digest *id, bool *waited)

@@ -11,6 +11,11 @@
 
 #include "../store/store.h"
 
+/* Creates DIR/locks (0700) or checks it: a directory of this user that
+ * nobody else can write. 0, or a negative errno when it is not (the caller
+ * then turns the cache off: another user could stall or steer compiles). */
+int kc__flight_prepare(void);
+
 /* Takes the lock of `id`, waiting at most the configured bound while
  * another holder compiles. Returns a descriptor >= 0 when held (release it
  * with kc__flight_release), or -1 when single flight is off, unusable, or

@@ -4,6 +4,7 @@
  * interposer that swaps our wrappers into dlopen'd NVRTC and libcuda.
  */
 #include "shim.h"
+#include "flight.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -132,6 +133,11 @@ struct kc_store *kc__store(const struct kc_store_api **api)
                         .max_size = cfg->max_size,
                     };
                     rc = a->open(&opts, &store);
+                    if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
+                        a->close(store);
+                        store = NULL;
+                        rc = -EPERM;
+                    }
                     if (rc != 0)
                         kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
                                cfg->dir, strerror(-rc));
@@ -386,20 +392,101 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
     return kc__swap(name, r);
 }
 
+/* Whether `name` is one of our hooks: dlsym(RTLD_NEXT, name) then needs
+ * the slow path below, since the real answer may be our own export. */
+__attribute__((visibility("hidden"))) int kc__dlsym_hooked(const char *name)
+{
+    return name != NULL && kc__hook_find(name, 0) != NULL;
+}
+
+/* Position of object `l` in the link-map list, or -1. */
+static int map_index(const struct link_map *l)
+{
+    int i = 0;
+    struct link_map *m = NULL;
+    Dl_info info;
+    if (dladdr1((void *)map_index, &info, (void **)&m, RTLD_DL_LINKMAP) == 0 || m == NULL)
+        return -1;
+    while (m->l_prev != NULL)
+        m = m->l_prev;
+    for (; m != NULL; m = m->l_next, i++)
+        if (m == l)
+            return i;
+    return -1;
+}
+
+static struct link_map *map_of(const void *addr)
+{
+    Dl_info info;
+    struct link_map *l = NULL;
+    if (addr == NULL || dladdr1(addr, &info, (void **)&l, RTLD_DL_LINKMAP) == 0)
+        return NULL;
+    return l;
+}
+
+/* dlsym(RTLD_NEXT, name) for a hooked name. RTLD_NEXT is relative to the
+ * caller, and the trampoline jumped here, so our return address is the
+ * host's. The answer is the first definition in the global scope after the
+ * caller, as without the shim (never our own export); a hooked function
+ * found in the real library is swapped for our wrapper. */
+__attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handle,
+                                                                      const char *name)
+{
+    struct link_map *caller = map_of(__builtin_return_address(0));
+    if (caller == NULL)
+        return NULL;
+    /* The global scope after this shim, which is preloaded right after the
+     * executable: exactly the answer for a caller before us. */
+    void *r = kc__real_dlsym(RTLD_NEXT, name);
+    struct link_map *found = map_of(r);
+    if (r == NULL || found == NULL)
+        return NULL;
+    int ci = map_index(caller), fi = map_index(found);
+    if (ci >= 0 && fi > ci)
+        return kc__guard_held() ? r : kc__swap(name, r);
+    /* The caller comes after the definition found (an interposer of the
+     * same name loaded after us): search only the objects after it. */
+    for (struct link_map *l = caller->l_next; l != NULL; l = l->l_next) {
+        if ((void *)l->l_addr == self_base() || l->l_name == NULL || l->l_name[0] == '\0')
+            continue;
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL)
+            continue;
+        r = kc__real_dlsym(h, name);
+        dlclose(h);
+        if (r != NULL && map_of(r) == l)
+            return kc__guard_held() ? r : kc__swap(name, r);
+    }
+    return NULL;
+}
+
 #if defined(__x86_64__)
-/* dlsym itself: RTLD_NEXT ((void *)-1) jumps straight to the real dlsym so
- * it sees the host's return address; everything else goes through
- * kc__dlsym_impl. */
+/* dlsym itself. RTLD_NEXT ((void *)-1) is relative to the caller, so it
+ * must reach the real dlsym (or kc__dlsym_next) with the host's return
+ * address intact: a jump, not a call. For a hooked name the real answer
+ * could be our own export, so those take kc__dlsym_next; everything else
+ * goes through kc__dlsym_impl. */
 __asm__(".text\n"
         ".globl dlsym\n"
         ".type dlsym, @function\n"
         "dlsym:\n"
         "    cmpq $-1, %rdi\n"
         "    jne 1f\n"
+        "    pushq %rdi\n"
+        "    pushq %rsi\n"
+        "    subq $8, %rsp\n"
+        "    movq %rsi, %rdi\n"
+        "    call kc__dlsym_hooked\n"
+        "    addq $8, %rsp\n"
+        "    popq %rsi\n"
+        "    popq %rdi\n"
+        "    testl %eax, %eax\n"
+        "    jne 2f\n"
         "    movq kc__dlsym_real(%rip), %rax\n"
         "    testq %rax, %rax\n"
         "    je 1f\n"
         "    jmp *%rax\n"
+        "2:  jmp kc__dlsym_next\n"
         "1:  jmp kc__dlsym_impl\n"
         ".size dlsym, .-dlsym\n");
 #else

@@ -112,25 +112,6 @@ def refused(label, cache):
           "%s: cache off: no hit, nothing stored (stats %s)" % (label, st))
 
 
-def refused_locks(label, cache):
-    """DIR/locks not private: compiles are not coordinated through it. The
-    store stays on (known gap: the brief asks for the cache off; see the
-    report), so check the safety properties on a miss."""
-    shutil.rmtree(os.path.join(cache, "db"), ignore_errors=True)
-    spool = os.path.join(cache, "spool")
-    for n in os.listdir(spool):
-        os.unlink(os.path.join(spool, n))
-    locks = os.path.join(cache, "locks")
-    before = sorted(os.listdir(locks))
-    d, err, st = run(cache)
-    warns = [l for l in err.splitlines() if "kcache" in l]
-    check(d == reference(), "%s: outputs unchanged" % label)
-    check(len(warns) == 1 and "locks" in warns[0], "%s: exactly one warning (got %r)" % (label, warns))
-    check(sorted(os.listdir(locks)) == before, "%s: no lock file created in it" % label)
-    if st and st[3] > 0:
-        print("known gap: %s: the cache stays on (stats %s); only single flight is off" % (label, st))
-
-
 def test_refuse():
     root = os.geteuid() == 0
     try:
@@ -145,14 +126,14 @@ def test_refuse():
             if not os.path.isdir(target):
                 os.mkdir(target, 0o700)
             os.chmod(target, mode)
-            (refused_locks if sub == "locks" else refused)("refuse: %s mode %o" % (where, mode), cache)
+            refused("refuse: %s mode %o" % (where, mode), cache)
         if root and nobody is not None:
             cache = warm_cache("refuse-%s-nobody" % where)
             target = os.path.join(cache, sub) if sub else cache
             if not os.path.isdir(target):
                 os.mkdir(target, 0o700)
             os.chown(target, nobody, -1)
-            (refused_locks if sub == "locks" else refused)("refuse: %s owned by nobody" % where, cache)
+            refused("refuse: %s owned by nobody" % where, cache)
             # A symlink in place of the subdirectory, to a private directory
             # of another user.
             if sub:
@@ -162,7 +143,7 @@ def test_refuse():
                 os.chown(other, nobody, -1)
                 shutil.rmtree(os.path.join(cache, sub))
                 os.symlink(other, os.path.join(cache, sub))
-                (refused_locks if sub == "locks" else refused)("refuse: %s a symlink to nobody's directory" % where, cache)
+                refused("refuse: %s a symlink to nobody's directory" % where, cache)
     if not root:
         print("note: not root; the other-user cases were skipped")
 
