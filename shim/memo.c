@@ -549,10 +549,17 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         }
         return rc;
     }
+    /* Best fit, newest first; an exact size (the common case: a program
+     * reallocates what it freed) ends the search at once. */
     size_t best = SIZE_MAX;
-    for (size_t i = 0; i < m->n_pool; i++)
-        if (fits(m->pool[i].size, bytesize) && (best == SIZE_MAX || m->pool[i].size < m->pool[best].size))
+    for (size_t i = m->n_pool; i-- > 0;) {
+        if (!fits(m->pool[i].size, bytesize))
+            continue;
+        if (best == SIZE_MAX || m->pool[i].size < m->pool[best].size)
             best = i;
+        if (m->pool[i].size == bytesize)
+            break;
+    }
     if (best != SIZE_MAX) {
         struct block b = m->pool[best];
         m->pool[best] = m->pool[--m->n_pool];
