@@ -724,6 +724,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     REAL_OR_FAIL(real_compile, "nvrtcCompileProgram");
     if (!kc__guard_enter())
         return real_compile(prog, numOptions, options);
+    uint64_t t_enter = kc__now_ns();
 
     struct kc_counters c = {0};
     nvrtcResult rc;
@@ -835,6 +836,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     kc__flight_release(flight);
 out:
     kc__count(BACKEND, &c);
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        kc_log(KC_LOG_DEBUG, "nvrtc %s: %.3f ms in the hook, %.3f ms of it compiling",
+               c.hits ? "hit" : c.misses ? "miss" : "pass-through", (kc__now_ns() - t_enter) / 1e6,
+               c.compile_ns / 1e6);
     kc__guard_exit();
     return rc;
 }
