@@ -3,7 +3,7 @@
  * directories, atomic spool writes that never follow a planted symlink,
  * bounded reads.
  */
-#include "internal.h"
+#include "base.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t kc__now_ns(void)
+uint64_t kc__wall_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -70,16 +70,18 @@ int kc__mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
-int kc__private_dir(const char *path, bool create)
+static int private_dir(const char *path, bool create, bool nofollow)
 {
     struct stat sb;
-    if (stat(path, &sb) != 0) {
+    int (*st)(const char *, struct stat *) = nofollow ? lstat : stat;
+    if (st(path, &sb) != 0) {
         if (errno != ENOENT || !create)
             return -errno;
-        int rc = kc__mkdir_p(path, 0700);
+        int rc = nofollow ? (mkdir(path, 0700) == 0 || errno == EEXIST ? 0 : -errno)
+                          : kc__mkdir_p(path, 0700);
         if (rc < 0)
             return rc;
-        if (stat(path, &sb) != 0)
+        if (st(path, &sb) != 0)
             return -errno;
     }
     if (!S_ISDIR(sb.st_mode))
@@ -87,6 +89,16 @@ int kc__private_dir(const char *path, bool create)
     if (sb.st_uid != geteuid() || (sb.st_mode & 022) != 0)
         return -EPERM;
     return 0;
+}
+
+int kc__private_dir(const char *path, bool create)
+{
+    return private_dir(path, create, false);
+}
+
+int kc__private_subdir(const char *path, bool create)
+{
+    return private_dir(path, create, true);
 }
 
 int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable)

@@ -44,17 +44,10 @@ struct kc__owner {
     volatile uint64_t *gen;
     int spool_bad;
     bool stop;
+    struct kc__filter_rw f; /* DIR/filter; unmapped: none (readers fall back) */
+    uint64_t hot_bytes;     /* bytes in DIR/hot, as the owner counted them */
+    uint64_t hot_max;       /* 0: no hot files */
 };
-
-void kc__paths_init(struct kc__paths *p, const char *dir)
-{
-    snprintf(p->dir, sizeof p->dir, "%s", dir);
-    snprintf(p->db, sizeof p->db, "%s/db", dir);
-    snprintf(p->spool, sizeof p->spool, "%s/spool", dir);
-    snprintf(p->sec, sizeof p->sec, "%s/sec", dir);
-    snprintf(p->lock, sizeof p->lock, "%s/owner.lock", dir);
-    snprintf(p->gen, sizeof p->gen, "%s/gen", dir);
-}
 
 struct kc__db *kc__owner_db(struct kc__owner *o)
 {
@@ -143,22 +136,6 @@ static int list_spool(const char *spool, struct listing *l)
     closedir(d);
     qsort(l->purge.v, l->purge.n, sizeof(char *), cmp_str);
     return 0;
-}
-
-bool kc__spool_pending(const char *spool)
-{
-    DIR *d = opendir(spool);
-    if (d == NULL)
-        return false;
-    bool any = false;
-    struct dirent *e;
-    while (!any && (e = readdir(d)) != NULL) {
-        const char *n = e->d_name;
-        if (n[0] != 0 && n[1] == '-' && strchr("pdxhc", n[0]) != NULL)
-            any = true;
-    }
-    closedir(d);
-    return any;
 }
 
 /* ---- refcounted bodies ------------------------------------------------- */
@@ -252,10 +229,251 @@ static void delete_kernel(struct kc__owner *o, rocksdb_writebatch_t *wb, const u
         deref(o, wb, (const unsigned char *)kv + KC__HDR_LEN);
 }
 
+/* ---- hot files and the filter -------------------------------------------
+ *
+ * DIR/hot/<hash> holds a drained put file (or one written from the
+ * database for an entry that is hit), so a hit needs no RocksDB; the
+ * filter lets a miss skip it too. Only the owner writes either. A hot
+ * file is removed whenever its entry leaves the database or changes. */
+
+static void hot_path(struct kc__owner *o, const char *ns, const kc_key *key, char *out,
+                     size_t n)
+{
+    char name[40];
+    kc__spool_name(ns, key, 0, name);
+    snprintf(out, n, "%s/%s", o->p.hot, name);
+}
+
+static void hot_remove(struct kc__owner *o, const char *ns, const kc_key *key)
+{
+    char path[PATH_MAX];
+    hot_path(o, ns, key, path, sizeof path);
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && unlink(path) == 0 && S_ISREG(sb.st_mode)) {
+        uint64_t n = (uint64_t)sb.st_size;
+        o->hot_bytes = o->hot_bytes > n ? o->hot_bytes - n : 0;
+    }
+}
+
+/* Removes the hot file of a kernels key (ns \0 key). */
+static void hot_remove_kk(struct kc__owner *o, const unsigned char *kk, size_t kl)
+{
+    char ns[KC__NS_MAX + 1];
+    kc_key key;
+    if (kc__kkey_split(kk, kl, ns, &key) == 0)
+        hot_remove(o, ns, &key);
+}
+
+static bool hot_name(const char *n)
+{
+    if (strlen(n) != 32)
+        return false;
+    for (int i = 0; i < 32; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+            return false;
+    return true;
+}
+
+struct hotf {
+    char name[33];
+    uint64_t size;
+    struct timespec mtime;
+};
+
+static int cmp_hotf(const void *a, const void *b)
+{
+    const struct hotf *x = a, *y = b;
+    if (x->mtime.tv_sec != y->mtime.tv_sec)
+        return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+    return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : x->mtime.tv_nsec > y->mtime.tv_nsec;
+}
+
+/* Lists DIR/hot (removing stray temp files of dead writers is
+ * clean_stale's job); returns the byte total. */
+static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
+{
+    uint64_t total = 0;
+    struct hotf *v = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir(o->p.hot);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            struct stat sb;
+            if (!hot_name(e->d_name) ||
+                fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+                continue;
+            total += (uint64_t)sb.st_size;
+            if (out == NULL)
+                continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 256;
+                struct hotf *nv = realloc(v, cap * sizeof *v);
+                if (nv == NULL)
+                    break;
+                v = nv;
+            }
+            memcpy(v[n].name, e->d_name, 33);
+            v[n].size = (uint64_t)sb.st_size;
+            v[n].mtime = sb.st_mtim;
+            n++;
+        }
+        closedir(d);
+    }
+    if (out != NULL) {
+        *out = v;
+        *nout = n;
+    }
+    return total;
+}
+
+/* Past its bound, removes the hot files least recently hit (mtime: put
+ * time, refreshed by folded hits) down to 90% of it. */
+static void hot_enforce(struct kc__owner *o)
+{
+    if (o->hot_bytes <= o->hot_max)
+        return;
+    struct hotf *v;
+    size_t n;
+    o->hot_bytes = hot_list(o, &v, &n);
+    if (v == NULL)
+        return;
+    qsort(v, n, sizeof *v, cmp_hotf);
+    int dfd = open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    uint64_t target = o->hot_max / 10 * 9;
+    for (size_t i = 0; dfd >= 0 && i < n && o->hot_bytes > target; i++)
+        if (unlinkat(dfd, v[i].name, 0) == 0)
+            o->hot_bytes = o->hot_bytes > v[i].size ? o->hot_bytes - v[i].size : 0;
+    if (dfd >= 0)
+        close(dfd);
+    free(v);
+}
+
+static void hot_clear(struct kc__owner *o)
+{
+    struct hotf *v;
+    size_t n;
+    hot_list(o, &v, &n);
+    int dfd = open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    for (size_t i = 0; dfd >= 0 && i < n; i++)
+        unlinkat(dfd, v[i].name, 0);
+    if (dfd >= 0)
+        close(dfd);
+    free(v);
+    o->hot_bytes = 0;
+}
+
+/* Writes the hot file of an entry from the database (a hit on an entry
+ * that has none), or refreshes its mtime (recency for hot_enforce). */
+static void hot_touch(struct kc__owner *o, const char *ns, const kc_key *key)
+{
+    if (o->hot_max == 0)
+        return;
+    char path[PATH_MAX];
+    hot_path(o, ns, key, path, sizeof path);
+    if (utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+        return;
+    void *body = NULL;
+    size_t len = 0;
+    struct kc__hdr h;
+    if (kc__lookup(&o->d, ns, key, &body, &len, &h) != 0)
+        return;
+    struct kc__buf b = {0};
+    if (kc__spool_put_encode(&b, ns, key, NULL, &h, body, len) == 0) {
+        char name[40];
+        kc__spool_name(ns, key, 0, name);
+        if (kc__spool_write(o->p.hot, name, b.p, b.len, false) == 0)
+            o->hot_bytes += b.len;
+    }
+    kc__buf_free(&b);
+    free(body);
+}
+
+/* Rebuilds DIR/filter from the database: every kernels and sources key. */
+static int filter_rebuild(struct kc__owner *o)
+{
+    uint64_t n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int cf = pass ? KC__CF_SOURCES : KC__CF_KERNELS;
+        rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[cf]);
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it))
+            n++;
+        rocksdb_iter_destroy(it);
+    }
+    kc__filter_close(&o->f);
+    struct kc__filter_rw f;
+    int rc = kc__filter_create(&f, o->p.filter, 4 * n);
+    if (rc < 0) {
+        unlink(o->p.filter); /* a stale filter could say "absent" */
+        return rc;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int cf = pass ? KC__CF_SOURCES : KC__CF_KERNELS;
+        rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[cf]);
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t kl;
+            const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
+            char ns[KC__NS_MAX + 1];
+            kc_key key;
+            if (cf == KC__CF_KERNELS) {
+                if (kc__kkey_split(k, kl, ns, &key) == 0)
+                    kc__filter_add(&f, kc__fhash_kernel(ns, &key));
+            } else {
+                const unsigned char *z = memchr(k, 0, kl);
+                if (z != NULL && z != k && (size_t)(z - k) <= KC__NS_MAX &&
+                    kl == (size_t)(z - k) + 1 + 16) {
+                    kc_digest src;
+                    memcpy(ns, k, (size_t)(z - k));
+                    ns[z - k] = 0;
+                    kc__digest_decode(z + 1, &src);
+                    kc__filter_add(&f, kc__fhash_source(ns, &src));
+                }
+            }
+        }
+        rocksdb_iter_destroy(it);
+    }
+    rc = kc__filter_publish(&f, o->p.filter);
+    if (rc < 0) {
+        kc__filter_close(&f);
+        unlink(o->p.filter);
+        return rc;
+    }
+    o->f = f;
+    return 0;
+}
+
+/* At the start of a session: the filter must hold every key of the
+ * database; one an earlier session did not close cleanly (its stamp is
+ * not the database's generation) is rebuilt. While this session runs the
+ * stamp says so. */
+static void filter_begin(struct kc__owner *o)
+{
+    uint64_t stamp = 0;
+    if (kc__filter_open_rw(&o->f, o->p.filter, &stamp) != 0 || stamp != o->gen_seq ||
+        kc__filter_stale(&o->f)) {
+        if (filter_rebuild(o) < 0)
+            return;
+    }
+    kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
+}
+
+static void filter_maybe_rebuild(struct kc__owner *o)
+{
+    if (o->f.map != NULL && kc__filter_stale(&o->f) && filter_rebuild(o) == 0)
+        kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
+}
+
 /* ---- applying spool files ---------------------------------------------- */
 
-static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp)
+/* Applies a put; *applied tells whether it is now the entry (false: the
+ * database holds a newer one). */
+static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
 {
+    /* The filter first: it must never say "absent" for a key a reader
+     * could have stopped finding in the spool. */
+    kc__filter_add(&o->f, kc__fhash_kernel(sp->ns, &sp->key));
+    if (sp->has_source)
+        kc__filter_add(&o->f, kc__fhash_source(sp->ns, &sp->source));
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     size_t kl = kc__kkey(sp->ns, &sp->key, kk);
     kc_digest dg = kc__digest_of(sp->body, sp->body_len);
@@ -277,6 +495,7 @@ static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp)
                 /* A newer version is already in: this one is stale. */
                 free(old);
                 rocksdb_writebatch_destroy(wb);
+                *applied = false;
                 return 0;
             }
             h.hits = oh.hits;
@@ -326,14 +545,17 @@ static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp)
                                   sizeof sv);
     }
     rc = write_batch(o, wb, false);
+    *applied = rc == 0;
 out:
     rocksdb_writebatch_destroy(wb);
     return rc;
 }
 
-/* Applies a put file; a bad one is counted and dropped (0). */
-static int apply_put_file(struct kc__owner *o, const char *name)
+/* Applies a put file; a bad one is counted and dropped (0). *keep: it is
+ * now the entry, and may become its hot file (*size bytes). */
+static int apply_put_file(struct kc__owner *o, const char *name, bool *keep, uint64_t *size)
 {
+    *keep = false;
     unsigned char *buf = NULL;
     size_t len = 0;
     int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -349,7 +571,8 @@ static int apply_put_file(struct kc__owner *o, const char *name)
         o->spool_bad++;
         return 0; /* unlinked with the round */
     }
-    rc = apply_put(o, &sp);
+    *size = len;
+    rc = apply_put(o, &sp, keep);
     free(buf);
     return rc;
 }
@@ -377,10 +600,25 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
                     free(body);
                 del = lr == -EBADMSG;
             }
-            if (del)
+            if (del) {
                 delete_kernel(o, wb, kk, kl, kv, kvl);
+                kc__filter_note_delete(&o->f);
+            }
             free(kv);
         }
+        /* The hot file goes with the entry; one that fails its checks goes
+         * anyway; one left without an entry goes unless it is newer than
+         * the request (a later put, already drained). */
+        char path[PATH_MAX];
+        hot_path(o, it->ns, &it->key, path, sizeof path);
+        unsigned char *hb = NULL;
+        struct kc__sp_put hp;
+        int hr = kc__put_file_read(path, it->ns, &it->key, &hb, &hp);
+        bool drop = hr == -EBADMSG ||
+                    (hr == 0 && !(it->flags & KC__PF_IFBAD) && hp.hdr.created_ns <= it->a);
+        free(hb);
+        if (drop)
+            hot_remove(o, it->ns, &it->key);
     }
     if (it->flags & KC__PF_SOURCE) {
         unsigned char sk[KC__NS_MAX + 1 + 16];
@@ -390,8 +628,10 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
         if (kc__db_get(&o->d, KC__CF_SOURCES, sk, sl, &sv, &svl) == 0) {
             unsigned char want[KC__KEY_LEN];
             kc__key_encode(&it->key, want);
-            if (!(it->flags & KC__PF_KEY) || (svl == KC__KEY_LEN && !memcmp(sv, want, svl)))
+            if (!(it->flags & KC__PF_KEY) || (svl == KC__KEY_LEN && !memcmp(sv, want, svl))) {
                 rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl);
+                kc__filter_note_delete(&o->f);
+            }
             free(sv);
         }
     }
@@ -418,6 +658,8 @@ static int apply_hit(struct kc__owner *o, const struct kc__sp_item *it)
         char *err = NULL;
         rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl, &err);
         rc = kc__db_err(err, "put");
+        if (rc == 0)
+            hot_touch(o, it->ns, &it->key);
     }
     free(kv);
     return rc;
@@ -496,6 +738,29 @@ static void unlink_all(struct kc__owner *o, char **names, size_t n)
     close(dfd);
 }
 
+/* After the batch holding them is synced: each applied put file becomes
+ * its entry's hot file (rename; the filter already has its key), the rest
+ * are removed. */
+static void retire_puts(struct kc__owner *o, char **names, const bool *keep,
+                        const uint64_t *size, size_t n)
+{
+    int sfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int hfd = o->hot_max > 0 ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    for (size_t i = 0; sfd >= 0 && i < n; i++) {
+        if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) &&
+            renameat(sfd, names[i], hfd, names[i] + 2) == 0) {
+            o->hot_bytes += size[i];
+            continue;
+        }
+        unlinkat(sfd, names[i], 0);
+    }
+    if (hfd >= 0)
+        close(hfd);
+    if (sfd >= 0)
+        close(sfd);
+    hot_enforce(o);
+}
+
 int kc__owner_drain(struct kc__owner *o, uint64_t *count)
 {
     struct listing l;
@@ -508,16 +773,23 @@ int kc__owner_drain(struct kc__owner *o, uint64_t *count)
         unlink_all(o, l.stop.v, l.stop.n);
     }
     /* Puts a killed owner claimed and may not have committed: first. */
-    for (size_t i = 0; rc == 0 && i < l.drain.n; i++)
-        rc = apply_put_file(o, l.drain.v[i]);
-    if (rc == 0 && l.drain.n > 0 && (rc = commit(o)) == 0) {
-        unlink_all(o, l.drain.v, l.drain.n);
-        done += l.drain.n;
+    for (size_t i = 0; rc == 0 && i < l.drain.n; i += ROUND_FILES) {
+        size_t end = i + ROUND_FILES < l.drain.n ? i + ROUND_FILES : l.drain.n;
+        bool keep[ROUND_FILES];
+        uint64_t size[ROUND_FILES];
+        for (size_t j = i; rc == 0 && j < end; j++)
+            rc = apply_put_file(o, l.drain.v[j], &keep[j - i], &size[j - i]);
+        if (rc == 0 && (rc = commit(o)) == 0) {
+            retire_puts(o, l.drain.v + i, keep, size, end - i);
+            done += end - i;
+        }
     }
     for (size_t i = 0; rc == 0 && i < l.put.n; i += ROUND_FILES) {
         size_t end = i + ROUND_FILES < l.put.n ? i + ROUND_FILES : l.put.n;
         size_t claimed = 0;
         char *cl[ROUND_FILES];
+        bool keep[ROUND_FILES];
+        uint64_t size[ROUND_FILES];
         for (size_t j = i; rc == 0 && j < end; j++) {
             char *name = l.put.v[j];
             char from[PATH_MAX], to[PATH_MAX];
@@ -528,11 +800,12 @@ int kc__owner_drain(struct kc__owner *o, uint64_t *count)
                 name[0] = 'p';
                 continue;
             }
-            cl[claimed++] = name;
-            rc = apply_put_file(o, name);
+            cl[claimed] = name;
+            rc = apply_put_file(o, name, &keep[claimed], &size[claimed]);
+            claimed++;
         }
         if (rc == 0 && claimed > 0 && (rc = commit(o)) == 0) {
-            unlink_all(o, cl, claimed);
+            retire_puts(o, cl, keep, size, claimed);
             done += claimed;
         }
     }
@@ -548,6 +821,8 @@ int kc__owner_drain(struct kc__owner *o, uint64_t *count)
         done += nrest;
     }
     listing_free(&l);
+    if (rc == 0)
+        filter_maybe_rebuild(o);
     if (count != NULL)
         *count = done;
     return rc;
@@ -636,6 +911,8 @@ static int evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_pro
         rc = write_batch(o, wb, false);
         rocksdb_writebatch_destroy(wb);
         free(kv);
+        hot_remove_kk(o, v[i].k, v[i].kl);
+        kc__filter_note_delete(&o->f);
         if (evicted)
             (*evicted)++;
         if (progress && (i & 255) == 0)
@@ -673,8 +950,10 @@ static void prune_sources(struct kc__owner *o)
             else
                 drop = true;
         }
-        if (drop)
+        if (drop) {
             rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_SOURCES], k, kl);
+            kc__filter_note_delete(&o->f);
+        }
     }
     rocksdb_iter_destroy(it);
     write_batch(o, wb, false);
@@ -693,6 +972,8 @@ int kc__owner_gc(struct kc__owner *o, uint64_t max_size, struct kc_gc_report *re
         prune_sources(o);
         rc = commit(o);
         compact(o);
+        if (rc == 0 && o->f.map != NULL && filter_rebuild(o) == 0)
+            kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
     }
     r.bytes_after = o->unique;
     if (rep)
@@ -710,6 +991,49 @@ struct refc {
 static int cmp_refc(const void *a, const void *b)
 {
     return memcmp(((const struct refc *)a)->d, ((const struct refc *)b)->d, 16);
+}
+
+/* Checks every hot file against the database: it must decode, hold the
+ * key its name says, and match the entry's body and creation time. Bad
+ * ones are counted as bad spool files and, with repair, removed. */
+static void hot_verify(struct kc__owner *o, int repair, struct kc_verify_report *r)
+{
+    struct hotf *v;
+    size_t n;
+    hot_list(o, &v, &n);
+    for (size_t i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
+        unsigned char *buf = NULL;
+        size_t len = 0;
+        struct kc__sp_put sp;
+        bool bad = kc__read_file(AT_FDCWD, path, 1ull << 32, &buf, &len) != 0 ||
+                   kc__spool_put_decode(buf, len, &sp) != 0;
+        if (!bad) {
+            char name[40];
+            kc__spool_name(sp.ns, &sp.key, 0, name);
+            bad = strcmp(name, v[i].name) != 0;
+        }
+        if (!bad) {
+            unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+            size_t kl = kc__kkey(sp.ns, &sp.key, kk);
+            char *kv = NULL;
+            size_t kvl = 0;
+            struct kc__hdr h;
+            bad = kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) != 0 ||
+                  kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, &h) != 0 ||
+                  h.body_xxh != sp.hdr.body_xxh || h.created_ns != sp.hdr.created_ns;
+            free(kv);
+        }
+        free(buf);
+        /* Counted with the spool files (a hot file is a drained one). */
+        if (bad) {
+            r->spool_bad++;
+            if (repair && unlink(path) == 0)
+                o->hot_bytes = o->hot_bytes > v[i].size ? o->hot_bytes - v[i].size : 0;
+        }
+    }
+    free(v);
 }
 
 int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *rep,
@@ -807,6 +1131,11 @@ int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *r
         if (rc == 0)
             rc = commit(o);
     }
+    if (rc == 0) {
+        hot_verify(o, repair, &r);
+        if (repair && filter_rebuild(o) == 0)
+            kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
+    }
     rocksdb_writebatch_destroy(wb);
     free(refs);
     if (rep)
@@ -833,9 +1162,12 @@ int kc__owner_clear(struct kc__owner *o)
         rocksdb_writebatch_destroy(wb);
     }
     o->unique = 0;
+    hot_clear(o);
     if (rc == 0)
         rc = commit(o);
     compact(o);
+    if (rc == 0 && filter_rebuild(o) == 0)
+        kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
     return rc;
 }
 
@@ -936,9 +1268,11 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     o->max_size = max_size ? max_size : KC_DEFAULT_MAX_SIZE;
     int rc = kc__private_dir(dir, true);
     if (rc == 0)
-        rc = kc__private_dir(o->p.spool, true);
+        rc = kc__private_subdir(o->p.spool, true);
     if (rc == 0)
-        rc = kc__private_dir(o->p.sec, true);
+        rc = kc__private_subdir(o->p.sec, true);
+    if (rc == 0)
+        rc = kc__private_subdir(o->p.hot, true);
     if (rc == 0)
         rc = lock_owner(o, wait_ms, stop_other);
     if (rc == 0) {
@@ -962,6 +1296,9 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         free(v);
     }
     clean_stale(o);
+    filter_begin(o);
+    o->hot_max = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
+    o->hot_bytes = hot_list(o, NULL, NULL);
     *out = o;
     return 0;
 }
@@ -976,6 +1313,7 @@ static int enforce_limit(struct kc__owner *o)
     if (rc == 0) {
         prune_sources(o);
         compact(o);
+        filter_maybe_rebuild(o);
     }
     return rc;
 }
@@ -1006,7 +1344,10 @@ void kc__owner_end(struct kc__owner *o)
          * left its puts in the WAL would make each reader replay it. */
         kc__db_flush_all(&o->d);
         kc__db_close(&o->d);
+        /* The filter holds every key up to this generation. */
+        kc__filter_set_stamp(&o->f, o->gen_seq);
     }
+    kc__filter_close(&o->f);
     if (o->gen != NULL) {
         __atomic_add_fetch(o->gen, 1, __ATOMIC_SEQ_CST);
         munmap((void *)o->gen, 4096);

@@ -3,7 +3,7 @@
  * parsers. Every parser here takes any bytes (they are fuzzed) and answers
  * -EBADMSG rather than reading past what it was given.
  */
-#include "internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -73,12 +73,6 @@ void kc__digest_decode(const unsigned char in[16], kc_digest *d)
 {
     d->lo = kc__get_u64(in);
     d->hi = kc__get_u64(in + 8);
-}
-
-kc_digest kc__digest_of(const void *p, size_t len)
-{
-    XXH128_hash_t h = XXH3_128bits(p, len);
-    return (kc_digest){.lo = h.low64, .hi = h.high64};
 }
 
 uint64_t kc__body_xxh(const void *body, size_t len)

@@ -31,7 +31,6 @@ extern char **environ;
 
 #define SPOOL_READ_MAX (1ull << 32)
 #define HITS_FLUSH_AT 65536
-#define KICK_INTERVAL_NS 200000000ull
 #define OPEN_RETRY_NS 50000000ull
 #define OP_WAIT_MS 15000
 
@@ -145,7 +144,6 @@ struct kc_store {
     struct kc__paths p;
     bool readonly;
     uint64_t max_size;
-    char *tool;
 
     /* The reader. mu serialises opening, catching up and replacing it;
      * rdlk is held shared by every use of rd and exclusively to replace
@@ -177,11 +175,8 @@ struct kc_store {
     size_t n_ctr;
     uint64_t last_created;
 
-    /* Starting the owner. */
-    int lockfd;
-    pid_t spawned;
-    uint64_t last_kick_ns;
-    bool warned_spawn;
+    /* Starting the owner (guarded by memu). */
+    struct kc__kicker kick;
 };
 
 static uint32_t ns_index(struct kc_store *st, const char *ns)
@@ -205,152 +200,13 @@ static void src_k(const kc_digest *src, unsigned char k[KC__KEY_LEN])
     kc__digest_encode(src, k);
 }
 
-/* ---- locating and starting the owner ------------------------------------ */
-
-static char *find_tool(const char *given)
-{
-    if (given != NULL && given[0] != 0)
-        return strdup(given);
-    const char *env = getenv("KCACHE_TOOL");
-    if (env != NULL && env[0] != 0)
-        return strdup(env);
-    Dl_info di;
-    if (dladdr((void *)kc_store_api, &di) != 0 && di.dli_fname != NULL) {
-        char lib[PATH_MAX];
-        if (realpath(di.dli_fname, lib) != NULL) {
-            char *slash = strrchr(lib, '/');
-            if (slash != NULL) {
-                *slash = 0;
-                static const char *const rel[] = {"/../tools/kcache", "/../bin/kcache",
-                                                  "/../../bin/kcache"};
-                for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-                    char cand[PATH_MAX + 32];
-                    snprintf(cand, sizeof cand, "%s%s", lib, rel[i]);
-                    if (access(cand, X_OK) == 0)
-                        return strdup(cand);
-                }
-            }
-        }
-    }
-    return strdup("kcache");
-}
-
-static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
-{
-    size_t n = 0;
-    while (environ != NULL && environ[n] != NULL)
-        n++;
-    char **env = calloc(n + 3, sizeof *env);
-    if (env == NULL)
-        return -ENOMEM;
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *e = environ[i];
-        if (strncmp(e, "KCACHE_OWNER_DETACH=", 20) == 0)
-            continue;
-        if (max_size != 0 && strncmp(e, "KCACHE_MAXSIZE=", 15) == 0)
-            continue;
-        /* The owner needs no interposer. */
-        if (strncmp(e, "LD_PRELOAD=", 11) == 0 && strstr(e, "libkcache") != NULL)
-            continue;
-        env[m++] = (char *)e;
-    }
-    char detach[] = "KCACHE_OWNER_DETACH=1";
-    char maxs[64];
-    env[m++] = detach;
-    if (max_size != 0) {
-        snprintf(maxs, sizeof maxs, "KCACHE_MAXSIZE=%llu", (unsigned long long)max_size);
-        env[m++] = maxs;
-    }
-    env[m] = NULL;
-    char *argv[] = {(char *)tool, "owner", "--dir", (char *)dir, NULL};
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_init(&at);
-    posix_spawn_file_actions_init(&fa);
-    sigset_t none, dfl;
-    sigemptyset(&none);
-    sigemptyset(&dfl);
-    sigaddset(&dfl, SIGPIPE);
-    sigaddset(&dfl, SIGTERM);
-    sigaddset(&dfl, SIGINT);
-    sigaddset(&dfl, SIGHUP);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &dfl);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
-    for (int fd = 0; fd < 3; fd++)
-        posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
-    int rc = strchr(tool, '/') != NULL ? posix_spawn(pid, tool, &fa, &at, argv, env)
-                                       : posix_spawnp(pid, tool, &fa, &at, argv, env);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    free(env);
-    return -rc;
-}
-
-/* Reaps the short-lived process the last spawn started (it forks the real
- * owner away and exits at once). */
-static void reap(struct kc_store *st, int wait_ms)
-{
-    if (st->spawned <= 0)
-        return;
-    for (int i = 0;; i++) {
-        pid_t r = waitpid(st->spawned, NULL, WNOHANG);
-        if (r == st->spawned || (r < 0 && errno != EINTR)) {
-            st->spawned = 0;
-            return;
-        }
-        if (i * 5 >= wait_ms)
-            return;
-        struct timespec ts = {0, 5000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-void kc__kick_owner(const char *dir, const char *tool, uint64_t max_size)
-{
-    struct kc__paths p;
-    kc__paths_init(&p, dir);
-    int fd = open(p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-        flock(fd, LOCK_UN);
-        char *t = find_tool(tool);
-        pid_t pid;
-        if (t != NULL && spawn_owner(t, dir, max_size, &pid) == 0) {
-            while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-                ;
-        }
-        free(t);
-    }
-    close(fd);
-}
+/* ---- starting the owner ------------------------------------------------- */
 
 /* Starts the owner unless one holds the lock. Never waits for it. */
 static void kick(struct kc_store *st)
 {
     pthread_mutex_lock(&st->memu);
-    reap(st, 0);
-    uint64_t now = kc__mono_ns();
-    if (st->lockfd < 0)
-        st->lockfd = open(st->p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (st->lockfd >= 0 && flock(st->lockfd, LOCK_EX | LOCK_NB) == 0) {
-        flock(st->lockfd, LOCK_UN);
-        if (st->last_kick_ns == 0 || now - st->last_kick_ns > KICK_INTERVAL_NS) {
-            st->last_kick_ns = now;
-            pid_t pid;
-            int rc = spawn_owner(st->tool, st->p.dir, st->max_size, &pid);
-            if (rc == 0)
-                st->spawned = pid;
-            else if (!st->warned_spawn) {
-                st->warned_spawn = true;
-                fprintf(stderr, "kcache: warning: cannot start the store owner %s: %s\n",
-                        st->tool, strerror(-rc));
-            }
-        }
-    }
+    kc__kicker_kick(&st->kick, &st->p, st->max_size);
     pthread_mutex_unlock(&st->memu);
 }
 
@@ -640,33 +496,18 @@ static int reader_lookup(struct kc_store *st, const char *ns, const kc_key *key,
     return rc;
 }
 
-static void spool_name(const char *ns, const kc_key *key, char prefix, char out[40])
-{
-    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-    size_t kl = kc__kkey(ns, key, kk);
-    kc_digest d = kc__digest_of(kk, kl);
-    unsigned char b[16];
-    kc__digest_encode(&d, b);
-    out[0] = prefix;
-    out[1] = '-';
-    kc__hex(b, 16, out + 2);
-}
-
 static int spool_lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
                         size_t *len, struct kc__hdr *h)
 {
-    static const char prefixes[2] = {'p', 'd'};
-    for (int i = 0; i < 2; i++) {
+    /* Pending puts, then the hot files the owner keeps of drained ones. */
+    static const char prefixes[3] = {'p', 'd', 0};
+    for (int i = 0; i < 3; i++) {
         char name[40], path[PATH_MAX];
-        spool_name(ns, key, prefixes[i], name);
-        snprintf(path, sizeof path, "%s/%s", st->p.spool, name);
+        kc__spool_name(ns, key, prefixes[i], name);
+        snprintf(path, sizeof path, "%s/%s", i < 2 ? st->p.spool : st->p.hot, name);
         unsigned char *buf;
-        size_t n;
-        if (kc__read_file(AT_FDCWD, path, SPOOL_READ_MAX, &buf, &n) != 0)
-            continue;
         struct kc__sp_put sp;
-        if (kc__spool_put_decode(buf, n, &sp) == 0 && strcmp(sp.ns, ns) == 0 &&
-            memcmp(&sp.key, key, sizeof *key) == 0) {
+        if (kc__put_file_read(path, ns, key, &buf, &sp) == 0) {
             void *b = malloc(sp.body_len ? sp.body_len : 1);
             if (b == NULL) {
                 free(buf);
@@ -679,7 +520,6 @@ static int spool_lookup(struct kc_store *st, const char *ns, const kc_key *key, 
             free(buf);
             return 0;
         }
-        free(buf);
     }
     return -ENOENT;
 }
@@ -823,7 +663,6 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     kc__paths_init(&st->p, opts->dir);
     st->readonly = opts->readonly != 0;
     st->max_size = opts->max_size;
-    st->lockfd = -1;
     pthread_mutex_init(&st->mu, NULL);
     pthread_mutex_init(&st->memu, NULL);
     pthread_rwlock_init(&st->rdlk, NULL);
@@ -832,11 +671,16 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     if (rc == -ENOENT && st->readonly)
         rc = 0; /* nothing to read yet: every get misses */
     if (rc == 0 && !st->readonly) {
-        rc = kc__private_dir(st->p.spool, true);
+        rc = kc__private_subdir(st->p.spool, true);
         if (rc == 0)
-            rc = kc__private_dir(st->p.sec, true);
+            rc = kc__private_subdir(st->p.sec, true);
     } else if (rc == 0) {
-        int r = kc__private_dir(st->p.spool, false);
+        int r = kc__private_subdir(st->p.spool, false);
+        if (r == -EPERM || r == -ENOTDIR)
+            rc = r;
+    }
+    if (rc == 0) {
+        int r = kc__private_subdir(st->p.hot, false); /* the owner creates it */
         if (r == -EPERM || r == -ENOTDIR)
             rc = r;
     }
@@ -848,7 +692,7 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
         free(st);
         return rc;
     }
-    st->tool = find_tool(opts->tool);
+    kc__kicker_init(&st->kick, kc__find_tool(opts->tool, (const void *)kc_store_api));
     *out = st;
     return 0;
 }
@@ -873,15 +717,13 @@ static void st_close(struct kc_store *st)
     pthread_mutex_unlock(&st->mu);
     if (st->gen != NULL)
         munmap((void *)st->gen, 4096);
-    reap(st, 200);
-    if (st->lockfd >= 0)
-        close(st->lockfd);
+    kc__kicker_reap(&st->kick, 200);
+    kc__kicker_free(&st->kick);
     map_free(&st->m);
     for (size_t i = 0; i < st->n_nss; i++)
         free(st->nss[i]);
     free(st->nss);
     free(st->ctr);
-    free(st->tool);
     pthread_mutex_destroy(&st->mu);
     pthread_mutex_destroy(&st->memu);
     pthread_rwlock_destroy(&st->rdlk);
@@ -932,7 +774,7 @@ static int st_put(struct kc_store *st, const char *ns, const kc_key *key, const 
     struct kc__buf b = {0};
     int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
     char name[40];
-    spool_name(ns, key, 'p', name);
+    kc__spool_name(ns, key, 'p', name);
     if (rc == 0)
         rc = kc__spool_write(st->p.spool, name, b.p, b.len, true);
     kc__buf_free(&b);
@@ -1163,11 +1005,7 @@ static void st_after_fork_child(struct kc_store *st)
             map_del(&st->m, &st->m.e[i]);
     st->n_hits = 0;
     st->n_ctr = 0;
-    if (st->lockfd >= 0)
-        close(st->lockfd);
-    st->lockfd = -1;
-    st->spawned = 0;
-    st->last_kick_ns = 0;
+    kc__kicker_after_fork(&st->kick);
 }
 
 static void st_free(void *p)
@@ -1493,6 +1331,33 @@ static void end_owner(struct kc_store *st, struct kc__owner *o)
         kick(st);
 }
 
+/* Counts hot files that fail their checks or sit under another key's
+ * name (the owner's verify also compares them with the database). */
+static void hot_check(struct kc_store *st, uint64_t *bad)
+{
+    DIR *d = opendir(st->p.hot);
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strlen(de->d_name) != 32 || strspn(de->d_name, "0123456789abcdef") != 32)
+            continue;
+        unsigned char *buf;
+        size_t n;
+        struct kc__sp_put sp;
+        char name[40];
+        if (kc__read_file(dirfd(d), de->d_name, SPOOL_READ_MAX, &buf, &n) != 0) {
+            (*bad)++;
+            continue;
+        }
+        if (kc__spool_put_decode(buf, n, &sp) != 0 ||
+            (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, de->d_name) != 0))
+            (*bad)++;
+        free(buf);
+    }
+    closedir(d);
+}
+
 static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *rep,
                      kc_progress_fn progress, void *arg)
 {
@@ -1504,6 +1369,7 @@ static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *r
         struct pending pd;
         pending_load(st, NULL, &pd, &r.spool_bad);
         pending_free(&pd);
+        hot_check(st, &r.spool_bad);
         bool have = fresh_reader(st);
         if (have)
             pthread_rwlock_rdlock(&st->rdlk);

@@ -264,6 +264,11 @@ static void corrupt_body(const kc_key *k)
     free(kv);
     free(bv);
     kc__owner_end(o);
+    /* And no good copy left beside it: the hot file the drain made. */
+    char name[40], path[600];
+    kc__spool_name(NS, k, 0, name);
+    snprintf(path, sizeof path, "%s/hot/%s", dir, name);
+    unlink(path);
 }
 
 Test(store, a_record_failing_its_checksum_is_a_miss_and_purged)

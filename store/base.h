@@ -1,0 +1,269 @@
+/*
+ * The libc-only internals of the store: record and spool file layouts, the
+ * file helpers, the directory layout, the key filter and the hot files.
+ * Compiled into libkcache-store.so and into the preloaded shim's front
+ * (shim/front.c), which must not link RocksDB; so nothing here may need
+ * RocksDB, and nothing here may call kc__now_ns() or kc__digest_of()
+ * expecting the store's own definition (the shim defines both itself:
+ * kc__now_ns is monotonic there; kc__digest_of is the same XXH3-128).
+ *
+ * On-disk layout of a cache directory DIR:
+ *   DIR/db/          the RocksDB database; only the owner opens it read-write
+ *   DIR/spool/       pending writes: p-<hash> puts, d-<hash> puts being
+ *                    drained, x-* purge requests, h-* hit logs, c-* counter
+ *                    logs, s-* stop requests, t-* temp files being written
+ *   DIR/hot/<hash>   drained puts kept as files (the same put file format),
+ *                    so a hit needs no RocksDB; written only by the owner,
+ *                    bounded (KC__HOT_MAX), oldest mtime evicted first
+ *   DIR/filter       a blocked Bloom filter of every key in the database
+ *                    (kernels and sources), written only by the owner, bits
+ *                    only ever set in place; replaced (rename) on rebuild
+ *   DIR/sec/         one RocksDB secondary directory per reading process
+ *   DIR/owner.lock   flock()ed by the owner for as long as it runs
+ *   DIR/gen          mmap()ed counters: u64 generation, bumped by the owner
+ *                    after each durable drain, so readers know when to catch
+ *                    up; u64 epoch, bumped when an owner session opens the
+ *                    primary, so readers reopen their secondary
+ * <hash> is kc__spool_name's: hex of XXH3-128(ns \0 key).
+ */
+#ifndef KCACHE_STORE_BASE_H
+#define KCACHE_STORE_BASE_H
+
+#include "store.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KC_API __attribute__((visibility("default")))
+
+/* XXH3-128; defined by the store (digest.c) and by the shim (hash.c). */
+kc_digest kc__digest_of(const void *p, size_t len);
+
+/* ---- record format (record.c) ----------------------------------------- */
+
+#define KC__RECORD_MAGIC 0x3152434bu /* "KCR1" */
+#define KC__HDR_LEN 72
+#define KC__KVAL_LEN (KC__HDR_LEN + 16) /* kernels value: header + body digest */
+#define KC__NS_MAX 127
+#define KC__KEY_LEN 24 /* id.lo, id.hi, build; little endian */
+
+/* A record header, decoded. Times in nanoseconds since the epoch. */
+struct kc__hdr {
+    uint32_t kind;
+    uint32_t format;
+    uint64_t body_size;
+    uint64_t created_ns;
+    uint64_t last_hit_ns;
+    uint64_t hits;
+    uint64_t saved_ns;
+    uint64_t body_xxh;
+};
+
+void kc__hdr_encode(const struct kc__hdr *h, unsigned char out[KC__HDR_LEN]);
+/* 0, or -EBADMSG when magic, version, length or the header checksum fail. */
+int kc__hdr_decode(const void *buf, size_t len, struct kc__hdr *h);
+void kc__hdr_to_info(const struct kc__hdr *h, struct kc_record_info *info);
+uint64_t kc__body_xxh(const void *body, size_t len);
+int kc__parse_record(const void *rec, size_t len, struct kc_record_info *info, const void **body,
+                     size_t *body_len);
+
+void kc__put_u16(unsigned char *p, uint16_t v);
+void kc__put_u32(unsigned char *p, uint32_t v);
+void kc__put_u64(unsigned char *p, uint64_t v);
+uint16_t kc__get_u16(const unsigned char *p);
+uint32_t kc__get_u32(const unsigned char *p);
+uint64_t kc__get_u64(const unsigned char *p);
+void kc__key_encode(const kc_key *k, unsigned char out[KC__KEY_LEN]);
+void kc__key_decode(const unsigned char in[KC__KEY_LEN], kc_key *k);
+void kc__digest_encode(const kc_digest *d, unsigned char out[16]);
+void kc__digest_decode(const unsigned char in[16], kc_digest *d);
+kc_digest kc__digest_of(const void *p, size_t len);
+
+/* A namespace is 1..127 bytes with no NUL. */
+bool kc__ns_ok(const char *ns);
+/* kernels key: ns \0 key (24). Returns its length; buf holds 128+24. */
+size_t kc__kkey(const char *ns, const kc_key *key, unsigned char *buf);
+/* sources key: ns \0 digest (16). */
+size_t kc__skey(const char *ns, const kc_digest *src, unsigned char *buf);
+/* Splits a kernels key; 0 or -EBADMSG. */
+int kc__kkey_split(const unsigned char *k, size_t len, char ns[KC__NS_MAX + 1], kc_key *key);
+
+/* ---- spool files (record.c) -------------------------------------------- */
+
+#define KC__SPOOL_MAGIC 0x3153434bu /* "KCS1" */
+#define KC__SPOOL_HDR 24
+
+enum { KC__SP_PUT = 'P', KC__SP_PURGE = 'X', KC__SP_HITS = 'H', KC__SP_COUNT = 'C' };
+enum { KC__PF_SOURCE = 1, KC__PF_KEY = 2, KC__PF_IFBAD = 4 };
+
+/* A growable byte buffer. */
+struct kc__buf {
+    unsigned char *p;
+    size_t len, cap;
+    int err;
+};
+void kc__buf_add(struct kc__buf *b, const void *p, size_t n);
+void kc__buf_free(struct kc__buf *b);
+
+/* Starts a spool file of `type` in b (header placeholder). */
+void kc__spool_begin(struct kc__buf *b, int type);
+/* Fills in length and checksum. */
+void kc__spool_end(struct kc__buf *b);
+/* Checks a whole spool file; 0 with *type and the payload, or -EBADMSG. */
+int kc__spool_check(const void *file, size_t len, int *type, const unsigned char **payload,
+                    size_t *plen);
+
+/* A decoded put. Pointers point into the file. */
+struct kc__sp_put {
+    char ns[KC__NS_MAX + 1];
+    kc_key key;
+    int has_source;
+    kc_digest source;
+    struct kc__hdr hdr;
+    const unsigned char *record; /* header + body */
+    size_t record_len;
+    const unsigned char *body;
+    size_t body_len;
+};
+int kc__spool_put_encode(struct kc__buf *b, const char *ns, const kc_key *key,
+                         const kc_digest *source, const struct kc__hdr *h, const void *body,
+                         size_t len);
+/* Decodes and fully checks a put file (record checksums included). */
+int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
+
+/* One purge, hit or counter item, as iterated over a spool file's payload. */
+struct kc__sp_item {
+    char ns[KC__NS_MAX + 1]; /* namespace, or backend name for counters */
+    uint32_t flags;
+    kc_key key;
+    kc_digest source;
+    uint64_t a, b; /* purge: before_ns; hits: count, last_ns */
+    struct kc_counters c;
+};
+void kc__spool_item_add(struct kc__buf *b, int type, const struct kc__sp_item *it);
+/* Iterates items: 1 with *it filled, 0 at the end, -EBADMSG on bad bytes. */
+int kc__spool_item_next(int type, const unsigned char **p, const unsigned char *end,
+                        struct kc__sp_item *it);
+
+/* ---- files (fs.c) ------------------------------------------------------ */
+
+uint64_t kc__wall_ns(void); /* CLOCK_REALTIME */
+uint64_t kc__mono_ns(void);
+/* Creates (0700) or checks a private directory: owned by us, not writable by
+ * group or others. -EPERM, -ENOTDIR or another negative errno. The cache
+ * directory itself may be reached through a symlink (kc__private_dir);
+ * its subdirectories may not (kc__private_subdir: lstat, a symlink is
+ * -ENOTDIR). */
+int kc__private_dir(const char *path, bool create);
+int kc__private_subdir(const char *path, bool create);
+/* Writes `b` atomically as dir/name: temp file (O_EXCL|O_NOFOLLOW), optional
+ * fsync, rename, optional directory fsync. */
+int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable);
+/* Reads a regular file without following a symlink; *out malloc'd. -ENOENT
+ * when it is not there. */
+int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, size_t *len);
+int kc__rm_rf(const char *path);
+uint64_t kc__du(const char *path);
+void kc__hex(const void *p, size_t n, char *out);
+uint64_t kc__rand64(void);
+int kc__mkdir_p(const char *path, mode_t mode);
+
+/* ---- the directory (spool.c) ------------------------------------------ */
+
+struct kc__paths {
+    char dir[4096], db[4200], spool[4200], sec[4200], lock[4200], gen[4200], hot[4200],
+        filter[4200];
+};
+void kc__paths_init(struct kc__paths *p, const char *dir);
+
+/* DIR/hot's bound: min(max_size / 4, this). */
+#define KC__HOT_MAX (1ull << 30)
+
+/* The file name of (ns, key) in the spool: prefix '-' 32 hex digits; with
+ * prefix 0, the bare 32 hex digits (its name in DIR/hot). */
+void kc__spool_name(const char *ns, const kc_key *key, char prefix, char out[40]);
+
+/* Nonzero when some file other than temp files waits in the spool. */
+bool kc__spool_pending(const char *spool);
+
+/* Reads and checks DIR/hot/<hash> (or a spool put file) for (ns, key):
+ * 0 with *buf (malloc'd file) and *sp pointing into it; -ENOENT when
+ * absent; -EBADMSG when it exists but fails its checks or holds another
+ * key. */
+int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsigned char **buf,
+                      struct kc__sp_put *sp);
+
+/* Starting the owner: the kcache tool (given, $KCACHE_TOOL, beside the
+ * library holding `anchor`, then $PATH), spawned detached when nobody holds
+ * DIR/owner.lock; never waited for. */
+struct kc__kicker {
+    int lockfd;
+    pid_t spawned;
+    uint64_t last_kick_ns;
+    bool warned;
+    char *tool;
+};
+char *kc__find_tool(const char *given, const void *anchor);
+void kc__kicker_init(struct kc__kicker *k, char *tool);
+/* Starts the owner unless one holds the lock (at most every 200 ms). The
+ * caller serialises calls. */
+void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t max_size);
+/* Reaps the short-lived process the last spawn started, waiting at most
+ * wait_ms. */
+void kc__kicker_reap(struct kc__kicker *k, int wait_ms);
+/* In a forked child: forget the parent's lock fd and child. */
+void kc__kicker_after_fork(struct kc__kicker *k);
+void kc__kicker_free(struct kc__kicker *k);
+
+/* ---- the key filter (filter.c) ----------------------------------------- */
+
+enum { KC__FK_KERNEL = 'K', KC__FK_SOURCE = 'S' };
+/* The stamp of a filter an owner is updating (any other value: the
+ * database generation it was last synced with). */
+#define KC__FILTER_LIVE (~0ull)
+
+/* Hash of one filter item: a kernel (ns, key) or a source (ns, digest). */
+struct kc__fhash {
+    uint64_t a, b;
+};
+struct kc__fhash kc__fhash_kernel(const char *ns, const kc_key *key);
+struct kc__fhash kc__fhash_source(const char *ns, const kc_digest *src);
+
+/* A read-only mapping of DIR/filter. */
+struct kc__filter_ro {
+    const unsigned char *map;
+    size_t len;
+    dev_t dev;
+    ino_t ino;
+};
+/* 1: maybe present (also when there is no usable filter); 0: definitely
+ * absent. Maps the file on first use; on an "absent" answer checks that
+ * the mapped file is still DIR/filter and remaps and asks again if not.
+ * The caller serialises calls on one mapping. */
+int kc__filter_maybe(struct kc__filter_ro *f, const char *path, struct kc__fhash h);
+void kc__filter_ro_drop(struct kc__filter_ro *f);
+
+/* The owner's writable filter. */
+struct kc__filter_rw {
+    unsigned char *map;
+    size_t len;
+    uint64_t cap; /* items it was sized for */
+};
+/* Opens DIR/filter read-write; 0, or -ENOENT/-EBADMSG when it is missing
+ * or unusable (rebuild it). *stamp: the database generation it matches. */
+int kc__filter_open_rw(struct kc__filter_rw *f, const char *path, uint64_t *stamp);
+/* Creates a new empty filter for `cap` items at path.tmp; publish it with
+ * kc__filter_publish once filled. */
+int kc__filter_create(struct kc__filter_rw *f, const char *path, uint64_t cap);
+int kc__filter_publish(struct kc__filter_rw *f, const char *path);
+void kc__filter_add(struct kc__filter_rw *f, struct kc__fhash h);
+void kc__filter_note_delete(struct kc__filter_rw *f);
+void kc__filter_set_stamp(struct kc__filter_rw *f, uint64_t stamp);
+/* Whether it should be rebuilt: fuller than its capacity, or too many
+ * deletions since it was built. */
+bool kc__filter_stale(const struct kc__filter_rw *f);
+uint64_t kc__filter_count(const struct kc__filter_rw *f);
+void kc__filter_close(struct kc__filter_rw *f);
+
+#endif
