@@ -4,6 +4,7 @@
  * interposer that swaps our wrappers into dlopen'd NVRTC and libcuda.
  */
 #include "shim.h"
+#include "front.h"
 #include "flight.h"
 
 #include <dlfcn.h>
@@ -70,7 +71,6 @@ static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
 static int store_state; /* 0 untried, 1 open, -1 unusable */
 static struct kc_store *store;
 static const struct kc_store_api *store_api;
-static void *store_handle;
 
 /* The directory libkcache.so was loaded from, with a trailing '/'. */
 static int self_dir(char *buf, size_t len)
@@ -105,6 +105,10 @@ static void *load_store_lib(void)
     return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
 }
 
+/* The store as hooks see it is the front (front.c): hits from the spool and
+ * DIR/hot, misses told by DIR/filter and writes to the spool, all without
+ * RocksDB; it loads libkcache-store.so (load_store_lib) only for a lookup
+ * the filter cannot answer. */
 struct kc_store *kc__store(const struct kc_store_api **api)
 {
     int state = __atomic_load_n(&store_state, __ATOMIC_ACQUIRE);
@@ -112,41 +116,22 @@ struct kc_store *kc__store(const struct kc_store_api **api)
         const struct kc_config *cfg = kc__config();
         pthread_mutex_lock(&store_lock);
         if (store_state == 0) {
-            int rc = -1;
-            /* Loading RocksDB runs its constructors; keep our hooks out. */
-            bool entered = kc__guard_enter();
-            store_handle = load_store_lib();
-            if (store_handle == NULL) {
-                kc_log(KC_LOG_WARN, "cannot load the store (%s); caching is off", dlerror());
-            } else {
-                const struct kc_store_api *(*get)(void) =
-                    (const struct kc_store_api *(*)(void))kc__real_dlsym(store_handle,
-                                                                         "kc_store_api");
-                const struct kc_store_api *a = get ? get() : NULL;
-                if (a == NULL || a->abi != KC_STORE_ABI || a->open == NULL) {
-                    kc_log(KC_LOG_WARN, "the store library does not match this shim; "
-                                        "caching is off");
-                } else {
-                    struct kc_store_options opts = {
-                        .dir = cfg->dir,
-                        .readonly = cfg->readonly,
-                        .max_size = cfg->max_size,
-                    };
-                    rc = a->open(&opts, &store);
-                    if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
-                        a->close(store);
-                        store = NULL;
-                        rc = -EPERM;
-                    }
-                    if (rc != 0)
-                        kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
-                               cfg->dir, strerror(-rc));
-                    else
-                        store_api = a;
-                }
+            struct kc_store_options opts = {
+                .dir = cfg->dir,
+                .readonly = cfg->readonly,
+                .max_size = cfg->max_size,
+            };
+            int rc = kc__front_open(&opts, load_store_lib, &store);
+            if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
+                kc__front_api()->close(store);
+                store = NULL;
+                rc = -EPERM;
             }
-            if (entered)
-                kc__guard_exit();
+            if (rc != 0)
+                kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
+                       cfg->dir, strerror(-rc));
+            else
+                store_api = kc__front_api();
             __atomic_store_n(&store_state, rc == 0 ? 1 : -1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&store_lock);

@@ -100,8 +100,9 @@ static int open_checked(const char *path, int flags, struct stat *sb)
     int fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -errno;
+    /* Fully allocated, too (see kc__filter_create): never map a hole. */
     if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode) || sb->st_uid != geteuid() ||
-        (sb->st_mode & 022) != 0) {
+        (sb->st_mode & 022) != 0 || (uint64_t)sb->st_blocks * 512u < (uint64_t)sb->st_size) {
         close(fd);
         return -EPERM;
     }
@@ -199,8 +200,11 @@ int kc__filter_create(struct kc__filter_rw *f, const char *path, uint64_t cap)
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -errno;
-    if (ftruncate(fd, (off_t)len) != 0) {
-        int rc = -errno;
+    /* Every block allocated now: a page of a sparse file that the disk
+     * (tmpfs) cannot supply later faults with SIGBUS in whoever maps it. */
+    int arc = posix_fallocate(fd, 0, (off_t)len);
+    if (arc != 0) {
+        int rc = -arc;
         close(fd);
         unlink(tmp);
         return rc;
