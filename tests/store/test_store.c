@@ -688,3 +688,110 @@ Test(store, bad_arguments_are_refused)
     api->close(NULL);
     api->close(st);
 }
+
+/* ---- DIR/filter ---------------------------------------------------------- */
+
+Test(store, the_filter_never_says_absent_for_a_key_it_holds)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/filter", dir);
+    struct kc__filter_ro ro = {0};
+    kc_key k = key(1, 1);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &k)), 1, "no filter: maybe");
+
+    struct kc__filter_rw f;
+    cr_assert_eq(kc__filter_create(&f, path, 1000), 0);
+    for (uint64_t i = 0; i < 5000; i++) {
+        kc_key ki = key(i, 7);
+        kc__filter_add(&f, kc__fhash_kernel(NS, &ki));
+    }
+    cr_assert_eq(kc__filter_publish(&f, path), 0);
+    for (uint64_t i = 0; i < 5000; i++) {
+        kc_key ki = key(i, 7);
+        cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &ki)), 1);
+    }
+    unsigned fp = 0;
+    for (uint64_t i = 0; i < 20000; i++) {
+        kc_key ki = key(i, 8); /* another build: other keys */
+        fp += (unsigned)kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &ki));
+    }
+    cr_assert_lt(fp, 400, "false positives: %u of 20000", fp);
+    kc_digest s = digest("a source");
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_source(NS, &s)), 0);
+
+    /* Bits set in place reach a reader that mapped the file before. */
+    kc_key late = key(99999, 1);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &late)), 0);
+    kc__filter_add(&f, kc__fhash_kernel(NS, &late));
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &late)), 1);
+    kc__filter_close(&f);
+
+    /* A rebuilt filter (new file renamed over) is noticed on an absent
+     * answer. */
+    cr_assert_eq(kc__filter_create(&f, path, 10), 0);
+    kc__filter_add(&f, kc__fhash_source(NS, &s));
+    cr_assert_eq(kc__filter_publish(&f, path), 0);
+    kc__filter_close(&f);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_source(NS, &s)), 1, "remapped");
+
+    /* Unusable files are "maybe", never "absent". */
+    kc__filter_ro_drop(&ro);
+    chmod(path, 0620);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &late)), 1, "group-writable");
+    chmod(path, 0600);
+    truncate(path, 100);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &late)), 1, "truncated");
+    unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert(fd >= 0);
+    cr_assert_eq(ftruncate(fd, 64 + 64 * 256), 0); /* sparse */
+    close(fd);
+    cr_assert_eq(kc__filter_maybe(&ro, path, kc__fhash_kernel(NS, &late)), 1, "sparse");
+    kc__filter_ro_drop(&ro);
+}
+
+Test(store, drained_puts_become_hot_files_and_leave_with_their_entry)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(21, 1), gone = key(22, 1);
+    put_str(st, &k, NULL, "kept");
+    put_str(st, &gone, NULL, "purged");
+    drain(st);
+    char name[40], hk[600], hg[600];
+    kc__spool_name(NS, &k, 0, name);
+    snprintf(hk, sizeof hk, "%s/hot/%s", dir, name);
+    kc__spool_name(NS, &gone, 0, name);
+    snprintf(hg, sizeof hg, "%s/hot/%s", dir, name);
+    cr_assert_eq(access(hk, F_OK), 0, "hot file of a drained put");
+    cr_assert_eq(access(hg, F_OK), 0);
+    cr_assert_eq(api->purge(st, NS, &gone), 0);
+    drain(st);
+    cr_assert_neq(access(hg, F_OK), 0, "a purge removes the hot file");
+    expect_miss(st, &gone, "purged");
+    /* The filter knows the key, and a hot file that fails its checks is
+     * a miss there and removed by the owner. */
+    char fpath[400];
+    snprintf(fpath, sizeof fpath, "%s/filter", dir);
+    struct kc__filter_ro ro = {0};
+    cr_assert_eq(kc__filter_maybe(&ro, fpath, kc__fhash_kernel(NS, &k)), 1);
+    kc__filter_ro_drop(&ro);
+    cr_assert_eq(api->clear(st), 0);
+    cr_assert_neq(access(hk, F_OK), 0, "clear removes hot files");
+    cr_assert_eq(kc__filter_maybe(&ro, fpath, kc__fhash_kernel(NS, &k)), 0, "filter rebuilt");
+    kc__filter_ro_drop(&ro);
+    api->close(st);
+}
+
+Test(store, a_symlinked_subdirectory_is_refused)
+{
+    char hot[400], other[400];
+    snprintf(hot, sizeof hot, "%s/hot", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    cr_assert_eq(mkdir(other, 0700), 0);
+    cr_assert_eq(symlink(other, hot), 0);
+    struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
+    struct kc_store *st = NULL;
+    cr_assert_eq(api->open(&o, &st), -ENOTDIR);
+    cr_assert_eq(kc__private_subdir(hot, true), -ENOTDIR);
+    cr_assert_eq(kc__private_dir(hot, true), 0, "the cache directory itself may be a link");
+}
