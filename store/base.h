@@ -14,7 +14,7 @@
  *                    logs, s-* stop requests, t-* temp files being written
  *   DIR/hot/<hash>   drained puts kept as files (the same put file format),
  *                    so a hit needs no RocksDB; written only by the owner,
- *                    bounded (KC__HOT_MAX), oldest mtime evicted first
+ *                    bounded (hot_limit), oldest mtime evicted first
  *   DIR/filter       a blocked Bloom filter of every key in the database
  *                    (kernels and sources), written only by the owner, bits
  *                    only ever set in place; replaced (rename) on rebuild
@@ -177,8 +177,10 @@ struct kc__paths {
 };
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
-/* DIR/hot's bound: min(max_size / 4, this). */
+/* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the database's
+ * bytes on disk / 2, KC__HOT_MIN)) (owner.c hot_limit). */
 #define KC__HOT_MAX (1ull << 30)
+#define KC__HOT_MIN (1ull << 20)
 
 /* The file name of (ns, key) in the spool: prefix '-' 32 hex digits; with
  * prefix 0, the bare 32 hex digits (its name in DIR/hot). */

@@ -33,7 +33,7 @@
 #define F_BLOCK 64u
 #define F_K 8u
 #define F_BITS_PER_ITEM 16u
-#define F_MIN_CAP (1u << 16)
+#define F_MIN_CAP (1u << 12) /* 8 KiB of bits; grown by rebuilds */
 #define F_STAMP_LIVE KC__FILTER_LIVE
 
 struct kc__fhash kc__fhash_kernel(const char *ns, const kc_key *key)

@@ -28,6 +28,7 @@
 #include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -327,10 +328,38 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
     return total;
 }
 
+/* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX) and, so the store stays
+ * compact on disk (hot files are uncompressed copies), at most half the
+ * database's own size on disk (at least KC__HOT_MIN). */
+static uint64_t hot_limit(struct kc__owner *o)
+{
+    uint64_t lim = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
+    uint64_t db = kc__du(o->p.db) / 2;
+    if (db < KC__HOT_MIN)
+        db = KC__HOT_MIN;
+    return db < lim ? db : lim;
+}
+
+/* Whether the file system has room to spare for hot files: they are an
+ * optimisation and must never take the last free space from the spool
+ * and the database (at least 64 MiB and 5% free). */
+static bool hot_room(struct kc__owner *o)
+{
+    struct statvfs v;
+    if (statvfs(o->p.hot, &v) != 0)
+        return false;
+    uint64_t free_b = (uint64_t)v.f_bavail * v.f_frsize;
+    uint64_t total = (uint64_t)v.f_blocks * v.f_frsize;
+    return free_b >= (64ull << 20) && free_b >= total / 20;
+}
+
 /* Past its bound, removes the hot files least recently hit (mtime: put
  * time, refreshed by folded hits) down to 90% of it. */
 static void hot_enforce(struct kc__owner *o)
 {
+    if (o->hot_bytes <= o->hot_max)
+        return;
+    o->hot_max = hot_limit(o); /* the database grew since? */
     if (o->hot_bytes <= o->hot_max)
         return;
     struct hotf *v;
@@ -371,7 +400,8 @@ static void hot_touch(struct kc__owner *o, const char *ns, const kc_key *key)
         return;
     char path[PATH_MAX];
     hot_path(o, ns, key, path, sizeof path);
-    if (utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+    if (utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT ||
+        !hot_room(o))
         return;
     void *body = NULL;
     size_t len = 0;
@@ -745,7 +775,8 @@ static void retire_puts(struct kc__owner *o, char **names, const bool *keep,
                         const uint64_t *size, size_t n)
 {
     int sfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int hfd = o->hot_max > 0 ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int hfd = o->hot_max > 0 && hot_room(o) ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                                             : -1;
     for (size_t i = 0; sfd >= 0 && i < n; i++) {
         if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) &&
             renameat(sfd, names[i], hfd, names[i] + 2) == 0) {
@@ -821,6 +852,7 @@ int kc__owner_drain(struct kc__owner *o, uint64_t *count)
         done += nrest;
     }
     listing_free(&l);
+    hot_enforce(o); /* hit logs may have written hot files */
     if (rc == 0)
         filter_maybe_rebuild(o);
     if (count != NULL)
@@ -1297,7 +1329,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     }
     clean_stale(o);
     filter_begin(o);
-    o->hot_max = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
+    o->hot_max = hot_limit(o);
     o->hot_bytes = hot_list(o, NULL, NULL);
     *out = o;
     return 0;
