@@ -23,6 +23,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -267,6 +268,17 @@ static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PA
     snprintf(cur, PATH_MAX, "%s/CURRENT", st->p.db);
     if (access(cur, F_OK) != 0)
         return -ENOENT;
+    /* A secondary writes its own files (info log, MANIFEST copy); on a
+     * full file system RocksDB 7.8's writer trips an assertion and aborts
+     * the host (Debian builds keep assertions). No room: every get is a
+     * miss until there is. */
+    struct statvfs vf;
+    const char *where = st->p.sec;
+    const char *tmpd = getenv("TMPDIR");
+    if (st->readonly)
+        where = tmpd && tmpd[0] ? tmpd : "/tmp";
+    if (statvfs(where, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < (4ull << 20))
+        return -ENOSPC;
     if (st->readonly) {
         const char *tmp = getenv("TMPDIR");
         snprintf(secpath, PATH_MAX, "%s/kcache-sec-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
