@@ -334,7 +334,22 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
 static uint64_t hot_limit(struct kc__owner *o)
 {
     uint64_t lim = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
-    uint64_t db = kc__du(o->p.db) / 2;
+    /* The tables only: a live session's preallocated WAL and MANIFEST
+     * would count many megabytes that go away when it ends. */
+    uint64_t db = 0;
+    DIR *d = opendir(o->p.db);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            size_t n = strlen(e->d_name);
+            struct stat sb;
+            if (n > 4 && strcmp(e->d_name + n - 4, ".sst") == 0 &&
+                fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0)
+                db += (uint64_t)sb.st_size;
+        }
+        closedir(d);
+    }
+    db /= 2;
     if (db < KC__HOT_MIN)
         db = KC__HOT_MIN;
     return db < lim ? db : lim;
@@ -357,9 +372,7 @@ static bool hot_room(struct kc__owner *o)
  * time, refreshed by folded hits) down to 90% of it. */
 static void hot_enforce(struct kc__owner *o)
 {
-    if (o->hot_bytes <= o->hot_max)
-        return;
-    o->hot_max = hot_limit(o); /* the database grew since? */
+    o->hot_max = hot_limit(o); /* the database grows and shrinks */
     if (o->hot_bytes <= o->hot_max)
         return;
     struct hotf *v;
