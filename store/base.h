@@ -177,8 +177,8 @@ struct kc__paths {
 };
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
-/* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the database's tables (.sst)
- * bytes on disk / 2, KC__HOT_MIN)) (owner.c hot_limit). */
+/* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the size of the
+ * database's tables (.sst) / 2, KC__HOT_MIN)) (owner.c hot_limit). */
 #define KC__HOT_MAX (1ull << 30)
 #define KC__HOT_MIN (1ull << 20)
 
