@@ -220,7 +220,7 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
 
 /* A manifest body: u64 magic, u64 n_sets, then per set: the result id
  * (16 bytes), u64 n_deps, per dep: i32 kind, blob path, 16 bytes digest. */
-#define MANIFEST_MAGIC 0x4b434d46u /* "KCMF" */
+#define MANIFEST_MAGIC 0x324b434d46ull /* "KCMF" 2 */
 #define MANIFEST_MAX_SETS 16
 
 
@@ -257,7 +257,7 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n)
         m->n++;
         get(&r, &s->result, sizeof s->result);
         uint64_t deps = get_u64(&r);
-        if (r.bad || deps > (r.n - r.off) / 28)
+        if (r.bad || deps > (r.n - r.off) / 68)
             goto bad;
         s->deps = calloc(deps ? deps : 1, sizeof *s->deps);
         if (s->deps == NULL)
@@ -268,6 +268,8 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n)
             d->kind = get_i32(&r);
             d->path = get_blob(&r, NULL);
             get(&r, &d->digest, sizeof d->digest);
+            for (int f = 0; f < 5; f++)
+                d->fp[f] = get_u64(&r);
             if (r.bad)
                 goto bad;
         }
@@ -289,6 +291,8 @@ static void encode_set(struct kc__wbuf *b, const kc_digest *result, const struct
         put_i32(b, deps[j].kind);
         put_blob(b, deps[j].path, strlen(deps[j].path));
         put(b, &deps[j].digest, sizeof deps[j].digest);
+        for (int f = 0; f < 5; f++)
+            put_u64(b, deps[j].fp[f]);
     }
 }
 

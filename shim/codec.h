@@ -55,7 +55,7 @@ struct kc__replay {
 struct kc__dep_set {
     kc_digest result;
     uint64_t n;
-    struct kc__dep *deps; /* path and kind and digest only */
+    struct kc__dep *deps; /* path, kind, digest and fingerprint only */
 };
 
 struct kc__manifest {

@@ -405,6 +405,15 @@ int kc__file_digest(const char *path, const struct stat *st, kc_digest *out)
     return 0;
 }
 
+static void fingerprint(const struct stat *st, uint64_t fp[5])
+{
+    fp[0] = (uint64_t)st->st_dev;
+    fp[1] = (uint64_t)st->st_ino;
+    fp[2] = (uint64_t)st->st_size;
+    fp[3] = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+    fp[4] = (uint64_t)st->st_ctim.tv_sec * 1000000000ull + (uint64_t)st->st_ctim.tv_nsec;
+}
+
 int kc__deps_finish(struct kc__deps *d)
 {
     if (d->failed)
@@ -425,17 +434,23 @@ int kc__deps_finish(struct kc__deps *d)
         int rc = kc__file_digest(e->path, &now, &e->digest);
         if (rc != 0)
             return rc;
+        struct timespec clock;
+        clock_gettime(CLOCK_REALTIME, &clock);
+        if (clock.tv_sec > now.st_ctim.tv_sec + 1 && clock.tv_sec > now.st_mtim.tv_sec + 1)
+            fingerprint(&now, e->fp);
+        else
+            memset(e->fp, 0, sizeof e->fp);
     }
     return 0;
 }
 
-bool kc__dep_holds(const char *path, int kind, const kc_digest *digest)
+bool kc__dep_holds(const struct kc__dep *dep)
 {
     struct stat st;
     REAL(real_stat, "stat", NULL);
-    if (real_stat(path, &st) != 0)
-        return kind == KC_DEP_ABSENT && (errno == ENOENT || errno == ENOTDIR);
-    switch (kind) {
+    if (real_stat(dep->path, &st) != 0)
+        return dep->kind == KC_DEP_ABSENT && (errno == ENOENT || errno == ENOTDIR);
+    switch (dep->kind) {
     case KC_DEP_ABSENT:
         return false;
     case KC_DEP_DIR:
@@ -445,8 +460,13 @@ bool kc__dep_holds(const char *path, int kind, const kc_digest *digest)
     case KC_DEP_FILE: {
         if (!S_ISREG(st.st_mode))
             return false;
+        uint64_t fp[5];
+        fingerprint(&st, fp);
+        if (dep->fp[4] != 0 && memcmp(fp, dep->fp, sizeof fp) == 0)
+            return true;
         kc_digest d;
-        return kc__file_digest(path, &st, &d) == 0 && d.lo == digest->lo && d.hi == digest->hi;
+        return kc__file_digest(dep->path, &st, &d) == 0 && d.lo == dep->digest.lo &&
+               d.hi == dep->digest.hi;
     }
     }
     return false;

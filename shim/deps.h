@@ -26,6 +26,13 @@ struct kc__dep {
     int kind;
     kc_digest digest;  /* KC_DEP_FILE only */
     struct stat st;    /* as seen when the compile opened it */
+    /* KC_DEP_FILE: the file's identity when its digest was taken (device,
+     * inode, size, mtime and ctime in ns), or all zero. A lookup whose stat
+     * matches it exactly trusts the digest without reading the file: any
+     * write changes ctime, which no user can set back. Zero when the file
+     * had changed within 2 s of recording (the clock's granularity could
+     * hide a second write). */
+    uint64_t fp[5];
 };
 
 struct kc__deps {
@@ -49,10 +56,11 @@ int kc__deps_finish(struct kc__deps *d);
 void kc__deps_free(struct kc__deps *d);
 
 /* Whether the dependency still holds: the path is still absent, still a
- * directory, or still has the same content. Uses an in-process memo keyed
- * by (path, device, inode, size, mtime, ctime) so an unchanged file is not
- * re-read. */
-bool kc__dep_holds(const char *path, int kind, const kc_digest *digest);
+ * directory, or still has the same content. A file whose stat matches the
+ * dependency's fingerprint is not read; otherwise its content is hashed
+ * through an in-process memo keyed by (path, device, inode, size, mtime,
+ * ctime), so an unchanged file is read once per process at most. */
+bool kc__dep_holds(const struct kc__dep *dep);
 
 /* The content digest of a regular file, through the memo. 0 or -errno. */
 int kc__file_digest(const char *path, const struct stat *st, kc_digest *out);

@@ -298,7 +298,7 @@ static int manifest_match(const struct kc__manifest *m, kc_digest *result)
     for (uint64_t i = 0; i < m->n; i++) {
         const struct kc__dep_set *s = &m->sets[i];
         uint64_t j = 0;
-        while (j < s->n && kc__dep_holds(s->deps[j].path, s->deps[j].kind, &s->deps[j].digest))
+        while (j < s->n && kc__dep_holds(&s->deps[j]))
             j++;
         if (j == s->n) {
             *result = s->result;
