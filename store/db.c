@@ -9,10 +9,15 @@
  */
 #include "internal.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <time.h>
 
 static const char *const cf_names[KC__N_CF] = {"default", "kernels", "bodies", "sources", "meta"};
 
@@ -72,21 +77,165 @@ int kc__db_err(char *err, const char *what)
 {
     if (err == NULL)
         return 0;
+    /* RocksDB's status strings start with the code ("Corruption: ",
+     * "IO error: ", "NotFound: ", ...); the lock error is an IO error that
+     * names the LOCK file ("While lock file: .../LOCK: Resource temporarily
+     * unavailable", or "lock hold by current process"). Match the code
+     * first: a corruption message may quote anything ("block checksum
+     * mismatch" once read as a lock error). */
     int rc = -EIO;
-    if (strstr(err, "NotFound") || strstr(err, "No such file"))
-        rc = -ENOENT;
-    else if (strstr(err, "lock") || strstr(err, "Resource busy"))
+    if (strncmp(err, "Corruption", 10) == 0)
+        rc = -EBADMSG;
+    else if (strstr(err, "While lock file") || strstr(err, "lock hold by current process"))
         rc = -EBUSY;
-    else if (strstr(err, "No space"))
+    else if (strstr(err, "No space left"))
         rc = -ENOSPC;
+    else if (strstr(err, "Read-only file system"))
+        rc = -EROFS;
     else if (strstr(err, "Permission denied"))
         rc = -EACCES;
+    else if (strncmp(err, "NotFound", 8) == 0 || strstr(err, "No such file"))
+        rc = -ENOENT;
     (void)what;
     free(err);
     return rc;
 }
 
+int kc__db_iter_err(struct kc__db *d, rocksdb_iterator_t *it)
+{
+    char *err = NULL;
+    rocksdb_iter_get_error(it, &err);
+    int rc = kc__db_err(err, "iterate");
+    if (rc == -EBADMSG)
+        d->corrupt = true;
+    return rc;
+}
+
+/* ---- RocksDB's threads --------------------------------------------------
+ *
+ * Opening any database starts the default Env's thread pools
+ * (rocksdb:low, rocksdb:high). A secondary never uses them, and in a host
+ * process they are a hazard: a child the host forks inherits the pools'
+ * bookkeeping but not the threads, and its exit() runs RocksDB's static
+ * destructors, which join threads that do not exist there (the child hangs
+ * or aborts). So while no primary is open in the process the pools are
+ * shrunk to zero threads; RocksDB lets excess threads exit on their own
+ * (detached) and starts them again when a primary opens
+ * (IncBackgroundThreadsIfNeeded). env_mu orders this against primaries
+ * opening on other threads. */
+
+static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why);
+
+static pthread_mutex_t env_mu = PTHREAD_MUTEX_INITIALIZER;
+static int n_primary;
+
+int kc__db_env_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return -errno;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[64], comm[32] = {0};
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/comm", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (f == NULL)
+            continue;
+        if (fgets(comm, sizeof comm, f) != NULL && strncmp(comm, "rocksdb:", 8) == 0)
+            n++;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+bool kc__db_env_quiesce(int wait_ms)
+{
+    for (int i = 0;; i++) {
+        int n = kc__db_env_threads();
+        if (n <= 0)
+            return true;
+        if (i >= wait_ms * 5)
+            return false;
+        struct timespec ts = {0, 200000}; /* 0.2 ms */
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Shrinks the pools to zero threads and waits (bounded) until they are
+ * gone; env_mu held, no primary open. */
+static void env_threads_stop(void)
+{
+    rocksdb_env_t *env = rocksdb_create_default_env();
+    rocksdb_env_set_bottom_priority_background_threads(env, 0);
+    rocksdb_env_set_low_priority_background_threads(env, 0);
+    rocksdb_env_set_high_priority_background_threads(env, 0);
+    rocksdb_env_destroy(env); /* the default Env itself stays */
+    kc__db_env_quiesce(500);
+}
+
 int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
+{
+    int rc = 0;
+    if (secpath == NULL) {
+        pthread_mutex_lock(&env_mu);
+        n_primary++;
+        pthread_mutex_unlock(&env_mu);
+    }
+    rc = db_open(d, dbpath, secpath, why);
+    pthread_mutex_lock(&env_mu);
+    if (secpath == NULL && rc < 0)
+        n_primary--;
+    if (n_primary == 0)
+        env_threads_stop();
+    pthread_mutex_unlock(&env_mu);
+    return rc;
+}
+
+int kc__db_repair(const char *dbpath, char **why)
+{
+    rocksdb_cache_t *cache = rocksdb_cache_create_lru(8u << 20);
+    rocksdb_options_t *o = make_options(KC__N_CF, cache, false);
+    char *err = NULL;
+    rocksdb_repair_db(o, dbpath, &err);
+    if (err != NULL && why != NULL)
+        *why = strdup(err);
+    int rc = kc__db_err(err, "repair");
+    rocksdb_options_destroy(o);
+    rocksdb_cache_destroy(cache);
+    pthread_mutex_lock(&env_mu);
+    if (n_primary == 0)
+        env_threads_stop();
+    pthread_mutex_unlock(&env_mu);
+    return rc;
+}
+
+/* A secondary's info log (secpath/LOG) cannot be turned off in RocksDB 7.8
+ * (a logger it cannot create fails the open), and its writer asserts, so
+ * aborts the host, on a write after one that failed (ENOSPC on a full
+ * disk). At info level FATAL the secondary writes its option header at
+ * open, partly buffered, and flushes the rest when it closes (~55 KB).
+ * The caller checked for free space before opening; here the space the
+ * rest of the log needs is reserved (fallocate, size kept), so closing
+ * cannot fail for want of it. Without the reservation the secondary is
+ * never closed (its memory is leaked instead). */
+static void log_reserve(struct kc__db *d, const char *secpath)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/LOG", secpath);
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        d->leak = errno != ENOENT;
+        return;
+    }
+    d->leak = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 256 << 10) != 0;
+    close(fd);
+}
+
+static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
 {
     memset(d, 0, sizeof *d);
     d->secondary = secpath != NULL;
@@ -111,6 +260,8 @@ int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char 
         kc__db_close(d);
         return rc;
     }
+    if (secpath != NULL)
+        log_reserve(d, secpath);
     d->ro = rocksdb_readoptions_create();
     d->wo = rocksdb_writeoptions_create();
     d->wo_sync = rocksdb_writeoptions_create();
@@ -134,11 +285,22 @@ int kc__db_flush_all(struct kc__db *d)
 
 void kc__db_close(struct kc__db *d)
 {
+    if (d->db != NULL && d->leak) {
+        /* Closing would flush its log onto a full disk (log_reserve). */
+        memset(d, 0, sizeof *d);
+        return;
+    }
     if (d->db != NULL) {
         for (int i = 0; i < KC__N_CF; i++)
             if (d->cf[i] != NULL)
                 rocksdb_column_family_handle_destroy(d->cf[i]);
         rocksdb_close(d->db);
+        if (!d->secondary) {
+            pthread_mutex_lock(&env_mu);
+            if (--n_primary == 0)
+                env_threads_stop();
+            pthread_mutex_unlock(&env_mu);
+        }
     }
     for (int i = 0; i <= KC__N_CF; i++)
         if (d->opts[i] != NULL)
@@ -162,6 +324,8 @@ int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val,
     if (err != NULL) {
         free(v);
         int rc = kc__db_err(err, "get");
+        if (rc == -EBADMSG)
+            d->corrupt = true;
         return rc == -ENOENT ? -EIO : rc;
     }
     if (v == NULL)

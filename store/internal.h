@@ -28,18 +28,34 @@ struct kc__db {
     rocksdb_writeoptions_t *wo;      /* not synced */
     rocksdb_writeoptions_t *wo_sync; /* synced */
     bool secondary;
+    bool corrupt; /* RocksDB reported a corruption (get or iterate) */
+    bool leak;    /* a secondary whose log has no room reserved: never closed */
 };
 
 /* Opens DIR/db as the primary (creating it) or as a secondary in `secpath`. */
 int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why);
 void kc__db_close(struct kc__db *d);
+/* RocksDB's repair (rocksdb_repair_db) of DIR/db: rebuilds the MANIFEST from
+ * the tables, setting aside those that fail their checks. */
+int kc__db_repair(const char *dbpath, char **why);
+/* RocksDB threads (rocksdb:*) alive in this process; negative errno. While
+ * no primary is open there are none once an open or close returns. */
+int kc__db_env_threads(void);
+/* Waits up to wait_ms for no RocksDB thread to be left; whether none is. */
+bool kc__db_env_quiesce(int wait_ms);
 /* Flushes every column family's memtable to table files (waits). A
  * database closed with data only in its WAL makes every reader replay
  * that WAL when it opens, and keeps the data uncompressed. */
 int kc__db_flush_all(struct kc__db *d);
-/* Maps a RocksDB error string to an errno (and frees it). */
+/* Maps a RocksDB error string to an errno (and frees it): Corruption
+ * -EBADMSG, the LOCK file held -EBUSY, -ENOSPC, -EROFS, -EACCES, -ENOENT,
+ * else -EIO. */
 int kc__db_err(char *err, const char *what);
-/* Reads a value: 0 with *val malloc'd, -ENOENT, or -EIO. */
+/* The error an iterator stopped on (0: none; it reached the end); a
+ * corruption sets d->corrupt. */
+int kc__db_iter_err(struct kc__db *d, rocksdb_iterator_t *it);
+/* Reads a value: 0 with *val malloc'd, -ENOENT, -EBADMSG (RocksDB reports a
+ * corruption; sets d->corrupt) or another negative errno. */
 int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val, size_t *vlen);
 
 /* Looks up an entry in a db: 0 with body (malloc'd), -ENOENT, -EBADMSG
