@@ -14,6 +14,7 @@
  * first.
  */
 #include "internal.h"
+#include "log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -48,7 +49,10 @@ struct kc__owner {
     struct kc__filter_rw f; /* DIR/filter; unmapped: none (readers fall back) */
     uint64_t hot_bytes;     /* bytes in DIR/hot, as the owner counted them */
     uint64_t hot_max;       /* 0: no hot files */
+    bool recovering;        /* inside owner_recover */
 };
+
+static int owner_recover(struct kc__owner *o, const char *why);
 
 struct kc__db *kc__owner_db(struct kc__owner *o)
 {
@@ -204,7 +208,10 @@ static int write_batch(struct kc__owner *o, rocksdb_writebatch_t *wb, bool sync)
 {
     char *err = NULL;
     rocksdb_write(o->d.db, sync ? o->d.wo_sync : o->d.wo, wb, &err);
-    return kc__db_err(err, "write");
+    int rc = kc__db_err(err, "write");
+    if (rc == -EBADMSG) /* a background error: a compaction read a bad block */
+        o->d.corrupt = true;
+    return rc;
 }
 
 /* Makes everything written so far durable and tells readers to catch up. */
@@ -805,7 +812,7 @@ static void retire_puts(struct kc__owner *o, char **names, const bool *keep,
     hot_enforce(o);
 }
 
-int kc__owner_drain(struct kc__owner *o, uint64_t *count)
+static int drain_once(struct kc__owner *o, uint64_t *count)
 {
     struct listing l;
     uint64_t done = 0;
@@ -870,6 +877,22 @@ int kc__owner_drain(struct kc__owner *o, uint64_t *count)
         filter_maybe_rebuild(o);
     if (count != NULL)
         *count = done;
+    return rc;
+}
+
+/* A database RocksDB reports as corrupt is recovered (owner_recover) and
+ * the drain done again: a bad table must never wedge the spool. */
+int kc__owner_drain(struct kc__owner *o, uint64_t *count)
+{
+    int rc = drain_once(o, count);
+    if (o->d.corrupt && !o->recovering) {
+        uint64_t more = 0;
+        rc = owner_recover(o, "drain");
+        if (rc == 0)
+            rc = drain_once(o, &more);
+        if (count != NULL)
+            *count += more;
+    }
     return rc;
 }
 
@@ -1020,6 +1043,11 @@ int kc__owner_gc(struct kc__owner *o, uint64_t max_size, struct kc_gc_report *re
         if (rc == 0 && o->f.map != NULL && filter_rebuild(o) == 0)
             kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
     }
+    if (o->d.corrupt && !o->recovering) {
+        int rr = owner_recover(o, "gc");
+        if (rc == 0 || rc == -EBADMSG)
+            rc = rr;
+    }
     r.bytes_after = o->unique;
     if (rep)
         *rep = r;
@@ -1081,8 +1109,8 @@ static void hot_verify(struct kc__owner *o, int repair, struct kc_verify_report 
     free(v);
 }
 
-int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *rep,
-                     kc_progress_fn progress, void *arg)
+static int verify_once(struct kc__owner *o, int repair, struct kc_verify_report *rep,
+                       kc_progress_fn progress, void *arg)
 {
     struct kc_verify_report r = {0};
     r.spool_bad = (uint64_t)o->spool_bad;
@@ -1132,7 +1160,11 @@ int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *r
         if (progress && (r.checked & 1023) == 0)
             progress(r.checked, 0, arg);
     }
+    if (kc__db_iter_err(&o->d, it) == -EBADMSG && rc == 0)
+        rc = -EBADMSG;
     rocksdb_iter_destroy(it);
+    if (rc == 0 && o->d.corrupt)
+        rc = -EBADMSG; /* a body read hit a bad block: recover first */
     if (rc == 0 && repair) {
         /* Rebuild the refcounts from the kernels that are good, and drop
          * bodies nothing references. */
@@ -1170,6 +1202,7 @@ int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *r
                 unique += vl;
             }
         }
+        kc__db_iter_err(&o->d, bi);
         rocksdb_iter_destroy(bi);
         o->unique = unique;
         rc = write_batch(o, wb, false);
@@ -1185,6 +1218,18 @@ int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *r
     free(refs);
     if (rep)
         *rep = r;
+    return rc;
+}
+
+int kc__owner_verify(struct kc__owner *o, int repair, struct kc_verify_report *rep,
+                     kc_progress_fn progress, void *arg)
+{
+    int rc = verify_once(o, repair, rep, progress, arg);
+    if (repair && o->d.corrupt && !o->recovering) {
+        rc = owner_recover(o, "verify");
+        if (rc == 0)
+            rc = verify_once(o, repair, rep, progress, arg);
+    }
     return rc;
 }
 
@@ -1213,6 +1258,140 @@ int kc__owner_clear(struct kc__owner *o)
     compact(o);
     if (rc == 0 && filter_rebuild(o) == 0)
         kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
+    return rc;
+}
+
+/* ---- recovering a corrupt database --------------------------------------
+ *
+ * RocksDB reported a corruption (a table's block checksum, a truncated
+ * table, CURRENT or MANIFEST unreadable) at open, in a read or a write.
+ * Records carry their own checksums, so nothing wrong was ever served; but
+ * a database that fails every drain wedges the spool. Recovery: RocksDB's
+ * repair (tables that fail their checks set aside, the MANIFEST rebuilt
+ * from the rest), then a full read of every column family; if either
+ * fails, the database is moved aside and a fresh one started. Then the
+ * hot files (checksummed copies of drained entries) are put back into
+ * the database, refcounts are rebuilt and bad entries purged (verify with
+ * repair), and the filter is rebuilt. Entries lost are misses, compiled
+ * again. Readers are told to reopen (a new epoch). */
+
+/* Reads every key and value of every column family: 0, or the error the
+ * read stopped on. */
+static int db_scan(struct kc__owner *o)
+{
+    for (int cf = 0; cf < KC__N_CF; cf++) {
+        rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[cf]);
+        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+            size_t l;
+            rocksdb_iter_value(it, &l);
+        }
+        int rc = kc__db_iter_err(&o->d, it);
+        rocksdb_iter_destroy(it);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Puts each hot file whose entry the database lacks back into it; removes
+ * hot files that fail their checks. Returns how many it put back. */
+static uint64_t hot_salvage(struct kc__owner *o)
+{
+    struct hotf *v;
+    size_t n;
+    uint64_t put = 0;
+    hot_list(o, &v, &n);
+    for (size_t i = 0; i < n; i++) {
+        char path[PATH_MAX], name[40];
+        snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
+        unsigned char *buf = NULL;
+        size_t len = 0;
+        struct kc__sp_put sp;
+        if (kc__read_file(AT_FDCWD, path, 1ull << 32, &buf, &len) != 0 ||
+            kc__spool_put_decode(buf, len, &sp) != 0 ||
+            (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, v[i].name) != 0)) {
+            free(buf);
+            unlink(path);
+            continue;
+        }
+        void *body = NULL;
+        size_t blen;
+        struct kc__hdr h;
+        bool applied = false;
+        if (kc__lookup(&o->d, sp.ns, &sp.key, &body, &blen, &h) != 0 &&
+            apply_put(o, &sp, &applied) == 0 && applied)
+            put++;
+        free(body);
+        free(buf);
+    }
+    free(v);
+    return put;
+}
+
+static int owner_recover(struct kc__owner *o, const char *why)
+{
+    o->recovering = true;
+    kc__db_close(&o->d);
+    kc__filter_close(&o->f);
+    const char *how = "repaired";
+    char *err = NULL;
+    int rc = kc__db_repair(o->p.db, &err);
+    char lost[PATH_MAX];
+    snprintf(lost, sizeof lost, "%s/lost", o->p.db);
+    kc__rm_rf(lost); /* the tables repair set aside */
+    if (rc == 0)
+        rc = kc__db_open(&o->d, o->p.db, NULL, NULL);
+    if (rc == 0 && (rc = db_scan(o)) < 0)
+        kc__db_close(&o->d);
+    if (rc < 0) {
+        /* Beyond repair: set it aside and start afresh. */
+        how = "replaced by a new one";
+        char aside[PATH_MAX];
+        snprintf(aside, sizeof aside, "%s.bad-%d-%016llx", o->p.db, (int)getpid(),
+                 (unsigned long long)kc__rand64());
+        if (rename(o->p.db, aside) == 0)
+            kc__rm_rf(aside);
+        else
+            kc__rm_rf(o->p.db);
+        rc = kc__db_open(&o->d, o->p.db, NULL, NULL);
+    }
+    if (rc < 0) {
+        kc_log(KC_LOG_WARN, "the database in %s is corrupt and could not be rebuilt (%s)",
+               o->p.dir, strerror(-rc));
+        free(err);
+        o->recovering = false;
+        return rc;
+    }
+    if (o->gen != NULL)
+        __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* readers reopen */
+    o->gen_seq = 0;
+    char *g;
+    size_t gl;
+    if (kc__db_get(&o->d, KC__CF_META, "g", 1, &g, &gl) == 0) {
+        if (gl == 8)
+            o->gen_seq = kc__get_u64((unsigned char *)g);
+        free(g);
+    }
+    o->unique = count_unique(o);
+    /* The filter must cover what hot_salvage puts back before it is
+     * rebuilt from the database (verify below). */
+    if (filter_rebuild(o) == 0)
+        kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
+    uint64_t salvaged = hot_salvage(o);
+    if (salvaged > 0)
+        commit(o);
+    struct kc_verify_report r = {0};
+    rc = verify_once(o, 1, &r, NULL, NULL);
+    o->hot_max = hot_limit(o);
+    o->hot_bytes = hot_list(o, NULL, NULL);
+    kc_log(KC_LOG_WARN,
+           "the database in %s failed its checks during %s (%s); %s: %llu entries kept "
+           "(%llu put back from hot files, %llu bad purged); entries lost are compiled again",
+           o->p.dir, why, err ? err : "corruption", how,
+           (unsigned long long)(r.checked - r.purged), (unsigned long long)salvaged,
+           (unsigned long long)r.purged);
+    free(err);
+    o->recovering = false;
     return rc;
 }
 
@@ -1320,9 +1499,16 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         rc = kc__private_subdir(o->p.hot, true);
     if (rc == 0)
         rc = lock_owner(o, wait_ms, stop_other);
+    bool corrupt = false;
     if (rc == 0) {
         char *why = NULL;
         rc = kc__db_open(&o->d, o->p.db, NULL, &why);
+        if (rc == -EBADMSG) {
+            /* Recovered below, once the session is set up. */
+            kc_log(KC_LOG_DEBUG, "opening %s: %s", o->p.db, why ? why : "corrupt");
+            corrupt = true;
+            rc = 0;
+        }
         free(why);
     }
     if (rc < 0) {
@@ -1330,6 +1516,13 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         return rc;
     }
     map_gen(o);
+    if (corrupt) {
+        rc = owner_recover(o, "open");
+        if (rc < 0) {
+            kc__owner_end(o);
+            return rc;
+        }
+    }
     if (o->gen != NULL)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* a new session */
     o->unique = count_unique(o);
@@ -1344,6 +1537,10 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     filter_begin(o);
     o->hot_max = hot_limit(o);
     o->hot_bytes = hot_list(o, NULL, NULL);
+    if (o->d.corrupt && (rc = owner_recover(o, "session start")) < 0) {
+        kc__owner_end(o);
+        return rc;
+    }
     *out = o;
     return 0;
 }
