@@ -139,8 +139,13 @@ static struct kc_store *real_store(struct front *f, const struct kc_store_api **
                     struct kc_store_options o = {
                         .dir = f->p.dir, .readonly = f->readonly, .max_size = f->max_size};
                     rc = a->open(&o, &f->rst);
+                    /* The front checked the directory when it opened; a
+                     * directory deleted or replaced by a file since is a
+                     * miss here, and the writes that fail say so (one
+                     * warning per process). */
                     if (rc != 0)
-                        kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s)", f->p.dir,
+                        kc_log(rc == -ENOENT || rc == -ENOTDIR ? KC_LOG_DEBUG : KC_LOG_WARN,
+                               "cannot use the cache directory %s (%s)", f->p.dir,
                                strerror(-rc));
                     else
                         f->rapi = a;

@@ -129,6 +129,11 @@ static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, ch
 static pthread_mutex_t env_mu = PTHREAD_MUTEX_INITIALIZER;
 static int n_primary;
 
+void kc__db_after_fork_child(void)
+{
+    pthread_mutex_init(&env_mu, NULL);
+}
+
 int kc__db_env_threads(void)
 {
     DIR *d = opendir("/proc/self/task");

@@ -41,6 +41,8 @@ int kc__db_repair(const char *dbpath, char **why);
 /* RocksDB threads (rocksdb:*) alive in this process; negative errno. While
  * no primary is open there are none once an open or close returns. */
 int kc__db_env_threads(void);
+/* In a forked child: the lock ordering thread pools is free again. */
+void kc__db_after_fork_child(void);
 /* Waits up to wait_ms for no RocksDB thread to be left; whether none is. */
 bool kc__db_env_quiesce(int wait_ms);
 /* Flushes every column family's memtable to table files (waits). A

@@ -160,6 +160,9 @@ struct kc_store {
     pthread_cond_t ro_cv;   /* signalled when ro_done is set */
     pthread_t ro_thr;
     bool ro_live;           /* ro_thr started and not joined */
+    bool ro_finished;       /* ro_thr returned from opening (guarded by mu) */
+    bool exiting;           /* the process exits: RocksDB is not used again */
+    struct kc_store *next;  /* every open store (all_mu) */
     uint64_t ro_seq;        /* bumped to disown an in-flight reopen */
     uint64_t caught_gen;
     uint64_t rd_epoch;
@@ -211,6 +214,130 @@ static void kick(struct kc_store *st)
     pthread_mutex_unlock(&st->memu);
 }
 
+/* ---- exit and fork ------------------------------------------------------
+ *
+ * At exit(), RocksDB's static objects are destroyed (C++ static
+ * destructors, run by exit in the reverse order of their registration)
+ * while other threads may still be inside RocksDB: the helper opening a
+ * replacement reader (reopen_main), or a host thread in a lookup. Either
+ * then touches destroyed objects (SIGSEGV seen in the host's exit). So the
+ * store registers its own exit handler after RocksDB's statics it uses
+ * exist (after each secondary open and before each helper starts: exit
+ * runs later registrations first); it stops RocksDB use in every open
+ * store and waits, bounded, for the helper and for lookups in flight.
+ *
+ * Before fork(), a helper still opening a reader is waited for (bounded)
+ * and RocksDB's threads must be gone (db.c keeps none while no primary is
+ * open): a child inherits no threads, and its exit() would join them. */
+
+#define EXIT_WAIT_MS 5000
+#define FORK_WAIT_MS 2000
+
+static void reopen_join(struct kc_store *st);
+
+static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kc_store *all_stores;
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void store_exit(void)
+{
+    pthread_mutex_lock(&all_mu);
+    for (struct kc_store *st = all_stores; st != NULL; st = st->next) {
+        struct timespec dl;
+        deadline_in(&dl, EXIT_WAIT_MS);
+        if (pthread_mutex_timedlock(&st->mu, &dl) != 0)
+            continue;
+        st->exiting = true;
+        bool live = st->ro_live;
+        pthread_t thr = st->ro_thr;
+        pthread_mutex_unlock(&st->mu);
+        if (live && pthread_timedjoin_np(thr, NULL, &dl) == 0) {
+            pthread_mutex_lock(&st->mu);
+            if (st->ro_live && pthread_equal(st->ro_thr, thr))
+                st->ro_live = false;
+            pthread_mutex_unlock(&st->mu);
+        }
+        /* Lookups in flight hold rdlk shared; later ones find no reader. */
+        if (pthread_rwlock_timedwrlock(&st->rdlk, &dl) == 0) {
+            __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
+            pthread_rwlock_unlock(&st->rdlk);
+        }
+    }
+    pthread_mutex_unlock(&all_mu);
+}
+
+/* Registers store_exit again (see above); cheap, and done once per reader
+ * opened, so a handful of times per process. */
+static void exit_hook_arm(void)
+{
+    atexit(store_exit);
+}
+
+static void store_prefork(void)
+{
+    pthread_mutex_lock(&all_mu);
+    for (struct kc_store *st = all_stores; st != NULL; st = st->next) {
+        struct timespec dl;
+        deadline_in(&dl, FORK_WAIT_MS);
+        if (pthread_mutex_timedlock(&st->mu, &dl) != 0)
+            continue;
+        while (st->ro_live && !st->ro_finished)
+            if (pthread_cond_timedwait(&st->ro_cv, &st->mu, &dl) != 0)
+                break;
+        if (st->ro_live && st->ro_finished)
+            reopen_join(st);
+        pthread_mutex_unlock(&st->mu);
+    }
+    pthread_mutex_unlock(&all_mu);
+    kc__db_env_quiesce(FORK_WAIT_MS);
+}
+
+static void store_postfork_child(void)
+{
+    pthread_mutex_init(&all_mu, NULL);
+    kc__db_after_fork_child();
+}
+
+static void store_postfork_parent(void)
+{
+}
+
+static void hooks_once(void)
+{
+    pthread_atfork(store_prefork, store_postfork_parent, store_postfork_child);
+}
+
+static void store_register(struct kc_store *st)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, hooks_once);
+    pthread_mutex_lock(&all_mu);
+    st->next = all_stores;
+    all_stores = st;
+    pthread_mutex_unlock(&all_mu);
+}
+
+static void store_unregister(struct kc_store *st)
+{
+    pthread_mutex_lock(&all_mu);
+    for (struct kc_store **pp = &all_stores; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    pthread_mutex_unlock(&all_mu);
+}
+
 /* ---- the reader -------------------------------------------------------- */
 
 static uint64_t gen_read(struct kc_store *st)
@@ -258,6 +385,43 @@ static void reader_drop(struct kc_store *st)
     pthread_rwlock_unlock(&st->rdlk);
 }
 
+/* Whether the file system holding path has room for a secondary's files
+ * (unknown: yes, and the mkdir decides). */
+static bool sec_room(const char *path)
+{
+    struct statvfs vf;
+    return statvfs(path, &vf) != 0 || (uint64_t)vf.f_bavail * vf.f_frsize >= (4ull << 20);
+}
+
+/* Makes the directory of a new secondary: DIR/sec/<pid>-<random>, or, when
+ * the store is read-only or DIR/sec cannot take it (a read-only or full
+ * file system, no permission), a private one under $TMPDIR: the database
+ * itself may still be readable, and its entries hits. */
+static int sec_dir(struct kc_store *st, char secpath[PATH_MAX])
+{
+    if (!st->readonly && sec_room(st->p.sec)) {
+        snprintf(secpath, PATH_MAX, "%s/%d-%016llx", st->p.sec, (int)getpid(),
+                 (unsigned long long)kc__rand64());
+        if (mkdir(secpath, 0700) == 0)
+            return 0;
+        int e = errno;
+        secpath[0] = 0;
+        if (e != EROFS && e != ENOSPC && e != EDQUOT && e != EACCES && e != EPERM)
+            return -e;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (tmp == NULL || tmp[0] == 0)
+        tmp = "/tmp";
+    if (!sec_room(tmp))
+        return -ENOSPC;
+    snprintf(secpath, PATH_MAX, "%s/kcache-sec-%d-XXXXXX", tmp, (int)getpid());
+    if (mkdtemp(secpath) == NULL) {
+        secpath[0] = 0;
+        return -errno;
+    }
+    return 0;
+}
+
 /* Opens a secondary into d, in a new directory (secpath). Touches no
  * state of st but constants and the gen mapping, so it may run on any
  * thread. */
@@ -268,35 +432,15 @@ static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PA
     snprintf(cur, PATH_MAX, "%s/CURRENT", st->p.db);
     if (access(cur, F_OK) != 0)
         return -ENOENT;
-    /* A secondary writes its own files (info log, MANIFEST copy); on a
-     * full file system RocksDB 7.8's writer trips an assertion and aborts
-     * the host (Debian builds keep assertions). No room: every get is a
-     * miss until there is. */
-    struct statvfs vf;
-    const char *where = st->p.sec;
-    const char *tmpd = getenv("TMPDIR");
-    if (st->readonly)
-        where = tmpd && tmpd[0] ? tmpd : "/tmp";
-    if (statvfs(where, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < (4ull << 20))
-        return -ENOSPC;
-    if (st->readonly) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(secpath, PATH_MAX, "%s/kcache-sec-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        if (mkdtemp(secpath) == NULL) {
-            secpath[0] = 0;
-            return -errno;
-        }
-    } else {
-        snprintf(secpath, PATH_MAX, "%s/%d-%016llx", st->p.sec, (int)getpid(),
-                 (unsigned long long)kc__rand64());
-        if (mkdir(secpath, 0700) != 0) {
-            int rc = -errno;
-            secpath[0] = 0;
-            return rc;
-        }
-    }
+    /* A secondary writes its own files (its info log); on a full file
+     * system RocksDB 7.8's writer trips an assertion and aborts the host
+     * (Debian builds keep assertions). No room: every get is a miss until
+     * there is. */
+    int rc = sec_dir(st, secpath);
+    if (rc < 0)
+        return rc;
     *epoch = epoch_read(st);
-    int rc = kc__db_open(d, st->p.db, secpath, NULL);
+    rc = kc__db_open(d, st->p.db, secpath, NULL);
     if (rc < 0) {
         kc__rm_rf(secpath);
         secpath[0] = 0;
@@ -309,8 +453,10 @@ static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PA
 static int reader_open(struct kc_store *st)
 {
     int rc = secondary_open(st, &st->rd, st->secpath, &st->rd_epoch);
-    if (rc == 0)
+    if (rc == 0) {
+        exit_hook_arm();
         __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
+    }
     return rc;
 }
 
@@ -351,6 +497,7 @@ static void *reopen_main(void *arg)
     struct kc_store *st = r->st;
     r->rc = secondary_open(st, &r->d, r->secpath, &r->epoch);
     pthread_mutex_lock(&st->mu);
+    st->ro_finished = true;
     if (r->seq == st->ro_seq && st->ro_done == NULL) {
         st->ro_done = r;
         r = NULL;
@@ -375,6 +522,9 @@ static bool reopen_start(struct kc_store *st)
 {
     if (st->ro_live)
         return true;
+    if (st->exiting)
+        return false;
+    exit_hook_arm();
     struct reopen *r = calloc(1, sizeof *r);
     if (r == NULL)
         return false;
@@ -390,6 +540,7 @@ static bool reopen_start(struct kc_store *st)
         return false;
     }
     st->ro_live = true;
+    st->ro_finished = false;
     return true;
 }
 
@@ -461,7 +612,9 @@ static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
 {
     pthread_mutex_lock(&st->mu);
     bool ok = false;
-    if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE)) {
+    if (st->exiting) {
+        /* RocksDB's statics are being destroyed: no reader any more. */
+    } else if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE)) {
         uint64_t now = kc__mono_ns();
         /* A failed open is retried when the owner committed something
          * since, or after a while. */
@@ -705,6 +858,7 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
         return rc;
     }
     kc__kicker_init(&st->kick, kc__find_tool(opts->tool, (const void *)kc_store_api));
+    store_register(st);
     *out = st;
     return 0;
 }
@@ -715,6 +869,7 @@ static void st_close(struct kc_store *st)
 {
     if (st == NULL)
         return;
+    store_unregister(st);
     st_flush(st);
     pthread_mutex_lock(&st->mu);
     reopen_cancel(st);

@@ -1062,6 +1062,25 @@ def hostile_run1(env, label, kernels, store, expect_hits=None, **kv):
     return r
 
 
+def replace_with_file(d):
+    """Replaces directory d by a regular file while processes run. They
+    (or an owner one of them starts) may recreate d between the removal
+    and the replacement, so the file is renamed into place (atomic) and
+    the removal retried until the rename lands."""
+    f = d + ".replacement"
+    with open(f, "w") as fh:
+        fh.write("not a directory\n")
+    for _ in range(200):
+        try:
+            os.rename(f, d)
+            return
+        except (IsADirectoryError, NotADirectoryError, OSError):
+            stop_owner(d)
+            shutil.rmtree(d, ignore_errors=True)
+    raise Failure(f"could not replace {d} by a file: processes keep "
+                  f"recreating it")
+
+
 def test_hostile(env):
     kernels = list(range(0, 10))
     more = list(range(10, 16))
@@ -1160,8 +1179,7 @@ def test_hostile(env):
         stop_owner(d)
         shutil.rmtree(d, ignore_errors=True)
         if what != "deleted":
-            with open(d, "w") as f:
-                f.write("not a directory\n")
+            replace_with_file(d)
         for p in procs:
             try:
                 r = p.wait(120)
