@@ -1,6 +1,7 @@
 /*
  * The libc-only internals of the store: record and spool file layouts, the
- * file helpers, the directory layout, the key filter and the hot files.
+ * file helpers, the directory layout, the key filter, the hot files and a
+ * process's pending state (pending.c).
  * Compiled into libkcache-store.so and into the preloaded shim's front
  * (shim/front.c), which must not link RocksDB; so nothing here may need
  * RocksDB, and nothing here may call kc__now_ns() or kc__digest_of()
@@ -31,6 +32,7 @@
 
 #include "store.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -217,6 +219,83 @@ void kc__kicker_reap(struct kc__kicker *k, int wait_ms);
 /* In a forked child: forget the parent's lock fd and child. */
 void kc__kicker_after_fork(struct kc__kicker *k);
 void kc__kicker_free(struct kc__kicker *k);
+
+/* ---- this process's pending state (pending.c) ------------------------- */
+
+/* What a process using the store (store.c, or the shim's front) keeps until
+ * it writes it to the spool: hits it served, counters, tombstones of keys
+ * and sources it purged or moved (not served again until it puts them
+ * again), and the source -> key of its own puts. It writes the spool files
+ * (puts, purge requests, hit and counter logs) in the store's formats and
+ * starts the owner. Every function is thread-safe (mu). */
+struct kc__pment;
+struct kc__pmap {
+    struct kc__pment *e;
+    size_t cap, n, dead;
+};
+struct kc__counter {
+    char name[32];
+    struct kc_counters c;
+};
+struct kc__pending {
+    pthread_mutex_t mu; /* guards everything below but the constants */
+    const struct kc__paths *p;
+    bool readonly;
+    uint64_t max_size;
+    struct kc__pmap m; /* hits, tombstones, sources */
+    size_t n_hits, n_tombs;
+    char **nss;
+    size_t n_nss;
+    struct kc__counter *ctr;
+    size_t n_ctr;
+    uint64_t last_created;
+    struct kc__kicker kick;
+};
+/* p must outlive pd; tool (malloc'd, may be NULL) is the kicker's. */
+void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
+                      uint64_t max_size, char *tool);
+/* Frees it (reaping the last owner spawned, 200 ms at most); writes
+ * nothing: flush first. */
+void kc__pending_free(struct kc__pending *pd);
+/* In a forked child: hits and counters so far are the parent's to report. */
+void kc__pending_after_fork_child(struct kc__pending *pd);
+/* Starts the owner unless one holds the lock. Never waits for it. */
+void kc__pending_kick(struct kc__pending *pd);
+/* Notes a hit served (nothing when read-only); written at flush, or when
+ * many are noted. */
+void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key);
+/* Adds to a backend's counters (names of 32 bytes or more are dropped). */
+void kc__pending_count(struct kc__pending *pd, const char *backend,
+                       const struct kc_counters *c);
+/* Writes the hit and counter logs (read-only: drops them) and starts the
+ * owner if it wrote any. 0 or negative errno. */
+int kc__pending_flush(struct kc__pending *pd);
+/* Writes a purge request (KC__PF_* flags; nothing when read-only) and
+ * starts the owner. */
+void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_key *key,
+                               const kc_digest *src, uint32_t flags);
+/* store.h's put: a durable spool put file; lifts this process's tombstones
+ * of key and source, notes source -> key, starts the owner. -EINVAL,
+ * -EROFS or the write's error. */
+int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
+                    const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                    uint64_t saved_ns);
+/* Tombstones key and/or src (either may be NULL). */
+void kc__pending_tombstone(struct kc__pending *pd, const char *ns, const kc_key *key,
+                           const kc_digest *src);
+/* Whether key is tombstoned. */
+bool kc__pending_dead(struct kc__pending *pd, const char *ns, const kc_key *key);
+/* This process's own put of src: 0 with *found, -ESRCH when src is
+ * tombstoned, -ENOENT when unknown here. */
+int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src,
+                       kc_key *found);
+/* Forgets the put of src noted here; ns NULL: every one. */
+void kc__pending_forget_source(struct kc__pending *pd, const char *ns, const kc_digest *src);
+/* Looks (ns, key) up in the spool (p-, d- put files) and DIR/hot: 0 with the
+ * body (malloc'd) and header; -ENOENT; -EBADMSG when only a hot file that
+ * fails its checks was found; -ENOMEM. */
+int kc__files_lookup(const struct kc__paths *p, const char *ns, const kc_key *key, void **body,
+                     size_t *len, struct kc__hdr *h);
 
 /* ---- the key filter (filter.c) ----------------------------------------- */
 

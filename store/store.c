@@ -6,7 +6,8 @@
  * since this process last looked) a catch-up with the primary and a second
  * look. Writes are spool files; the owner is started when nobody holds its
  * lock. Hits, counters, purges and recently put sources are kept in memory
- * and written as spool logs on flush/close.
+ * and written as spool logs on flush/close (pending.c, which the shim's
+ * front shares).
  */
 #include "internal.h"
 
@@ -31,115 +32,10 @@
 extern char **environ;
 
 #define SPOOL_READ_MAX (1ull << 32)
-#define HITS_FLUSH_AT 65536
 #define OPEN_RETRY_NS 50000000ull
 #define OP_WAIT_MS 15000
 
-/* ---- a small open-addressing map -------------------------------------- */
-
-enum { M_HIT = 1, M_TOMB_KEY = 2, M_TOMB_SRC = 3, M_SRC = 4 };
-
-struct ment {
-    uint8_t used; /* 0 empty, 1 used, 2 deleted */
-    uint8_t type;
-    uint32_t ns;
-    unsigned char k[KC__KEY_LEN];
-    uint64_t a, b;
-    kc_key val;
-};
-
-struct map {
-    struct ment *e;
-    size_t cap, n, dead;
-};
-
-static uint64_t ment_hash(int type, uint32_t ns, const unsigned char *k)
-{
-    uint64_t h = 1469598103934665603ull ^ ((uint64_t)type << 32) ^ ns;
-    for (int i = 0; i < KC__KEY_LEN; i++)
-        h = (h ^ k[i]) * 1099511628211ull;
-    return h ^ (h >> 29);
-}
-
-static struct ment *map_find(struct map *m, int type, uint32_t ns, const unsigned char *k)
-{
-    if (m->n == 0)
-        return NULL;
-    size_t mask = m->cap - 1;
-    for (size_t i = ment_hash(type, ns, k) & mask;; i = (i + 1) & mask) {
-        struct ment *e = &m->e[i];
-        if (e->used == 0)
-            return NULL;
-        if (e->used == 1 && e->type == type && e->ns == ns && !memcmp(e->k, k, KC__KEY_LEN))
-            return e;
-    }
-}
-
-static struct ment *map_add(struct map *m, int type, uint32_t ns, const unsigned char *k)
-{
-    struct ment *f = map_find(m, type, ns, k);
-    if (f != NULL)
-        return f;
-    if ((m->n + m->dead + 1) * 2 > m->cap) {
-        size_t cap = m->cap ? m->cap : 64;
-        while ((m->n + 1) * 2 > cap / 2 * 1)
-            cap *= 2;
-        if (cap < 64)
-            cap = 64;
-        struct ment *ne = calloc(cap, sizeof *ne);
-        if (ne == NULL)
-            return NULL;
-        for (size_t i = 0; i < m->cap; i++) {
-            struct ment *e = &m->e[i];
-            if (e->used != 1)
-                continue;
-            size_t j = ment_hash(e->type, e->ns, e->k) & (cap - 1);
-            while (ne[j].used)
-                j = (j + 1) & (cap - 1);
-            ne[j] = *e;
-        }
-        free(m->e);
-        m->e = ne;
-        m->cap = cap;
-        m->dead = 0;
-    }
-    size_t mask = m->cap - 1;
-    size_t i = ment_hash(type, ns, k) & mask;
-    while (m->e[i].used == 1)
-        i = (i + 1) & mask;
-    struct ment *e = &m->e[i];
-    if (e->used == 2)
-        m->dead--;
-    memset(e, 0, sizeof *e);
-    e->used = 1;
-    e->type = (uint8_t)type;
-    e->ns = ns;
-    memcpy(e->k, k, KC__KEY_LEN);
-    m->n++;
-    return e;
-}
-
-static void map_del(struct map *m, struct ment *e)
-{
-    if (e == NULL)
-        return;
-    e->used = 2;
-    m->n--;
-    m->dead++;
-}
-
-static void map_free(struct map *m)
-{
-    free(m->e);
-    memset(m, 0, sizeof *m);
-}
-
 /* ---- the handle -------------------------------------------------------- */
-
-struct counter {
-    char name[32];
-    struct kc_counters c;
-};
 
 struct kc_store {
     struct kc__paths p;
@@ -169,50 +65,10 @@ struct kc_store {
     uint64_t next_open_ns;
     volatile uint64_t *gen;
 
-    /* In-memory logs, guarded by memu. */
-    pthread_mutex_t memu;
-    struct map m;
-    size_t n_hits, n_tombs;
-    char **nss;
-    size_t n_nss;
-    struct counter *ctr;
-    size_t n_ctr;
-    uint64_t last_created;
-
-    /* Starting the owner (guarded by memu). */
-    struct kc__kicker kick;
+    /* Hits, counters, tombstones, own puts' sources; spool writes; starting
+     * the owner (pending.c). */
+    struct kc__pending pd;
 };
-
-static uint32_t ns_index(struct kc_store *st, const char *ns)
-{
-    for (size_t i = 0; i < st->n_nss; i++)
-        if (strcmp(st->nss[i], ns) == 0)
-            return (uint32_t)i;
-    char **v = realloc(st->nss, (st->n_nss + 1) * sizeof *v);
-    if (v == NULL)
-        return UINT32_MAX;
-    st->nss = v;
-    v[st->n_nss] = strdup(ns);
-    if (v[st->n_nss] == NULL)
-        return UINT32_MAX;
-    return (uint32_t)st->n_nss++;
-}
-
-static void src_k(const kc_digest *src, unsigned char k[KC__KEY_LEN])
-{
-    memset(k, 0, KC__KEY_LEN);
-    kc__digest_encode(src, k);
-}
-
-/* ---- starting the owner ------------------------------------------------- */
-
-/* Starts the owner unless one holds the lock. Never waits for it. */
-static void kick(struct kc_store *st)
-{
-    pthread_mutex_lock(&st->memu);
-    kc__kicker_kick(&st->kick, &st->p, st->max_size);
-    pthread_mutex_unlock(&st->memu);
-}
 
 /* ---- exit and fork ------------------------------------------------------
  *
@@ -661,51 +517,12 @@ static int reader_lookup(struct kc_store *st, const char *ns, const kc_key *key,
     return rc;
 }
 
-static int spool_lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
-                        size_t *len, struct kc__hdr *h)
-{
-    /* Pending puts, then the hot files the owner keeps of drained ones. */
-    static const char prefixes[3] = {'p', 'd', 0};
-    for (int i = 0; i < 3; i++) {
-        char name[40], path[PATH_MAX];
-        kc__spool_name(ns, key, prefixes[i], name);
-        snprintf(path, sizeof path, "%s/%s", i < 2 ? st->p.spool : st->p.hot, name);
-        unsigned char *buf;
-        struct kc__sp_put sp;
-        if (kc__put_file_read(path, ns, key, &buf, &sp) == 0) {
-            void *b = malloc(sp.body_len ? sp.body_len : 1);
-            if (b == NULL) {
-                free(buf);
-                return -ENOMEM;
-            }
-            memcpy(b, sp.body, sp.body_len);
-            *body = b;
-            *len = sp.body_len;
-            *h = sp.hdr;
-            free(buf);
-            return 0;
-        }
-    }
-    return -ENOENT;
-}
-
-static void request_purge(struct kc_store *st, const char *ns, const kc_key *key,
-                          const kc_digest *src, uint32_t flags);
-
 /* The lookup behind get, take_by_source and purge. */
 static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
                   size_t *len, struct kc__hdr *h)
 {
-    if (st->n_tombs > 0) {
-        unsigned char k[KC__KEY_LEN];
-        kc__key_encode(key, k);
-        pthread_mutex_lock(&st->memu);
-        uint32_t nsi = ns_index(st, ns);
-        bool dead = map_find(&st->m, M_TOMB_KEY, nsi, k) != NULL;
-        pthread_mutex_unlock(&st->memu);
-        if (dead)
-            return -ENOENT;
-    }
+    if (kc__pending_dead(&st->pd, ns, key))
+        return -ENOENT;
     if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
         reader_refresh(st, gen_read(st), false);
     else
@@ -714,8 +531,9 @@ static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void *
     if (rc == 0)
         return 0;
     if (rc == -EBADMSG && !st->readonly)
-        request_purge(st, ns, key, NULL, KC__PF_KEY | KC__PF_IFBAD);
-    if (spool_lookup(st, ns, key, body, len, h) == 0)
+        kc__pending_purge_request(&st->pd, ns, key, NULL, KC__PF_KEY | KC__PF_IFBAD);
+    /* Pending puts, then the hot files the owner keeps of drained ones. */
+    if (kc__files_lookup(&st->p, ns, key, body, len, h) == 0)
         return 0;
     uint64_t g = gen_read(st);
     if (reader_refresh(st, g, rc == -EIO)) {
@@ -724,93 +542,6 @@ static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void *
             return 0;
     }
     return -ENOENT;
-}
-
-/* ---- in-memory logs ---------------------------------------------------- */
-
-static void note_hit(struct kc_store *st, const char *ns, const kc_key *key);
-
-static int write_items(struct kc_store *st, int type, struct kc__buf *b, size_t n)
-{
-    if (n == 0)
-        return 0;
-    kc__spool_end(b);
-    if (b->err)
-        return b->err;
-    char name[64];
-    snprintf(name, sizeof name, "%c-%d-%016llx", type == KC__SP_PURGE ? 'x'
-                                                 : type == KC__SP_HITS ? 'h'
-                                                                       : 'c',
-             (int)getpid(), (unsigned long long)kc__rand64());
-    return kc__spool_write(st->p.spool, name, b->p, b->len, type == KC__SP_PURGE);
-}
-
-/* Writes the hit log; memu held. */
-static int flush_hits_locked(struct kc_store *st)
-{
-    if (st->n_hits == 0)
-        return 0;
-    struct kc__buf b = {0};
-    kc__spool_begin(&b, KC__SP_HITS);
-    size_t n = 0;
-    for (size_t i = 0; i < st->m.cap; i++) {
-        struct ment *e = &st->m.e[i];
-        if (e->used != 1 || e->type != M_HIT)
-            continue;
-        struct kc__sp_item it = {0};
-        snprintf(it.ns, sizeof it.ns, "%s", st->nss[e->ns]);
-        kc__key_decode(e->k, &it.key);
-        it.a = e->a;
-        it.b = e->b;
-        kc__spool_item_add(&b, KC__SP_HITS, &it);
-        map_del(&st->m, e);
-        n++;
-    }
-    st->n_hits = 0;
-    int rc = st->readonly ? 0 : write_items(st, KC__SP_HITS, &b, n);
-    kc__buf_free(&b);
-    return rc;
-}
-
-static void note_hit(struct kc_store *st, const char *ns, const kc_key *key)
-{
-    if (st->readonly)
-        return;
-    unsigned char k[KC__KEY_LEN];
-    kc__key_encode(key, k);
-    pthread_mutex_lock(&st->memu);
-    uint32_t nsi = ns_index(st, ns);
-    if (nsi != UINT32_MAX) {
-        struct ment *e = map_find(&st->m, M_HIT, nsi, k);
-        if (e == NULL && (e = map_add(&st->m, M_HIT, nsi, k)) != NULL)
-            st->n_hits++;
-        if (e != NULL) {
-            e->a++;
-            e->b = kc__now_ns();
-        }
-        if (st->n_hits >= HITS_FLUSH_AT)
-            flush_hits_locked(st);
-    }
-    pthread_mutex_unlock(&st->memu);
-}
-
-static void request_purge(struct kc_store *st, const char *ns, const kc_key *key,
-                          const kc_digest *src, uint32_t flags)
-{
-    struct kc__sp_item it = {0};
-    snprintf(it.ns, sizeof it.ns, "%s", ns);
-    it.flags = flags;
-    if (key != NULL)
-        it.key = *key;
-    if (src != NULL)
-        it.source = *src;
-    it.a = kc__now_ns();
-    struct kc__buf b = {0};
-    kc__spool_begin(&b, KC__SP_PURGE);
-    kc__spool_item_add(&b, KC__SP_PURGE, &it);
-    write_items(st, KC__SP_PURGE, &b, 1);
-    kc__buf_free(&b);
-    kick(st);
 }
 
 /* ---- the API ----------------------------------------------------------- */
@@ -829,7 +560,6 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     st->readonly = opts->readonly != 0;
     st->max_size = opts->max_size;
     pthread_mutex_init(&st->mu, NULL);
-    pthread_mutex_init(&st->memu, NULL);
     pthread_rwlock_init(&st->rdlk, NULL);
     pthread_cond_init(&st->ro_cv, NULL);
     int rc = kc__private_dir(st->p.dir, !st->readonly);
@@ -851,13 +581,13 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     }
     if (rc < 0) {
         pthread_mutex_destroy(&st->mu);
-        pthread_mutex_destroy(&st->memu);
         pthread_rwlock_destroy(&st->rdlk);
         pthread_cond_destroy(&st->ro_cv);
         free(st);
         return rc;
     }
-    kc__kicker_init(&st->kick, kc__find_tool(opts->tool, (const void *)kc_store_api));
+    kc__pending_init(&st->pd, &st->p, st->readonly, st->max_size,
+                     kc__find_tool(opts->tool, (const void *)kc_store_api));
     store_register(st);
     *out = st;
     return 0;
@@ -884,15 +614,8 @@ static void st_close(struct kc_store *st)
     pthread_mutex_unlock(&st->mu);
     if (st->gen != NULL)
         munmap((void *)st->gen, 4096);
-    kc__kicker_reap(&st->kick, 200);
-    kc__kicker_free(&st->kick);
-    map_free(&st->m);
-    for (size_t i = 0; i < st->n_nss; i++)
-        free(st->nss[i]);
-    free(st->nss);
-    free(st->ctr);
+    kc__pending_free(&st->pd);
     pthread_mutex_destroy(&st->mu);
-    pthread_mutex_destroy(&st->memu);
     pthread_rwlock_destroy(&st->rdlk);
     pthread_cond_destroy(&st->ro_cv);
     free(st);
@@ -913,99 +636,22 @@ static int st_get(struct kc_store *st, const char *ns, const kc_key *key, void *
     if (rc < 0)
         return rc;
     kc__hdr_to_info(&h, info);
-    note_hit(st, ns, key);
+    kc__pending_hit(&st->pd, ns, key);
     return 0;
 }
 
 static int st_put(struct kc_store *st, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
 {
-    if (st == NULL || !key_ok(ns, key) || (body == NULL && len > 0) || kind < KC_KIND_NVRTC ||
-        kind > KC_KIND_BLOB)
+    if (st == NULL)
         return -EINVAL;
-    if (st->readonly)
-        return -EROFS;
-    struct kc__hdr h = {0};
-    h.kind = kind;
-    h.format = KC_FORMAT_VERSION;
-    h.body_size = len;
-    h.saved_ns = saved_ns;
-    h.body_xxh = kc__body_xxh(body, len);
-    uint64_t now = kc__now_ns();
-    pthread_mutex_lock(&st->memu);
-    if (now <= st->last_created)
-        now = st->last_created + 1;
-    st->last_created = now;
-    pthread_mutex_unlock(&st->memu);
-    h.created_ns = now;
-    struct kc__buf b = {0};
-    int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
-    char name[40];
-    kc__spool_name(ns, key, 'p', name);
-    if (rc == 0)
-        rc = kc__spool_write(st->p.spool, name, b.p, b.len, true);
-    kc__buf_free(&b);
-    if (rc < 0)
-        return rc;
-    /* What this process just wrote wins over what it purged before. */
-    unsigned char k[KC__KEY_LEN];
-    kc__key_encode(key, k);
-    pthread_mutex_lock(&st->memu);
-    uint32_t nsi = ns_index(st, ns);
-    if (nsi != UINT32_MAX) {
-        struct ment *e = map_find(&st->m, M_TOMB_KEY, nsi, k);
-        if (e != NULL) {
-            map_del(&st->m, e);
-            st->n_tombs--;
-        }
-        if (source != NULL) {
-            unsigned char sk[KC__KEY_LEN];
-            src_k(source, sk);
-            e = map_find(&st->m, M_TOMB_SRC, nsi, sk);
-            if (e != NULL) {
-                map_del(&st->m, e);
-                st->n_tombs--;
-            }
-            e = map_add(&st->m, M_SRC, nsi, sk);
-            if (e != NULL)
-                e->val = *key;
-        }
-    }
-    pthread_mutex_unlock(&st->memu);
-    kick(st);
-    return 0;
-}
-
-static void tombstone(struct kc_store *st, int type, const char *ns, const unsigned char *k)
-{
-    pthread_mutex_lock(&st->memu);
-    uint32_t nsi = ns_index(st, ns);
-    if (nsi != UINT32_MAX && map_find(&st->m, type, nsi, k) == NULL &&
-        map_add(&st->m, type, nsi, k) != NULL)
-        st->n_tombs++;
-    pthread_mutex_unlock(&st->memu);
+    return kc__pending_put(&st->pd, ns, key, source, kind, body, len, saved_ns);
 }
 
 static int source_lookup(struct kc_store *st, const char *ns, const kc_digest *source,
                          kc_key *found)
 {
-    unsigned char sk[KC__KEY_LEN];
-    src_k(source, sk);
-    pthread_mutex_lock(&st->memu);
-    uint32_t nsi = ns_index(st, ns);
-    int rc = -ENOENT;
-    if (nsi != UINT32_MAX) {
-        if (map_find(&st->m, M_TOMB_SRC, nsi, sk) != NULL)
-            rc = -ESRCH;
-        else {
-            struct ment *e = map_find(&st->m, M_SRC, nsi, sk);
-            if (e != NULL) {
-                *found = e->val;
-                rc = 0;
-            }
-        }
-    }
-    pthread_mutex_unlock(&st->memu);
+    int rc = kc__pending_source(&st->pd, ns, source, found);
     if (rc != -ENOENT)
         return rc == -ESRCH ? -ENOENT : rc;
     unsigned char kk[KC__NS_MAX + 1 + 16];
@@ -1050,23 +696,14 @@ static int st_take_by_source(struct kc_store *st, const char *ns, const kc_diges
     if (found != NULL)
         *found = k;
     if (k.build == build) {
-        note_hit(st, ns, &k);
+        kc__pending_hit(&st->pd, ns, &k);
         return 0;
     }
     /* An earlier build's entry is moved: nothing asks for its key again. */
     if (!st->readonly) {
-        unsigned char kb[KC__KEY_LEN], sb[KC__KEY_LEN];
-        kc__key_encode(&k, kb);
-        src_k(source, sb);
-        pthread_mutex_lock(&st->memu);
-        uint32_t nsi = ns_index(st, ns);
-        struct ment *e = nsi != UINT32_MAX ? map_find(&st->m, M_SRC, nsi, sb) : NULL;
-        if (e != NULL)
-            map_del(&st->m, e);
-        pthread_mutex_unlock(&st->memu);
-        tombstone(st, M_TOMB_KEY, ns, kb);
-        tombstone(st, M_TOMB_SRC, ns, sb);
-        request_purge(st, ns, &k, source, KC__PF_KEY | KC__PF_SOURCE);
+        kc__pending_forget_source(&st->pd, ns, source);
+        kc__pending_tombstone(&st->pd, ns, &k, source);
+        kc__pending_purge_request(&st->pd, ns, &k, source, KC__PF_KEY | KC__PF_SOURCE);
     }
     return 0;
 }
@@ -1082,71 +719,23 @@ static int st_purge(struct kc_store *st, const char *ns, const kc_key *key)
     struct kc__hdr h;
     int rc = lookup(st, ns, key, &body, &len, &h);
     free(body);
-    unsigned char kb[KC__KEY_LEN];
-    kc__key_encode(key, kb);
-    tombstone(st, M_TOMB_KEY, ns, kb);
-    request_purge(st, ns, key, NULL, KC__PF_KEY);
+    kc__pending_tombstone(&st->pd, ns, key, NULL);
+    kc__pending_purge_request(&st->pd, ns, key, NULL, KC__PF_KEY);
     return rc == 0 ? 0 : -ENOENT;
 }
 
 static void st_count(struct kc_store *st, const char *backend, const struct kc_counters *c)
 {
-    if (st == NULL || backend == NULL || c == NULL || strlen(backend) >= 32)
+    if (st == NULL)
         return;
-    pthread_mutex_lock(&st->memu);
-    struct counter *t = NULL;
-    for (size_t i = 0; i < st->n_ctr; i++)
-        if (strcmp(st->ctr[i].name, backend) == 0)
-            t = &st->ctr[i];
-    if (t == NULL) {
-        struct counter *v = realloc(st->ctr, (st->n_ctr + 1) * sizeof *v);
-        if (v != NULL) {
-            st->ctr = v;
-            t = &v[st->n_ctr++];
-            memset(t, 0, sizeof *t);
-            snprintf(t->name, sizeof t->name, "%s", backend);
-        }
-    }
-    if (t != NULL) {
-        t->c.hits += c->hits;
-        t->c.misses += c->misses;
-        t->c.passthrough += c->passthrough;
-        t->c.stores += c->stores;
-        t->c.errors += c->errors;
-        t->c.saved_ns += c->saved_ns;
-        t->c.compile_ns += c->compile_ns;
-    }
-    pthread_mutex_unlock(&st->memu);
+    kc__pending_count(&st->pd, backend, c);
 }
 
 static int st_flush(struct kc_store *st)
 {
     if (st == NULL)
         return -EINVAL;
-    pthread_mutex_lock(&st->memu);
-    bool wrote = st->n_hits > 0;
-    int rc = flush_hits_locked(st);
-    if (st->n_ctr > 0) {
-        struct kc__buf b = {0};
-        kc__spool_begin(&b, KC__SP_COUNT);
-        for (size_t i = 0; i < st->n_ctr; i++) {
-            struct kc__sp_item it = {0};
-            snprintf(it.ns, sizeof it.ns, "%s", st->ctr[i].name);
-            it.c = st->ctr[i].c;
-            if (it.ns[0] != 0)
-                kc__spool_item_add(&b, KC__SP_COUNT, &it);
-        }
-        int r = st->readonly ? 0 : write_items(st, KC__SP_COUNT, &b, st->n_ctr);
-        kc__buf_free(&b);
-        if (r < 0 && rc == 0)
-            rc = r;
-        st->n_ctr = 0;
-        wrote = true;
-    }
-    pthread_mutex_unlock(&st->memu);
-    if (wrote && !st->readonly)
-        kick(st);
-    return rc;
+    return kc__pending_flush(&st->pd);
 }
 
 static void st_after_fork_child(struct kc_store *st)
@@ -1154,7 +743,6 @@ static void st_after_fork_child(struct kc_store *st)
     if (st == NULL)
         return;
     pthread_mutex_init(&st->mu, NULL);
-    pthread_mutex_init(&st->memu, NULL);
     pthread_rwlock_init(&st->rdlk, NULL);
     pthread_cond_init(&st->ro_cv, NULL);
     /* The parent's RocksDB threads do not exist here: forget its handles,
@@ -1166,13 +754,7 @@ static void st_after_fork_child(struct kc_store *st)
     st->rd_ready = 0;
     st->secpath[0] = 0;
     st->next_open_ns = 0;
-    /* Hits and counters so far are the parent's to report. */
-    for (size_t i = 0; i < st->m.cap; i++)
-        if (st->m.e[i].used == 1 && st->m.e[i].type == M_HIT)
-            map_del(&st->m, &st->m.e[i]);
-    st->n_hits = 0;
-    st->n_ctr = 0;
-    kc__kicker_after_fork(&st->kick);
+    kc__pending_after_fork_child(&st->pd);
 }
 
 static void st_free(void *p)
@@ -1254,10 +836,18 @@ static bool pending_has(const struct pending *pd, const char *ns, const kc_key *
 }
 
 /* A fresh view for a tool operation: the reader caught up, if there is a
- * database at all. */
+ * database at all, and held (rdlk shared; the caller unlocks it). false:
+ * there is no reader. */
 static bool fresh_reader(struct kc_store *st)
 {
-    return reader_refresh(st, gen_read(st), true);
+    if (!reader_refresh(st, gen_read(st), true))
+        return false;
+    pthread_rwlock_rdlock(&st->rdlk);
+    if (!st->rd_ready) {
+        pthread_rwlock_unlock(&st->rdlk);
+        return false;
+    }
+    return true;
 }
 
 static int st_foreach(struct kc_store *st, const char *ns,
@@ -1272,12 +862,6 @@ static int st_foreach(struct kc_store *st, const char *ns,
     bool have = false;
     pthread_mutex_unlock(&st->mu);
     have = fresh_reader(st);
-    if (have)
-        pthread_rwlock_rdlock(&st->rdlk);
-    if (have && !st->rd_ready) {
-        pthread_rwlock_unlock(&st->rdlk);
-        have = false;
-    }
     if (have) {
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
@@ -1420,12 +1004,6 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
         return -ENOMEM;
     s->max_size = st->max_size ? st->max_size : KC_DEFAULT_MAX_SIZE;
     bool have = fresh_reader(st);
-    if (have)
-        pthread_rwlock_rdlock(&st->rdlk);
-    if (have && !st->rd_ready) {
-        pthread_rwlock_unlock(&st->rdlk);
-        have = false;
-    }
     if (have) {
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
@@ -1495,7 +1073,7 @@ static void end_owner(struct kc_store *st, struct kc__owner *o)
 {
     kc__owner_end(o);
     if (kc__spool_pending(st->p.spool))
-        kick(st);
+        kc__pending_kick(&st->pd);
 }
 
 /* Counts hot files that fail their checks or sit under another key's
@@ -1538,12 +1116,6 @@ static int st_verify(struct kc_store *st, int repair, struct kc_verify_report *r
         pending_free(&pd);
         hot_check(st, &r.spool_bad);
         bool have = fresh_reader(st);
-        if (have)
-            pthread_rwlock_rdlock(&st->rdlk);
-        if (have && !st->rd_ready) {
-            pthread_rwlock_unlock(&st->rdlk);
-            have = false;
-        }
         if (have) {
             rocksdb_iterator_t *it =
                 rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
@@ -1606,11 +1178,7 @@ static int st_clear(struct kc_store *st)
         return rc;
     rc = kc__owner_clear(o);
     end_owner(st, o);
-    pthread_mutex_lock(&st->memu);
-    for (size_t i = 0; i < st->m.cap; i++)
-        if (st->m.e[i].used == 1 && st->m.e[i].type == M_SRC)
-            map_del(&st->m, &st->m.e[i]);
-    pthread_mutex_unlock(&st->memu);
+    kc__pending_forget_source(&st->pd, NULL, NULL);
     return rc;
 }
 

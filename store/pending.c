@@ -1,0 +1,511 @@
+/*
+ * pending.c: what one process keeps of its own store use until it writes
+ * it to the spool (base.h, "this process's pending state"): noted hits,
+ * counters, tombstones of what it purged or moved, the sources of its own
+ * puts; and the spool files it writes (puts, purge requests, hit and
+ * counter logs). Shared by the store (store.c) and the shim's front
+ * (shim/front.c), so libc only.
+ */
+#include "base.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HITS_FLUSH_AT 65536
+
+/* ---- a small open-addressing map -------------------------------------- */
+
+enum { M_HIT = 1, M_TOMB_KEY = 2, M_TOMB_SRC = 3, M_SRC = 4 };
+
+struct kc__pment {
+    uint8_t used; /* 0 empty, 1 used, 2 deleted */
+    uint8_t type;
+    uint32_t ns;
+    unsigned char k[KC__KEY_LEN];
+    uint64_t a, b;
+    kc_key val;
+};
+
+static uint64_t ment_hash(int type, uint32_t ns, const unsigned char *k)
+{
+    uint64_t h = 1469598103934665603ull ^ ((uint64_t)type << 32) ^ ns;
+    for (int i = 0; i < KC__KEY_LEN; i++)
+        h = (h ^ k[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static struct kc__pment *map_find(struct kc__pmap *m, int type, uint32_t ns,
+                                  const unsigned char *k)
+{
+    if (m->n == 0)
+        return NULL;
+    size_t mask = m->cap - 1;
+    for (size_t i = ment_hash(type, ns, k) & mask;; i = (i + 1) & mask) {
+        struct kc__pment *e = &m->e[i];
+        if (e->used == 0)
+            return NULL;
+        if (e->used == 1 && e->type == type && e->ns == ns && !memcmp(e->k, k, KC__KEY_LEN))
+            return e;
+    }
+}
+
+static struct kc__pment *map_add(struct kc__pmap *m, int type, uint32_t ns,
+                                 const unsigned char *k)
+{
+    struct kc__pment *f = map_find(m, type, ns, k);
+    if (f != NULL)
+        return f;
+    if ((m->n + m->dead + 1) * 2 > m->cap) {
+        size_t cap = m->cap ? m->cap : 64;
+        while ((m->n + 1) * 2 > cap / 2 * 1)
+            cap *= 2;
+        if (cap < 64)
+            cap = 64;
+        struct kc__pment *ne = calloc(cap, sizeof *ne);
+        if (ne == NULL)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++) {
+            struct kc__pment *e = &m->e[i];
+            if (e->used != 1)
+                continue;
+            size_t j = ment_hash(e->type, e->ns, e->k) & (cap - 1);
+            while (ne[j].used)
+                j = (j + 1) & (cap - 1);
+            ne[j] = *e;
+        }
+        free(m->e);
+        m->e = ne;
+        m->cap = cap;
+        m->dead = 0;
+    }
+    size_t mask = m->cap - 1;
+    size_t i = ment_hash(type, ns, k) & mask;
+    while (m->e[i].used == 1)
+        i = (i + 1) & mask;
+    struct kc__pment *e = &m->e[i];
+    if (e->used == 2)
+        m->dead--;
+    memset(e, 0, sizeof *e);
+    e->used = 1;
+    e->type = (uint8_t)type;
+    e->ns = ns;
+    memcpy(e->k, k, KC__KEY_LEN);
+    m->n++;
+    return e;
+}
+
+static void map_del(struct kc__pmap *m, struct kc__pment *e)
+{
+    if (e == NULL)
+        return;
+    e->used = 2;
+    m->n--;
+    m->dead++;
+}
+
+/* Deletes every entry of `type`. */
+static void map_del_type(struct kc__pmap *m, int type)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->e[i].used == 1 && m->e[i].type == type)
+            map_del(m, &m->e[i]);
+}
+
+/* ---- keys --------------------------------------------------------------- */
+
+/* The index of a namespace (added when new); UINT32_MAX when out of
+ * memory. mu held. */
+static uint32_t ns_index(struct kc__pending *pd, const char *ns)
+{
+    for (size_t i = 0; i < pd->n_nss; i++)
+        if (strcmp(pd->nss[i], ns) == 0)
+            return (uint32_t)i;
+    char *d = strdup(ns);
+    char **v = d ? realloc(pd->nss, (pd->n_nss + 1) * sizeof *v) : NULL;
+    if (v == NULL) {
+        free(d);
+        return UINT32_MAX;
+    }
+    pd->nss = v;
+    v[pd->n_nss] = d;
+    return (uint32_t)pd->n_nss++;
+}
+
+static void key_k(const kc_key *key, unsigned char k[KC__KEY_LEN])
+{
+    kc__key_encode(key, k);
+}
+
+static void src_k(const kc_digest *src, unsigned char k[KC__KEY_LEN])
+{
+    memset(k, 0, KC__KEY_LEN);
+    kc__digest_encode(src, k);
+}
+
+/* ---- the state ---------------------------------------------------------- */
+
+void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
+                      uint64_t max_size, char *tool)
+{
+    memset(pd, 0, sizeof *pd);
+    pthread_mutex_init(&pd->mu, NULL);
+    pd->p = p;
+    pd->readonly = readonly;
+    pd->max_size = max_size;
+    kc__kicker_init(&pd->kick, tool);
+}
+
+void kc__pending_free(struct kc__pending *pd)
+{
+    kc__kicker_reap(&pd->kick, 200);
+    kc__kicker_free(&pd->kick);
+    free(pd->m.e);
+    for (size_t i = 0; i < pd->n_nss; i++)
+        free(pd->nss[i]);
+    free(pd->nss);
+    free(pd->ctr);
+    pthread_mutex_destroy(&pd->mu);
+    memset(pd, 0, sizeof *pd);
+}
+
+void kc__pending_after_fork_child(struct kc__pending *pd)
+{
+    pthread_mutex_init(&pd->mu, NULL);
+    /* Hits and counters so far are the parent's to report. */
+    map_del_type(&pd->m, M_HIT);
+    pd->n_hits = 0;
+    pd->n_ctr = 0;
+    kc__kicker_after_fork(&pd->kick);
+}
+
+void kc__pending_kick(struct kc__pending *pd)
+{
+    pthread_mutex_lock(&pd->mu);
+    kc__kicker_kick(&pd->kick, pd->p, pd->max_size);
+    pthread_mutex_unlock(&pd->mu);
+}
+
+/* ---- spool files -------------------------------------------------------- */
+
+/* Writes a purge, hit or counter log of n items (none: nothing). */
+static int write_items(struct kc__pending *pd, int type, struct kc__buf *b, size_t n)
+{
+    if (n == 0 || pd->readonly)
+        return 0;
+    kc__spool_end(b);
+    if (b->err)
+        return b->err;
+    char name[64];
+    snprintf(name, sizeof name, "%c-%d-%016llx", type == KC__SP_PURGE ? 'x'
+                                                 : type == KC__SP_HITS ? 'h'
+                                                                       : 'c',
+             (int)getpid(), (unsigned long long)kc__rand64());
+    return kc__spool_write(pd->p->spool, name, b->p, b->len, type == KC__SP_PURGE);
+}
+
+/* Writes the hit log; mu held. */
+static int flush_hits_locked(struct kc__pending *pd)
+{
+    if (pd->n_hits == 0)
+        return 0;
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_HITS);
+    size_t n = 0;
+    for (size_t i = 0; i < pd->m.cap; i++) {
+        struct kc__pment *e = &pd->m.e[i];
+        if (e->used != 1 || e->type != M_HIT)
+            continue;
+        struct kc__sp_item it = {0};
+        snprintf(it.ns, sizeof it.ns, "%s", pd->nss[e->ns]);
+        kc__key_decode(e->k, &it.key);
+        it.a = e->a;
+        it.b = e->b;
+        kc__spool_item_add(&b, KC__SP_HITS, &it);
+        map_del(&pd->m, e);
+        n++;
+    }
+    pd->n_hits = 0;
+    int rc = write_items(pd, KC__SP_HITS, &b, n);
+    kc__buf_free(&b);
+    return rc;
+}
+
+void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key)
+{
+    if (pd->readonly)
+        return;
+    unsigned char k[KC__KEY_LEN];
+    key_k(key, k);
+    pthread_mutex_lock(&pd->mu);
+    uint32_t nsi = ns_index(pd, ns);
+    if (nsi != UINT32_MAX) {
+        struct kc__pment *e = map_find(&pd->m, M_HIT, nsi, k);
+        if (e == NULL && (e = map_add(&pd->m, M_HIT, nsi, k)) != NULL)
+            pd->n_hits++;
+        if (e != NULL) {
+            e->a++;
+            e->b = kc__wall_ns();
+        }
+        if (pd->n_hits >= HITS_FLUSH_AT)
+            flush_hits_locked(pd);
+    }
+    pthread_mutex_unlock(&pd->mu);
+}
+
+void kc__pending_count(struct kc__pending *pd, const char *backend, const struct kc_counters *c)
+{
+    if (backend == NULL || c == NULL || strlen(backend) >= sizeof pd->ctr->name)
+        return;
+    pthread_mutex_lock(&pd->mu);
+    struct kc__counter *t = NULL;
+    for (size_t i = 0; i < pd->n_ctr; i++)
+        if (strcmp(pd->ctr[i].name, backend) == 0)
+            t = &pd->ctr[i];
+    if (t == NULL) {
+        struct kc__counter *v = realloc(pd->ctr, (pd->n_ctr + 1) * sizeof *v);
+        if (v != NULL) {
+            pd->ctr = v;
+            t = &v[pd->n_ctr++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "%s", backend);
+        }
+    }
+    if (t != NULL) {
+        t->c.hits += c->hits;
+        t->c.misses += c->misses;
+        t->c.passthrough += c->passthrough;
+        t->c.stores += c->stores;
+        t->c.errors += c->errors;
+        t->c.saved_ns += c->saved_ns;
+        t->c.compile_ns += c->compile_ns;
+    }
+    pthread_mutex_unlock(&pd->mu);
+}
+
+int kc__pending_flush(struct kc__pending *pd)
+{
+    pthread_mutex_lock(&pd->mu);
+    bool wrote = pd->n_hits > 0;
+    int rc = flush_hits_locked(pd);
+    if (pd->n_ctr > 0) {
+        struct kc__buf b = {0};
+        kc__spool_begin(&b, KC__SP_COUNT);
+        size_t n = 0;
+        for (size_t i = 0; i < pd->n_ctr; i++) {
+            struct kc__sp_item it = {0};
+            snprintf(it.ns, sizeof it.ns, "%s", pd->ctr[i].name);
+            it.c = pd->ctr[i].c;
+            if (it.ns[0] != 0) {
+                kc__spool_item_add(&b, KC__SP_COUNT, &it);
+                n++;
+            }
+        }
+        int r = write_items(pd, KC__SP_COUNT, &b, n);
+        kc__buf_free(&b);
+        if (r < 0 && rc == 0)
+            rc = r;
+        pd->n_ctr = 0;
+        wrote = true;
+    }
+    pthread_mutex_unlock(&pd->mu);
+    if (wrote && !pd->readonly)
+        kc__pending_kick(pd);
+    return rc;
+}
+
+void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_key *key,
+                               const kc_digest *src, uint32_t flags)
+{
+    if (pd->readonly)
+        return;
+    struct kc__sp_item it = {0};
+    snprintf(it.ns, sizeof it.ns, "%s", ns);
+    it.flags = flags;
+    if (key != NULL)
+        it.key = *key;
+    if (src != NULL)
+        it.source = *src;
+    it.a = kc__wall_ns();
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_PURGE);
+    kc__spool_item_add(&b, KC__SP_PURGE, &it);
+    write_items(pd, KC__SP_PURGE, &b, 1);
+    kc__buf_free(&b);
+    kc__pending_kick(pd);
+}
+
+int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
+                    const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                    uint64_t saved_ns)
+{
+    if (!kc__ns_ok(ns) || key == NULL || (body == NULL && len > 0) || kind < KC_KIND_NVRTC ||
+        kind > KC_KIND_BLOB)
+        return -EINVAL;
+    if (pd->readonly)
+        return -EROFS;
+    struct kc__hdr h = {0};
+    h.kind = kind;
+    h.format = KC_FORMAT_VERSION;
+    h.body_size = len;
+    h.saved_ns = saved_ns;
+    h.body_xxh = kc__body_xxh(body, len);
+    uint64_t now = kc__wall_ns();
+    pthread_mutex_lock(&pd->mu);
+    if (now <= pd->last_created)
+        now = pd->last_created + 1;
+    pd->last_created = now;
+    pthread_mutex_unlock(&pd->mu);
+    h.created_ns = now;
+    struct kc__buf b = {0};
+    int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
+    char name[40];
+    kc__spool_name(ns, key, 'p', name);
+    if (rc == 0)
+        rc = kc__spool_write(pd->p->spool, name, b.p, b.len, true);
+    kc__buf_free(&b);
+    if (rc < 0)
+        return rc;
+    /* What this process just wrote wins over what it purged before. */
+    unsigned char k[KC__KEY_LEN];
+    key_k(key, k);
+    pthread_mutex_lock(&pd->mu);
+    uint32_t nsi = ns_index(pd, ns);
+    if (nsi != UINT32_MAX) {
+        struct kc__pment *e = map_find(&pd->m, M_TOMB_KEY, nsi, k);
+        if (e != NULL) {
+            map_del(&pd->m, e);
+            pd->n_tombs--;
+        }
+        if (source != NULL) {
+            unsigned char sk[KC__KEY_LEN];
+            src_k(source, sk);
+            e = map_find(&pd->m, M_TOMB_SRC, nsi, sk);
+            if (e != NULL) {
+                map_del(&pd->m, e);
+                pd->n_tombs--;
+            }
+            e = map_add(&pd->m, M_SRC, nsi, sk);
+            if (e != NULL)
+                e->val = *key;
+        }
+    }
+    pthread_mutex_unlock(&pd->mu);
+    kc__pending_kick(pd);
+    return 0;
+}
+
+/* ---- tombstones and sources ---------------------------------------------- */
+
+/* mu held. */
+static void tomb_locked(struct kc__pending *pd, int type, uint32_t nsi, const unsigned char *k)
+{
+    if (map_find(&pd->m, type, nsi, k) == NULL && map_add(&pd->m, type, nsi, k) != NULL)
+        pd->n_tombs++;
+}
+
+void kc__pending_tombstone(struct kc__pending *pd, const char *ns, const kc_key *key,
+                           const kc_digest *src)
+{
+    unsigned char kb[KC__KEY_LEN], sb[KC__KEY_LEN];
+    if (key != NULL)
+        key_k(key, kb);
+    if (src != NULL)
+        src_k(src, sb);
+    pthread_mutex_lock(&pd->mu);
+    uint32_t nsi = ns_index(pd, ns);
+    if (nsi != UINT32_MAX && key != NULL)
+        tomb_locked(pd, M_TOMB_KEY, nsi, kb);
+    if (nsi != UINT32_MAX && src != NULL)
+        tomb_locked(pd, M_TOMB_SRC, nsi, sb);
+    pthread_mutex_unlock(&pd->mu);
+}
+
+bool kc__pending_dead(struct kc__pending *pd, const char *ns, const kc_key *key)
+{
+    if (__atomic_load_n(&pd->n_tombs, __ATOMIC_RELAXED) == 0)
+        return false;
+    unsigned char k[KC__KEY_LEN];
+    key_k(key, k);
+    pthread_mutex_lock(&pd->mu);
+    uint32_t nsi = ns_index(pd, ns);
+    bool dead = nsi != UINT32_MAX && map_find(&pd->m, M_TOMB_KEY, nsi, k) != NULL;
+    pthread_mutex_unlock(&pd->mu);
+    return dead;
+}
+
+int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src,
+                       kc_key *found)
+{
+    unsigned char sk[KC__KEY_LEN];
+    src_k(src, sk);
+    pthread_mutex_lock(&pd->mu);
+    uint32_t nsi = ns_index(pd, ns);
+    int rc = -ENOENT;
+    if (nsi != UINT32_MAX) {
+        if (map_find(&pd->m, M_TOMB_SRC, nsi, sk) != NULL) {
+            rc = -ESRCH;
+        } else {
+            struct kc__pment *e = map_find(&pd->m, M_SRC, nsi, sk);
+            if (e != NULL) {
+                *found = e->val;
+                rc = 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pd->mu);
+    return rc;
+}
+
+void kc__pending_forget_source(struct kc__pending *pd, const char *ns, const kc_digest *src)
+{
+    pthread_mutex_lock(&pd->mu);
+    if (ns == NULL) {
+        map_del_type(&pd->m, M_SRC);
+    } else {
+        unsigned char sk[KC__KEY_LEN];
+        src_k(src, sk);
+        uint32_t nsi = ns_index(pd, ns);
+        if (nsi != UINT32_MAX)
+            map_del(&pd->m, map_find(&pd->m, M_SRC, nsi, sk));
+    }
+    pthread_mutex_unlock(&pd->mu);
+}
+
+/* ---- put files ------------------------------------------------------------ */
+
+int kc__files_lookup(const struct kc__paths *p, const char *ns, const kc_key *key, void **body,
+                     size_t *len, struct kc__hdr *h)
+{
+    char hex[40];
+    kc__spool_name(ns, key, 0, hex);
+    int bad = -ENOENT;
+    for (int i = 0; i < 3; i++) {
+        char path[4400];
+        if (i < 2)
+            snprintf(path, sizeof path, "%s/%c-%s", p->spool, i == 0 ? 'p' : 'd', hex);
+        else
+            snprintf(path, sizeof path, "%s/%s", p->hot, hex);
+        unsigned char *buf;
+        struct kc__sp_put sp;
+        int rc = kc__put_file_read(path, ns, key, &buf, &sp);
+        if (rc == -EBADMSG && i == 2)
+            bad = -EBADMSG;
+        if (rc != 0)
+            continue;
+        void *b = malloc(sp.body_len ? sp.body_len : 1);
+        if (b == NULL) {
+            free(buf);
+            return -ENOMEM;
+        }
+        memcpy(b, sp.body, sp.body_len);
+        *body = b;
+        *len = sp.body_len;
+        *h = sp.hdr;
+        free(buf);
+        return 0;
+    }
+    return bad;
+}
