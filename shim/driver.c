@@ -76,6 +76,17 @@ void *kc__cu_real(const char *name)
     return p ? p : kc__real_dlsym(RTLD_NEXT, name);
 }
 
+int kc__cu_real_all(const struct kc__cu_need *need, size_t n)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        void *p = kc__cu_real(need[i].name);
+        memcpy(need[i].slot, &p, sizeof p);
+        ok = ok && p != NULL;
+    }
+    return ok;
+}
+
 /* Real driver entry points the JIT path calls, resolved once. */
 static struct {
     CUresult (*ctx_get_current)(CUcontext *);
@@ -95,19 +106,19 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
 static void drv_resolve(void)
 {
-    drv.ctx_get_current = kc__cu_real("cuCtxGetCurrent");
-    drv.ctx_get_device = kc__cu_real("cuCtxGetDevice");
-    drv.device_get = kc__cu_real("cuDeviceGet");
-    drv.device_get_count = kc__cu_real("cuDeviceGetCount");
-    drv.device_attr = kc__cu_real("cuDeviceGetAttribute");
-    drv.driver_version = kc__cu_real("cuDriverGetVersion");
-    drv.link_create = kc__cu_real("cuLinkCreate_v2");
-    drv.link_add = kc__cu_real("cuLinkAddData_v2");
-    drv.link_complete = kc__cu_real("cuLinkComplete");
-    drv.link_destroy = kc__cu_real("cuLinkDestroy");
-    drv.ok = drv.ctx_get_current && drv.ctx_get_device && drv.device_get && drv.device_get_count &&
-             drv.device_attr && drv.driver_version && drv.link_create && drv.link_add &&
-             drv.link_complete && drv.link_destroy;
+    const struct kc__cu_need need[] = {
+        {"cuCtxGetCurrent", &drv.ctx_get_current},
+        {"cuCtxGetDevice", &drv.ctx_get_device},
+        {"cuDeviceGet", &drv.device_get},
+        {"cuDeviceGetCount", &drv.device_get_count},
+        {"cuDeviceGetAttribute", &drv.device_attr},
+        {"cuDriverGetVersion", &drv.driver_version},
+        {"cuLinkCreate_v2", &drv.link_create},
+        {"cuLinkAddData_v2", &drv.link_add},
+        {"cuLinkComplete", &drv.link_complete},
+        {"cuLinkDestroy", &drv.link_destroy},
+    };
+    drv.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
 }
 
 /* ---- images ------------------------------------------------------------------ */

@@ -56,15 +56,16 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
 static void drv_resolve(void)
 {
-    drv.ctx_get_current = kc__cu_real("cuCtxGetCurrent");
-    drv.ctx_get_id = kc__cu_real("cuCtxGetId");
-    drv.ctx_get_device = kc__cu_real("cuCtxGetDevice");
-    drv.ctx_push = kc__cu_real("cuCtxPushCurrent_v2");
-    drv.ctx_pop = kc__cu_real("cuCtxPopCurrent_v2");
-    drv.primary_state = kc__cu_real("cuDevicePrimaryCtxGetState");
-    drv.alloc_managed = kc__cu_real("cuMemAllocManaged");
-    drv.ok = drv.ctx_get_current && drv.ctx_get_id && drv.ctx_get_device && drv.ctx_push && drv.ctx_pop &&
-             drv.primary_state && drv.alloc_managed;
+    const struct kc__cu_need need[] = {
+        {"cuCtxGetCurrent", &drv.ctx_get_current},
+        {"cuCtxGetId", &drv.ctx_get_id},
+        {"cuCtxGetDevice", &drv.ctx_get_device},
+        {"cuCtxPushCurrent_v2", &drv.ctx_push},
+        {"cuCtxPopCurrent_v2", &drv.ctx_pop},
+        {"cuDevicePrimaryCtxGetState", &drv.primary_state},
+        {"cuMemAllocManaged", &drv.alloc_managed},
+    };
+    drv.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
 }
 
 static bool ready(void)

@@ -21,6 +21,16 @@
  * libcuda is loaded. Never goes through our dlsym. */
 void *kc__cu_real(const char *name);
 
+/* One real driver function to resolve: its name, and the function pointer
+ * that receives it. */
+struct kc__cu_need {
+    const char *name;
+    void *slot;
+};
+/* Resolves every one with kc__cu_real (each slot set, NULL when missing);
+ * whether all were found. */
+int kc__cu_real_all(const struct kc__cu_need *need, size_t n);
+
 /* The real pointer behind one of our driver hooks, by its exported name;
  * NULL when no real libcuda is loaded. */
 void *kc__cu_hooked_real(const char *name);

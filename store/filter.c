@@ -116,23 +116,36 @@ void kc__filter_ro_drop(struct kc__filter_ro *f)
     memset(f, 0, sizeof *f);
 }
 
-static int ro_map(struct kc__filter_ro *f, const char *path)
+/* Maps DIR/filter (open_checked with `flags`, shared, `prot`) when its
+ * header is ours: 0, the open's error, or -EBADMSG. */
+static int map_checked(const char *path, int flags, int prot, unsigned char **map, size_t *len,
+                       struct stat *sb)
 {
-    struct stat sb;
-    int fd = open_checked(path, O_RDONLY, &sb);
+    int fd = open_checked(path, flags, sb);
     if (fd < 0)
         return fd;
-    size_t len = (size_t)sb.st_size;
-    void *m = len >= F_HDR ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    size_t n = (size_t)sb->st_size;
+    void *m = n >= F_HDR ? mmap(NULL, n, prot, MAP_SHARED, fd, 0) : MAP_FAILED;
     close(fd);
     if (m == MAP_FAILED)
         return -EBADMSG;
-    if (hdr_ok(m, len) == 0) {
-        munmap(m, len);
+    if (hdr_ok(m, n) == 0) {
+        munmap(m, n);
         return -EBADMSG;
     }
+    *map = m;
+    *len = n;
+    return 0;
+}
+
+static int ro_map(struct kc__filter_ro *f, const char *path)
+{
+    struct stat sb;
+    unsigned char *m;
+    int rc = map_checked(path, O_RDONLY, PROT_READ, &m, &f->len, &sb);
+    if (rc < 0)
+        return rc;
     f->map = m;
-    f->len = len;
     f->dev = sb.st_dev;
     f->ino = sb.st_ino;
     return 0;
@@ -167,21 +180,11 @@ int kc__filter_open_rw(struct kc__filter_rw *f, const char *path, uint64_t *stam
 {
     memset(f, 0, sizeof *f);
     struct stat sb;
-    int fd = open_checked(path, O_RDWR, &sb);
-    if (fd < 0)
-        return fd == -ENOENT ? -ENOENT : -EBADMSG;
-    size_t len = (size_t)sb.st_size;
-    void *m = len >= F_HDR ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                           : MAP_FAILED;
-    close(fd);
-    if (m == MAP_FAILED)
-        return -EBADMSG;
-    if (hdr_ok(m, len) == 0) {
-        munmap(m, len);
-        return -EBADMSG;
+    int rc = map_checked(path, O_RDWR, PROT_READ | PROT_WRITE, &f->map, &f->len, &sb);
+    if (rc < 0) {
+        memset(f, 0, sizeof *f);
+        return rc == -ENOENT ? -ENOENT : -EBADMSG;
     }
-    f->map = m;
-    f->len = len;
     f->cap = kc__get_u64(f->map + 24);
     *stamp = __atomic_load_n((uint64_t *)(f->map + 48), __ATOMIC_ACQUIRE);
     return 0;

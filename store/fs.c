@@ -101,6 +101,27 @@ int kc__private_subdir(const char *path, bool create)
     return private_dir(path, create, true);
 }
 
+/* Writes (wr) or reads n bytes at b, retrying on EINTR; a read stops early
+ * at end of file. 0 with *done (if not NULL) the bytes moved, or -errno. */
+static int io_full(int fd, unsigned char *b, size_t n, bool wr, size_t *done)
+{
+    size_t off = 0;
+    while (off < n) {
+        ssize_t r = wr ? write(fd, b + off, n - off) : read(fd, b + off, n - off);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0 && !wr)
+            break;
+        off += (size_t)r;
+    }
+    if (done != NULL)
+        *done = off;
+    return 0;
+}
+
 int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable)
 {
     char tmp[PATH_MAX], dst[PATH_MAX];
@@ -113,18 +134,9 @@ int kc__spool_write(const char *dir, const char *name, const void *p, size_t len
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -errno;
-    const unsigned char *b = p;
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, b + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = -errno;
-            goto fail;
-        }
-        off += (size_t)w;
-    }
+    rc = io_full(fd, (void *)p, len, true, NULL);
+    if (rc < 0)
+        goto fail;
     if (durable && fsync(fd) != 0) {
         rc = -errno;
         goto fail;
@@ -181,18 +193,9 @@ int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, 
         goto out;
     }
     size_t off = 0;
-    while (off < n) {
-        ssize_t r = read(fd, buf + off, n - off);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = -errno;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        off += (size_t)r;
-    }
+    rc = io_full(fd, buf, n, false, &off);
+    if (rc < 0)
+        goto out;
     *out = buf;
     *len = off;
     buf = NULL;
@@ -202,6 +205,34 @@ out:
     return rc;
 }
 
+/* Calls fn(path/<name>, arg) for every entry of the directory path but
+ * . and .. (names too long for PATH_MAX are passed over). */
+static void each_child(const char *path, void (*fn)(const char *sub, void *arg), void *arg)
+{
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char sub[PATH_MAX];
+        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
+            fn(sub, arg);
+    }
+    closedir(d);
+}
+
+static void rm_child(const char *sub, void *arg)
+{
+    kc__rm_rf(sub);
+}
+
+static void du_child(const char *sub, void *arg)
+{
+    *(uint64_t *)arg += kc__du(sub);
+}
+
 int kc__rm_rf(const char *path)
 {
     struct stat sb;
@@ -209,18 +240,7 @@ int kc__rm_rf(const char *path)
         return errno == ENOENT ? 0 : -errno;
     if (!S_ISDIR(sb.st_mode))
         return unlink(path) == 0 ? 0 : -errno;
-    DIR *d = opendir(path);
-    if (d != NULL) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char sub[PATH_MAX];
-            if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
-                kc__rm_rf(sub);
-        }
-        closedir(d);
-    }
+    each_child(path, rm_child, NULL);
     return rmdir(path) == 0 ? 0 : -errno;
 }
 
@@ -232,17 +252,6 @@ uint64_t kc__du(const char *path)
     uint64_t total = (uint64_t)sb.st_blocks * 512u;
     if (!S_ISDIR(sb.st_mode))
         return S_ISREG(sb.st_mode) ? total : 0;
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return total;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        char sub[PATH_MAX];
-        if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) < (int)sizeof sub)
-            total += kc__du(sub);
-    }
-    closedir(d);
+    each_child(path, du_child, &total);
     return total;
 }

@@ -601,6 +601,25 @@ out:
     return rc;
 }
 
+/* Reads the spool file `name`: 0 with *buf (malloc'd); 1 when there is
+ * nothing to apply (it is gone, or unreadable: counted bad, unlinked with
+ * the round); or the error opening DIR/spool. */
+static int read_spool(struct kc__owner *o, const char *name, unsigned char **buf, size_t *len)
+{
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, buf, len);
+    close(dfd);
+    if (rc == -ENOENT)
+        return 1;
+    if (rc < 0) {
+        o->spool_bad++;
+        return 1;
+    }
+    return 0;
+}
+
 /* Applies a put file; a bad one is counted and dropped (0). *keep: it is
  * now the entry, and may become its hot file (*size bytes). */
 static int apply_put_file(struct kc__owner *o, const char *name, bool *keep, uint64_t *size)
@@ -608,15 +627,11 @@ static int apply_put_file(struct kc__owner *o, const char *name, bool *keep, uin
     *keep = false;
     unsigned char *buf = NULL;
     size_t len = 0;
-    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return -errno;
-    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, &buf, &len);
-    close(dfd);
-    if (rc == -ENOENT)
-        return 0;
+    int rc = read_spool(o, name, &buf, &len);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
     struct kc__sp_put sp;
-    if (rc < 0 || kc__spool_put_decode(buf, len, &sp) != 0) {
+    if (kc__spool_put_decode(buf, len, &sp) != 0) {
         free(buf);
         o->spool_bad++;
         return 0; /* unlinked with the round */
@@ -747,17 +762,13 @@ static int apply_items_file(struct kc__owner *o, const char *name, int want)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
-    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return -errno;
-    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, &buf, &len);
-    close(dfd);
-    if (rc == -ENOENT)
-        return 0;
+    int rc = read_spool(o, name, &buf, &len);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
     int type;
     const unsigned char *p;
     size_t n;
-    if (rc < 0 || kc__spool_check(buf, len, &type, &p, &n) != 0 || type != want) {
+    if (kc__spool_check(buf, len, &type, &p, &n) != 0 || type != want) {
         free(buf);
         o->spool_bad++;
         return 0;
