@@ -397,11 +397,27 @@ def stop_owner(store, sig=signal.SIGKILL):
         time.sleep(0.01)
 
 
-def wait_owner_idle(store, timeout=30):
-    """Waits until no owner holds the store (it drained and exited)."""
+def wait_owner_idle(store, timeout=30, quiet=1.5):
+    """Waits until no owner holds the store (it drained and exited) and none
+    is about to: a client that just exited may have started one that has
+    not taken the lock yet. Done when the spool holds nothing an owner would
+    drain and nobody holds the lock, or nobody has held it for `quiet` s."""
     t0 = time.monotonic()
-    while owner_pids(store):
-        if time.monotonic() - t0 > timeout:
+    free_since = None
+    spool = os.path.join(store, "spool")
+    while True:
+        now = time.monotonic()
+        if owner_pids(store):
+            free_since = None
+        else:
+            free_since = free_since or now
+            try:
+                waiting = [n for n in os.listdir(spool) if n[:2] in ("p-", "d-", "h-", "c-", "x-")]
+            except OSError:
+                waiting = []
+            if not waiting or now - free_since >= quiet:
+                return
+        if now - t0 > timeout:
             raise Failure(f"the owner of {store} did not exit within {timeout} s")
         time.sleep(0.02)
 
