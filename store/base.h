@@ -167,6 +167,17 @@ int kc__spool_write(const char *dir, const char *name, const void *p, size_t len
 int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, size_t *len);
 int kc__rm_rf(const char *path);
 uint64_t kc__du(const char *path);
+/* Reader directories (a RocksDB secondary's, named <prefix><pid>-...): a
+ * reader holds its directory with kc__dir_hold (a shared flock on an fd it
+ * keeps, -errno on failure) until it removes it; kc__dir_sweep removes
+ * every directory under parent named <prefix><pid>-... whose process is
+ * gone (no such pid here) and that nobody holds, so a process that exits
+ * without closing its reader (or is killed) leaves nothing behind for
+ * long, and a live reader in another pid namespace keeps its own. */
+int kc__dir_hold(const char *path);
+void kc__dir_sweep(const char *parent, const char *prefix);
+/* Whether no process with the pid at the start of name runs (ESRCH). */
+bool kc__pid_gone(const char *name);
 void kc__hex(const void *p, size_t n, char *out);
 uint64_t kc__rand64(void);
 int kc__mkdir_p(const char *path, mode_t mode);

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -254,4 +256,50 @@ uint64_t kc__du(const char *path)
         return S_ISREG(sb.st_mode) ? total : 0;
     each_child(path, du_child, &total);
     return total;
+}
+
+bool kc__pid_gone(const char *name)
+{
+    char *end;
+    long pid = strtol(name, &end, 10);
+    if (end == name || pid <= 0 || *end != '-')
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int kc__dir_hold(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+void kc__dir_sweep(const char *parent, const char *prefix)
+{
+    DIR *d = opendir(parent);
+    if (d == NULL)
+        return;
+    size_t pl = strlen(prefix);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, pl) != 0 || !kc__pid_gone(e->d_name + pl))
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        /* Held: a live reader (in another pid namespace, or a pid reused). */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            char path[PATH_MAX];
+            if (snprintf(path, sizeof path, "%s/%s", parent, e->d_name) < (int)sizeof path)
+                kc__rm_rf(path);
+        }
+        close(fd);
+    }
+    closedir(d);
 }

@@ -1408,35 +1408,15 @@ static int owner_recover(struct kc__owner *o, const char *why)
 
 /* ---- lifetime ---------------------------------------------------------- */
 
-static bool pid_dead(const char *name)
-{
-    char *end;
-    long pid = strtol(name, &end, 10);
-    if (end == name || pid <= 0)
-        return false;
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
 /* Removes secondaries and temp files of processes that are gone. */
 static void clean_stale(struct kc__owner *o)
 {
-    DIR *d = opendir(o->p.sec);
+    kc__dir_sweep(o->p.sec, "");
+    DIR *d = opendir(o->p.spool);
     if (d != NULL) {
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.' || !pid_dead(e->d_name))
-                continue;
-            char path[PATH_MAX];
-            snprintf(path, sizeof path, "%s/%s", o->p.sec, e->d_name);
-            kc__rm_rf(path);
-        }
-        closedir(d);
-    }
-    d = opendir(o->p.spool);
-    if (d != NULL) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == 't' && e->d_name[1] == '-' && pid_dead(e->d_name + 2))
+            if (e->d_name[0] == 't' && e->d_name[1] == '-' && kc__pid_gone(e->d_name + 2))
                 unlinkat(dirfd(d), e->d_name, 0);
         }
         closedir(d);

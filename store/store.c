@@ -50,6 +50,7 @@ struct kc_store {
     struct kc__db rd;
     int rd_ready;
     char secpath[PATH_MAX];
+    int secfd; /* holds secpath (kc__dir_hold), -1 without one */
     /* A replacement reader being opened in the background after a new
      * owner session began (guarded by mu). */
     struct reopen *ro_done; /* finished, not yet installed */
@@ -90,6 +91,7 @@ struct kc_store {
 #define FORK_WAIT_MS 2000
 
 static void reopen_join(struct kc_store *st);
+static void sec_remove(char secpath[PATH_MAX], int *secfd);
 
 static pthread_mutex_t all_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct kc_store *all_stores;
@@ -123,9 +125,12 @@ static void store_exit(void)
                 st->ro_live = false;
             pthread_mutex_unlock(&st->mu);
         }
-        /* Lookups in flight hold rdlk shared; later ones find no reader. */
+        /* Lookups in flight hold rdlk shared; later ones find no reader.
+         * The reader is not closed (RocksDB's statics are going), but its
+         * directory is removed: only its info log is there. */
         if (pthread_rwlock_timedwrlock(&st->rdlk, &dl) == 0) {
             __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
+            sec_remove(st->secpath, &st->secfd);
             pthread_rwlock_unlock(&st->rdlk);
         }
     }
@@ -228,16 +233,26 @@ static uint64_t epoch_read(struct kc_store *st)
     return st->gen ? __atomic_load_n(st->gen + 1, __ATOMIC_ACQUIRE) : 0;
 }
 
+/* Removes a reader's directory and lets go of it. */
+static void sec_remove(char secpath[PATH_MAX], int *secfd)
+{
+    if (secpath[0] != 0) {
+        kc__rm_rf(secpath);
+        secpath[0] = 0;
+    }
+    if (*secfd >= 0) {
+        close(*secfd);
+        *secfd = -1;
+    }
+}
+
 /* Closes the reader; mu held. Waits for lookups in progress. */
 static void reader_drop(struct kc_store *st)
 {
     pthread_rwlock_wrlock(&st->rdlk);
     __atomic_store_n(&st->rd_ready, 0, __ATOMIC_RELEASE);
     kc__db_close(&st->rd);
-    if (st->secpath[0] != 0) {
-        kc__rm_rf(st->secpath);
-        st->secpath[0] = 0;
-    }
+    sec_remove(st->secpath, &st->secfd);
     pthread_rwlock_unlock(&st->rdlk);
 }
 
@@ -252,14 +267,20 @@ static bool sec_room(const char *path)
 /* Makes the directory of a new secondary: DIR/sec/<pid>-<random>, or, when
  * the store is read-only or DIR/sec cannot take it (a read-only or full
  * file system, no permission), a private one under $TMPDIR: the database
- * itself may still be readable, and its entries hits. */
-static int sec_dir(struct kc_store *st, char secpath[PATH_MAX])
+ * itself may still be readable, and its entries hits. The directory is
+ * held (*secfd) while the reader lives; those of readers whose process
+ * is gone (it exited without closing, or was killed) are swept first. */
+static int sec_dir(struct kc_store *st, char secpath[PATH_MAX], int *secfd)
 {
+    *secfd = -1;
     if (!st->readonly && sec_room(st->p.sec)) {
+        kc__dir_sweep(st->p.sec, "");
         snprintf(secpath, PATH_MAX, "%s/%d-%016llx", st->p.sec, (int)getpid(),
                  (unsigned long long)kc__rand64());
-        if (mkdir(secpath, 0700) == 0)
+        if (mkdir(secpath, 0700) == 0) {
+            *secfd = kc__dir_hold(secpath);
             return 0;
+        }
         int e = errno;
         secpath[0] = 0;
         if (e != EROFS && e != ENOSPC && e != EDQUOT && e != EACCES && e != EPERM)
@@ -270,11 +291,13 @@ static int sec_dir(struct kc_store *st, char secpath[PATH_MAX])
         tmp = "/tmp";
     if (!sec_room(tmp))
         return -ENOSPC;
+    kc__dir_sweep(tmp, "kcache-sec-");
     snprintf(secpath, PATH_MAX, "%s/kcache-sec-%d-XXXXXX", tmp, (int)getpid());
     if (mkdtemp(secpath) == NULL) {
         secpath[0] = 0;
         return -errno;
     }
+    *secfd = kc__dir_hold(secpath);
     return 0;
 }
 
@@ -282,8 +305,9 @@ static int sec_dir(struct kc_store *st, char secpath[PATH_MAX])
  * state of st but constants and the gen mapping, so it may run on any
  * thread. */
 static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PATH_MAX],
-                          uint64_t *epoch)
+                          int *secfd, uint64_t *epoch)
 {
+    *secfd = -1;
     char cur[PATH_MAX];
     snprintf(cur, PATH_MAX, "%s/CURRENT", st->p.db);
     if (access(cur, F_OK) != 0)
@@ -292,14 +316,13 @@ static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PA
      * system RocksDB 7.8's writer trips an assertion and aborts the host
      * (Debian builds keep assertions). No room: every get is a miss until
      * there is. */
-    int rc = sec_dir(st, secpath);
+    int rc = sec_dir(st, secpath, secfd);
     if (rc < 0)
         return rc;
     *epoch = epoch_read(st);
     rc = kc__db_open(d, st->p.db, secpath, NULL);
     if (rc < 0) {
-        kc__rm_rf(secpath);
-        secpath[0] = 0;
+        sec_remove(secpath, secfd);
         return rc;
     }
     return 0;
@@ -308,7 +331,7 @@ static int secondary_open(struct kc_store *st, struct kc__db *d, char secpath[PA
 /* Opens the secondary; mu held, no reader open. */
 static int reader_open(struct kc_store *st)
 {
-    int rc = secondary_open(st, &st->rd, st->secpath, &st->rd_epoch);
+    int rc = secondary_open(st, &st->rd, st->secpath, &st->secfd, &st->rd_epoch);
     if (rc == 0) {
         exit_hook_arm();
         __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
@@ -334,6 +357,7 @@ struct reopen {
     uint64_t epoch;
     struct kc__db d;
     char secpath[PATH_MAX];
+    int secfd;
 };
 
 static void reopen_discard(struct reopen *r)
@@ -342,7 +366,7 @@ static void reopen_discard(struct reopen *r)
         return;
     if (r->rc == 0) {
         kc__db_close(&r->d);
-        kc__rm_rf(r->secpath);
+        sec_remove(r->secpath, &r->secfd);
     }
     free(r);
 }
@@ -351,7 +375,7 @@ static void *reopen_main(void *arg)
 {
     struct reopen *r = arg;
     struct kc_store *st = r->st;
-    r->rc = secondary_open(st, &r->d, r->secpath, &r->epoch);
+    r->rc = secondary_open(st, &r->d, r->secpath, &r->secfd, &r->epoch);
     pthread_mutex_lock(&st->mu);
     st->ro_finished = true;
     if (r->seq == st->ro_seq && st->ro_done == NULL) {
@@ -416,6 +440,7 @@ static bool reopen_install(struct kc_store *st)
     pthread_rwlock_wrlock(&st->rdlk);
     st->rd = r->d;
     memcpy(st->secpath, r->secpath, sizeof st->secpath);
+    st->secfd = r->secfd;
     st->rd_epoch = r->epoch;
     __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
     pthread_rwlock_unlock(&st->rdlk);
@@ -557,6 +582,7 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     if (st == NULL)
         return -ENOMEM;
     kc__paths_init(&st->p, opts->dir);
+    st->secfd = -1;
     st->readonly = opts->readonly != 0;
     st->max_size = opts->max_size;
     pthread_mutex_init(&st->mu, NULL);
@@ -752,7 +778,10 @@ static void st_after_fork_child(struct kc_store *st)
     st->ro_live = false;
     st->ro_seq++;
     st->rd_ready = 0;
-    st->secpath[0] = 0;
+    st->secpath[0] = 0; /* the parent's; it removes it */
+    if (st->secfd >= 0)
+        close(st->secfd);
+    st->secfd = -1;
     st->next_open_ns = 0;
     kc__pending_after_fork_child(&st->pd);
 }

@@ -2,7 +2,10 @@
  * store-bench: fills a store with PTX-like artifacts of realistic sizes
  * (1-64 KB, median ~8 KB) and measures random gets.
  *
- *   store-bench [--entries N] [--dir D] [--gets G] [--keep] [--bulk]
+ *   store-bench [--entries N] [--dir D] [--gets G] [--keep] [--bulk] [--no-fill]
+ *
+ * --no-fill measures an existing store (--dir, filled by an earlier run
+ * with the same --entries) without filling it again.
  *
  * --bulk fills through the spool without an fsync per entry (the records
  * are the ones put() writes; only their durability on power loss differs),
@@ -80,7 +83,7 @@ int main(int argc, char **argv)
 {
     uint64_t entries = 10000, gets = 2000;
     const char *dir = NULL;
-    int keep = 0, bulk = 0;
+    int keep = 0, bulk = 0, nofill = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--entries") == 0 && i + 1 < argc)
             entries = strtoull(argv[++i], NULL, 10);
@@ -92,8 +95,10 @@ int main(int argc, char **argv)
             keep = 1;
         else if (strcmp(argv[i], "--bulk") == 0)
             bulk = 1;
+        else if (strcmp(argv[i], "--no-fill") == 0)
+            nofill = 1;
         else {
-            fprintf(stderr, "usage: store-bench [--entries N] [--gets G] [--dir D] [--keep] [--bulk]\n");
+            fprintf(stderr, "usage: store-bench [--entries N] [--gets G] [--dir D] [--keep] [--bulk] [--no-fill]\n");
             return 2;
         }
     }
@@ -104,6 +109,10 @@ int main(int argc, char **argv)
         dir = tmp;
     } else {
         keep = 1;
+    }
+    if (nofill && dir == tmp) {
+        fprintf(stderr, "store-bench: --no-fill needs --dir\n");
+        return 2;
     }
     const struct kc_store_api *api = kc_store_api();
     const char *NS = "bench/sm_90";
@@ -118,7 +127,7 @@ int main(int argc, char **argv)
     /* Fill, draining in-process as we go (the owner's work, timed apart). */
     uint64_t raw = 0, t0 = now_ns(), put_ns = 0, drain_ns = 0;
     uint64_t sz_seed = 12345;
-    for (uint64_t i = 0; i < entries; i++) {
+    for (uint64_t i = 0; i < entries && !nofill; i++) {
         size_t len = ptxgen_size(&sz_seed);
         char *body = ptxgen(i, len);
         kc_key k = key_of(i);
@@ -150,7 +159,7 @@ int main(int argc, char **argv)
     double fr[FRESH][4];
     int nfr = 0;
     uint64_t fs = 4242;
-    for (int r = 0; r < FRESH && entries > 0; r++) {
+    for (int r = 0; r < FRESH && entries > 0 && !nofill; r++) {
         uint64_t i = ptxgen_next(&fs) % entries;
         kc_key k = key_of(i);
         char cmd[1024];

@@ -637,6 +637,79 @@ Test(store, a_forked_child_reopens_its_own_handles)
     api->close(st);
 }
 
+/* Entries of DIR/sec: one directory per open reader. */
+static int sec_entries(void)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/sec", dir);
+    DIR *d = opendir(p);
+    cr_assert_not_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A child that opens the store, reads k through a reader, and leaves by
+ * _exit (as if killed: nothing runs), by exit, or after closing. */
+static void reader_child(const kc_key *k, int how)
+{
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
+        struct kc_store *st = NULL;
+        void *b = NULL;
+        size_t n = 0;
+        int ok = api->open(&o, &st) == 0 && api->get(st, NS, k, &b, &n, NULL) == 0;
+        if (how == 2)
+            api->close(st);
+        if (how == 1)
+            exit(ok ? 0 : 1);
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+Test(store, reader_directories_of_gone_processes_are_swept)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(1, 1);
+    put_str(st, &k, NULL, "swept");
+    drain(st);
+    api->close(st);
+    cr_assert_eq(sec_entries(), 0);
+    reader_child(&k, 0); /* killed: its directory stays */
+    cr_assert_eq(sec_entries(), 1);
+    reader_child(&k, 0); /* sweeps the first, leaves its own */
+    cr_assert_eq(sec_entries(), 1);
+    reader_child(&k, 2); /* sweeps that, removes its own on close */
+    cr_assert_eq(sec_entries(), 0);
+    reader_child(&k, 1); /* exit() removes its own too */
+    cr_assert_eq(sec_entries(), 0);
+
+    /* A directory whose pid is gone but that someone holds (a reader in
+     * another pid namespace) is kept; once let go, it is swept. */
+    pid_t gone = fork();
+    if (gone == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(gone, NULL, 0), gone);
+    char held[400];
+    snprintf(held, sizeof held, "%s/sec/%d-held", dir, (int)gone);
+    cr_assert_eq(mkdir(held, 0700), 0);
+    int fd = kc__dir_hold(held);
+    cr_assert_geq(fd, 0);
+    reader_child(&k, 0);
+    cr_assert_eq(sec_entries(), 2, "the held directory and the killed child's");
+    close(fd);
+    reader_child(&k, 2);
+    cr_assert_eq(sec_entries(), 0);
+}
+
 Test(store, parse_record_takes_any_bytes)
 {
     unsigned char rec[KC__HDR_LEN + 100];
