@@ -325,7 +325,7 @@ static int driver_identity(kc_digest *out)
         Dl_info di;
         void *any = (void *)drv.link_create;
         driver_lib_state = -1;
-        if (any && dladdr(any, &di) && di.dli_fname && kc__file_identity(di.dli_fname, &driver_lib_id) == 0)
+        if (any && dladdr(any, &di) && di.dli_fname && kc__loaded_identity(any, &driver_lib_id) == 0)
             driver_lib_state = 1;
         else
             kc_log(KC_LOG_WARN, "cannot identify the CUDA driver library; the JIT cache is off");

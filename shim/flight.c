@@ -23,13 +23,18 @@ static int locks_dir(char *out, size_t len)
     int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
     if (s != 0)
         return s > 0 ? 0 : -EPERM;
-    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
-        __atomic_store_n(&state, -1, __ATOMIC_RELEASE);
-        return -errno;
-    }
+    /* Made only when absent (one system call less on every start). */
     struct stat st;
-    int ok = lstat(out, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid() &&
-             (st.st_mode & 022) == 0;
+    int have = lstat(out, &st) == 0;
+    if (!have && errno == ENOENT) {
+        if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+            int e = errno;
+            __atomic_store_n(&state, -1, __ATOMIC_RELEASE);
+            return -e;
+        }
+        have = lstat(out, &st) == 0;
+    }
+    int ok = have && S_ISDIR(st.st_mode) && st.st_uid == geteuid() && (st.st_mode & 022) == 0;
     __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
     return ok ? 0 : -EPERM;
 }

@@ -46,6 +46,12 @@ struct front {
      * the owner: the store's (store/pending.c). */
     struct kc__pending pd;
 
+    /* The kcache tool that starts the owner, looked for (kc__find_tool:
+     * readlink of each part of the path, access) only before the first
+     * call that may start it, not on the way to a first hit. */
+    pthread_mutex_t tool_mu;
+    int tool_ready;
+
     /* The real store, loaded on demand (guarded by real_mu). */
     pthread_mutex_t real_mu;
     int real_state; /* 0 untried, 1 open, -1 unusable */
@@ -122,6 +128,24 @@ int kc__front_loaded(struct kc_store *st)
     return st != NULL && __atomic_load_n(&F(st)->real_state, __ATOMIC_ACQUIRE) == 1;
 }
 
+/* ---- the tool ----------------------------------------------------------- */
+
+/* Sets the owner's tool in the pending state if still unset. Called before
+ * every pending call that may start the owner (put, purge request, flush),
+ * so each such call sees it. */
+static void need_tool(struct front *f)
+{
+    if (__atomic_load_n(&f->tool_ready, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&f->tool_mu);
+    if (!f->tool_ready) {
+        if (f->pd.kick.tool == NULL)
+            f->pd.kick.tool = kc__find_tool(NULL, (const void *)kc__front_open);
+        __atomic_store_n(&f->tool_ready, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&f->tool_mu);
+}
+
 /* ---- lookups ------------------------------------------------------------ */
 
 /* The spool and hot files: 0 with the body copied out, else nonzero. */
@@ -135,6 +159,7 @@ static int file_lookup(struct front *f, const char *ns, const kc_key *key, void 
         char hex[40];
         kc__spool_name(ns, key, 0, hex);
         kc_log(KC_LOG_DEBUG, "hot file %s fails its checks", hex);
+        need_tool(f);
         kc__pending_purge_request(&f->pd, ns, key, NULL, KC__PF_KEY | KC__PF_IFBAD);
     }
     return rc;
@@ -202,8 +227,19 @@ int kc__front_open(const struct kc_store_options *opts, void *(*load)(void),
     }
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->real_mu, NULL);
+    pthread_mutex_init(&f->tool_mu, NULL);
+    /* The tool is looked for now when it is named (cheap) or when this
+     * library was loaded by a relative path (its search then depends on
+     * the working directory, which the host may change); else on first
+     * need (need_tool). */
+    const char *env = getenv("KCACHE_TOOL");
+    Dl_info di;
+    bool now = (opts->tool != NULL && opts->tool[0] != 0) || (env != NULL && env[0] != 0) ||
+               dladdr((const void *)kc__front_open, &di) == 0 || di.dli_fname == NULL ||
+               di.dli_fname[0] != '/';
     kc__pending_init(&f->pd, &f->p, f->readonly, f->max_size,
-                     kc__find_tool(opts->tool, (const void *)kc__front_open));
+                     now ? kc__find_tool(opts->tool, (const void *)kc__front_open) : NULL);
+    f->tool_ready = now;
     *out = (struct kc_store *)f;
     return 0;
 }
@@ -229,6 +265,7 @@ static void fr_close(struct kc_store *st)
     kc__filter_ro_drop(&f->filter);
     pthread_mutex_destroy(&f->mu);
     pthread_mutex_destroy(&f->real_mu);
+    pthread_mutex_destroy(&f->tool_mu);
     free(f);
 }
 
@@ -265,6 +302,7 @@ static int fr_put(struct kc_store *st, const char *ns, const kc_key *key, const 
 {
     if (st == NULL)
         return -EINVAL;
+    need_tool(F(st));
     return kc__pending_put(&F(st)->pd, ns, key, source, kind, body, len, saved_ns);
 }
 
@@ -308,6 +346,7 @@ static int fr_take_by_source(struct kc_store *st, const char *ns, const kc_diges
         /* An earlier build's entry is moved: nothing asks for its key
          * again. */
         kc__pending_tombstone(&f->pd, ns, &k, source);
+        need_tool(f);
         kc__pending_purge_request(&f->pd, ns, &k, source, KC__PF_KEY | KC__PF_SOURCE);
     }
     return 0;
@@ -330,6 +369,7 @@ static int fr_purge(struct kc_store *st, const char *ns, const kc_key *key)
         free(b);
     }
     kc__pending_tombstone(&f->pd, ns, key, NULL);
+    need_tool(f);
     kc__pending_purge_request(&f->pd, ns, key, NULL, KC__PF_KEY);
     return rc;
 }
@@ -346,6 +386,7 @@ static int fr_flush(struct kc_store *st)
     struct front *f = F(st);
     if (st == NULL)
         return -EINVAL;
+    need_tool(f);
     int rc = kc__pending_flush(&f->pd);
     const struct kc_store_api *a;
     struct kc_store *r = real_if_loaded(f, &a);
@@ -364,6 +405,7 @@ static void fr_after_fork_child(struct kc_store *st)
         return;
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->real_mu, NULL);
+    pthread_mutex_init(&f->tool_mu, NULL);
     kc__pending_after_fork_child(&f->pd);
     const struct kc_store_api *a;
     struct kc_store *r = real_if_loaded(f, &a);

@@ -8,6 +8,8 @@
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -75,35 +77,138 @@ void kc__digest_hex(const kc_digest *d, char out[33])
     out[32] = '\0';
 }
 
-/* Looks for NT_GNU_BUILD_ID in the PT_NOTE segments of a mapped ELF64 file. */
-static int elf_build_id(const unsigned char *m, size_t size, kc_digest *out)
+/* Looks for NT_GNU_BUILD_ID among the notes of one PT_NOTE segment (its
+ * p_filesz bytes at `m`). 0 with *out set to the digest of the id, or
+ * -ENOENT. A malformed note ends the segment, as the loader would. */
+static int note_build_id(const unsigned char *m, size_t size, kc_digest *out)
 {
-    if (size < sizeof(Elf64_Ehdr) || memcmp(m, ELFMAG, SELFMAG) != 0 || m[EI_CLASS] != ELFCLASS64)
-        return -ENOENT;
-    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)m;
-    if (eh->e_phentsize != sizeof(Elf64_Phdr) || eh->e_phoff > size ||
-        (size - eh->e_phoff) / sizeof(Elf64_Phdr) < eh->e_phnum)
-        return -ENOENT;
-    const Elf64_Phdr *ph = (const Elf64_Phdr *)(m + eh->e_phoff);
-    for (int i = 0; i < eh->e_phnum; i++) {
-        if (ph[i].p_type != PT_NOTE || ph[i].p_offset > size || ph[i].p_filesz > size - ph[i].p_offset)
-            continue;
-        size_t off = ph[i].p_offset, end = off + ph[i].p_filesz;
-        while (end - off >= sizeof(Elf64_Nhdr)) {
-            const Elf64_Nhdr *n = (const Elf64_Nhdr *)(m + off);
-            size_t name = (n->n_namesz + 3) & ~3u, desc = (n->n_descsz + 3) & ~3u;
-            size_t body = off + sizeof *n;
-            if (name > end - body || desc > end - body - name)
-                break;
-            if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 &&
-                memcmp(m + body, "GNU", 4) == 0 && n->n_descsz > 0) {
-                *out = kc__digest_of(m + body + name, n->n_descsz);
-                return 0;
-            }
-            off = body + name + desc;
+    size_t off = 0;
+    while (size - off >= sizeof(Elf64_Nhdr)) {
+        Elf64_Nhdr n;
+        memcpy(&n, m + off, sizeof n);
+        size_t name = (n.n_namesz + 3) & ~3u, desc = (n.n_descsz + 3) & ~3u;
+        size_t body = off + sizeof n;
+        if (name > size - body || desc > size - body - name)
+            break;
+        if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 && memcmp(m + body, "GNU", 4) == 0 &&
+            n.n_descsz > 0) {
+            *out = kc__digest_of(m + body + name, n.n_descsz);
+            return 0;
         }
+        off = body + name + desc;
     }
     return -ENOENT;
+}
+
+/* Reads exactly n bytes at off. 0, -EIO on a short read, or -errno. */
+static int pread_full(int fd, void *buf, size_t n, off_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            return -EIO;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* An ELF file being read for its build-id: the first bytes, read at once,
+ * and its size, asked for (fstat) only when a region reaches past them. */
+struct elf_file {
+    int fd;
+    unsigned char head[4096];
+    size_t got;  /* bytes of head read */
+    off_t size;  /* -1 until known */
+};
+
+/* Whether [off, off + len) lies inside the file. */
+static bool ef_within(struct elf_file *e, uint64_t off, uint64_t len)
+{
+    if (off <= e->got && len <= e->got - off)
+        return true;
+    if (e->size < 0) {
+        struct stat st;
+        if (fstat(e->fd, &st) != 0)
+            return false;
+        e->size = st.st_size;
+    }
+    uint64_t size = (uint64_t)e->size;
+    return off <= size && len <= size - off;
+}
+
+/* The bytes of [off, off + len), inside the file: in head, else read into
+ * *buf (malloc'd, the caller frees). NULL on a failed read. */
+static const unsigned char *ef_bytes(struct elf_file *e, uint64_t off, uint64_t len,
+                                     unsigned char **buf)
+{
+    if (off <= e->got && len <= e->got - off)
+        return e->head + off;
+    free(*buf);
+    *buf = malloc(len ? len : 1);
+    if (*buf == NULL || pread_full(e->fd, *buf, len, (off_t)off) != 0)
+        return NULL;
+    return *buf;
+}
+
+/* Looks for NT_GNU_BUILD_ID in the PT_NOTE segments of the ELF64 file open
+ * at fd, reading only its header, program headers and notes (one read when
+ * they lie in its first 4 KiB, the size asked for only when they do not). 0 with *out set; -ENOENT when the file has
+ * none (or is not ELF64); -EINVAL when it is empty; another negative errno
+ * when it could not be read. The checks are those of a parse of the whole
+ * file mapped: a region outside the file is not looked at. */
+static int file_build_id(int fd, kc_digest *out)
+{
+    struct elf_file e = {.fd = fd, .size = -1};
+    ssize_t r;
+    do
+        r = pread(fd, e.head, sizeof e.head, 0);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -errno;
+    e.got = (size_t)r;
+    if (r == 0)
+        return -EINVAL;
+    Elf64_Ehdr eh;
+    if (!ef_within(&e, 0, sizeof eh))
+        return e.size < 0 ? -EIO : -ENOENT;
+    unsigned char *ehbuf = NULL;
+    const unsigned char *ehp = ef_bytes(&e, 0, sizeof eh, &ehbuf);
+    if (ehp != NULL)
+        memcpy(&eh, ehp, sizeof eh);
+    free(ehbuf);
+    if (ehp == NULL)
+        return -EIO;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_phentsize != sizeof(Elf64_Phdr) ||
+        !ef_within(&e, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr)))
+        return -ENOENT;
+    unsigned char *phbuf = NULL, *notebuf = NULL;
+    const unsigned char *phs =
+        ef_bytes(&e, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr), &phbuf);
+    int rc = phs == NULL ? -EIO : -ENOENT;
+    for (int i = 0; phs != NULL && i < eh.e_phnum; i++) {
+        Elf64_Phdr ph;
+        memcpy(&ph, phs + (size_t)i * sizeof ph, sizeof ph);
+        if (ph.p_type != PT_NOTE || !ef_within(&e, ph.p_offset, ph.p_filesz))
+            continue;
+        const unsigned char *n = ef_bytes(&e, ph.p_offset, ph.p_filesz, &notebuf);
+        if (n == NULL) {
+            rc = -EIO;
+            break;
+        }
+        if (note_build_id(n, ph.p_filesz, out) == 0) {
+            rc = 0;
+            break;
+        }
+    }
+    free(phbuf);
+    free(notebuf);
+    return rc;
 }
 
 int kc__file_identity(const char *path, kc_digest *out)
@@ -111,6 +216,12 @@ int kc__file_identity(const char *path, kc_digest *out)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
+    int rc = file_build_id(fd, out);
+    if (rc != -ENOENT) {
+        close(fd);
+        return rc;
+    }
+    /* No build-id: the contents are the identity. */
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
         int e = errno ? -errno : -EINVAL;
@@ -121,10 +232,77 @@ int kc__file_identity(const char *path, kc_digest *out)
     close(fd);
     if (m == MAP_FAILED)
         return -errno;
-    if (elf_build_id(m, (size_t)st.st_size, out) != 0)
-        *out = kc__digest_of(m, (size_t)st.st_size);
+    *out = kc__digest_of(m, (size_t)st.st_size);
     munmap(m, (size_t)st.st_size);
     return 0;
+}
+
+struct mapped_note {
+    const void *addr; /* an address inside the object */
+    uintptr_t base;   /* its load bias (link map's l_addr) */
+    int rc;           /* -ENOENT until found in memory */
+    kc_digest id;
+};
+
+/* dl_iterate_phdr callback: for the object holding a->addr, reads its
+ * build-id from the notes the loader mapped. Each PT_NOTE, in order, must
+ * lie in the file-backed part of a PT_LOAD at the same file offset, so the
+ * bytes read are exactly the ones file_build_id() would read; one that does
+ * not leaves a->rc at -ENOENT (the caller reads the file). */
+static int find_mapped_note(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct mapped_note *a = arg;
+    uintptr_t addr = (uintptr_t)a->addr;
+    const ElfW(Phdr) *ph = info->dlpi_phdr;
+    if (info->dlpi_addr != a->base)
+        return 0; /* another object: its headers are not touched */
+    bool mine = false;
+    for (int i = 0; i < info->dlpi_phnum && !mine; i++)
+        mine = ph[i].p_type == PT_LOAD && addr >= info->dlpi_addr + ph[i].p_vaddr &&
+               addr - (info->dlpi_addr + ph[i].p_vaddr) < ph[i].p_memsz;
+    if (!mine)
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        if (ph[i].p_type != PT_NOTE)
+            continue;
+        bool mapped = false;
+        for (int j = 0; j < info->dlpi_phnum && !mapped; j++) {
+            const ElfW(Phdr) *l = &ph[j];
+            mapped = l->p_type == PT_LOAD && ph[i].p_vaddr >= l->p_vaddr &&
+                     ph[i].p_offset >= l->p_offset &&
+                     ph[i].p_vaddr - l->p_vaddr == ph[i].p_offset - l->p_offset &&
+                     ph[i].p_vaddr - l->p_vaddr <= l->p_filesz &&
+                     ph[i].p_filesz <= l->p_filesz - (ph[i].p_vaddr - l->p_vaddr);
+        }
+        if (!mapped)
+            return 1; /* not readable here: the file decides */
+        const unsigned char *m = (const unsigned char *)(info->dlpi_addr + ph[i].p_vaddr);
+        if (note_build_id(m, ph[i].p_filesz, &a->id) == 0) {
+            a->rc = 0;
+            return 1;
+        }
+    }
+    return 1;
+}
+
+int kc__loaded_identity(const void *addr, kc_digest *out)
+{
+    struct mapped_note a = {.addr = addr, .rc = -ENOENT};
+    if (addr == NULL)
+        return -EINVAL;
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || info.dli_fname == NULL)
+        return -ENOENT;
+    if (lm != NULL) {
+        a.base = (uintptr_t)lm->l_addr;
+        dl_iterate_phdr(find_mapped_note, &a);
+    }
+    if (a.rc == 0) {
+        *out = a.id;
+        return 0;
+    }
+    return kc__file_identity(info.dli_fname, out);
 }
 
 uint64_t kc__self_build(void)
@@ -133,10 +311,8 @@ uint64_t kc__self_build(void)
     uint64_t b = __atomic_load_n(&build, __ATOMIC_RELAXED);
     if (b != 0)
         return b;
-    Dl_info info;
     kc_digest d = {0, 1};
-    if (dladdr((void *)kc__self_build, &info) != 0 && info.dli_fname != NULL)
-        kc__file_identity(info.dli_fname, &d);
+    kc__loaded_identity((const void *)kc__self_build, &d);
     b = d.lo ? d.lo : 1;
     __atomic_store_n(&build, b, __ATOMIC_RELAXED);
     return b;

@@ -180,7 +180,7 @@ static const struct identity *nvrtc_identity(void)
         kc_digest d;
         char path[4096] = "";
         if (dladdr((void *)real_compile, &info) != 0 && info.dli_fname != NULL &&
-            kc__file_identity(info.dli_fname, &d) == 0) {
+            kc__loaded_identity((const void *)real_compile, &d) == 0) {
             kc__hash_bytes(h, &d, sizeof d);
             /* libnvrtc-builtins: loaded, or beside libnvrtc. */
             if (dl_iterate_phdr(find_builtins, path) == 0) {

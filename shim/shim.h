@@ -97,8 +97,14 @@ kc_digest kc__digest_of(const void *p, size_t n);
 void kc__digest_hex(const kc_digest *d, char out[33]);
 
 /* The GNU build-id of the ELF file at `path` (or, without one, a digest of
- * its contents). 0 or negative errno. */
+ * its contents): reads the ELF header, program headers and notes, and the
+ * whole file only when it has no build-id. 0 or negative errno. */
 int kc__file_identity(const char *path, kc_digest *out);
+
+/* The identity of the loaded object holding `addr`, as kc__file_identity
+ * gives for its file: the build-id read from the notes already mapped (no
+ * system call), else the file's identity. 0 or negative errno. */
+int kc__loaded_identity(const void *addr, kc_digest *out);
 
 /* kcache's own build (the seed's build id): the build-id of libkcache.so. */
 uint64_t kc__self_build(void);
