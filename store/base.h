@@ -166,7 +166,9 @@ int kc__spool_write(const char *dir, const char *name, const void *p, size_t len
  * when it is not there. */
 int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, size_t *len);
 int kc__rm_rf(const char *path);
-uint64_t kc__du(const char *path);
+/* Bytes allocated under path; *reserved: how many of them files reserved
+ * beyond their data (fallocate with KEEP_SIZE). */
+uint64_t kc__du(const char *path, uint64_t *reserved);
 /* Reader directories (a RocksDB secondary's, named <prefix><pid>-...): a
  * reader holds its directory with kc__dir_hold (a shared flock on an fd it
  * keeps, -errno on failure) until it removes it; kc__dir_sweep removes

@@ -232,7 +232,9 @@ static void rm_child(const char *sub, void *arg)
 
 static void du_child(const char *sub, void *arg)
 {
-    *(uint64_t *)arg += kc__du(sub);
+    uint64_t *t = arg, r = 0;
+    t[0] += kc__du(sub, &r);
+    t[1] += r;
 }
 
 int kc__rm_rf(const char *path)
@@ -246,16 +248,26 @@ int kc__rm_rf(const char *path)
     return rmdir(path) == 0 ? 0 : -errno;
 }
 
-uint64_t kc__du(const char *path)
+uint64_t kc__du(const char *path, uint64_t *reserved)
 {
     struct stat sb;
+    *reserved = 0;
     if (lstat(path, &sb) != 0)
         return 0;
-    uint64_t total = (uint64_t)sb.st_blocks * 512u;
+    uint64_t alloc = (uint64_t)sb.st_blocks * 512u;
+    if (S_ISREG(sb.st_mode)) {
+        /* Blocks past the data (rounded up to a page) were reserved with
+         * fallocate(KEEP_SIZE): a live WAL, a reader's log. */
+        uint64_t used = ((uint64_t)sb.st_size + 4095u) & ~(uint64_t)4095u;
+        *reserved = alloc > used ? alloc - used : 0;
+        return alloc;
+    }
     if (!S_ISDIR(sb.st_mode))
-        return S_ISREG(sb.st_mode) ? total : 0;
-    each_child(path, du_child, &total);
-    return total;
+        return 0;
+    uint64_t t[2] = {alloc, 0};
+    each_child(path, du_child, t);
+    *reserved = t[1];
+    return t[0];
 }
 
 bool kc__pid_gone(const char *name)

@@ -1084,7 +1084,7 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
         pthread_rwlock_unlock(&st->rdlk);
     }
     stats_spool_counters(st, s);
-    s->disk_bytes = kc__du(st->p.dir);
+    s->disk_bytes = kc__du(st->p.dir, &s->reserved_bytes);
     *out = s;
     return 0;
 }

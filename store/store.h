@@ -116,6 +116,9 @@ struct kc_store_stats {
     uint64_t disk_bytes;           /* everything under the cache directory */
     uint64_t spool_entries;        /* written, not yet drained */
     uint64_t max_size;
+    uint64_t reserved_bytes;       /* of disk_bytes, reserved by files beyond their
+                                    * data: a running owner's write-ahead log,
+                                    * readers' logs; freed when they exit */
 };
 
 struct kc_verify_report {

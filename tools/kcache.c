@@ -342,8 +342,9 @@ static int cmd_stats(struct ctx *c, bool json)
         printf(", \"entries\": %" PRIu64 ", \"spool_entries\": %" PRIu64, v->entries,
                v->spool_entries);
         printf(", \"raw_bytes\": %" PRIu64 ", \"unique_bytes\": %" PRIu64
-               ", \"disk_bytes\": %" PRIu64 ", \"max_size\": %" PRIu64,
-               v->raw_bytes, v->unique_bytes, v->disk_bytes, max_size);
+               ", \"disk_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64
+               ", \"max_size\": %" PRIu64,
+               v->raw_bytes, v->unique_bytes, v->disk_bytes, v->reserved_bytes, max_size);
         printf(", \"saved_seconds\": %.3f", saved_ns / 1e9);
         printf(", \"namespaces\": [");
         for (size_t i = 0; i < v->n_ns; i++) {
@@ -374,8 +375,14 @@ static int cmd_stats(struct ctx *c, bool json)
         if (v->spool_entries)
             printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
         printf("\n");
-        printf("Size on disk:         %s of %s limit\n", human_size(v->disk_bytes, b1, sizeof b1),
+        printf("Size on disk:         %s of %s limit", human_size(v->disk_bytes, b1, sizeof b1),
                human_size(max_size, b2, sizeof b2));
+        /* A running owner preallocates its write-ahead log (tens of MiB):
+         * say so, or a small store looks large right after a run. */
+        if (v->reserved_bytes >= (1u << 20) && v->reserved_bytes * 10 >= v->disk_bytes)
+            printf(" (%s of it reserved by running kcache processes, freed when they exit)",
+                   human_size(v->reserved_bytes, b3, sizeof b3));
+        printf("\n");
         printf("Artifact bytes:       %s raw, %s unique after dedup\n",
                human_size(v->raw_bytes, b3, sizeof b3), human_size(v->unique_bytes, b4, sizeof b4));
         printf("Compile time saved:   %.3f s\n", saved_ns / 1e9);

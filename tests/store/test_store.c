@@ -710,6 +710,27 @@ Test(store, reader_directories_of_gone_processes_are_swept)
     cr_assert_eq(sec_entries(), 0);
 }
 
+Test(store, disk_bytes_tell_reserved_space_apart)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/f", dir);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "0123456789", 10), 10);
+    uint64_t r = 1;
+    uint64_t plain = kc__du(dir, &r);
+    cr_assert_eq(r, 0, "nothing reserved yet: %llu", (unsigned long long)r);
+    if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 1 << 20) != 0) {
+        close(fd);
+        cr_skip_test("fallocate: %s", strerror(errno));
+    }
+    uint64_t now = kc__du(dir, &r);
+    close(fd);
+    cr_assert_geq(now, plain + (1 << 20) - 8192);
+    cr_assert_geq(r, (1 << 20) - 4096, "reserved %llu", (unsigned long long)r);
+    cr_assert_leq(r, now);
+}
+
 Test(store, parse_record_takes_any_bytes)
 {
     unsigned char rec[KC__HDR_LEN + 100];

@@ -88,6 +88,8 @@ raw=$((1000 * 2 + 37 * (2 + 3 + 4 + 5) + 1000 * 4))
 [ "$(json_get 'd["unique_bytes"] < d["raw_bytes"]')" = True ] && ok ||
     fail "identical bodies count once in unique_bytes: $out"
 [ "$(json_get 'd["disk_bytes"] > 0')" = True ] && ok || fail "json disk_bytes: $out"
+[ "$(json_get '0 <= d["reserved_bytes"] <= d["disk_bytes"]')" = True ] && ok ||
+    fail "json reserved_bytes: $out"
 
 # --- verify: a clean store, then a corrupted record -------------------------
 run "$KC" --dir "$D" verify
