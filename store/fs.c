@@ -305,8 +305,12 @@ void kc__dir_sweep(const char *parent, const char *prefix)
         int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
             continue;
-        /* Held: a live reader (in another pid namespace, or a pid reused). */
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        /* Only our own (under a shared $TMPDIR another user could have made
+         * it, and fill it to steer the removal); held: a live reader (in
+         * another pid namespace, or a pid reused). */
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && sb.st_uid == geteuid() && (sb.st_mode & 077) == 0 &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0) {
             char path[PATH_MAX];
             if (snprintf(path, sizeof path, "%s/%s", parent, e->d_name) < (int)sizeof path)
                 kc__rm_rf(path);
