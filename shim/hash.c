@@ -117,35 +117,22 @@ static int pread_full(int fd, void *buf, size_t n, off_t off)
     return 0;
 }
 
-/* An ELF file being read for its build-id: the first bytes, read at once,
- * and its size, asked for (fstat) only when a region reaches past them. */
+/* The first bytes of an ELF file, read at once, and the file's size. */
 struct elf_file {
     int fd;
+    uint64_t size;
     unsigned char head[4096];
-    size_t got;  /* bytes of head read */
-    off_t size;  /* -1 until known */
+    size_t got; /* bytes of head read */
 };
 
-/* Whether [off, off + len) lies inside the file. */
-static bool ef_within(struct elf_file *e, uint64_t off, uint64_t len)
-{
-    if (off <= e->got && len <= e->got - off)
-        return true;
-    if (e->size < 0) {
-        struct stat st;
-        if (fstat(e->fd, &st) != 0)
-            return false;
-        e->size = st.st_size;
-    }
-    uint64_t size = (uint64_t)e->size;
-    return off <= size && len <= size - off;
-}
-
-/* The bytes of [off, off + len), inside the file: in head, else read into
- * *buf (malloc'd, the caller frees). NULL on a failed read. */
-static const unsigned char *ef_bytes(struct elf_file *e, uint64_t off, uint64_t len,
+/* The bytes of [off, off + len), or NULL when they lie outside the file or
+ * cannot be read: in head, else read into *buf (malloc'd, the caller
+ * frees). */
+static const unsigned char *ef_bytes(const struct elf_file *e, uint64_t off, uint64_t len,
                                      unsigned char **buf)
 {
+    if (off > e->size || len > e->size - off)
+        return NULL;
     if (off <= e->got && len <= e->got - off)
         return e->head + off;
     free(*buf);
@@ -156,14 +143,14 @@ static const unsigned char *ef_bytes(struct elf_file *e, uint64_t off, uint64_t 
 }
 
 /* Looks for NT_GNU_BUILD_ID in the PT_NOTE segments of the ELF64 file open
- * at fd, reading only its header, program headers and notes (one read when
- * they lie in its first 4 KiB, the size asked for only when they do not). 0 with *out set; -ENOENT when the file has
- * none (or is not ELF64); -EINVAL when it is empty; another negative errno
- * when it could not be read. The checks are those of a parse of the whole
- * file mapped: a region outside the file is not looked at. */
-static int file_build_id(int fd, kc_digest *out)
+ * at fd (size bytes), reading only its header, program headers and notes
+ * (one read when they lie in its first 4 KiB). 0 with *out set; -ENOENT
+ * when the file has none (or is not ELF64); another negative errno when it
+ * could not be read. The checks are those of a parse of the whole file
+ * mapped: a region outside the file is not looked at. */
+static int file_build_id(int fd, uint64_t size, kc_digest *out)
 {
-    struct elf_file e = {.fd = fd, .size = -1};
+    struct elf_file e = {.fd = fd, .size = size};
     ssize_t r;
     do
         r = pread(fd, e.head, sizeof e.head, 0);
@@ -171,30 +158,25 @@ static int file_build_id(int fd, kc_digest *out)
     if (r < 0)
         return -errno;
     e.got = (size_t)r;
-    if (r == 0)
-        return -EINVAL;
     Elf64_Ehdr eh;
-    if (!ef_within(&e, 0, sizeof eh))
-        return e.size < 0 ? -EIO : -ENOENT;
-    unsigned char *ehbuf = NULL;
-    const unsigned char *ehp = ef_bytes(&e, 0, sizeof eh, &ehbuf);
-    if (ehp != NULL)
-        memcpy(&eh, ehp, sizeof eh);
-    free(ehbuf);
-    if (ehp == NULL)
-        return -EIO;
-    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
-        eh.e_phentsize != sizeof(Elf64_Phdr) ||
-        !ef_within(&e, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr)))
+    unsigned char *buf = NULL, *notebuf = NULL;
+    const unsigned char *p = ef_bytes(&e, 0, sizeof eh, &buf);
+    if (p != NULL)
+        memcpy(&eh, p, sizeof eh);
+    free(buf);
+    buf = NULL;
+    if (p == NULL || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr))
         return -ENOENT;
-    unsigned char *phbuf = NULL, *notebuf = NULL;
-    const unsigned char *phs =
-        ef_bytes(&e, eh.e_phoff, (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr), &phbuf);
+    uint64_t phlen = (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
+    if (eh.e_phoff > size || phlen > size - eh.e_phoff)
+        return -ENOENT;
+    const unsigned char *phs = ef_bytes(&e, eh.e_phoff, phlen, &buf);
     int rc = phs == NULL ? -EIO : -ENOENT;
     for (int i = 0; phs != NULL && i < eh.e_phnum; i++) {
         Elf64_Phdr ph;
         memcpy(&ph, phs + (size_t)i * sizeof ph, sizeof ph);
-        if (ph.p_type != PT_NOTE || !ef_within(&e, ph.p_offset, ph.p_filesz))
+        if (ph.p_type != PT_NOTE || ph.p_offset > size || ph.p_filesz > size - ph.p_offset)
             continue;
         const unsigned char *n = ef_bytes(&e, ph.p_offset, ph.p_filesz, &notebuf);
         if (n == NULL) {
@@ -206,7 +188,7 @@ static int file_build_id(int fd, kc_digest *out)
             break;
         }
     }
-    free(phbuf);
+    free(buf);
     free(notebuf);
     return rc;
 }
@@ -216,18 +198,18 @@ int kc__file_identity(const char *path, kc_digest *out)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    int rc = file_build_id(fd, out);
-    if (rc != -ENOENT) {
-        close(fd);
-        return rc;
-    }
-    /* No build-id: the contents are the identity. */
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
         int e = errno ? -errno : -EINVAL;
         close(fd);
         return e;
     }
+    int rc = file_build_id(fd, (uint64_t)st.st_size, out);
+    if (rc != -ENOENT) {
+        close(fd);
+        return rc;
+    }
+    /* No build-id: the contents are the identity. */
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED)
