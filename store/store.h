@@ -3,7 +3,7 @@
  *
  * The store keeps compiled artifacts for many processes at once. Every
  * process reads through a RocksDB secondary instance and the spool; writes go
- * to the spool (temp file, fsync, rename) and one owner process, started on
+ * to the spool (temp file, rename) and one owner process, started on
  * demand, drains them into the primary. See ARCHITECTURE.md.
  *
  * Conventions: functions return 0 or a negative errno. Nothing here blocks
@@ -162,8 +162,10 @@ struct kc_store_api {
 
     /* Stores `body` under `key` in `ns` and, when `source` is not NULL,
      * records `source` -> key in the namespace's sources map. `saved_ns` is
-     * the compile time a hit will save. Returns 0 once the record is durable
-     * (in the spool, fsynced); -EROFS on a read-only store; other negative
+     * the compile time a hit will save. Returns 0 once the record is in the
+     * spool, whole (renamed into place: no crash of any process loses or
+     * tears it); the owner's synced batch makes it durable against an OS
+     * crash when it drains it. -EROFS on a read-only store; other negative
      * errno on failure (the caller only loses the caching). */
     int (*put)(struct kc_store *st, const char *ns, const kc_key *key, const kc_digest *source,
                uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
