@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -444,11 +446,86 @@ int kc__deps_finish(struct kc__deps *d)
     return 0;
 }
 
-bool kc__dep_holds(const struct kc__dep *dep)
+/* ---- checking dependencies ---------------------------------------------- */
+
+void kc__dirs_close(struct kc__dirs *ds)
+{
+    for (size_t i = 0; i < KC__DIRS_SLOTS; i++)
+        if (ds->slot[i].len != 0 && ds->slot[i].fd >= 0)
+            close(ds->slot[i].fd);
+    memset(ds, 0, sizeof *ds);
+}
+
+/* The handle of the directory `path[0, len)`: an fd, -ENOENT or -ENOTDIR
+ * when the directory is not there (every name in it is then absent, as
+ * stat would say), or INT_MIN when it is not kept (full, out of fds). */
+static int dir_handle(struct kc__dirs *ds, const char *path, size_t len)
+{
+    uint64_t h = XXH3_64bits(path, len);
+    size_t i = h % KC__DIRS_SLOTS;
+    for (size_t probe = 0; probe < KC__DIRS_SLOTS; probe++, i = (i + 1) % KC__DIRS_SLOTS) {
+        struct kc__dir_slot *e = &ds->slot[i];
+        if (e->len == len && e->hash == h && memcmp(e->dir, path, len) == 0)
+            return e->fd;
+        if (e->len != 0)
+            continue;
+        if (ds->open >= KC__DIRS_OPEN || len >= PATH_MAX)
+            return INT_MIN;
+        char dir[PATH_MAX];
+        memcpy(dir, path, len);
+        dir[len] = 0;
+        REAL(real_open, "open", NULL);
+        int fd = real_open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 && errno != ENOENT && errno != ENOTDIR)
+            return INT_MIN; /* EMFILE, EACCES, ...: stat the full path */
+        if (fd >= 0) {
+            /* Never hold fds a host thread near its limit may need. */
+            if (ds->fd_limit == 0) {
+                struct rlimit rl;
+                ds->fd_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < INT_MAX
+                                   ? (int)rl.rlim_cur
+                                   : INT_MAX;
+            }
+            if (fd >= ds->fd_limit - 4 * KC__DIRS_OPEN) {
+                close(fd);
+                ds->open = KC__DIRS_OPEN;
+                return INT_MIN;
+            }
+            ds->open++;
+        }
+        e->dir = path;
+        e->len = len;
+        e->hash = h;
+        e->fd = fd >= 0 ? fd : -errno;
+        return e->fd;
+    }
+    return INT_MIN;
+}
+
+/* stat(path), through the handle of its directory when one is kept:
+ * fstatat walks one name where stat walks them all (633 CUB headers in 54
+ * directories: ~40% less time here). Same answer, errno included: a
+ * missing or non-directory parent fails the open as it fails the walk. */
+static int dep_stat(struct kc__dirs *ds, const char *path, struct stat *st)
+{
+    const char *slash = ds != NULL ? strrchr(path, '/') : NULL;
+    if (slash != NULL && slash != path && slash[1] != 0) {
+        int fd = dir_handle(ds, path, (size_t)(slash - path));
+        if (fd >= 0)
+            return fstatat(fd, slash + 1, st, 0);
+        if (fd != INT_MIN) {
+            errno = -fd;
+            return -1;
+        }
+    }
+    REAL(real_stat, "stat", NULL);
+    return real_stat(path, st);
+}
+
+bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
 {
     struct stat st;
-    REAL(real_stat, "stat", NULL);
-    if (real_stat(dep->path, &st) != 0)
+    if (dep_stat(dirs, dep->path, &st) != 0)
         return dep->kind == KC_DEP_ABSENT && (errno == ENOENT || errno == ENOTDIR);
     switch (dep->kind) {
     case KC_DEP_ABSENT:

@@ -55,12 +55,29 @@ int kc__deps_finish(struct kc__deps *d);
 
 void kc__deps_free(struct kc__deps *d);
 
+/* Directory handles kept for one check of a dependency set (zeroed by the
+ * caller, closed with kc__dirs_close). At most KC__DIRS_OPEN are open at
+ * once, and none near the process's fd limit; paths point into the set. */
+#define KC__DIRS_SLOTS 128
+#define KC__DIRS_OPEN 32
+struct kc__dirs {
+    struct kc__dir_slot {
+        const char *dir; /* not NUL-terminated: len bytes */
+        size_t len;      /* 0: free */
+        uint64_t hash;
+        int fd;          /* or -ENOENT / -ENOTDIR */
+    } slot[KC__DIRS_SLOTS];
+    int open, fd_limit;
+};
+void kc__dirs_close(struct kc__dirs *ds);
+
 /* Whether the dependency still holds: the path is still absent, still a
  * directory, or still has the same content. A file whose stat matches the
  * dependency's fingerprint is not read; otherwise its content is hashed
  * through an in-process memo keyed by (path, device, inode, size, mtime,
- * ctime), so an unchanged file is read once per process at most. */
-bool kc__dep_holds(const struct kc__dep *dep);
+ * ctime), so an unchanged file is read once per process at most. `dirs`
+ * (may be NULL) keeps directory handles across the checks of one set. */
+bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs);
 
 /* The content digest of a regular file, through the memo. 0 or -errno. */
 int kc__file_digest(const char *path, const struct stat *st, kc_digest *out);

@@ -295,17 +295,20 @@ static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Finds the result id of the first dependency set of `m` that still holds. */
 static int manifest_match(const struct kc__manifest *m, kc_digest *result)
 {
-    for (uint64_t i = 0; i < m->n; i++) {
+    struct kc__dirs dirs = {0};
+    int rc = -ENOENT;
+    for (uint64_t i = 0; i < m->n && rc != 0; i++) {
         const struct kc__dep_set *s = &m->sets[i];
         uint64_t j = 0;
-        while (j < s->n && kc__dep_holds(&s->deps[j]))
+        while (j < s->n && kc__dep_holds(&s->deps[j], &dirs))
             j++;
         if (j == s->n) {
             *result = s->result;
-            return 0;
+            rc = 0;
         }
     }
-    return -ENOENT;
+    kc__dirs_close(&dirs);
+    return rc;
 }
 
 /* Looks the base up: memo first, then the store. 0 with *result set. */

@@ -1,0 +1,172 @@
+/*
+ * Unit tests of the dependency check (shim/deps.c): kc__dep_holds with the
+ * directory handles of one pass (struct kc__dirs) must give exactly what it
+ * gives without them (a stat of the whole path) for every kind of entry and
+ * every way a path can fail: present, changed, absent in a present or
+ * missing directory, under a regular file, relative, more directories than
+ * are kept open.
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "deps.h"
+#include "shim.h"
+
+/* What shim.c gives deps.c. */
+void *kc__real_dlsym(void *handle, const char *name)
+{
+    return dlsym(handle, name);
+}
+
+static char root[64];
+
+static void put(const char *rel, const char *text)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f, "%s", p);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A dependency as a compile records it: kind and, for a file, its digest
+ * (no fingerprint, as for a file written within 2 s of the compile: every
+ * check then compares content, so a change is seen whatever the clock). */
+static struct kc__dep dep_of(const char *path, int kind)
+{
+    struct kc__dep d = {0};
+    d.path = strdup(path);
+    d.kind = kind;
+    if (kind == KC_DEP_FILE) {
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s", path);
+        d.st = st;
+        cr_assert_eq(kc__file_digest(path, &st, &d.digest), 0);
+    }
+    return d;
+}
+
+static void both(const struct kc__dep *d, bool want, const char *what)
+{
+    struct kc__dirs dirs = {0};
+    bool plain = kc__dep_holds(d, NULL);
+    bool with = kc__dep_holds(d, &dirs);
+    kc__dirs_close(&dirs);
+    cr_assert_eq(plain, want, "%s (%s): without directory handles", what, d->path);
+    cr_assert_eq(with, want, "%s (%s): with directory handles", what, d->path);
+}
+
+static void setup(void)
+{
+    snprintf(root, sizeof root, "/tmp/kc-deps-XXXXXX");
+    cr_assert_not_null(mkdtemp(root));
+}
+
+static void teardown(void)
+{
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(deps, .init = setup, .fini = teardown);
+
+Test(deps, every_kind_and_failure_agrees)
+{
+    char p[PATH_MAX], sub[PATH_MAX / 2];
+    snprintf(sub, sizeof sub, "%s/inc", root);
+    cr_assert_eq(mkdir(sub, 0700), 0);
+    put("inc/a.h", "int a;\n");
+    put("plain.h", "int p;\n");
+
+    snprintf(p, sizeof p, "%s/inc/a.h", root);
+    struct kc__dep file = dep_of(p, KC_DEP_FILE);
+    both(&file, true, "unchanged file");
+
+    struct kc__dep dir = dep_of(sub, KC_DEP_DIR);
+    both(&dir, true, "directory");
+    snprintf(p, sizeof p, "%s/inc/", root);
+    struct kc__dep slash = dep_of(p, KC_DEP_DIR);
+    both(&slash, true, "directory named with a trailing slash");
+    snprintf(p, sizeof p, "%s/inc/../inc/a.h", root);
+    struct kc__dep dots = dep_of(p, KC_DEP_FILE);
+    both(&dots, true, "path through ..");
+
+    snprintf(p, sizeof p, "%s/inc/none.h", root);
+    struct kc__dep absent = dep_of(p, KC_DEP_ABSENT);
+    both(&absent, true, "absent in a present directory");
+    snprintf(p, sizeof p, "%s/gone/none.h", root);
+    struct kc__dep absent_dir = dep_of(p, KC_DEP_ABSENT);
+    both(&absent_dir, true, "absent in a missing directory");
+    snprintf(p, sizeof p, "%s/plain.h/x.h", root);
+    struct kc__dep under_file = dep_of(p, KC_DEP_ABSENT);
+    both(&under_file, true, "absent under a regular file (ENOTDIR)");
+
+    /* The same entries after the world changed under them. */
+    put("inc/none.h", "int n;\n");
+    both(&absent, false, "absent entry that appeared");
+    put("inc/a.h", "int a2;\n");
+    both(&file, false, "file whose content changed");
+    snprintf(p, sizeof p, "%s/gone", root);
+    cr_assert_eq(mkdir(p, 0700), 0);
+    put("gone/none.h", "");
+    both(&absent_dir, false, "absent entry whose directory and file appeared");
+    cr_assert_eq(rmdir(sub) == 0 || errno == ENOTEMPTY, true);
+    snprintf(p, sizeof p, "%s/inc/none.h", root);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/inc/a.h", root);
+    unlink(p);
+    cr_assert_eq(rmdir(sub), 0);
+    put("inc", "now a file\n");
+    both(&dir, false, "directory replaced by a file");
+    both(&absent, true, "absent under what is now a file");
+
+    struct kc__dep *all[] = {&file, &dir, &slash, &dots, &absent, &absent_dir, &under_file};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]->path);
+}
+
+Test(deps, relative_paths_and_many_directories)
+{
+    /* More directories than are kept open at once: the rest are checked
+     * by their full path, with the same answers. */
+    enum { N = KC__DIRS_OPEN + 20 };
+    struct kc__dep d[2 * N];
+    char cwd[PATH_MAX];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    cr_assert_eq(chdir(root), 0);
+    for (int i = 0; i < N; i++) {
+        char dir[64], rel[80];
+        snprintf(dir, sizeof dir, "d%02d", i);
+        cr_assert_eq(mkdir(dir, 0700), 0);
+        snprintf(rel, sizeof rel, "d%02d/h.h", i);
+        put(rel, i % 2 ? "odd\n" : "even\n");
+        d[2 * i] = dep_of(rel, KC_DEP_FILE);
+        snprintf(rel, sizeof rel, "d%02d/missing.h", i);
+        d[2 * i + 1] = dep_of(rel, KC_DEP_ABSENT);
+    }
+    struct kc__dirs dirs = {0};
+    for (int i = 0; i < 2 * N; i++) {
+        cr_assert(kc__dep_holds(&d[i], NULL), "%s without handles", d[i].path);
+        cr_assert(kc__dep_holds(&d[i], &dirs), "%s with handles", d[i].path);
+    }
+    cr_assert_leq(dirs.open, KC__DIRS_OPEN);
+    put("d40/missing.h", "");
+    cr_assert_not(kc__dep_holds(&d[81], &dirs), "appeared, in a directory not kept open");
+    put("d03/missing.h", "");
+    cr_assert_not(kc__dep_holds(&d[7], &dirs), "appeared, in a directory kept open");
+    kc__dirs_close(&dirs);
+    cr_assert_eq(dirs.open, 0);
+    cr_assert_eq(chdir(cwd), 0);
+    for (int i = 0; i < 2 * N; i++)
+        free(d[i].path);
+}
