@@ -32,8 +32,11 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
      * keeps the compressed blocks for every process. Without it a body
      * read costs the same in a store of a thousand entries as in one of a
      * million: one pread and one decompression of exactly that body. The
-     * small column families (kernels, sources, meta) keep the cache. */
-    if (cf == KC__CF_BODIES && secondary)
+     * kernels column family likewise (each key is looked up about once per
+     * process; at a million entries its blocks no longer fit the cache,
+     * and every get paid a read, an lz4 decompression and a cache insert).
+     * The small ones (sources, meta) keep the cache. */
+    if ((cf == KC__CF_BODIES || cf == KC__CF_KERNELS) && secondary)
         rocksdb_block_based_options_set_no_block_cache(t, 1);
     else
         rocksdb_block_based_options_set_block_cache(t, cache);
@@ -45,7 +48,12 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     /* Bodies: one per block (a block is cut once it holds block_size
      * bytes), so a get decompresses only the body it asked for; with
      * 16 KB blocks a median 8 KB body came with its neighbours. */
-    rocksdb_block_based_options_set_block_size(t, cf == KC__CF_BODIES ? 1 : 4096);
+    /* Kernels: 1 KB blocks, uncompressed (below): a get reads ~6 entries
+     * and decompresses nothing. Their keys and values are digests, which
+     * lz4 barely shrinks. */
+    rocksdb_block_based_options_set_block_size(t, cf == KC__CF_BODIES    ? 1
+                                                  : cf == KC__CF_KERNELS ? 1024
+                                                                         : 4096);
     rocksdb_options_set_block_based_table_factory(o, t);
     rocksdb_block_based_options_destroy(t);
     rocksdb_options_set_info_log_level(o, 4 /* FATAL */);
@@ -75,6 +83,8 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
          * secondary then reads freed memory (crashes seen here after the
          * primary compacted). Revisit with RocksDB >= 8. */
         rocksdb_options_set_compression(o, 7 /* zstd */);
+    } else if (cf == KC__CF_KERNELS) {
+        rocksdb_options_set_compression(o, 0 /* none */);
     } else {
         rocksdb_options_set_compression(o, 4 /* lz4 */);
     }
