@@ -927,39 +927,23 @@ static void compact(struct kc__owner *o)
         rocksdb_compact_range_cf(o->d.db, o->d.cf[cf], NULL, 0, NULL, 0);
 }
 
-/* Bytes of a column family's tables, all levels, and those outside its
- * bottom level when it has more than one sorted run (the L0 tables when
- * L0 is all there is), from the
- * "Level Files Size(MB)" lines of rocksdb.levelstats; false when RocksDB
- * does not say. */
-static bool cf_layers(struct kc__owner *o, int cf, uint64_t *total, uint64_t *upper)
+/* A column family's sorted runs (each L0 table one, each other level with
+ * tables one), from the "Level Files Size(MB)" lines of rocksdb.levelstats,
+ * and its tables' bytes; false when RocksDB does not say. */
+static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *bytes)
 {
-    uint64_t bytes[8] = {0}, files[8] = {0};
     char *ls = rocksdb_property_value_cf(o->d.db, o->d.cf[cf], "rocksdb.levelstats");
     if (ls == NULL)
         return false;
-    int bottom = -1;
+    *runs = 0;
     for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
         int l;
         unsigned long long n;
-        double mb;
-        if (sscanf(line + 1, "%d %llu %lf", &l, &n, &mb) != 3 || l < 0 || l >= 8)
-            continue;
-        files[l] = n;
-        bytes[l] = (uint64_t)(mb * 1048576.0);
-        if (n > 0)
-            bottom = l;
+        if (sscanf(line + 1, "%d %llu", &l, &n) == 2 && l >= 0)
+            *runs += l == 0 ? n : n > 0;
     }
     free(ls);
-    /* Sorted runs: each L0 table is one, each other level with files one. */
-    uint64_t runs = files[0];
-    for (int l = 1; l < 8; l++)
-        runs += files[l] > 0;
-    *upper = 0;
-    for (int l = 0; runs > 1 && l < (bottom > 0 ? bottom : 1); l++)
-        *upper += files[l] > 0 && bytes[l] == 0 ? 1 : bytes[l];
-    return bottom >= 0 &&
-           rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", total) == 0;
+    return rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) == 0;
 }
 
 /* At the end of a session: a get probes every L0 table and every level of
@@ -991,8 +975,8 @@ static void settle_levels(struct kc__owner *o)
     }
     static const int cfs[] = {KC__CF_KERNELS, KC__CF_BODIES};
     for (size_t i = 0; i < sizeof cfs / sizeof cfs[0]; i++) {
-        uint64_t total = 0, upper = 0;
-        if (cf_layers(o, cfs[i], &total, &upper) && upper > 0 && total < (32ull << 20))
+        uint64_t runs = 0, bytes = 0;
+        if (cf_runs(o, cfs[i], &runs, &bytes) && runs > 1 && bytes < (32ull << 20))
             rocksdb_compact_range_cf(o->d.db, o->d.cf[cfs[i]], NULL, 0, NULL, 0);
     }
 }

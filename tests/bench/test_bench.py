@@ -24,7 +24,7 @@ SCHEMA = {
               ("cudastd_hit_over_compile", "headerfree_hit_p50_us", "kcache_hit_vs_core")),
     "store": (("sizes", "skipped", "free_disk_bytes", "goals"),
               ("entries", "get_p50_us", "get_p99_us", "raw_bytes", "disk_bytes",
-               "disk_over_raw", "fill_s"), "sizes",
+               "disk_over_raw", "fill_s", "cached_before_pct"), "sizes",
               ("p50_largest_over_smallest", "disk_over_raw")),
     "ranks": (("available", "reason", "ranks", "distinct_kernels", "single", "single_flight_on",
                "single_flight_off", "goals"), (), None,

@@ -80,59 +80,67 @@ static void teardown(void)
 
 TestSuite(deps, .init = setup, .fini = teardown);
 
+/* root/rel as a dependency of the given kind. */
+static struct kc__dep dep_at(const char *rel, int kind)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    return dep_of(p, kind);
+}
+
+static void rm(const char *rel)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    cr_assert(unlink(p) == 0 || rmdir(p) == 0, "%s", p);
+}
+
 Test(deps, every_kind_and_failure_agrees)
 {
-    char p[PATH_MAX], sub[PATH_MAX / 2];
+    char sub[PATH_MAX / 2];
     snprintf(sub, sizeof sub, "%s/inc", root);
     cr_assert_eq(mkdir(sub, 0700), 0);
     put("inc/a.h", "int a;\n");
     put("plain.h", "int p;\n");
 
-    snprintf(p, sizeof p, "%s/inc/a.h", root);
-    struct kc__dep file = dep_of(p, KC_DEP_FILE);
-    both(&file, true, "unchanged file");
-
-    struct kc__dep dir = dep_of(sub, KC_DEP_DIR);
-    both(&dir, true, "directory");
-    snprintf(p, sizeof p, "%s/inc/", root);
-    struct kc__dep slash = dep_of(p, KC_DEP_DIR);
-    both(&slash, true, "directory named with a trailing slash");
-    snprintf(p, sizeof p, "%s/inc/../inc/a.h", root);
-    struct kc__dep dots = dep_of(p, KC_DEP_FILE);
-    both(&dots, true, "path through ..");
-
-    snprintf(p, sizeof p, "%s/inc/none.h", root);
-    struct kc__dep absent = dep_of(p, KC_DEP_ABSENT);
-    both(&absent, true, "absent in a present directory");
-    snprintf(p, sizeof p, "%s/gone/none.h", root);
-    struct kc__dep absent_dir = dep_of(p, KC_DEP_ABSENT);
-    both(&absent_dir, true, "absent in a missing directory");
-    snprintf(p, sizeof p, "%s/plain.h/x.h", root);
-    struct kc__dep under_file = dep_of(p, KC_DEP_ABSENT);
-    both(&under_file, true, "absent under a regular file (ENOTDIR)");
+    enum { FILE_, DIR_, SLASH, DOTS, ABSENT, ABSENT_DIR, UNDER_FILE, N };
+    static const struct {
+        const char *rel;
+        int kind;
+        const char *what;
+    } c[N] = {
+        [FILE_] = {"inc/a.h", KC_DEP_FILE, "unchanged file"},
+        [DIR_] = {"inc", KC_DEP_DIR, "directory"},
+        [SLASH] = {"inc/", KC_DEP_DIR, "directory named with a trailing slash"},
+        [DOTS] = {"inc/../inc/a.h", KC_DEP_FILE, "path through .."},
+        [ABSENT] = {"inc/none.h", KC_DEP_ABSENT, "absent in a present directory"},
+        [ABSENT_DIR] = {"gone/none.h", KC_DEP_ABSENT, "absent in a missing directory"},
+        [UNDER_FILE] = {"plain.h/x.h", KC_DEP_ABSENT, "absent under a regular file (ENOTDIR)"},
+    };
+    struct kc__dep d[N];
+    for (int i = 0; i < N; i++) {
+        d[i] = dep_at(c[i].rel, c[i].kind);
+        both(&d[i], true, c[i].what);
+    }
 
     /* The same entries after the world changed under them. */
     put("inc/none.h", "int n;\n");
-    both(&absent, false, "absent entry that appeared");
+    both(&d[ABSENT], false, "absent entry that appeared");
     put("inc/a.h", "int a2;\n");
-    both(&file, false, "file whose content changed");
-    snprintf(p, sizeof p, "%s/gone", root);
-    cr_assert_eq(mkdir(p, 0700), 0);
+    both(&d[FILE_], false, "file whose content changed");
+    char gone[PATH_MAX / 2];
+    snprintf(gone, sizeof gone, "%s/gone", root);
+    cr_assert_eq(mkdir(gone, 0700), 0);
     put("gone/none.h", "");
-    both(&absent_dir, false, "absent entry whose directory and file appeared");
-    cr_assert_eq(rmdir(sub) == 0 || errno == ENOTEMPTY, true);
-    snprintf(p, sizeof p, "%s/inc/none.h", root);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/inc/a.h", root);
-    unlink(p);
-    cr_assert_eq(rmdir(sub), 0);
+    both(&d[ABSENT_DIR], false, "absent entry whose directory and file appeared");
+    rm("inc/none.h");
+    rm("inc/a.h");
+    rm("inc");
     put("inc", "now a file\n");
-    both(&dir, false, "directory replaced by a file");
-    both(&absent, true, "absent under what is now a file");
-
-    struct kc__dep *all[] = {&file, &dir, &slash, &dots, &absent, &absent_dir, &under_file};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        free(all[i]->path);
+    both(&d[DIR_], false, "directory replaced by a file");
+    both(&d[ABSENT], true, "absent under what is now a file");
+    for (int i = 0; i < N; i++)
+        free(d[i].path);
 }
 
 Test(deps, relative_paths_and_many_directories)

@@ -9,13 +9,17 @@
  * walk of every entry that sizes the store (disk_bytes is then 0), so a
  * profile of the run shows the gets alone.
  *
- * --bulk fills through the spool without an fsync per entry (the records
- * are the ones put() writes; only their durability on power loss differs),
- * so a million entries fill in minutes rather than an hour.
+ * --bulk writes the spool files put() writes, directly (without the
+ * process's bookkeeping of its own pending puts, which a million entries
+ * would fill).
+ *
+ * Before the timed gets every file of the store is read once (the fill
+ * evicts part of a large store from the page cache); resident_before says
+ * how much of it was cached.
  *
  * Prints one line per measure, `name value unit`, then a summary line:
  *   store-bench: entries=N get_p50_us=.. get_p99_us=.. raw_bytes=.. disk_bytes=.. ratio=..
- *                fresh_hit_us=..
+ *                fresh_hit_us=.. resident_before_pct=..
  * ratio is raw/disk; fresh_* are a new process's first hit (store-first:
  * dlopen of the library, open, one get), the median of 9 runs.
  * Without --dir it uses a fresh temp directory and removes it afterwards.
@@ -24,12 +28,16 @@
 #include "ptxgen.h"
 #include "store.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static uint64_t now_ns(void)
@@ -56,7 +64,7 @@ static kc_key key_of(uint64_t i)
     return (kc_key){.id = {.lo = i * 0x9e3779b97f4a7c15ull, .hi = i}, .build = 1};
 }
 
-/* A put as st_put writes it, without the fsync. */
+/* A put file as st_put writes it, without the pending-put bookkeeping. */
 static int bulk_put(const char *dir, const char *ns, const kc_key *key, const void *body, size_t len)
 {
     static uint64_t created;
@@ -79,6 +87,63 @@ static int bulk_put(const char *dir, const char *ns, const kc_key *key, const vo
         rc = kc__spool_write(spool, name, b.p, b.len, false);
     kc__buf_free(&b);
     return rc;
+}
+
+/* Page-cache state of the store before the timed gets. The fill writes
+ * many times the store's size through the page cache (spool files, then
+ * compactions), and right after a million-entry fill a sixth of the
+ * tables had been evicted: random gets then measured the disk as much as
+ * the store. Every size is measured warm, as the 1k store always is:
+ * each file under db/ and hot/ is read once. Returns the percentage of
+ * their pages that were resident before. */
+struct warm {
+    uint64_t pages, resident;
+};
+
+static void warm_file(const char *path, struct warm *w)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        size_t len = (size_t)st.st_size, pg = (size_t)sysconf(_SC_PAGESIZE);
+        size_t n = (len + pg - 1) / pg;
+        void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+        unsigned char *vec = malloc(n);
+        if (m != MAP_FAILED && vec != NULL && mincore(m, len, vec) == 0) {
+            for (size_t i = 0; i < n; i++)
+                w->resident += vec[i] & 1;
+            w->pages += n;
+        }
+        free(vec);
+        if (m != MAP_FAILED)
+            munmap(m, len);
+        static char buf[1 << 20];
+        while (read(fd, buf, sizeof buf) > 0) {
+        }
+    }
+    close(fd);
+}
+
+static double warm_store(const char *dir)
+{
+    struct warm w = {0};
+    const char *sub[] = {"db", "hot"};
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, sub[i]);
+        DIR *d = opendir(p);
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) {
+            char f[8400];
+            if (e->d_name[0] != '.' && snprintf(f, sizeof f, "%s/%s", p, e->d_name) < (int)sizeof f)
+                warm_file(f, &w);
+        }
+        if (d != NULL)
+            closedir(d);
+    }
+    return w.pages ? 100.0 * (double)w.resident / (double)w.pages : 100.0;
 }
 
 int main(int argc, char **argv)
@@ -194,6 +259,8 @@ int main(int argc, char **argv)
         fresh[j] = v[nfr / 2];
     }
 
+    double resident = warm_store(dir);
+
     /* A fresh handle, as a new process would have: the secondary opens on
      * the first get (timed apart), then random gets. */
     rc = api->open(&o, &st);
@@ -239,14 +306,16 @@ int main(int argc, char **argv)
     printf("fresh_open %.1f us\n", fresh[1]);
     printf("fresh_first_get %.1f us\n", fresh[2]);
     printf("fresh_total %.1f us\n", fresh[3]);
+    printf("resident_before %.1f %%\n", resident);
     printf("get_p50 %.1f us\n", p50);
     printf("get_p99 %.1f us\n", p99);
     printf("raw_bytes %" PRIu64 " B\n", raw);
     printf("unique_bytes %" PRIu64 " B\n", unique);
     printf("disk_bytes %" PRIu64 " B\n", disk);
     printf("store-bench: entries=%" PRIu64 " get_p50_us=%.1f get_p99_us=%.1f raw_bytes=%" PRIu64
-           " disk_bytes=%" PRIu64 " ratio=%.2f fresh_hit_us=%.1f\n",
-           entries, p50, p99, raw, disk, disk ? (double)raw / (double)disk : 0.0, fresh[3]);
+           " disk_bytes=%" PRIu64 " ratio=%.2f fresh_hit_us=%.1f resident_before_pct=%.1f\n",
+           entries, p50, p99, raw, disk, disk ? (double)raw / (double)disk : 0.0, fresh[3],
+           resident);
     free(lat);
     if (!keep) {
         char cmd[300];
