@@ -955,13 +955,32 @@ static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *bytes
  * So the session first lets RocksDB finish what it has scheduled (at most
  * KC__SETTLE_MS; the work is what the next session would do anyway), and
  * a family still in more than one sorted run while under 32 MiB (the usual
- * store: a second at most) is compacted into one. Never in a host
- * process: only the owner, the tool and kc_store_api()->drain end sessions. */
+ * store: a second at most) is compacted into one. An owner asked to stop
+ * by a tool operation skips all this (the tool's own session settles).
+ * Never in a host process: only the owner, the tool and
+ * kc_store_api()->drain end sessions. */
 #define KC__SETTLE_MS 120000
+
+/* Whether a tool operation asked this owner to stop (an s- file). */
+static bool stop_asked(struct kc__owner *o)
+{
+    DIR *d = opendir(o->p.spool);
+    struct dirent *e;
+    bool asked = false;
+    while (!asked && d != NULL && (e = readdir(d)) != NULL)
+        asked = e->d_name[0] == 's' && e->d_name[1] == '-';
+    if (d != NULL)
+        closedir(d);
+    return asked;
+}
+
 static void settle_levels(struct kc__owner *o)
 {
     uint64_t t0 = kc__mono_ns();
-    for (;;) {
+    for (int round = 0;; round++) {
+        /* A tool waiting for the lock (15 s) goes first. */
+        if (o->stop || (round % 5 == 4 && stop_asked(o)))
+            return;
         uint64_t pending = 0, running = 0;
         if (rocksdb_property_int(o->d.db, "rocksdb.compaction-pending", &pending) != 0 ||
             rocksdb_property_int(o->d.db, "rocksdb.num-running-compactions", &running) != 0)

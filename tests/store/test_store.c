@@ -889,3 +889,67 @@ Test(store, a_symlinked_subdirectory_is_refused)
     cr_assert_eq(kc__private_subdir(hot, true), -ENOTDIR);
     cr_assert_eq(kc__private_dir(hot, true), 0, "the cache directory itself may be a link");
 }
+
+/* Sorted runs of a column family (each L0 table one, each deeper level with
+ * tables one), read from the database as it is on disk. */
+static int cf_runs_on_disk(const char *d, const char *cf)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/db", d);
+    const char *names[KC__N_CF] = {"default", "kernels", "bodies", "sources", "meta"};
+    rocksdb_options_t *o = rocksdb_options_create();
+    const rocksdb_options_t *co[KC__N_CF];
+    rocksdb_column_family_handle_t *h[KC__N_CF];
+    for (int i = 0; i < KC__N_CF; i++)
+        co[i] = o;
+    char *err = NULL;
+    rocksdb_t *db = rocksdb_open_for_read_only_column_families(o, path, KC__N_CF, names, co, h,
+                                                               0, &err);
+    cr_assert_null(err, "open %s: %s", path, err);
+    int runs = -1;
+    for (int i = 0; i < KC__N_CF; i++) {
+        if (strcmp(names[i], cf) == 0) {
+            char *ls = rocksdb_property_value_cf(db, h[i], "rocksdb.levelstats");
+            cr_assert_not_null(ls);
+            runs = 0;
+            for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
+                int l;
+                unsigned long long n;
+                if (sscanf(line + 1, "%d %llu", &l, &n) == 2)
+                    runs += l == 0 ? (int)n : n > 0;
+            }
+            free(ls);
+        }
+        rocksdb_column_family_handle_destroy(h[i]);
+    }
+    rocksdb_close(db);
+    rocksdb_options_destroy(o);
+    return runs;
+}
+
+Test(store, a_session_leaves_a_small_store_in_one_run)
+{
+    /* Three sessions, each flushing its own L0 table (under RocksDB's
+     * trigger of four, so nothing compacts them on its own): a get would
+     * probe all three. Each session ends by settling them into one. */
+    struct kc_store *st = open_at(dir, 0, 0);
+    char body[64];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 20; i++) {
+            kc_key k = key(100 * round + i, 1);
+            snprintf(body, sizeof body, "body %d of round %d", i, round);
+            put_str(st, &k, NULL, body);
+        }
+        drain(st);
+        cr_assert_eq(cf_runs_on_disk(dir, "bodies"), 1, "bodies after session %d", round);
+        cr_assert_eq(cf_runs_on_disk(dir, "kernels"), 1, "kernels after session %d", round);
+    }
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 20; i++) {
+            kc_key k = key(100 * round + i, 1);
+            snprintf(body, sizeof body, "body %d of round %d", i, round);
+            expect_body(st, &k, body);
+        }
+    }
+    api->close(st);
+}
