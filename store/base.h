@@ -287,7 +287,8 @@ int kc__pending_flush(struct kc__pending *pd);
  * starts the owner. */
 void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_key *key,
                                const kc_digest *src, uint32_t flags);
-/* store.h's put: a durable spool put file; lifts this process's tombstones
+/* store.h's put: a spool put file (renamed into place, not fsynced: the owner
+ * syncs it into the database); lifts this process's tombstones
  * of key and source, notes source -> key, starts the owner. -EINVAL,
  * -EROFS or the write's error. */
 int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
