@@ -928,19 +928,23 @@ static void compact(struct kc__owner *o)
 }
 
 /* A column family's sorted runs (each L0 table one, each other level with
- * tables one), from the "Level Files Size(MB)" lines of rocksdb.levelstats,
- * and its tables' bytes; false when RocksDB does not say. */
-static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *bytes)
+ * tables one) and L0 tables, from the "Level Files Size(MB)" lines of
+ * rocksdb.levelstats, and its tables' bytes; false when RocksDB does not
+ * say. */
+static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *l0, uint64_t *bytes)
 {
     char *ls = rocksdb_property_value_cf(o->d.db, o->d.cf[cf], "rocksdb.levelstats");
     if (ls == NULL)
         return false;
-    *runs = 0;
+    *runs = *l0 = 0;
     for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
         int l;
         unsigned long long n;
-        if (sscanf(line + 1, "%d %llu", &l, &n) == 2 && l >= 0)
+        if (sscanf(line + 1, "%d %llu", &l, &n) == 2 && l >= 0) {
             *runs += l == 0 ? n : n > 0;
+            if (l == 0)
+                *l0 = n;
+        }
     }
     free(ls);
     return rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) == 0;
@@ -976,6 +980,19 @@ static bool stop_asked(struct kc__owner *o)
 
 static void settle_levels(struct kc__owner *o)
 {
+    static const int cfs[] = {KC__CF_KERNELS, KC__CF_BODIES};
+    /* RocksDB merges L0 into L1 only from 4 tables on: each session's
+     * flush adds one, and up to 3 stayed for every get to probe. From 2,
+     * this session asks for the merge (it rewrites L1, at most 256 MB). */
+    for (size_t i = 0; i < sizeof cfs / sizeof cfs[0]; i++) {
+        uint64_t runs = 0, l0 = 0, bytes = 0;
+        if (!o->stop && cf_runs(o, cfs[i], &runs, &l0, &bytes) && l0 >= 2) {
+            const char *k[] = {"level0_file_num_compaction_trigger"}, *v[] = {"1"};
+            char *err = NULL;
+            rocksdb_set_options_cf(o->d.db, o->d.cf[cfs[i]], 1, k, v, &err);
+            free(err);
+        }
+    }
     uint64_t t0 = kc__mono_ns();
     for (int round = 0;; round++) {
         /* A tool waiting for the lock (15 s) goes first. */
@@ -992,10 +1009,9 @@ static void settle_levels(struct kc__owner *o)
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }
-    static const int cfs[] = {KC__CF_KERNELS, KC__CF_BODIES};
     for (size_t i = 0; i < sizeof cfs / sizeof cfs[0]; i++) {
-        uint64_t runs = 0, bytes = 0;
-        if (cf_runs(o, cfs[i], &runs, &bytes) && runs > 1 && bytes < (32ull << 20))
+        uint64_t runs = 0, l0 = 0, bytes = 0;
+        if (cf_runs(o, cfs[i], &runs, &l0, &bytes) && runs > 1 && bytes < (32ull << 20))
             rocksdb_compact_range_cf(o->d.db, o->d.cf[cfs[i]], NULL, 0, NULL, 0);
     }
 }
