@@ -166,6 +166,9 @@ int kc__spool_write(const char *dir, const char *name, const void *p, size_t len
  * when it is not there. */
 int kc__read_file(int dirfd, const char *path, size_t max, unsigned char **out, size_t *len);
 int kc__rm_rf(const char *path);
+/* Calls fn(path/<name>, arg) for every entry of the directory path but
+ * . and .. (names too long for PATH_MAX are passed over). */
+void kc__each_child(const char *path, void (*fn)(const char *sub, void *arg), void *arg);
 /* Bytes allocated under path; *reserved: how many of them files reserved
  * beyond their data (fallocate with KEEP_SIZE). */
 uint64_t kc__du(const char *path, uint64_t *reserved);

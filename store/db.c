@@ -312,6 +312,26 @@ int kc__db_flush_all(struct kc__db *d)
     return rc;
 }
 
+bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t *runs,
+                    uint64_t *l0)
+{
+    char *ls = rocksdb_property_value_cf(db, cf, "rocksdb.levelstats");
+    if (ls == NULL)
+        return false;
+    *runs = *l0 = 0;
+    for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
+        int l;
+        unsigned long long n;
+        if (sscanf(line + 1, "%d %llu", &l, &n) == 2 && l >= 0) {
+            *runs += l == 0 ? n : n > 0;
+            if (l == 0)
+                *l0 = n;
+        }
+    }
+    free(ls);
+    return true;
+}
+
 void kc__db_close(struct kc__db *d)
 {
     if (d->db != NULL && d->leak) {

@@ -207,9 +207,7 @@ out:
     return rc;
 }
 
-/* Calls fn(path/<name>, arg) for every entry of the directory path but
- * . and .. (names too long for PATH_MAX are passed over). */
-static void each_child(const char *path, void (*fn)(const char *sub, void *arg), void *arg)
+void kc__each_child(const char *path, void (*fn)(const char *sub, void *arg), void *arg)
 {
     DIR *d = opendir(path);
     if (d == NULL)
@@ -244,7 +242,7 @@ int kc__rm_rf(const char *path)
         return errno == ENOENT ? 0 : -errno;
     if (!S_ISDIR(sb.st_mode))
         return unlink(path) == 0 ? 0 : -errno;
-    each_child(path, rm_child, NULL);
+    kc__each_child(path, rm_child, NULL);
     return rmdir(path) == 0 ? 0 : -errno;
 }
 
@@ -265,7 +263,7 @@ uint64_t kc__du(const char *path, uint64_t *reserved)
     if (!S_ISDIR(sb.st_mode))
         return 0;
     uint64_t t[2] = {alloc, 0};
-    each_child(path, du_child, t);
+    kc__each_child(path, du_child, t);
     *reserved = t[1];
     return t[0];
 }

@@ -49,6 +49,11 @@ bool kc__db_env_quiesce(int wait_ms);
  * database closed with data only in its WAL makes every reader replay
  * that WAL when it opens, and keeps the data uncompressed. */
 int kc__db_flush_all(struct kc__db *d);
+/* A column family's sorted runs (each L0 table one, each deeper level with
+ * tables one) and its L0 tables, from rocksdb.levelstats ("Level Files
+ * Size(MB)" lines); false when RocksDB does not say. */
+bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t *runs,
+                    uint64_t *l0);
 /* Maps a RocksDB error string to an errno (and frees it): Corruption
  * -EBADMSG, the LOCK file held -EBUSY, -ENOSPC, -EROFS, -EACCES, -ENOENT,
  * else -EIO. */

@@ -927,27 +927,11 @@ static void compact(struct kc__owner *o)
         rocksdb_compact_range_cf(o->d.db, o->d.cf[cf], NULL, 0, NULL, 0);
 }
 
-/* A column family's sorted runs (each L0 table one, each other level with
- * tables one) and L0 tables, from the "Level Files Size(MB)" lines of
- * rocksdb.levelstats, and its tables' bytes; false when RocksDB does not
- * say. */
+/* kc__db_cf_runs, and the family's tables' bytes. */
 static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *l0, uint64_t *bytes)
 {
-    char *ls = rocksdb_property_value_cf(o->d.db, o->d.cf[cf], "rocksdb.levelstats");
-    if (ls == NULL)
-        return false;
-    *runs = *l0 = 0;
-    for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
-        int l;
-        unsigned long long n;
-        if (sscanf(line + 1, "%d %llu", &l, &n) == 2 && l >= 0) {
-            *runs += l == 0 ? n : n > 0;
-            if (l == 0)
-                *l0 = n;
-        }
-    }
-    free(ls);
-    return rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) == 0;
+    return kc__db_cf_runs(o->d.db, o->d.cf[cf], runs, l0) &&
+           rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) == 0;
 }
 
 /* At the end of a session: a get probes every L0 table and every level of

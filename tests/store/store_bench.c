@@ -28,7 +28,6 @@
 #include "ptxgen.h"
 #include "store.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -100,8 +99,9 @@ struct warm {
     uint64_t pages, resident;
 };
 
-static void warm_file(const char *path, struct warm *w)
+static void warm_file(const char *path, void *arg)
 {
+    struct warm *w = arg;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return;
@@ -133,15 +133,7 @@ static double warm_store(const char *dir)
     for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", dir, sub[i]);
-        DIR *d = opendir(p);
-        struct dirent *e;
-        while (d != NULL && (e = readdir(d)) != NULL) {
-            char f[8400];
-            if (e->d_name[0] != '.' && snprintf(f, sizeof f, "%s/%s", p, e->d_name) < (int)sizeof f)
-                warm_file(f, &w);
-        }
-        if (d != NULL)
-            closedir(d);
+        kc__each_child(p, warm_file, &w);
     }
     return w.pages ? 100.0 * (double)w.resident / (double)w.pages : 100.0;
 }

@@ -908,17 +908,10 @@ static int cf_runs_on_disk(const char *d, const char *cf)
     cr_assert_null(err, "open %s: %s", path, err);
     int runs = -1;
     for (int i = 0; i < KC__N_CF; i++) {
+        uint64_t r, l0;
         if (strcmp(names[i], cf) == 0) {
-            char *ls = rocksdb_property_value_cf(db, h[i], "rocksdb.levelstats");
-            cr_assert_not_null(ls);
-            runs = 0;
-            for (char *line = strchr(ls, '\n'); line != NULL; line = strchr(line + 1, '\n')) {
-                int l;
-                unsigned long long n;
-                if (sscanf(line + 1, "%d %llu", &l, &n) == 2)
-                    runs += l == 0 ? (int)n : n > 0;
-            }
-            free(ls);
+            cr_assert(kc__db_cf_runs(db, h[i], &r, &l0));
+            runs = (int)r;
         }
         rocksdb_column_family_handle_destroy(h[i]);
     }
