@@ -16,10 +16,14 @@ BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(SRC, "build")
 GOAL = ("value", "goal", "met")
 # section -> (top-level fields, per-row fields of its list, the list's name, goals)
 SCHEMA = {
-    "nvrtc": (("kernels", "goals"),
+    "nvrtc": (("kernels", "kcache_over_core_unchecked_median",
+               "kcache_over_core_with_load_median", "goals"),
               ("kernel", "headers_from_disk", "cold_ms", "kcache_hit_fresh_ms",
                "kcache_hit_inproc_p50_us", "kcache_hit_inproc_p99_us", "core_hit_fresh_ms",
                "core_hit_inproc_p50_us", "core_cache", "kcache_over_core_fresh",
+               "core_unchecked_cache", "core_unchecked_hit_fresh_ms",
+               "kcache_over_core_unchecked_fresh", "kcache_hit_fresh_with_load_ms",
+               "core_hit_fresh_with_load_ms", "kcache_over_core_fresh_with_load",
                "hit_over_compile"), "kernels",
               ("cudastd_hit_over_compile", "headerfree_hit_p50_us", "kcache_hit_vs_core")),
     "store": (("sizes", "skipped", "free_disk_bytes", "goals"),
