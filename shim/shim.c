@@ -267,15 +267,95 @@ static bool has_prefix(const char *s, const char *p)
     return strncmp(s, p, strlen(p)) == 0;
 }
 
-int kc__classify(const void *fn, const char **sym)
+/* ---- which names may resolve to a hooked function --------------------- */
+
+/* A name's family: the name without a trailing _ptds or _ptsz, then without
+ * a trailing _v<digits>. cuMemcpyHtoD_v2_ptds and cuMemcpyHtoD are one
+ * family. The real resolvers hand out a variant of the family asked for
+ * (cuGetProcAddress("cuMemAlloc") is cuMemAlloc_v2), so only a name whose
+ * family has a hook can come back as a hooked function. */
+static size_t family_len(const char *s)
 {
-    Dl_info info;
-    if (fn == NULL || dladdr(fn, &info) == 0 || info.dli_fname == NULL)
+    size_t n = strlen(s);
+    if (n > 5 && (strcmp(s + n - 5, "_ptds") == 0 || strcmp(s + n - 5, "_ptsz") == 0))
+        n -= 5;
+    size_t d = n;
+    while (d > 0 && s[d - 1] >= '0' && s[d - 1] <= '9')
+        d--;
+    if (d < n && d >= 2 && s[d - 1] == 'v' && s[d - 2] == '_')
+        n = d - 2;
+    return n;
+}
+
+struct family {
+    const char *name;
+    size_t len;
+};
+enum { MAX_FAMILIES = 96 };
+static struct family families[MAX_FAMILIES];
+static int n_families = -1; /* -1: the table overflowed, every name may be ours */
+static pthread_once_t families_once = PTHREAD_ONCE_INIT;
+
+static int family_cmp(const char *a, size_t alen, const struct family *b)
+{
+    int c = memcmp(a, b->name, alen < b->len ? alen : b->len);
+    return c != 0 ? c : (alen > b->len) - (alen < b->len);
+}
+
+static void families_init(void)
+{
+    const struct kc__hook *tables[] = {kc__nvrtc_hooks, kc__driver_hooks};
+    int n = 0;
+    for (int t = 0; t < 2; t++)
+        for (const struct kc__hook *h = tables[t]; h->name != NULL; h++) {
+            size_t len = family_len(h->name);
+            int i = 0;
+            while (i < n && family_cmp(h->name, len, &families[i]) > 0)
+                i++;
+            if (i < n && family_cmp(h->name, len, &families[i]) == 0)
+                continue;
+            if (n == MAX_FAMILIES)
+                return; /* n_families stays -1 */
+            memmove(&families[i + 1], &families[i], (size_t)(n - i) * sizeof *families);
+            families[i] = (struct family){h->name, len};
+            n++;
+        }
+    n_families = n;
+}
+
+/* Whether `name` (asked of dlsym or cuGetProcAddress) can resolve to one of
+ * our hooks or exports; if not, the real answer is the host's as it is,
+ * with no dladdr (~2 us on libcuda or cuBLAS, whose hundreds of entry
+ * points a client may resolve one by one). */
+bool kc__may_be_hooked(const char *name)
+{
+    if (name == NULL)
+        return true;
+    pthread_once(&families_once, families_init);
+    if (n_families < 0)
+        return true;
+    size_t len = family_len(name);
+    int lo = 0, hi = n_families;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        int c = family_cmp(name, len, &families[mid]);
+        if (c == 0)
+            return true;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return false;
+}
+
+/* kc__classify from dladdr's answer for the function. */
+static int classify_info(const Dl_info *info)
+{
+    if (info->dli_fname == NULL)
         return 0;
-    if (sym != NULL)
-        *sym = info.dli_sname;
-    const char *base = strrchr(info.dli_fname, '/');
-    base = base ? base + 1 : info.dli_fname;
+    const char *base = strrchr(info->dli_fname, '/');
+    base = base ? base + 1 : info->dli_fname;
     /* libnvrtc.so.13, libnvrtc.alt.so.13, a wheel's copy by absolute path;
      * never libnvrtc-builtins. */
     if (has_prefix(base, "libnvrtc.") || has_prefix(base, "libnvrtc_"))
@@ -283,6 +363,16 @@ int kc__classify(const void *fn, const char **sym)
     if (has_prefix(base, "libcuda.so"))
         return KC_LIB_CUDA;
     return 0;
+}
+
+int kc__classify(const void *fn, const char **sym)
+{
+    Dl_info info;
+    if (fn == NULL || dladdr(fn, &info) == 0)
+        return 0;
+    if (sym != NULL)
+        *sym = info.dli_sname;
+    return classify_info(&info);
 }
 
 const struct kc__hook *kc__hook_find(const char *name, int lib)
@@ -328,12 +418,11 @@ static void *self_base(void)
     return base;
 }
 
-void *kc__swap(const char *asked, void *fn)
+/* kc__swap with dladdr's answer for fn already in hand. */
+static void *swap_info(const char *asked, void *fn, const Dl_info *info)
 {
-    if (fn == NULL)
-        return fn;
-    const char *sym = NULL;
-    int lib = kc__classify(fn, &sym);
+    const char *sym = info->dli_sname;
+    int lib = classify_info(info);
     if (lib == 0)
         return fn;
     /* The symbol the library actually returned decides the wrapper, so a
@@ -355,6 +444,14 @@ void *kc__swap(const char *asked, void *fn)
     return h->wrapper != NULL ? h->wrapper : fn;
 }
 
+void *kc__swap(const char *asked, void *fn)
+{
+    Dl_info info;
+    if (fn == NULL || !kc__may_be_hooked(asked) || dladdr(fn, &info) == 0)
+        return fn;
+    return swap_info(asked, fn, &info);
+}
+
 /* dlsym(handle, name) for every handle but RTLD_NEXT (the trampoline
  * forwards that one to the real dlsym with the caller's return address
  * intact, since RTLD_NEXT is relative to the caller). */
@@ -363,10 +460,13 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
     void *r = kc__real_dlsym(handle, name);
     if (r == NULL || name == NULL || kc__guard_held())
         return r;
-    if (!(name[0] == 'n' && has_prefix(name, "nvrtc")) && !(name[0] == 'c' && name[1] == 'u'))
+    if (!kc__may_be_hooked(name))
         return r;
+    /* One dladdr serves both questions: whose export this is, and which. */
     Dl_info info;
-    if (dladdr(r, &info) != 0 && info.dli_fbase == self_base()) {
+    if (dladdr(r, &info) == 0)
+        return r;
+    if (info.dli_fbase == self_base()) {
         /* RTLD_DEFAULT found our own export. It exists for the host only if
          * the real library is loaded too. */
         const struct kc__hook *h = kc__hook_find(name, 0);
@@ -374,7 +474,7 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
             return r;
         return kc__hook_real(h) != NULL ? r : NULL;
     }
-    return kc__swap(name, r);
+    return swap_info(name, r, &info);
 }
 
 /* Whether `name` is one of our hooks: dlsym(RTLD_NEXT, name) then needs

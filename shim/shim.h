@@ -74,6 +74,10 @@ void *kc__hook_real(const struct kc__hook *h);
  * asked for (versioned variants). */
 int kc__classify(const void *fn, const char **sym);
 
+/* Whether `name` (asked of a resolver) may come back as one of our hooks:
+ * its family (the name without _ptds/_ptsz and _v<N>) has a hook. */
+bool kc__may_be_hooked(const char *name);
+
 /* Swaps `fn` (from the real resolver, asked for `asked`) for our wrapper
  * when one matches the symbol actually returned; records the real pointer.
  * Returns what the caller should hand the host. */
