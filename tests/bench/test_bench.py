@@ -33,7 +33,7 @@ SCHEMA = {
     "ranks": (("available", "reason", "ranks", "distinct_kernels", "single", "single_flight_on",
                "single_flight_off", "goals"), (), None,
               ("compiles_equal_distinct", "wall_over_single")),
-    "preload": (("commands", "goals"), ("command", "plain_ms", "preload_ms", "ratio"),
+    "preload": (("commands", "resolve", "goals"), ("command", "plain_ms", "preload_ms", "ratio"),
                 "commands", ("median_ratio",)),
     "driver": (("kernels", "memo", "goals"),
                ("kernel", "passthrough_ms", "cold_ms", "hit_ms", "hit_over_cold"), "kernels",
