@@ -349,7 +349,7 @@ bool kc__may_be_hooked(const char *name)
     return false;
 }
 
-/* kc__classify from dladdr's answer for the function. */
+/* Which library (KC_LIB_* or 0) dladdr's answer for a function lies in. */
 static int classify_info(const Dl_info *info)
 {
     if (info->dli_fname == NULL)
@@ -363,16 +363,6 @@ static int classify_info(const Dl_info *info)
     if (has_prefix(base, "libcuda.so"))
         return KC_LIB_CUDA;
     return 0;
-}
-
-int kc__classify(const void *fn, const char **sym)
-{
-    Dl_info info;
-    if (fn == NULL || dladdr(fn, &info) == 0)
-        return 0;
-    if (sym != NULL)
-        *sym = info.dli_sname;
-    return classify_info(&info);
 }
 
 const struct kc__hook *kc__hook_find(const char *name, int lib)

@@ -68,18 +68,14 @@ const struct kc__hook *kc__hook_find(const char *name, int lib);
 /* Resolves *h->real if still unset: dlsym(RTLD_NEXT, name). Returns it. */
 void *kc__hook_real(const struct kc__hook *h);
 
-/* Given a pointer the real dlsym/cuGetProcAddress returned, says which
- * library it lies in (KC_LIB_* or 0) and, via *sym, the name the real
- * library's symbol table gives it (dladdr), which may differ from the name
- * asked for (versioned variants). */
-int kc__classify(const void *fn, const char **sym);
-
 /* Whether `name` (asked of a resolver) may come back as one of our hooks:
  * its family (the name without _ptds/_ptsz and _v<N>) has a hook. */
 bool kc__may_be_hooked(const char *name);
 
 /* Swaps `fn` (from the real resolver, asked for `asked`) for our wrapper
- * when one matches the symbol actually returned; records the real pointer.
+ * when one matches the symbol actually returned (dladdr's name for it, which
+ * may differ from the name asked for: versioned variants); records the real
+ * pointer.
  * Returns what the caller should hand the host. */
 void *kc__swap(const char *asked, void *fn);
 
