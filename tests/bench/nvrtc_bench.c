@@ -12,7 +12,8 @@
  * runs the demo kernel set and the ranks of the cold-start section.
  *
  * --save DIR also writes each kernel's PTX to DIR/<kernel>.ptx (the inputs of
- * the driver section).
+ * the driver section) and, when the target is a real architecture, its CUBIN
+ * to DIR/<kernel>.cubin (with the PTX, the store section's real artifacts).
  *
  * Prints one JSON line per kernel: the first compile's milliseconds, then
  * p50/p99 of the rest in microseconds, and the output size (PTX, or CUBIN
@@ -82,22 +83,37 @@ static char *slurp(const char *path)
 /* Compiles `src` ITERS times and prints its JSON line. Returns 0 or 1. */
 static const char *save_dir;
 
-static int save_ptx(nvrtcProgram p, const char *label)
+/* Writes one output of `p` to DIR/<label>.<ext>: `trim` bytes fewer than
+ * its size (PTX's terminating NUL). An output of size 0 is not written. */
+static int save_one(nvrtcProgram p, const char *label, const char *ext,
+                    nvrtcResult (*size)(nvrtcProgram, size_t *),
+                    nvrtcResult (*get)(nvrtcProgram, char *), size_t trim)
 {
     size_t n = 0;
-    if (nvrtcGetPTXSize(p, &n) != NVRTC_SUCCESS || n == 0)
+    if (size(p, &n) != NVRTC_SUCCESS)
         return 1;
-    char *ptx = malloc(n);
+    if (n <= trim)
+        return 0;
+    char *buf = malloc(n);
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s.ptx", save_dir, label);
-    FILE *f = ptx ? fopen(path, "wb") : NULL;
-    int bad = f == NULL || nvrtcGetPTX(p, ptx) != NVRTC_SUCCESS || fwrite(ptx, 1, n - 1, f) != n - 1;
+    snprintf(path, sizeof path, "%s/%s.%s", save_dir, label, ext);
+    FILE *f = buf ? fopen(path, "wb") : NULL;
+    int bad = f == NULL || get(p, buf) != NVRTC_SUCCESS || fwrite(buf, 1, n - trim, f) != n - trim;
     if (f != NULL && fclose(f) != 0)
         bad = 1;
-    free(ptx);
+    free(buf);
     if (bad)
         fprintf(stderr, "nvrtc_bench: cannot write %s\n", path);
     return bad;
+}
+
+static int save_outputs(nvrtcProgram p, const char *label)
+{
+    size_t n = 0;
+    if (nvrtcGetPTXSize(p, &n) != NVRTC_SUCCESS || n <= 1)
+        return 1;
+    return save_one(p, label, "ptx", nvrtcGetPTXSize, nvrtcGetPTX, 1) ||
+           save_one(p, label, "cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, 0);
 }
 
 static int bench(const char *label, const char *prog_name, const char *src, int nopts,
@@ -129,7 +145,7 @@ static int bench(const char *label, const char *prog_name, const char *src, int 
         }
         if (nvrtcGetCUBINSize(p, &out) != NVRTC_SUCCESS || out == 0)
             nvrtcGetPTXSize(p, &out);
-        if (save_dir != NULL && i == 0 && save_ptx(p, label) != 0)
+        if (save_dir != NULL && i == 0 && save_outputs(p, label) != 0)
             return 1;
         nvrtcDestroyProgram(&p);
     }

@@ -1,8 +1,17 @@
 /*
- * store-bench: fills a store with PTX-like artifacts of realistic sizes
- * (1-64 KB, median ~8 KB) and measures random gets.
+ * store-bench: fills a store with artifacts of realistic sizes (1-64 KB,
+ * log-normal, median ~8 KB, mean ~10 KB: a million entries are ~10 GB) and
+ * measures random gets.
  *
- *   store-bench [--entries N] [--dir D] [--gets G] [--keep] [--bulk] [--no-fill] [--no-stats]
+ *   store-bench [--entries N] [--dir D] [--gets G] [--corpus DIR] [--keep] [--bulk]
+ *               [--no-fill] [--no-stats]
+ *
+ * --corpus DIR takes the records' bytes from the real artifacts in DIR (the
+ * demo set's PTX and cubins, as scripts/bench saves them): each record is a
+ * slice of one, from a random offset, continued with the start of others
+ * until it has its size, and tagged with its index on its first line, so
+ * no two are alike and each compresses as real artifacts do. Without it the
+ * records are PTX-like text (ptxgen.h).
  *
  * --no-fill measures an existing store (--dir, filled by an earlier run
  * with the same --entries) without filling it again. --no-stats skips the
@@ -31,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +66,75 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* An artifact's size: log-normal around 8 KB (sigma 0.66, so the mean is
+ * ~10 KB), kept within 1..64 KB. */
+static size_t artifact_size(uint64_t *s)
+{
+    double u1 = ((double)(ptxgen_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (double)(ptxgen_next(s) >> 11) / 9007199254740992.0;
+    double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    double v = 8192.0 * exp(0.66 * z);
+    return v < 1024.0 ? 1024 : v > 65536.0 ? 65536 : (size_t)v;
+}
+
+/* Real artifacts, sorted by file name so a run is reproducible. */
+struct corpus {
+    char **path;
+    unsigned char **data;
+    size_t *len;
+    size_t n;
+};
+
+static void corpus_add(const char *path, void *arg)
+{
+    struct corpus *c = arg;
+    unsigned char *b = NULL;
+    size_t len = 0;
+    if (kc__read_file(AT_FDCWD, path, 64u << 20, &b, &len) != 0 || len == 0) {
+        free(b);
+        return;
+    }
+    char **p = realloc(c->path, (c->n + 1) * sizeof *p);
+    unsigned char **d = p ? realloc(c->data, (c->n + 1) * sizeof *d) : NULL;
+    size_t *l = d ? realloc(c->len, (c->n + 1) * sizeof *l) : NULL;
+    if (p) c->path = p;
+    if (d) c->data = d;
+    if (l) c->len = l;
+    if (l == NULL || (p[c->n] = strdup(path)) == NULL) {
+        free(b);
+        return;
+    }
+    size_t i = c->n++;
+    /* Insertion by name. */
+    while (i > 0 && strcmp(c->path[i - 1], p[i]) > 0) {
+        char *tp = c->path[i]; c->path[i] = c->path[i - 1]; c->path[i - 1] = tp;
+        c->data[i] = c->data[i - 1]; c->len[i] = c->len[i - 1];
+        i--;
+    }
+    c->data[i] = b;
+    c->len[i] = len;
+}
+
+static char *corpus_record(const struct corpus *c, uint64_t i, size_t len)
+{
+    unsigned char *out = malloc(len);
+    if (out == NULL)
+        return NULL;
+    uint64_t s = i * 0x2545f4914f6cdd1dull + 7;
+    size_t f = ptxgen_next(&s) % c->n, off = ptxgen_next(&s) % c->len[f], n = 0;
+    while (n < len) {
+        size_t take = c->len[f] - off < len - n ? c->len[f] - off : len - n;
+        memcpy(out + n, c->data[f] + off, take);
+        n += take;
+        f = ptxgen_next(&s) % c->n;
+        off = 0;
+    }
+    char tag[40];
+    int t = snprintf(tag, sizeof tag, "// record %016llx\n", (unsigned long long)i);
+    memcpy(out, tag, (size_t)t < len ? (size_t)t : len);
+    return (char *)out;
 }
 
 static kc_key key_of(uint64_t i)
@@ -141,7 +220,7 @@ static double warm_store(const char *dir)
 int main(int argc, char **argv)
 {
     uint64_t entries = 10000, gets = 2000;
-    const char *dir = NULL;
+    const char *dir = NULL, *corpus_dir = NULL;
     int keep = 0, bulk = 0, nofill = 0, nostats = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--entries") == 0 && i + 1 < argc)
@@ -150,6 +229,8 @@ int main(int argc, char **argv)
             gets = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
             dir = argv[++i];
+        else if (strcmp(argv[i], "--corpus") == 0 && i + 1 < argc)
+            corpus_dir = argv[++i];
         else if (strcmp(argv[i], "--keep") == 0)
             keep = 1;
         else if (strcmp(argv[i], "--bulk") == 0)
@@ -159,7 +240,16 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--no-stats") == 0)
             nostats = 1;
         else {
-            fprintf(stderr, "usage: store-bench [--entries N] [--gets G] [--dir D] [--keep] [--bulk] [--no-fill] [--no-stats]\n");
+            fprintf(stderr, "usage: store-bench [--entries N] [--gets G] [--dir D] [--corpus DIR] "
+                            "[--keep] [--bulk] [--no-fill] [--no-stats]\n");
+            return 2;
+        }
+    }
+    struct corpus corpus = {0};
+    if (corpus_dir != NULL) {
+        kc__each_child(corpus_dir, corpus_add, &corpus);
+        if (corpus.n == 0) {
+            fprintf(stderr, "store-bench: no artifact in %s\n", corpus_dir);
             return 2;
         }
     }
@@ -189,8 +279,12 @@ int main(int argc, char **argv)
     uint64_t raw = 0, t0 = now_ns(), put_ns = 0, drain_ns = 0;
     uint64_t sz_seed = 12345;
     for (uint64_t i = 0; i < entries && !nofill; i++) {
-        size_t len = ptxgen_size(&sz_seed);
-        char *body = ptxgen(i, len);
+        size_t len = artifact_size(&sz_seed);
+        char *body = corpus.n ? corpus_record(&corpus, i, len) : ptxgen(i, len);
+        if (body == NULL) {
+            fprintf(stderr, "store-bench: out of memory\n");
+            return 1;
+        }
         kc_key k = key_of(i);
         uint64_t a = now_ns();
         rc = bulk ? bulk_put(dir, NS, &k, body, len) : api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, len, 1000000);
@@ -304,10 +398,21 @@ int main(int argc, char **argv)
     printf("raw_bytes %" PRIu64 " B\n", raw);
     printf("unique_bytes %" PRIu64 " B\n", unique);
     printf("disk_bytes %" PRIu64 " B\n", disk);
+    /* Where the bytes on disk are: RocksDB's files, the hot files. */
+    char sub[4200];
+    uint64_t reserved;
+    snprintf(sub, sizeof sub, "%s/db", dir);
+    uint64_t db_bytes = nostats ? 0 : kc__du(sub, &reserved);
+    snprintf(sub, sizeof sub, "%s/hot", dir);
+    uint64_t hot_bytes = nostats ? 0 : kc__du(sub, &reserved);
+    printf("db_bytes %" PRIu64 " B\n", db_bytes);
+    printf("hot_bytes %" PRIu64 " B\n", hot_bytes);
+    printf("corpus_files %zu\n", corpus.n);
     printf("store-bench: entries=%" PRIu64 " get_p50_us=%.1f get_p99_us=%.1f raw_bytes=%" PRIu64
-           " disk_bytes=%" PRIu64 " ratio=%.2f fresh_hit_us=%.1f resident_before_pct=%.1f\n",
+           " disk_bytes=%" PRIu64 " ratio=%.2f fresh_hit_us=%.1f resident_before_pct=%.1f"
+           " corpus_files=%zu db_bytes=%" PRIu64 " hot_bytes=%" PRIu64 "\n",
            entries, p50, p99, raw, disk, disk ? (double)raw / (double)disk : 0.0, fresh[3],
-           resident);
+           resident, corpus.n, db_bytes, hot_bytes);
     free(lat);
     if (!keep) {
         char cmd[300];
