@@ -196,9 +196,14 @@ struct kc__paths {
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
 /* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the size of the
- * database's tables (.sst) / 2, KC__HOT_MIN)) (owner.c hot_limit). */
+ * database's tables (.sst) / 4, KC__HOT_MIN)) (owner.c hot_limit). Hot
+ * files are uncompressed and real artifacts compress ~4x in the tables, so
+ * this is ~1/16 of the raw bytes stored: the store stays within ~1.25x its
+ * compressed size. */
 #define KC__HOT_MAX (1ull << 30)
-#define KC__HOT_MIN (1ull << 20)
+#define KC__HOT_MIN (256ull << 10)
+/* The zstd dictionary of each table of bodies (db.c). */
+#define KC__ZSTD_DICT_BYTES (16 << 10)
 
 /* The file name of (ns, key) in the spool: prefix '-' 32 hex digits; with
  * prefix 0, the bare 32 hex digits (its name in DIR/hot). */

@@ -83,6 +83,16 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
          * secondary then reads freed memory (crashes seen here after the
          * primary compacted). Revisit with RocksDB >= 8. */
         rocksdb_options_set_compression(o, 7 /* zstd */);
+        /* With a dictionary per table, trained on its own bodies: each body
+         * is compressed alone (one per block), and alone a few KB of PTX or
+         * cubin shares nothing with its neighbours; with the dictionary
+         * they share their PTX preamble, ELF layout and common sequences.
+         * The demo set's real artifacts, 1-64 KB: the tables shrink by a
+         * fifth (0.24 -> 0.19 of the raw bytes). */
+        rocksdb_options_set_compression_options(o, -14, 32767 /* zstd's default level */, 0,
+                                                KC__ZSTD_DICT_BYTES);
+        rocksdb_options_set_compression_options_zstd_max_train_bytes(o,
+                                                                     100 * KC__ZSTD_DICT_BYTES);
     } else if (cf == KC__CF_KERNELS) {
         rocksdb_options_set_compression(o, 0 /* none */);
     } else {

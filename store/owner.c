@@ -336,8 +336,8 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
 }
 
 /* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX) and, so the store stays
- * compact on disk (hot files are uncompressed copies), at most half the
- * database's own size on disk (at least KC__HOT_MIN). */
+ * compact on disk (hot files are uncompressed copies), at most a quarter of
+ * the database's own size on disk (at least KC__HOT_MIN). */
 static uint64_t hot_limit(struct kc__owner *o)
 {
     uint64_t lim = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
@@ -356,7 +356,7 @@ static uint64_t hot_limit(struct kc__owner *o)
         }
         closedir(d);
     }
-    db /= 2;
+    db /= 4;
     if (db < KC__HOT_MIN)
         db = KC__HOT_MIN;
     return db < lim ? db : lim;
