@@ -201,7 +201,7 @@ void kc__paths_init(struct kc__paths *p, const char *dir);
  * this is ~1/16 of the raw bytes stored: the store stays within ~1.25x its
  * compressed size. */
 #define KC__HOT_MAX (1ull << 30)
-#define KC__HOT_MIN (256ull << 10)
+#define KC__HOT_MIN (1ull << 20)
 /* The zstd dictionary of each table of bodies (db.c). */
 #define KC__ZSTD_DICT_BYTES (16 << 10)
 
