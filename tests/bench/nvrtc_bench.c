@@ -84,16 +84,17 @@ static char *slurp(const char *path)
 static const char *save_dir;
 
 /* Writes one output of `p` to DIR/<label>.<ext>: `trim` bytes fewer than
- * its size (PTX's terminating NUL). An output of size 0 is not written. */
+ * its size (PTX's terminating NUL). An empty output is not written, and is
+ * an error when `required`. */
 static int save_one(nvrtcProgram p, const char *label, const char *ext,
                     nvrtcResult (*size)(nvrtcProgram, size_t *),
-                    nvrtcResult (*get)(nvrtcProgram, char *), size_t trim)
+                    nvrtcResult (*get)(nvrtcProgram, char *), size_t trim, int required)
 {
     size_t n = 0;
     if (size(p, &n) != NVRTC_SUCCESS)
         return 1;
     if (n <= trim)
-        return 0;
+        return required;
     char *buf = malloc(n);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.%s", save_dir, label, ext);
@@ -109,11 +110,8 @@ static int save_one(nvrtcProgram p, const char *label, const char *ext,
 
 static int save_outputs(nvrtcProgram p, const char *label)
 {
-    size_t n = 0;
-    if (nvrtcGetPTXSize(p, &n) != NVRTC_SUCCESS || n <= 1)
-        return 1;
-    return save_one(p, label, "ptx", nvrtcGetPTXSize, nvrtcGetPTX, 1) ||
-           save_one(p, label, "cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, 0);
+    return save_one(p, label, "ptx", nvrtcGetPTXSize, nvrtcGetPTX, 1, 1) ||
+           save_one(p, label, "cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, 0, 0);
 }
 
 static int bench(const char *label, const char *prog_name, const char *src, int nopts,

@@ -80,41 +80,35 @@ static size_t artifact_size(uint64_t *s)
 }
 
 /* Real artifacts, sorted by file name so a run is reproducible. */
+struct artifact {
+    char *path;
+    unsigned char *data;
+    size_t len;
+};
 struct corpus {
-    char **path;
-    unsigned char **data;
-    size_t *len;
+    struct artifact *a;
     size_t n;
 };
 
 static void corpus_add(const char *path, void *arg)
 {
     struct corpus *c = arg;
-    unsigned char *b = NULL;
-    size_t len = 0;
-    if (kc__read_file(AT_FDCWD, path, 64u << 20, &b, &len) != 0 || len == 0) {
-        free(b);
+    struct artifact f = {0};
+    struct artifact *grown = realloc(c->a, (c->n + 1) * sizeof *grown);
+    if (grown == NULL)
+        return;
+    c->a = grown;
+    if (kc__read_file(AT_FDCWD, path, 64u << 20, &f.data, &f.len) != 0 || f.len == 0 ||
+        (f.path = strdup(path)) == NULL) {
+        free(f.data);
         return;
     }
-    char **p = realloc(c->path, (c->n + 1) * sizeof *p);
-    unsigned char **d = p ? realloc(c->data, (c->n + 1) * sizeof *d) : NULL;
-    size_t *l = d ? realloc(c->len, (c->n + 1) * sizeof *l) : NULL;
-    if (p) c->path = p;
-    if (d) c->data = d;
-    if (l) c->len = l;
-    if (l == NULL || (p[c->n] = strdup(path)) == NULL) {
-        free(b);
-        return;
-    }
-    size_t i = c->n++;
-    /* Insertion by name. */
-    while (i > 0 && strcmp(c->path[i - 1], p[i]) > 0) {
-        char *tp = c->path[i]; c->path[i] = c->path[i - 1]; c->path[i - 1] = tp;
-        c->data[i] = c->data[i - 1]; c->len[i] = c->len[i - 1];
-        i--;
-    }
-    c->data[i] = b;
-    c->len[i] = len;
+    c->a[c->n++] = f;
+}
+
+static int cmp_artifact(const void *x, const void *y)
+{
+    return strcmp(((const struct artifact *)x)->path, ((const struct artifact *)y)->path);
 }
 
 static char *corpus_record(const struct corpus *c, uint64_t i, size_t len)
@@ -123,10 +117,10 @@ static char *corpus_record(const struct corpus *c, uint64_t i, size_t len)
     if (out == NULL)
         return NULL;
     uint64_t s = i * 0x2545f4914f6cdd1dull + 7;
-    size_t f = ptxgen_next(&s) % c->n, off = ptxgen_next(&s) % c->len[f], n = 0;
+    size_t f = ptxgen_next(&s) % c->n, off = ptxgen_next(&s) % c->a[f].len, n = 0;
     while (n < len) {
-        size_t take = c->len[f] - off < len - n ? c->len[f] - off : len - n;
-        memcpy(out + n, c->data[f] + off, take);
+        size_t take = c->a[f].len - off < len - n ? c->a[f].len - off : len - n;
+        memcpy(out + n, c->a[f].data + off, take);
         n += take;
         f = ptxgen_next(&s) % c->n;
         off = 0;
@@ -248,6 +242,7 @@ int main(int argc, char **argv)
     struct corpus corpus = {0};
     if (corpus_dir != NULL) {
         kc__each_child(corpus_dir, corpus_add, &corpus);
+        qsort(corpus.a, corpus.n, sizeof *corpus.a, cmp_artifact);
         if (corpus.n == 0) {
             fprintf(stderr, "store-bench: no artifact in %s\n", corpus_dir);
             return 2;
