@@ -96,10 +96,11 @@ int kc__kkey_split(const unsigned char *k, size_t len, char ns[KC__NS_MAX + 1], 
 #define KC__SPOOL_MAGIC 0x3153434bu /* "KCS1" */
 #define KC__SPOOL_HDR 24
 
-enum { KC__SP_PUT = 'P', KC__SP_PURGE = 'X', KC__SP_HITS = 'H', KC__SP_COUNT = 'C' };
+enum { KC__SP_PUT = 'P', KC__SP_PACKED = 'Z', KC__SP_PURGE = 'X', KC__SP_HITS = 'H', KC__SP_COUNT = 'C' };
 enum { KC__PF_SOURCE = 1, KC__PF_KEY = 2, KC__PF_IFBAD = 4 };
 
-/* A growable byte buffer. */
+/* A growable byte buffer. kc__buf_add with p NULL makes room for n bytes,
+ * left for the caller to write. */
 struct kc__buf {
     unsigned char *p;
     size_t len, cap;
@@ -133,6 +134,22 @@ int kc__spool_put_encode(struct kc__buf *b, const char *ns, const kc_key *key,
                          size_t len);
 /* Decodes and fully checks a put file (record checksums included). */
 int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
+/* A packed put ('Z', the owner's hot files): sp's put with `packed`, its
+ * body as one LZ4 block, in place of the body (sp->hdr is the plain
+ * body's: body_size, body_xxh). */
+int kc__spool_put_pack(struct kc__buf *b, const struct kc__sp_put *sp, const void *packed,
+                       size_t plen);
+/* Decodes and fully checks a put file, plain or packed: a packed one in
+ * *file (malloc'd) is replaced by the plain put it stands for (*file and
+ * *len change; its spool checksum is not recomputed: keep it in memory)
+ * and out points into that. 0, -EBADMSG (not a put, damaged, or not
+ * unpacking to its header's body size and checksum) or -ENOMEM. */
+int kc__put_decode_any(unsigned char **file, size_t *len, struct kc__sp_put *out);
+/* Decodes one LZ4 block (lz4_Block_format.md) of n bytes at src into
+ * exactly cap bytes at dst: 0, or -EBADMSG for any block that would read
+ * or write out of bounds or decode to another size. libc only (the shim
+ * serves hot files through it). */
+int kc__lz4_unpack(const void *src, size_t n, void *dst, size_t cap);
 
 /* One purge, hit or counter item, as iterated over a spool file's payload. */
 struct kc__sp_item {
@@ -196,12 +213,13 @@ struct kc__paths {
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
 /* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the size of the
- * database's tables (.sst) / 4, KC__HOT_MIN)) (owner.c hot_limit). Hot
- * files are uncompressed and real artifacts compress ~4x in the tables, so
- * this is ~1/16 of the raw bytes stored: the store stays within ~1.25x its
- * compressed size. */
+ * database's tables (.sst) / 4, KC__HOT_MIN)) (owner.c hot_limit), counted
+ * in blocks on disk: the store stays within ~1.25x its tables' size. Past
+ * it the least recently hit hot files are packed (LZ4), then removed
+ * (owner.c hot_enforce). The floor is room for a small working set: the
+ * demo set's records and manifests take 464 KiB plain. */
 #define KC__HOT_MAX (1ull << 30)
-#define KC__HOT_MIN (1ull << 20)
+#define KC__HOT_MIN (512ull << 10)
 /* The zstd dictionary of each table of bodies (db.c). */
 #define KC__ZSTD_DICT_BYTES (16 << 10)
 
@@ -212,8 +230,9 @@ void kc__spool_name(const char *ns, const kc_key *key, char prefix, char out[40]
 /* Nonzero when some file other than temp files waits in the spool. */
 bool kc__spool_pending(const char *spool);
 
-/* Reads and checks DIR/hot/<hash> (or a spool put file) for (ns, key):
- * 0 with *buf (malloc'd file) and *sp pointing into it; -ENOENT when
+/* Reads and checks DIR/hot/<hash> (or a spool put file), plain or packed,
+ * for (ns, key) (ns NULL: any key): 0 with *buf (malloc'd: the file, or
+ * the plain form of a packed one) and *sp pointing into it; -ENOENT when
  * absent; -EBADMSG when it exists but fails its checks or holds another
  * key. */
 int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsigned char **buf,

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <lz4.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -242,7 +243,19 @@ static void delete_kernel(struct kc__owner *o, rocksdb_writebatch_t *wb, const u
  * DIR/hot/<hash> holds a drained put file (or one written from the
  * database for an entry that is hit), so a hit needs no RocksDB; the
  * filter lets a miss skip it too. Only the owner writes either. A hot
- * file is removed whenever its entry leaves the database or changes. */
+ * file is removed whenever its entry leaves the database or changes.
+ * Past the bound, the least recently hit plain files are packed (the put
+ * with its body as one LZ4 block, which the shim decodes with libc alone;
+ * mode 0400 tells them apart without reading them) and the least recently
+ * hit packed ones removed: the newest stay plain, the fastest to serve.
+ * Sizes count the blocks files take. */
+
+/* Bytes a file of len bytes takes on disk, when it has not been stat()ed:
+ * whole 4 KiB blocks. */
+static uint64_t hot_blocks(uint64_t len)
+{
+    return (len + 4095) & ~4095ull;
+}
 
 static void hot_path(struct kc__owner *o, const char *ns, const kc_key *key, char *out,
                      size_t n)
@@ -258,7 +271,7 @@ static void hot_remove(struct kc__owner *o, const char *ns, const kc_key *key)
     hot_path(o, ns, key, path, sizeof path);
     struct stat sb;
     if (lstat(path, &sb) == 0 && unlink(path) == 0 && S_ISREG(sb.st_mode)) {
-        uint64_t n = (uint64_t)sb.st_size;
+        uint64_t n = (uint64_t)sb.st_blocks * 512;
         o->hot_bytes = o->hot_bytes > n ? o->hot_bytes - n : 0;
     }
 }
@@ -284,6 +297,7 @@ static bool hot_name(const char *n)
 
 struct hotf {
     char name[33];
+    bool packed; /* mode 0400 */
     uint64_t size;
     struct timespec mtime;
 };
@@ -311,7 +325,7 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
             if (!hot_name(e->d_name) ||
                 fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
                 continue;
-            total += (uint64_t)sb.st_size;
+            total += (uint64_t)sb.st_blocks * 512;
             if (out == NULL)
                 continue;
             if (n == cap) {
@@ -322,7 +336,8 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
                 v = nv;
             }
             memcpy(v[n].name, e->d_name, 33);
-            v[n].size = (uint64_t)sb.st_size;
+            v[n].size = (uint64_t)sb.st_blocks * 512;
+            v[n].packed = (sb.st_mode & 0200) == 0;
             v[n].mtime = sb.st_mtim;
             n++;
         }
@@ -336,8 +351,8 @@ static uint64_t hot_list(struct kc__owner *o, struct hotf **out, size_t *nout)
 }
 
 /* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX) and, so the store stays
- * compact on disk (hot files are uncompressed copies), at most a quarter of
- * the database's own size on disk (at least KC__HOT_MIN). */
+ * compact on disk (hot files are copies), at most a quarter of the
+ * database's tables' size (at least KC__HOT_MIN). */
 static uint64_t hot_limit(struct kc__owner *o)
 {
     uint64_t lim = o->max_size / 4 < KC__HOT_MAX ? o->max_size / 4 : KC__HOT_MAX;
@@ -375,8 +390,58 @@ static bool hot_room(struct kc__owner *o)
     return free_b >= (64ull << 20) && free_b >= total / 20;
 }
 
-/* Past its bound, removes the hot files least recently hit (mtime: put
- * time, refreshed by folded hits) down to 90% of it. */
+/* Packs the plain hot file f: 0 with f->size its new size; nonzero when
+ * it cannot be read or packing would not save a block (evict it). The
+ * packed file replaces the plain one by rename, then gets its mtime back
+ * and mode 0400: one that an owner killed in between left 0600 is
+ * recognised by its bytes at the next pass. */
+static int hot_pack(struct kc__owner *o, struct hotf *f)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", o->p.hot, f->name);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    struct kc__sp_put sp;
+    if (kc__read_file(AT_FDCWD, path, 1ull << 32, &buf, &len) != 0)
+        return -1;
+    int rc = -1;
+    if (len > 4 && buf[4] == KC__SP_PACKED) { /* packed by a killed owner */
+        rc = chmod(path, 0400);
+    } else if (kc__spool_put_decode(buf, len, &sp) == 0 && sp.body_len >= 64 &&
+               sp.body_len <= LZ4_MAX_INPUT_SIZE) {
+        int bound = LZ4_compressBound((int)sp.body_len);
+        char *z = malloc((size_t)bound);
+        int zn = z != NULL ? LZ4_compress_default((const char *)sp.body, z, (int)sp.body_len,
+                                                  bound)
+                           : 0;
+        struct kc__buf b = {0};
+        if (zn > 0 && (size_t)zn + 4096 <= sp.body_len &&
+            kc__spool_put_pack(&b, &sp, z, (size_t)zn) == 0 &&
+            kc__spool_write(o->p.hot, f->name, b.p, b.len, false) == 0) {
+            /* Its recency stays its own: the mtime it had. */
+            struct timespec ts[2] = {f->mtime, f->mtime};
+            utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW);
+            chmod(path, 0400);
+            len = b.len;
+            rc = 0;
+        }
+        kc__buf_free(&b);
+        free(z);
+    }
+    free(buf);
+    if (rc == 0) {
+        f->size = hot_blocks(len);
+        f->packed = true;
+    }
+    return rc;
+}
+
+/* Past its bound, brings DIR/hot down to 90% of it by recency (mtime: put
+ * time, refreshed by folded hits). Newest first: files are kept as they
+ * are up to half of that, plain ones past it are packed (one that does not
+ * pack is removed), and once it is reached the rest are removed. So the
+ * most recently hit stay plain, the fastest to serve, and the next are
+ * packed rather than sent back to RocksDB. */
 static void hot_enforce(struct kc__owner *o)
 {
     o->hot_max = hot_limit(o); /* the database grows and shrinks */
@@ -389,12 +454,28 @@ static void hot_enforce(struct kc__owner *o)
         return;
     qsort(v, n, sizeof *v, cmp_hotf);
     int dfd = open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    uint64_t target = o->hot_max / 10 * 9;
-    for (size_t i = 0; dfd >= 0 && i < n && o->hot_bytes > target; i++)
-        if (unlinkat(dfd, v[i].name, 0) == 0)
-            o->hot_bytes = o->hot_bytes > v[i].size ? o->hot_bytes - v[i].size : 0;
-    if (dfd >= 0)
+    uint64_t target = o->hot_max / 10 * 9, kept = 0;
+    bool full = false;
+    for (size_t j = n; dfd >= 0 && j-- > 0;) {
+        struct hotf *f = &v[j];
+        bool keep = false;
+        if (!full) {
+            if (kept + f->size > target / 2 && !f->packed && hot_pack(o, f) != 0)
+                keep = false; /* does not pack */
+            else if (kept + f->size <= target)
+                keep = true;
+            else
+                full = true;
+        }
+        if (keep)
+            kept += f->size;
+        else
+            unlinkat(dfd, f->name, 0);
+    }
+    if (dfd >= 0) {
         close(dfd);
+        o->hot_bytes = kept;
+    }
     free(v);
 }
 
@@ -433,7 +514,7 @@ static void hot_touch(struct kc__owner *o, const char *ns, const kc_key *key)
         char name[40];
         kc__spool_name(ns, key, 0, name);
         if (kc__spool_write(o->p.hot, name, b.p, b.len, false) == 0)
-            o->hot_bytes += b.len;
+            o->hot_bytes += hot_blocks(b.len);
     }
     kc__buf_free(&b);
     free(body);
@@ -811,7 +892,7 @@ static void retire_puts(struct kc__owner *o, char **names, const bool *keep,
     for (size_t i = 0; sfd >= 0 && i < n; i++) {
         if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) &&
             renameat(sfd, names[i], hfd, names[i] + 2) == 0) {
-            o->hot_bytes += size[i];
+            o->hot_bytes += hot_blocks(size[i]);
             continue;
         }
         unlinkat(sfd, names[i], 0);
@@ -1162,10 +1243,8 @@ static void hot_verify(struct kc__owner *o, int repair, struct kc_verify_report 
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
         unsigned char *buf = NULL;
-        size_t len = 0;
         struct kc__sp_put sp;
-        bool bad = kc__read_file(AT_FDCWD, path, 1ull << 32, &buf, &len) != 0 ||
-                   kc__spool_put_decode(buf, len, &sp) != 0;
+        bool bad = kc__put_file_read(path, NULL, NULL, &buf, &sp) != 0;
         if (!bad) {
             char name[40];
             kc__spool_name(sp.ns, &sp.key, 0, name);
@@ -1389,10 +1468,8 @@ static uint64_t hot_salvage(struct kc__owner *o)
         char path[PATH_MAX], name[40];
         snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
         unsigned char *buf = NULL;
-        size_t len = 0;
         struct kc__sp_put sp;
-        if (kc__read_file(AT_FDCWD, path, 1ull << 32, &buf, &len) != 0 ||
-            kc__spool_put_decode(buf, len, &sp) != 0 ||
+        if (kc__put_file_read(path, NULL, NULL, &buf, &sp) != 0 ||
             (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, v[i].name) != 0)) {
             free(buf);
             unlink(path);
@@ -1485,8 +1562,13 @@ static int owner_recover(struct kc__owner *o, const char *why)
 static void clean_stale(struct kc__owner *o)
 {
     kc__dir_sweep(o->p.sec, "");
-    DIR *d = opendir(o->p.spool);
-    if (d != NULL) {
+    /* Temp files of dead writers: host processes' in the spool, a killed
+     * owner's in the spool and DIR/hot. */
+    const char *dirs[] = {o->p.spool, o->p.hot};
+    for (int i = 0; i < 2; i++) {
+        DIR *d = opendir(dirs[i]);
+        if (d == NULL)
+            continue;
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
             if (e->d_name[0] == 't' && e->d_name[1] == '-' && kc__pid_gone(e->d_name + 2))

@@ -210,7 +210,7 @@ void kc__buf_add(struct kc__buf *b, const void *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
-    if (n > 0)
+    if (n > 0 && p != NULL)
         memcpy(b->p + b->len, p, n);
     b->len += n;
 }
@@ -257,7 +257,7 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
     if (kc__get_u64(p + 16) != XXH3_64bits(p + KC__SPOOL_HDR, n))
         return -EBADMSG;
     int t = p[4];
-    if (t != KC__SP_PUT && t != KC__SP_PURGE && t != KC__SP_HITS && t != KC__SP_COUNT)
+    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_PURGE && t != KC__SP_HITS && t != KC__SP_COUNT)
         return -EBADMSG;
     *type = t;
     *payload = p + KC__SPOOL_HDR;
@@ -268,9 +268,9 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
 /* Put payload: ns_len u16, flags u16, pad u32, key 24, source 16, ns, record. */
 #define PUT_FIXED (8 + KC__KEY_LEN + 16)
 
-int kc__spool_put_encode(struct kc__buf *b, const char *ns, const kc_key *key,
-                         const kc_digest *source, const struct kc__hdr *h, const void *body,
-                         size_t len)
+static int put_encode(struct kc__buf *b, int type, const char *ns, const kc_key *key,
+                      const kc_digest *source, const struct kc__hdr *h, const void *bytes,
+                      size_t len)
 {
     unsigned char f[PUT_FIXED] = {0};
     size_t n = strlen(ns);
@@ -281,22 +281,33 @@ int kc__spool_put_encode(struct kc__buf *b, const char *ns, const kc_key *key,
         kc__digest_encode(source, f + 8 + KC__KEY_LEN);
     unsigned char hb[KC__HDR_LEN];
     kc__hdr_encode(h, hb);
-    kc__spool_begin(b, KC__SP_PUT);
+    kc__spool_begin(b, type);
     kc__buf_add(b, f, sizeof f);
     kc__buf_add(b, ns, n);
     kc__buf_add(b, hb, sizeof hb);
-    kc__buf_add(b, body, len);
+    kc__buf_add(b, bytes, len);
     kc__spool_end(b);
     return b->err;
 }
 
-int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
+int kc__spool_put_encode(struct kc__buf *b, const char *ns, const kc_key *key,
+                         const kc_digest *source, const struct kc__hdr *h, const void *body,
+                         size_t len)
 {
-    int type;
-    const unsigned char *p;
-    size_t n;
-    if (kc__spool_check(file, len, &type, &p, &n) != 0 || type != KC__SP_PUT)
-        return -EBADMSG;
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len);
+}
+
+int kc__spool_put_pack(struct kc__buf *b, const struct kc__sp_put *sp, const void *packed,
+                       size_t plen)
+{
+    return put_encode(b, KC__SP_PACKED, sp->ns, &sp->key, sp->has_source ? &sp->source : NULL,
+                      &sp->hdr, packed, plen);
+}
+
+/* The put payload's fixed part, namespace and record header; out->record
+ * and record_len: everything after the namespace. */
+static int put_head(const unsigned char *p, size_t n, struct kc__sp_put *out)
+{
     if (n < PUT_FIXED)
         return -EBADMSG;
     size_t nslen = kc__get_u16(p);
@@ -316,7 +327,17 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
     kc__digest_decode(p + 8 + KC__KEY_LEN, &out->source);
     out->record = nsp + nslen;
     out->record_len = n - PUT_FIXED - nslen;
-    if (kc__hdr_decode(out->record, out->record_len, &out->hdr) != 0)
+    return kc__hdr_decode(out->record, out->record_len, &out->hdr) != 0 ? -EBADMSG : 0;
+}
+
+int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
+{
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (kc__spool_check(file, len, &type, &p, &n) != 0 || type != KC__SP_PUT)
+        return -EBADMSG;
+    if (put_head(p, n, out) != 0)
         return -EBADMSG;
     const void *body;
     size_t blen;
@@ -325,6 +346,157 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
     out->body = body;
     out->body_len = blen;
     return 0;
+}
+
+/* ---- packed puts ----------------------------------------------------------
+ * A packed put ('Z') is a put whose body is one LZ4 block
+ * (lz4_Block_format.md) of hdr.body_size bytes; the owner writes its hot
+ * files so. Unpacking rebuilds the plain put, which is then decoded and
+ * checked (body checksum included) as any other. */
+
+/* An LZ4 length continuation: bytes added while they are 255. */
+static int lz4_more(const unsigned char **ip, const unsigned char *end, size_t *len)
+{
+    unsigned b;
+    do {
+        if (*ip >= end || *len > SIZE_MAX - 255)
+            return -EBADMSG;
+        b = *(*ip)++;
+        *len += b;
+    } while (b == 255);
+    return 0;
+}
+
+int kc__lz4_unpack(const void *src, size_t n, void *dst, size_t cap)
+{
+    const unsigned char *ip = src, *const iend = ip + n;
+    unsigned char *op = dst, *const o0 = dst, *const oend = op + cap;
+    for (;;) {
+        if (ip >= iend)
+            return -EBADMSG;
+        unsigned tok = *ip++;
+        size_t lit = tok >> 4;
+        if (lit < 15 && (size_t)(iend - ip) >= 16 + 2 && (size_t)(oend - op) >= 16) {
+            /* Short literals with room on both sides: 16 bytes copied at
+             * once (what lies past them is written over later). */
+            memcpy(op, ip, 16);
+            op += lit;
+            ip += lit;
+        } else {
+            if (lit == 15 && lz4_more(&ip, iend, &lit) != 0)
+                return -EBADMSG;
+            if (lit > (size_t)(iend - ip) || lit > (size_t)(oend - op))
+                return -EBADMSG;
+            if (lit > 0)
+                memcpy(op, ip, lit);
+            op += lit;
+            ip += lit;
+            if (ip == iend) /* the last sequence has literals only */
+                break;
+        }
+        if (iend - ip < 2)
+            return -EBADMSG;
+        size_t off = (size_t)ip[0] | (size_t)ip[1] << 8;
+        ip += 2;
+        if (off == 0 || off > (size_t)(op - o0))
+            return -EBADMSG;
+        size_t m = tok & 15;
+        if (m == 15 && lz4_more(&ip, iend, &m) != 0)
+            return -EBADMSG;
+        if ((size_t)(oend - op) < 4 || m > (size_t)(oend - op) - 4)
+            return -EBADMSG;
+        m += 4;
+        const unsigned char *from = op - off;
+        unsigned char *end = op + m;
+        if ((size_t)(oend - op) >= m + 8) {
+            /* 8 bytes at a time, reading only bytes already final: from
+             * `step` back, the least multiple of off that is >= 8 (the
+             * match repeats with period off), once the first step - off
+             * bytes are copied one by one. The last chunk may run up to 7
+             * bytes past the match. */
+            size_t step = off >= 8 ? off : off * ((8 + off - 1) / off);
+            size_t k = step - off < m ? step - off : m;
+            for (size_t i = 0; i < k; i++)
+                op[i] = from[i];
+            op += k;
+            if (op < end) {
+                from = op - step;
+                do {
+                    memcpy(op, from, 8);
+                    op += 8;
+                    from += 8;
+                } while (op < end);
+            }
+        } else if (off >= m) {
+            memcpy(op, from, m);
+        } else { /* overlapping: a repeat of the last off bytes */
+            for (size_t i = 0; i < m; i++)
+                op[i] = from[i];
+        }
+        op = end;
+    }
+    return op == oend ? 0 : -EBADMSG;
+}
+
+/* An LZ4 block grows at most 255:1 (a match length byte of 255 stands
+ * for 255 bytes); a header claiming more is not ours. */
+#define LZ4_MAX_RATIO 255
+
+/* A packed put file unpacked: *out (malloc'd) holds the plain put file it
+ * stands for, and sp points into it, all checked as kc__spool_put_decode
+ * checks a plain one (the body checksum after unpacking). Its spool header
+ * says 'P' and its length, but its checksum is not recomputed: the packed
+ * file's was checked, and the body's is. */
+static int put_unpack(const void *file, size_t len, unsigned char **out, size_t *outlen,
+                      struct kc__sp_put *sp)
+{
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (kc__spool_check(file, len, &type, &p, &n) != 0 || type != KC__SP_PACKED ||
+        put_head(p, n, sp) != 0)
+        return -EBADMSG;
+    const unsigned char *packed = sp->record + KC__HDR_LEN;
+    size_t plen = sp->record_len - KC__HDR_LEN;
+    if (sp->hdr.body_size > (uint64_t)plen * LZ4_MAX_RATIO + 16)
+        return -EBADMSG;
+    size_t head = (size_t)(packed - (const unsigned char *)file), body = (size_t)sp->hdr.body_size;
+    unsigned char *b = malloc(head + body + 1);
+    if (b == NULL)
+        return -ENOMEM;
+    memcpy(b, file, head);
+    if (kc__lz4_unpack(packed, plen, b + head, body) != 0) {
+        free(b);
+        return -EBADMSG;
+    }
+    b[4] = KC__SP_PUT;
+    kc__put_u64(b + 8, head + body - KC__SPOOL_HDR);
+    const void *bp;
+    if (put_head(b + KC__SPOOL_HDR, head + body - KC__SPOOL_HDR, sp) != 0 ||
+        kc__parse_record(sp->record, sp->record_len, NULL, &bp, &sp->body_len) != 0) {
+        free(b);
+        return -EBADMSG;
+    }
+    sp->body = bp;
+    *out = b;
+    *outlen = head + body;
+    return 0;
+}
+
+int kc__put_decode_any(unsigned char **file, size_t *len, struct kc__sp_put *out)
+{
+    if (*len > 4 && (*file)[4] == KC__SP_PACKED) {
+        unsigned char *b;
+        size_t n;
+        int rc = put_unpack(*file, *len, &b, &n, out);
+        if (rc != 0)
+            return rc;
+        free(*file);
+        *file = b;
+        *len = n;
+        return 0;
+    }
+    return kc__spool_put_decode(*file, *len, out) != 0 ? -EBADMSG : 0;
 }
 
 /* Items: name_len u16, pad u16, flags u32, key 24, source 16, a u64, b u64,

@@ -77,8 +77,8 @@ int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsig
     int rc = kc__read_file(AT_FDCWD, path, PUT_FILE_MAX, &b, &n);
     if (rc < 0)
         return rc == -ENOENT ? -ENOENT : -EBADMSG;
-    if (kc__spool_put_decode(b, n, sp) != 0 || strcmp(sp->ns, ns) != 0 ||
-        memcmp(&sp->key, key, sizeof *key) != 0) {
+    if (kc__put_decode_any(&b, &n, sp) != 0 ||
+        (ns != NULL && (strcmp(sp->ns, ns) != 0 || memcmp(&sp->key, key, sizeof *key) != 0))) {
         free(b);
         return -EBADMSG;
     }

@@ -1116,16 +1116,14 @@ static void hot_check(struct kc_store *st, uint64_t *bad)
     while ((de = readdir(d)) != NULL) {
         if (strlen(de->d_name) != 32 || strspn(de->d_name, "0123456789abcdef") != 32)
             continue;
-        unsigned char *buf;
-        size_t n;
+        unsigned char *buf = NULL;
         struct kc__sp_put sp;
-        char name[40];
-        if (kc__read_file(dirfd(d), de->d_name, SPOOL_READ_MAX, &buf, &n) != 0) {
-            (*bad)++;
+        char name[40], path[4300];
+        snprintf(path, sizeof path, "%s/%s", st->p.hot, de->d_name);
+        int rc = kc__put_file_read(path, NULL, NULL, &buf, &sp);
+        if (rc == -ENOENT) /* the owner evicted it meanwhile */
             continue;
-        }
-        if (kc__spool_put_decode(buf, n, &sp) != 0 ||
-            (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, de->d_name) != 0))
+        if (rc != 0 || (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, de->d_name) != 0))
             (*bad)++;
         free(buf);
     }

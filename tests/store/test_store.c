@@ -14,6 +14,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <lz4.h>
+#include <lz4hc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,7 +267,7 @@ static void corrupt_body(const kc_key *k)
     free(bv);
     kc__owner_end(o);
     /* And no good copy left beside it: the hot file the drain made. */
-    char name[40], path[600];
+    char name[40], path[4300];
     kc__spool_name(NS, k, 0, name);
     snprintf(path, sizeof path, "%s/hot/%s", dir, name);
     unlink(path);
@@ -874,6 +876,276 @@ Test(store, drained_puts_become_hot_files_and_leave_with_their_entry)
     cr_assert_eq(kc__filter_maybe(&ro, fpath, kc__fhash_kernel(NS, &k)), 0, "filter rebuilt");
     kc__filter_ro_drop(&ro);
     api->close(st);
+}
+
+/* ---- packed hot files ----------------------------------------------------- */
+
+/* Test inputs: PTX-like text, random bytes, runs (matches overlapping their
+ * own output at offsets 1 and 3), and a mix. */
+static unsigned char *lz4_input(int kind, size_t n, uint64_t seed)
+{
+    unsigned char *p = malloc(n + 1);
+    if (kind == 0) { /* ptxgen writes a whole header: ask for enough */
+        char *t = ptxgen(seed, n < 4096 ? 4096 : n);
+        memcpy(p, t, n);
+        free(t);
+        return p;
+    }
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        switch (kind) {
+        case 1: p[i] = (unsigned char)s; break;
+        case 2: p[i] = 'a'; break;
+        case 3: p[i] = "xyz"[i % 3]; break;
+        default: p[i] = (i / 97) % 2 ? (unsigned char)s : (unsigned char)('A' + i % 7); break;
+        }
+    }
+    return p;
+}
+
+Test(store, lz4_blocks_unpack_as_liblz4_packed_them)
+{
+    static const size_t sizes[] = {0, 1, 5, 12, 13, 100, 4096, 65543, 300000};
+    int cases = 0;
+    for (int kind = 0; kind < 5; kind++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (int hc = 0; hc < 2; hc++) {
+                size_t n = sizes[si];
+                unsigned char *src = lz4_input(kind, n, 1000 + si);
+                int bound = LZ4_compressBound((int)n);
+                char *z = malloc((size_t)bound);
+                int zn = hc ? LZ4_compress_HC((const char *)src, z, (int)n, bound, 12)
+                            : LZ4_compress_default((const char *)src, z, (int)n, bound);
+                cr_assert_gt(zn, 0);
+                unsigned char *out = malloc(n + 2);
+                cr_assert_eq(kc__lz4_unpack(z, (size_t)zn, out, n), 0, "kind %d size %zu hc %d",
+                             kind, n, hc);
+                cr_assert_eq(memcmp(out, src, n), 0, "kind %d size %zu hc %d", kind, n, hc);
+                /* Any other size is refused, and so is every strict prefix. */
+                cr_assert_eq(kc__lz4_unpack(z, (size_t)zn, out, n + 1), -EBADMSG);
+                if (n > 0)
+                    cr_assert_eq(kc__lz4_unpack(z, (size_t)zn, out, n - 1), -EBADMSG);
+                size_t step = zn > 2000 ? (size_t)zn / 500 : 1;
+                for (size_t cut = 0; cut < (size_t)zn; cut += step)
+                    cr_assert_eq(kc__lz4_unpack(z, cut, out, n), -EBADMSG, "prefix %zu", cut);
+                /* Flipped bytes: refused or some output, never out of bounds
+                 * (the fuzz target checks the bounds under ASan). */
+                uint64_t r = 77 + n;
+                for (int f = 0; f < 200 && zn > 0; f++) {
+                    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                    size_t at = (size_t)(r % (uint64_t)zn);
+                    unsigned char was = (unsigned char)z[at];
+                    z[at] = (char)(was ^ (1u << (r >> 40) % 8));
+                    int rc = kc__lz4_unpack(z, (size_t)zn, out, n);
+                    cr_assert(rc == 0 || rc == -EBADMSG);
+                    z[at] = (char)was;
+                }
+                free(out);
+                free(z);
+                free(src);
+                cases++;
+            }
+    cr_assert_eq(cases, 90);
+    /* Blocks no encoder writes. */
+    unsigned char o[64];
+    static const struct {
+        const char *b;
+        size_t n, cap;
+    } bad[] = {
+        {"\x10" "a\x00\x00\x00", 5, 5},      /* offset 0 */
+        {"\x10" "a\x02\x00\x00", 5, 5},      /* offset past the output */
+        {"\x10" "a\x01\x00", 4, 5},          /* no last (literals only) sequence */
+        {"\x1f" "a\x01\x00\xff\xff", 6, 64}, /* match length continued past the end */
+        {"\xf0\xff", 2, 64},                 /* literal length continued past the end */
+        {"\x10" "a\x01", 3, 5},              /* offset cut short */
+        {"\x10" "a\x01\x00\x00", 5, 4},      /* match past cap */
+        {"", 0, 0},                          /* no token at all */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(kc__lz4_unpack(bad[i].b, bad[i].n, o, bad[i].cap), -EBADMSG, "case %zu", i);
+    /* And what they look like when right: literal "a", then 4 more. */
+    cr_assert_eq(kc__lz4_unpack("\x10" "a\x01\x00\x00", 5, o, 5), 0);
+    cr_assert_eq(memcmp(o, "aaaaa", 5), 0);
+}
+
+/* The packed put file of a plain put with body `b` (n bytes). */
+static struct kc__buf packed_put(const kc_key *k, const unsigned char *b, size_t n)
+{
+    struct kc__sp_put sp = {.key = *k, .body = b, .body_len = n};
+    snprintf(sp.ns, sizeof sp.ns, "%s", NS);
+    sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = n,
+                              .created_ns = 1700000000000000000ull,
+                              .body_xxh = kc__body_xxh(b, n)};
+    char *z = malloc((size_t)LZ4_compressBound((int)n));
+    int zn = LZ4_compress_default((const char *)b, z, (int)n, LZ4_compressBound((int)n));
+    struct kc__buf out = {0};
+    cr_assert_eq(kc__spool_put_pack(&out, &sp, z, (size_t)zn), 0);
+    free(z);
+    return out;
+}
+
+/* Refreshes a spool file's checksum after a test changed its payload. */
+static void reseal(struct kc__buf *b)
+{
+    kc__spool_end(b);
+}
+
+Test(store, packed_puts_unpack_to_the_plain_put_and_refuse_any_damage)
+{
+    kc_key k = key(31, 1);
+    size_t n = 20000;
+    unsigned char *body = lz4_input(0, n, 5);
+    struct kc__buf f = packed_put(&k, body, n);
+    cr_assert_lt(f.len, n / 2, "PTX packs to under half (%zu of %zu)", f.len, n);
+
+    unsigned char *file = malloc(f.len);
+    memcpy(file, f.p, f.len);
+    size_t len = f.len;
+    struct kc__sp_put sp;
+    cr_assert_eq(kc__put_decode_any(&file, &len, &sp), 0);
+    cr_assert_eq(sp.body_len, n);
+    cr_assert_eq(memcmp(sp.body, body, n), 0);
+    cr_assert_str_eq(sp.ns, NS);
+    cr_assert_eq(memcmp(&sp.key, &k, sizeof k), 0);
+    free(file);
+    /* A packed file is not a put the owner drains from the spool. */
+    cr_assert_eq(kc__spool_put_decode(f.p, f.len, &sp), -EBADMSG);
+
+    /* Any flipped bit: the file checksum. */
+    for (size_t at = 0; at < f.len; at += 37) {
+        file = malloc(f.len);
+        memcpy(file, f.p, f.len);
+        file[at] ^= 0x10;
+        len = f.len;
+        cr_assert_eq(kc__put_decode_any(&file, &len, &sp), -EBADMSG, "byte %zu", at);
+        free(file);
+    }
+    /* Damage behind a good file checksum: the packed bytes (the body
+     * checksum, or the size), the body size, the body checksum. */
+    size_t hdr_at = KC__SPOOL_HDR + 8 + KC__KEY_LEN + 16 + strlen(NS);
+    for (int how = 0; how < 4; how++) {
+        struct kc__buf g = {0};
+        kc__buf_add(&g, f.p, f.len);
+        if (how == 0)
+            g.p[g.len - 40] ^= 0x01;                                          /* packed bytes */
+        if (how == 3)
+            g.p[g.len - 1] = (unsigned char)(g.p[g.len - 1] + 1); /* last literal */
+        if (how == 1 || how == 2) { /* body size: one more, or past LZ4's 255:1 */
+            struct kc__hdr h;
+            cr_assert_eq(kc__hdr_decode(f.p + hdr_at, KC__HDR_LEN, &h), 0);
+            h.body_size = how == 1 ? n + 1 : (uint64_t)(g.len - hdr_at) * 300;
+            kc__hdr_encode(&h, g.p + hdr_at);
+        }
+        reseal(&g);
+        len = g.len;
+        file = g.p;
+        cr_assert_eq(kc__put_decode_any(&file, &len, &sp), -EBADMSG, "damage %d", how);
+        free(file);
+    }
+    kc__buf_free(&f);
+    free(body);
+}
+
+/* The hot file of k: its bytes (malloc'd) and mode, or NULL. */
+static unsigned char *hot_file(const kc_key *k, size_t *len, mode_t *mode)
+{
+    char name[40], path[600];
+    kc__spool_name(NS, k, 0, name);
+    snprintf(path, sizeof path, "%s/hot/%s", dir, name);
+    struct stat sb;
+    unsigned char *f = NULL;
+    if (lstat(path, &sb) != 0 || kc__read_file(AT_FDCWD, path, 1 << 24, &f, len) != 0)
+        return NULL;
+    *mode = sb.st_mode & 0777;
+    return f;
+}
+
+Test(store, past_their_bound_the_oldest_hot_files_are_packed_then_removed)
+{
+    /* Tables far under 2 MiB: DIR/hot is bounded by KC__HOT_MIN. Puts of
+     * ~20 KB of PTX-like text, drained in small batches, oldest first. */
+    struct kc_store *st = open_at(dir, 0, 0);
+    enum { N = 120 };
+    size_t n = 20000;
+    unsigned char *bodies[N];
+    for (int i = 0; i < N; i++) {
+        kc_key k = key(1000 + (uint64_t)i, 1);
+        bodies[i] = lz4_input(0, n, 100 + (uint64_t)i);
+        cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, bodies[i], n, 1), 0);
+        if (i % 10 == 9)
+            drain(st);
+    }
+    struct kc__paths p;
+    kc__paths_init(&p, dir);
+    uint64_t reserved;
+    uint64_t hot = kc__du(p.hot, &reserved);
+    cr_assert_leq(hot, KC__HOT_MIN + 64 * 1024, "DIR/hot within its bound: %llu",
+                  (unsigned long long)hot);
+    int plain = 0, packed = 0, gone = 0, last_state = 0, order_ok = 1, batch_min = 2, batch_max = 0;
+    for (int i = 0; i < N; i++) {
+        kc_key k = key(1000 + (uint64_t)i, 1);
+        size_t len;
+        mode_t mode;
+        unsigned char *f = hot_file(&k, &len, &mode);
+        /* Oldest first: removed, then packed, then plain; never back. The
+         * puts of one drain may share an mtime (the clock's tick): order
+         * is checked between drains. */
+        int state = f == NULL ? 0 : f[4] == KC__SP_PACKED ? 1 : 2;
+        if (i % 10 == 0)
+            batch_min = 2, batch_max = 0;
+        batch_min = state < batch_min ? state : batch_min;
+        batch_max = state > batch_max ? state : batch_max;
+        if (i % 10 == 9) {
+            order_ok &= batch_min >= last_state;
+            last_state = batch_max;
+        }
+        if (f == NULL) {
+            gone++;
+            continue;
+        }
+        if (state == 1) {
+            packed++;
+            cr_assert(mode == 0400 && len < n / 2, "packed: mode %o, %zu bytes", mode, len);
+        } else {
+            plain++;
+            cr_assert(mode == 0600 && len > n, "plain: mode %o", mode);
+        }
+        free(f);
+        void *body;
+        size_t blen;
+        struct kc__hdr h;
+        cr_assert_eq(kc__files_lookup(&p, NS, &k, &body, &blen, &h), 0, "entry %d", i);
+        cr_assert(blen == n && memcmp(body, bodies[i], n) == 0, "entry %d reads back", i);
+        free(body);
+    }
+    printf("hot after %d puts: %d gone, %d packed, %d plain, %llu bytes\n", N, gone, packed, plain,
+           (unsigned long long)hot);
+    cr_assert(order_ok, "recency order kept: %d gone, %d packed, %d plain", gone, packed, plain);
+    cr_assert(gone > 0 && packed > 0 && plain > 0, "%d gone, %d packed, %d plain", gone, packed,
+              plain);
+    /* Everything is still a hit, hot or not. */
+    for (int i = 0; i < N; i += 7) {
+        kc_key k = key(1000 + (uint64_t)i, 1);
+        void *b;
+        size_t bl;
+        cr_assert_eq(api->get(st, NS, &k, &b, &bl, NULL), 0);
+        cr_assert(bl == n && memcmp(b, bodies[i], n) == 0);
+        api->free(b);
+    }
+    /* A killed owner's temp file in DIR/hot goes at the next session. */
+    char stray[4300];
+    snprintf(stray, sizeof stray, "%s/t-999999999-1-0123456789abcdef", p.hot);
+    int fd = open(stray, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    cr_assert(fd >= 0);
+    close(fd);
+    kc_key k = key(5000, 1);
+    put_str(st, &k, NULL, "again");
+    drain(st);
+    cr_assert_neq(access(stray, F_OK), 0, "stray temp file removed");
+    api->close(st);
+    for (int i = 0; i < N; i++)
+        free(bodies[i]);
 }
 
 Test(store, a_symlinked_subdirectory_is_refused)
