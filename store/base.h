@@ -96,11 +96,16 @@ int kc__kkey_split(const unsigned char *k, size_t len, char ns[KC__NS_MAX + 1], 
 #define KC__SPOOL_MAGIC 0x3153434bu /* "KCS1" */
 #define KC__SPOOL_HDR 24
 
-enum { KC__SP_PUT = 'P', KC__SP_PACKED = 'Z', KC__SP_PURGE = 'X', KC__SP_HITS = 'H', KC__SP_COUNT = 'C' };
+enum {
+    KC__SP_PUT = 'P',
+    KC__SP_PACKED = 'Z',
+    KC__SP_PURGE = 'X',
+    KC__SP_HITS = 'H',
+    KC__SP_COUNT = 'C'
+};
 enum { KC__PF_SOURCE = 1, KC__PF_KEY = 2, KC__PF_IFBAD = 4 };
 
-/* A growable byte buffer. kc__buf_add with p NULL makes room for n bytes,
- * left for the caller to write. */
+/* A growable byte buffer. */
 struct kc__buf {
     unsigned char *p;
     size_t len, cap;
@@ -231,11 +236,14 @@ void kc__spool_name(const char *ns, const kc_key *key, char prefix, char out[40]
 bool kc__spool_pending(const char *spool);
 
 /* Reads and checks DIR/hot/<hash> (or a spool put file), plain or packed,
- * for (ns, key) (ns NULL: any key): 0 with *buf (malloc'd: the file, or
- * the plain form of a packed one) and *sp pointing into it; -ENOENT when
- * absent; -EBADMSG when it exists but fails its checks or holds another
- * key. */
+ * for (ns, key): 0 with *buf (malloc'd: the file, or the plain form of a
+ * packed one) and *sp pointing into it; -ENOENT when absent; -EBADMSG when
+ * it exists but fails its checks or holds another key. */
 int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsigned char **buf,
+                      struct kc__sp_put *sp);
+/* The same for the hot file `name` in directory `hot`, whatever its key:
+ * -EBADMSG also when it holds a key its name is not the hash of. */
+int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf,
                       struct kc__sp_put *sp);
 
 /* Starting the owner: the kcache tool (given, $KCACHE_TOOL, beside the

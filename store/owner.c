@@ -458,15 +458,9 @@ static void hot_enforce(struct kc__owner *o)
     bool full = false;
     for (size_t j = n; dfd >= 0 && j-- > 0;) {
         struct hotf *f = &v[j];
-        bool keep = false;
-        if (!full) {
-            if (kept + f->size > target / 2 && !f->packed && hot_pack(o, f) != 0)
-                keep = false; /* does not pack */
-            else if (kept + f->size <= target)
-                keep = true;
-            else
-                full = true;
-        }
+        bool keep = !full && (kept + f->size <= target / 2 || f->packed || hot_pack(o, f) == 0);
+        if (keep && kept + f->size > target)
+            keep = false, full = true;
         if (keep)
             kept += f->size;
         else
@@ -1244,12 +1238,7 @@ static void hot_verify(struct kc__owner *o, int repair, struct kc_verify_report 
         snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
         unsigned char *buf = NULL;
         struct kc__sp_put sp;
-        bool bad = kc__put_file_read(path, NULL, NULL, &buf, &sp) != 0;
-        if (!bad) {
-            char name[40];
-            kc__spool_name(sp.ns, &sp.key, 0, name);
-            bad = strcmp(name, v[i].name) != 0;
-        }
+        bool bad = kc__hot_file_read(o->p.hot, v[i].name, &buf, &sp) != 0;
         if (!bad) {
             unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
             size_t kl = kc__kkey(sp.ns, &sp.key, kk);
@@ -1465,13 +1454,11 @@ static uint64_t hot_salvage(struct kc__owner *o)
     uint64_t put = 0;
     hot_list(o, &v, &n);
     for (size_t i = 0; i < n; i++) {
-        char path[PATH_MAX], name[40];
+        char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", o->p.hot, v[i].name);
         unsigned char *buf = NULL;
         struct kc__sp_put sp;
-        if (kc__put_file_read(path, NULL, NULL, &buf, &sp) != 0 ||
-            (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, v[i].name) != 0)) {
-            free(buf);
+        if (kc__hot_file_read(o->p.hot, v[i].name, &buf, &sp) != 0) {
             unlink(path);
             continue;
         }

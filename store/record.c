@@ -210,7 +210,7 @@ void kc__buf_add(struct kc__buf *b, const void *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
-    if (n > 0 && p != NULL)
+    if (n > 0)
         memcpy(b->p + b->len, p, n);
     b->len += n;
 }
@@ -257,7 +257,8 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
     if (kc__get_u64(p + 16) != XXH3_64bits(p + KC__SPOOL_HDR, n))
         return -EBADMSG;
     int t = p[4];
-    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_PURGE && t != KC__SP_HITS && t != KC__SP_COUNT)
+    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_PURGE && t != KC__SP_HITS &&
+        t != KC__SP_COUNT)
         return -EBADMSG;
     *type = t;
     *payload = p + KC__SPOOL_HDR;

@@ -69,21 +69,51 @@ bool kc__spool_pending(const char *spool)
     return any;
 }
 
-int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsigned char **buf,
-                      struct kc__sp_put *sp)
+/* Reads and decodes a put file, plain or packed. */
+static int put_file_load(const char *path, unsigned char **buf, struct kc__sp_put *sp)
 {
     unsigned char *b;
     size_t n;
     int rc = kc__read_file(AT_FDCWD, path, PUT_FILE_MAX, &b, &n);
     if (rc < 0)
         return rc == -ENOENT ? -ENOENT : -EBADMSG;
-    if (kc__put_decode_any(&b, &n, sp) != 0 ||
-        (ns != NULL && (strcmp(sp->ns, ns) != 0 || memcmp(&sp->key, key, sizeof *key) != 0))) {
+    if (kc__put_decode_any(&b, &n, sp) != 0) {
         free(b);
         return -EBADMSG;
     }
     *buf = b;
     return 0;
+}
+
+/* put_file_load's answer, refused (-EBADMSG) when the file does not hold
+ * the key asked for. */
+static int put_file_kept(int rc, bool holds, unsigned char **buf)
+{
+    if (rc == 0 && !holds) {
+        free(*buf);
+        *buf = NULL;
+        return -EBADMSG;
+    }
+    return rc;
+}
+
+int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsigned char **buf,
+                      struct kc__sp_put *sp)
+{
+    int rc = put_file_load(path, buf, sp);
+    return put_file_kept(rc, rc == 0 && strcmp(sp->ns, ns) == 0 &&
+                                 memcmp(&sp->key, key, sizeof *key) == 0, buf);
+}
+
+int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf,
+                      struct kc__sp_put *sp)
+{
+    char path[4400], want[40] = "";
+    snprintf(path, sizeof path, "%s/%s", hot, name);
+    int rc = put_file_load(path, buf, sp);
+    if (rc == 0)
+        kc__spool_name(sp->ns, &sp->key, 0, want);
+    return put_file_kept(rc, strcmp(want, name) == 0, buf);
 }
 
 /* ---- starting the owner ------------------------------------------------ */

@@ -1118,12 +1118,8 @@ static void hot_check(struct kc_store *st, uint64_t *bad)
             continue;
         unsigned char *buf = NULL;
         struct kc__sp_put sp;
-        char name[40], path[4300];
-        snprintf(path, sizeof path, "%s/%s", st->p.hot, de->d_name);
-        int rc = kc__put_file_read(path, NULL, NULL, &buf, &sp);
-        if (rc == -ENOENT) /* the owner evicted it meanwhile */
-            continue;
-        if (rc != 0 || (kc__spool_name(sp.ns, &sp.key, 0, name), strcmp(name, de->d_name) != 0))
+        int rc = kc__hot_file_read(st->p.hot, de->d_name, &buf, &sp);
+        if (rc != 0 && rc != -ENOENT) /* -ENOENT: the owner evicted it meanwhile */
             (*bad)++;
         free(buf);
     }

@@ -985,12 +985,6 @@ static struct kc__buf packed_put(const kc_key *k, const unsigned char *b, size_t
     return out;
 }
 
-/* Refreshes a spool file's checksum after a test changed its payload. */
-static void reseal(struct kc__buf *b)
-{
-    kc__spool_end(b);
-}
-
 Test(store, packed_puts_unpack_to_the_plain_put_and_refuse_any_damage)
 {
     kc_key k = key(31, 1);
@@ -1037,7 +1031,7 @@ Test(store, packed_puts_unpack_to_the_plain_put_and_refuse_any_damage)
             h.body_size = how == 1 ? n + 1 : (uint64_t)(g.len - hdr_at) * 300;
             kc__hdr_encode(&h, g.p + hdr_at);
         }
-        reseal(&g);
+        kc__spool_end(&g); /* the file checksum made right again */
         len = g.len;
         file = g.p;
         cr_assert_eq(kc__put_decode_any(&file, &len, &sp), -EBADMSG, "damage %d", how);
