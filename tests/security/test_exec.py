@@ -332,20 +332,29 @@ def alive(pid):
         return False
 
 
+def owner_pids(under):
+    """Pids of live owner processes whose --dir lies under `under`."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"owner" in argv and any(a.startswith(under.encode()) for a in argv) and \
+                alive(int(pid)):
+            pids.append(int(pid))
+    return pids
+
+
 def find_owner(cache, bound=20):
     """The pid of the owner process started for `cache`, or None."""
     end = time.monotonic() + bound
     while time.monotonic() < end:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"owner" in argv and cache.encode() in argv:
-                return int(pid)
+        for pid in owner_pids(cache):
+            return pid
         time.sleep(0.05)
     return None
 
@@ -412,10 +421,11 @@ def main():
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        for pid in owners:
-            end = time.monotonic() + 10
-            while time.monotonic() < end and alive(pid):
-                time.sleep(0.05)
+        # Owners started by the runs (idle exit 0 ms, or killed above) are
+        # gone before their directories are removed.
+        end = time.monotonic() + 30
+        while time.monotonic() < end and owner_pids(TMP + "/"):
+            time.sleep(0.05)
         shutil.rmtree(TMP, ignore_errors=True)
     if failures:
         print("%d failure(s):" % len(failures))
