@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 enum {
@@ -199,6 +200,15 @@ void kc_config_load(struct kc_config *cfg)
     cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
     cfg->lock_timeout_ms = 30000;
     cfg->single_flight = true;
+
+    /* A secure-execution process (set-user-ID or set-group-ID, file
+     * capabilities) must not obey its caller's environment, which could
+     * name the program kcache starts, the store it loads or the directory
+     * it writes: kcache is off there and reads no variable at all. */
+    if (getauxval(AT_SECURE) != 0) {
+        cfg->disable = true;
+        return;
+    }
 
     const char *v = env(cfg, V_DIR);
     if (v != NULL && v[0] != '\0') {

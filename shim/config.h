@@ -66,7 +66,9 @@ extern const struct kc_config_var kc_config_vars[];
 extern const int kc_config_n_vars;
 
 /* Fills *cfg from the environment (getenv) and the defaults. Never fails:
- * a malformed value keeps the default and adds a warning. */
+ * a malformed value keeps the default and adds a warning. In a
+ * secure-execution process (AT_SECURE) no variable is read and `disable`
+ * is set. */
 void kc_config_load(struct kc_config *cfg);
 
 /* Formats variable i's effective value into buf. */

@@ -140,7 +140,7 @@ static void need_tool(struct front *f)
     pthread_mutex_lock(&f->tool_mu);
     if (!f->tool_ready) {
         if (f->pd.kick.tool == NULL)
-            f->pd.kick.tool = kc__find_tool(NULL, (const void *)kc__front_open);
+            f->pd.kick.tool = kc__find_tool(NULL, kc__self_path());
         __atomic_store_n(&f->tool_ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&f->tool_mu);
@@ -228,17 +228,12 @@ int kc__front_open(const struct kc_store_options *opts, void *(*load)(void),
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->real_mu, NULL);
     pthread_mutex_init(&f->tool_mu, NULL);
-    /* The tool is looked for now when it is named (cheap) or when this
-     * library was loaded by a relative path (its search then depends on
-     * the working directory, which the host may change); else on first
-     * need (need_tool). */
-    const char *env = getenv("KCACHE_TOOL");
-    Dl_info di;
-    bool now = (opts->tool != NULL && opts->tool[0] != 0) || (env != NULL && env[0] != 0) ||
-               dladdr((const void *)kc__front_open, &di) == 0 || di.dli_fname == NULL ||
-               di.dli_fname[0] != '/';
+    /* The tool is looked for now when it is named, else on first need
+     * (need_tool): beside this library's absolute path, found before main,
+     * so the working directory of that moment does not matter. */
+    bool now = opts->tool != NULL && opts->tool[0] != 0;
     kc__pending_init(&f->pd, &f->p, f->readonly, f->max_size,
-                     now ? kc__find_tool(opts->tool, (const void *)kc__front_open) : NULL);
+                     now ? kc__find_tool(opts->tool, kc__self_path()) : NULL);
     f->tool_ready = now;
     *out = (struct kc_store *)f;
     return 0;

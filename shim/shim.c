@@ -6,9 +6,11 @@
 #include "shim.h"
 #include "front.h"
 #include "flight.h"
+#include "../store/base.h"
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -72,19 +74,29 @@ static int store_state; /* 0 untried, 1 open, -1 unusable */
 static struct kc_store *store;
 static const struct kc_store_api *store_api;
 
-/* The directory libkcache.so was loaded from, with a trailing '/'. */
-static int self_dir(char *buf, size_t len)
+/* libkcache.so's absolute path, found before main (self_locate): the kcache
+ * tool and the store library are looked for beside it, never relative to
+ * the working directory, which the host may change to one another user
+ * controls. Empty: unknown. */
+static char self_path[PATH_MAX];
+
+__attribute__((constructor)) static void self_locate(void)
 {
+    if (kc__object_path((const void *)self_locate, self_path, sizeof self_path) == 0)
+        return;
+    self_path[0] = '\0';
+    /* No /proc: a relative name is resolved now, against the working
+     * directory the loader used, before main can change it. */
     Dl_info info;
-    if (dladdr((void *)self_dir, &info) == 0 || info.dli_fname == NULL)
-        return -ENOENT;
-    const char *slash = strrchr(info.dli_fname, '/');
-    size_t n = slash ? (size_t)(slash - info.dli_fname) + 1 : 0;
-    if (n + 1 > len)
-        return -ENAMETOOLONG;
-    memcpy(buf, info.dli_fname, n);
-    buf[n] = '\0';
-    return 0;
+    char real[PATH_MAX];
+    if (dladdr((void *)self_locate, &info) != 0 && info.dli_fname != NULL &&
+        info.dli_fname[0] != '\0' && realpath(info.dli_fname, real) != NULL)
+        memcpy(self_path, real, strlen(real) + 1);
+}
+
+const char *kc__self_path(void)
+{
+    return self_path[0] == '/' ? self_path : NULL;
 }
 
 static void *load_store_lib(void)
@@ -92,15 +104,20 @@ static void *load_store_lib(void)
     const char *env = getenv("KCACHE_STORE_LIB");
     if (env != NULL && env[0] != '\0')
         return dlopen(env, RTLD_NOW | RTLD_LOCAL);
-    char dir[4096], path[4200];
-    if (self_dir(dir, sizeof dir) != 0)
-        return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
-    /* Installed side by side, or the build tree's store/ beside shim/. */
-    static const char *rel[] = {"libkcache-store.so", "../store/libkcache-store.so"};
-    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
-        snprintf(path, sizeof path, "%s%s", dir, rel[i]);
-        if (access(path, R_OK) == 0)
-            return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    const char *self = kc__self_path();
+    /* Installed side by side, or the build tree's store/ beside shim/; a
+     * bare name only when our own location is unknown or has neither (the
+     * loader's search: no working directory unless LD_LIBRARY_PATH names
+     * it). */
+    if (self != NULL) {
+        static const char *rel[] = {"libkcache-store.so", "../store/libkcache-store.so"};
+        size_t n = (size_t)(strrchr(self, '/') - self) + 1;
+        char path[PATH_MAX + 32];
+        for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+            snprintf(path, sizeof path, "%.*s%s", (int)n, self, rel[i]);
+            if (access(path, R_OK) == 0)
+                return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        }
     }
     return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
 }

@@ -32,6 +32,9 @@ struct kc_store *kc__store(const struct kc_store_api **api);
  * handed to the store at exit). Thread-safe. */
 void kc__count(const char *backend, const struct kc_counters *c);
 
+/* libkcache.so's absolute path, found before main; NULL when unknown. */
+const char *kc__self_path(void);
+
 /* Monotonic clock, nanoseconds. */
 uint64_t kc__now_ns(void);
 

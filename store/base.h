@@ -246,9 +246,16 @@ int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsig
 int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf,
                       struct kc__sp_put *sp);
 
-/* Starting the owner: the kcache tool (given, $KCACHE_TOOL, beside the
- * library holding `anchor`, then $PATH), spawned detached when nobody holds
- * DIR/owner.lock; never waited for. */
+/* The absolute path of the loaded object (shared library) holding addr:
+ * the loader's name for it when absolute, else the kernel's view of the
+ * mapping (/proc/self/maps), never resolved against the working directory.
+ * 0, or -ENOENT (unknown, or the file was deleted since), -ENAMETOOLONG, or
+ * the error reading /proc. */
+int kc__object_path(const void *addr, char *buf, size_t len);
+
+/* Starting the owner: the kcache tool, spawned detached (with fds 0-2 on
+ * /dev/null, no other fd, in /) when nobody holds DIR/owner.lock; never
+ * waited for. */
 struct kc__kicker {
     int lockfd;
     pid_t spawned;
@@ -256,7 +263,14 @@ struct kc__kicker {
     bool warned;
     char *tool;
 };
-char *kc__find_tool(const char *given, const void *anchor);
+/* The kcache tool's absolute path (malloc'd), or NULL when none is found
+ * safely: `given`, else $KCACHE_TOOL (each an absolute path, or a bare name
+ * looked up on $PATH's absolute entries; a relative path is refused), else
+ * beside `lib` (the absolute path of the calling library, or NULL: in
+ * ../tools, ../bin, ../../bin of its real directory), else "kcache" on
+ * $PATH's absolute entries. Never the working directory, and NULL in a
+ * secure-execution process. */
+char *kc__find_tool(const char *given, const char *lib);
 void kc__kicker_init(struct kc__kicker *k, char *tool);
 /* Starts the owner unless one holds the lock (at most every 200 ms). The
  * caller serialises calls. */

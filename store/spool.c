@@ -12,10 +12,13 @@
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -118,36 +121,169 @@ int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf,
 
 /* ---- starting the owner ------------------------------------------------ */
 
-char *kc__find_tool(const char *given, const void *anchor)
+/* The path of the file mapped at address a, from /proc/self/maps. */
+static int mapped_path(uintptr_t a, char *buf, size_t len)
 {
-    if (given != NULL && given[0] != 0)
-        return strdup(given);
-    const char *env = getenv("KCACHE_TOOL");
-    if (env != NULL && env[0] != 0)
-        return strdup(env);
-    Dl_info di;
-    if (anchor != NULL && dladdr(anchor, &di) != 0 && di.dli_fname != NULL) {
-        char lib[PATH_MAX];
-        if (realpath(di.dli_fname, lib) != NULL) {
-            char *slash = strrchr(lib, '/');
-            if (slash != NULL) {
-                *slash = 0;
-                static const char *const rel[] = {"/../tools/kcache", "/../bin/kcache",
-                                                  "/../../bin/kcache"};
-                for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-                    char cand[PATH_MAX + 32];
-                    snprintf(cand, sizeof cand, "%s%s", lib, rel[i]);
-                    if (access(cand, X_OK) == 0)
-                        return strdup(cand);
-                }
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    size_t cap = 64 << 10, n = 0;
+    char *text = malloc(cap);
+    int rc = text != NULL ? 0 : -ENOMEM;
+    while (rc == 0) {
+        if (n + 1 == cap) {
+            char *t = cap < (16u << 20) ? realloc(text, cap * 2) : NULL;
+            if (t == NULL) {
+                rc = -ENOMEM;
+                break;
             }
+            text = t;
+            cap *= 2;
         }
+        ssize_t r = read(fd, text + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = -errno;
+        else if (r == 0)
+            break;
+        else
+            n += (size_t)r;
     }
-    return strdup("kcache");
+    close(fd);
+    if (rc != 0) {
+        free(text);
+        return rc;
+    }
+    text[n] = 0;
+    rc = -ENOENT;
+    for (char *line = text; *line != 0;) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = 0;
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+            /* "lo-hi perms offset dev inode   /path"; a file deleted or
+             * replaced since it was mapped is no guide to its neighbours. */
+            static const char deleted[] = " (deleted)";
+            const char *path = strchr(line, '/');
+            size_t pn = path != NULL ? strlen(path) : 0, dn = sizeof deleted - 1;
+            if (pn == 0 || (pn > dn && strcmp(path + pn - dn, deleted) == 0))
+                rc = -ENOENT;
+            else if (pn >= len)
+                rc = -ENAMETOOLONG;
+            else {
+                memcpy(buf, path, pn + 1);
+                rc = 0;
+            }
+            break;
+        }
+        if (nl == NULL)
+            break;
+        line = nl + 1;
+    }
+    free(text);
+    return rc;
 }
 
+int kc__object_path(const void *addr, char *buf, size_t len)
+{
+    Dl_info di;
+    if (dladdr(addr, &di) == 0 || di.dli_fname == NULL || di.dli_fname[0] == 0)
+        return -ENOENT;
+    if (di.dli_fname[0] != '/') {
+        /* Loaded by a relative name, which the loader resolved against the
+         * working directory of that moment; the host may have changed it
+         * since. The kernel's view of the mapping is absolute. */
+        return mapped_path((uintptr_t)addr, buf, len);
+    }
+    size_t n = strlen(di.dli_fname);
+    if (n >= len)
+        return -ENAMETOOLONG;
+    memcpy(buf, di.dli_fname, n + 1);
+    return 0;
+}
+
+/* An executable regular file at path. */
+static bool executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* `name` (no '/') on the absolute entries of $PATH; an empty, "." or other
+ * relative entry names the working directory, which the host may have
+ * changed to one another user controls, and is skipped. */
+static char *search_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p != 0;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && p[0] == '/' && n < PATH_MAX) {
+            char cand[PATH_MAX + 64];
+            snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, name);
+            if (executable_file(cand))
+                return strdup(cand);
+        }
+        p += n;
+        if (*p == ':')
+            p++;
+    }
+    return NULL;
+}
+
+/* A tool named by the caller or KCACHE_TOOL: an absolute path as it is, a
+ * bare name on $PATH's absolute entries, a relative path never (it would
+ * mean a different program after every chdir). */
+static char *named_tool(const char *name)
+{
+    if (name[0] == '/')
+        return strdup(name);
+    if (strchr(name, '/') == NULL)
+        return search_path(name);
+    return NULL;
+}
+
+char *kc__find_tool(const char *given, const char *lib)
+{
+    /* A secure-execution process (set-user-ID, capabilities) starts
+     * nothing its caller's environment could name. */
+    if (getauxval(AT_SECURE) != 0)
+        return NULL;
+    if (given != NULL && given[0] != 0)
+        return named_tool(given);
+    const char *env = getenv("KCACHE_TOOL");
+    if (env != NULL && env[0] != 0)
+        return named_tool(env);
+    char real[PATH_MAX];
+    if (lib != NULL && lib[0] == '/' && realpath(lib, real) != NULL) {
+        char *slash = strrchr(real, '/');
+        *slash = 0;
+        static const char *const rel[] = {"/../tools/kcache", "/../bin/kcache",
+                                          "/../../bin/kcache"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            char cand[PATH_MAX + 32];
+            snprintf(cand, sizeof cand, "%s%s", real, rel[i]);
+            if (executable_file(cand))
+                return strdup(cand);
+        }
+    }
+    return search_path("kcache");
+}
+
+/* Starts `tool owner --dir DIR` detached. tool is an absolute path (from
+ * kc__find_tool); a relative dir is made absolute against the working
+ * directory now, as the caller's own accesses see it. */
 static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
 {
+    char absdir[PATH_MAX];
+    if (dir[0] != '/') {
+        if (realpath(dir, absdir) == NULL)
+            return -errno;
+        dir = absdir;
+    }
     size_t n = 0;
     while (environ != NULL && environ[n] != NULL)
         n++;
@@ -190,10 +326,14 @@ static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid
     posix_spawnattr_setsigdefault(&at, &dfl);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
                                       POSIX_SPAWN_SETSIGDEF);
+    /* The owner outlives the host: it gets none of the host's files (a
+     * pipe it held would keep the host's reader waiting for its idle exit)
+     * and does not pin the host's working directory. */
     for (int fd = 0; fd < 3; fd++)
         posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
-    int rc = strchr(tool, '/') != NULL ? posix_spawn(pid, tool, &fa, &at, argv, env)
-                                       : posix_spawnp(pid, tool, &fa, &at, argv, env);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawn_file_actions_addchdir_np(&fa, "/");
+    int rc = posix_spawn(pid, tool, &fa, &at, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     free(env);
@@ -236,14 +376,23 @@ void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t m
     if (k->last_kick_ns != 0 && now - k->last_kick_ns <= KICK_INTERVAL_NS)
         return;
     k->last_kick_ns = now;
+    if (k->tool == NULL || k->tool[0] != '/') {
+        if (!k->warned) {
+            k->warned = true;
+            fprintf(stderr, "kcache: warning: cannot start the store owner: no kcache tool "
+                            "beside the library or on an absolute $PATH entry (KCACHE_TOOL: an "
+                            "absolute path or a bare name); writes stay in the spool\n");
+        }
+        return;
+    }
     pid_t pid;
-    int rc = spawn_owner(k->tool ? k->tool : "kcache", p->dir, max_size, &pid);
+    int rc = spawn_owner(k->tool, p->dir, max_size, &pid);
     if (rc == 0)
         k->spawned = pid;
     else if (!k->warned) {
         k->warned = true;
-        fprintf(stderr, "kcache: warning: cannot start the store owner %s: %s\n",
-                k->tool ? k->tool : "kcache", strerror(-rc));
+        fprintf(stderr, "kcache: warning: cannot start the store owner %s: %s\n", k->tool,
+                strerror(-rc));
     }
 }
 

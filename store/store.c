@@ -612,8 +612,11 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
         free(st);
         return rc;
     }
+    char lib[PATH_MAX];
+    if (kc__object_path((const void *)kc_store_api, lib, sizeof lib) != 0)
+        lib[0] = 0;
     kc__pending_init(&st->pd, &st->p, st->readonly, st->max_size,
-                     kc__find_tool(opts->tool, (const void *)kc_store_api));
+                     kc__find_tool(opts->tool, lib[0] != 0 ? lib : NULL));
     store_register(st);
     *out = st;
     return 0;

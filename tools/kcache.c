@@ -707,8 +707,25 @@ static int cmd_config(struct ctx *c)
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
 }
 
+/* The owner outlives whoever started it: it keeps none of the starter's
+ * files but 0-2 (an inherited pipe would keep the starter's reader waiting
+ * for the owner's idle exit) and leaves its working directory for /; the
+ * cache directory is absolute by then (set_dir, kc_config_load), unless
+ * getcwd failed, and then the working directory is kept. */
+static void owner_detach(struct ctx *c)
+{
+    if (close_range(3, ~0U, 0) != 0) {
+        long max = sysconf(_SC_OPEN_MAX);
+        for (long fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
+            close((int)fd);
+    }
+    if (c->dir[0] == '/' && chdir("/") != 0)
+        kc_log(KC_LOG_DEBUG, "owner: chdir(\"/\"): %s", strerror(errno));
+}
+
 static int cmd_owner(struct ctx *c, int idle_ms)
 {
+    owner_detach(c);
     if (!need(c, (const void *)c->api->owner_run, "owner_run"))
         return EXIT_RUNTIME;
     struct kc_store_options o;
