@@ -386,7 +386,7 @@ static int sc_alloc(int argc, char **argv)
     /* Free in a, destroy a with b current: nothing of a's may be left. */
     CHECK(D.cuMemFree(r));
     for (int i = 0; i < 8; i++) {
-        CHECK(D.cuMemAlloc(&r, (size_t)(i + 1) * 4096));
+        CHECK(D.cuMemAlloc(&r, (size_t)(i % 3 + 1) * 4096)); /* sizes repeat: the pool reuses exact sizes */
         CHECK(D.cuMemFree(r));
     }
     CHECK(D.cuCtxSetCurrent(b));
@@ -692,10 +692,15 @@ static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresu
 }
 
 /* Every query of one pointer: each attribute alone, the documented set at
- * once, and the address range. */
+ * once, and the address range. P2P tokens are asked for only of a freed
+ * pointer: the query sets SYNC_MEMOPS on a live block, which then (rightly)
+ * is not pooled; the end of sc_pool checks that. */
 static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
 {
+    int freed = !strncmp(what, "freed", 5) || !strncmp(what, "inside freed", 12);
     for (int a = 0; a <= 22; a++) {
+        if (a == CU_POINTER_ATTRIBUTE_P2P_TOKENS && !freed)
+            continue;
         unsigned char buf[64];
         memset(buf, 0, sizeof buf);
         CUresult rc = D.cuPointerGetAttribute(buf, (CUpointer_attribute)a, ptr);
@@ -754,35 +759,52 @@ static int sc_pool(int argc, char **argv)
     char what[64];
     size_t f0 = say_free("start");
     CUdeviceptr p, q;
+    CHECK(D.cuMemAlloc(&p, 2 << 20));
+    CHECK(D.cuMemFree(p));
+    SAY("free memory back after a free: %d", say_free("after free") == f0);
     static const size_t sizes[][2] = {
         {4 << 20, 7 << 19},  /* 4 MiB freed, then 3.5 MiB */
         {1 << 20, 1 << 20},  /* the same size again */
         {65536, 60000},
         {5000, 4097},
     };
+    /* A freed pointer is asked about only before the next allocation: the
+     * driver may hand the same address out again. */
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        CHECK(D.cuMemAlloc(&p, sizes[i][0]));
+        size_t a = sizes[i][0], b = sizes[i][1];
+        CUdeviceptr r;
+        CHECK(D.cuMemAlloc(&p, a));
         int sp = ++serial;
-        snprintf(what, sizeof what, "alloc %zu", sizes[i][0]);
+        snprintf(what, sizeof what, "alloc %zu", a);
         say_pointer(what, sp, p, p, ctx);
         CHECK(D.cuMemFree(p));
-        say_free("after free");
-        snprintf(what, sizeof what, "freed %zu", sizes[i][0]);
-        say_pointer(what, sp, p, p, ctx);
-        CHECK(D.cuMemAlloc(&q, sizes[i][1]));
+        CHECK(D.cuMemAlloc(&q, b));
         int sq = ++serial;
-        snprintf(what, sizeof what, "alloc %zu after", sizes[i][1]);
+        snprintf(what, sizeof what, "alloc %zu after %zu", b, a);
         say_pointer(what, sq, q, q, ctx);
-        snprintf(what, sizeof what, "inside %zu", sizes[i][1]);
-        say_pointer(what, sq, q + sizes[i][1] / 2, q, ctx);
-        snprintf(what, sizeof what, "past %zu", sizes[i][1]);
-        say_pointer(what, sq, q + sizes[i][1], q, ctx);
-        say_free("live");
+        snprintf(what, sizeof what, "inside %zu", b);
+        say_pointer(what, sq, q + b / 2, q, ctx);
+        snprintf(what, sizeof what, "past %zu", b);
+        say_pointer(what, sq, q + b, q, ctx);
         CHECK(D.cuMemFree(q));
-        snprintf(what, sizeof what, "inside freed %zu", sizes[i][1]);
-        say_pointer(what, sq, q + sizes[i][1] / 2, q, ctx);
+        snprintf(what, sizeof what, "inside freed %zu", b);
+        say_pointer(what, sq, q + b / 2, q, ctx);
+        snprintf(what, sizeof what, "freed %zu", b);
+        say_pointer(what, sq, q, q, ctx);
+        SAY("set sync_memops freed: %s",
+            ename(D.cuPointerSetAttribute(&(unsigned){1}, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, q)));
+        CHECK(D.cuMemAlloc(&r, a));
+        snprintf(what, sizeof what, "alloc %zu again", a);
+        say_pointer(what, ++serial, r, r, ctx);
+        CHECK(D.cuMemFree(r));
     }
     SAY("all freed, free memory as at start: %d", say_free("end") == f0);
+
+    /* Setting an attribute of a freed pointer fails. */
+    CHECK(D.cuMemAlloc(&p, 1 << 20));
+    CHECK(D.cuMemFree(p));
+    SAY("set sync_memops of a freed block: %s",
+        ename(D.cuPointerSetAttribute(&(unsigned){1}, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
 
     /* SYNC_MEMOPS is off in a new allocation, whatever the freed one had. */
     for (int how = 0; how < 2; how++) {
@@ -807,8 +829,6 @@ static int sc_pool(int argc, char **argv)
         SAY("new allocation's buffer id: %s", id_check(++serial, id));
         CHECK(D.cuMemFree(q));
     }
-    SAY("set sync_memops freed: %s",
-        ename(D.cuPointerSetAttribute(&(unsigned){1}, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, q)));
 
     /* An allocation that needs the pooled bytes gets them (1 GiB device). */
     size_t big = 600u << 20, bigger = 700u << 20;
