@@ -873,11 +873,12 @@ static int sc_libnoctx(int argc, char **argv)
     char info[4096], err[4096];
     memset(info, 'x', sizeof info);
     memset(err, 'x', sizeof err);
+    /* The options sc_load passes: one cache entry serves both. */
     CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
-                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE};
-    void *val[] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err, (void *)1};
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_OPTIMIZATION_LEVEL};
+    void *val[] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err, (void *)1, (void *)3};
     CUlibrary l = NULL;
-    CUresult rc = D.cuLibraryLoadData(&l, img, opt, val, 5, NULL, NULL, 0);
+    CUresult rc = D.cuLibraryLoadData(&l, img, opt, val, 6, NULL, NULL, 0);
     SAY("library load: %s", ename(rc));
     SAY("info log (%zu): [%.*s]", (size_t)(uintptr_t)val[1], (int)sizeof info, info);
     SAY("error log (%zu): [%.*s]", (size_t)(uintptr_t)val[3], (int)sizeof err, err);

@@ -158,6 +158,12 @@ def test_library_noctx():
             if i == 0:
                 s = stats(err, "jit")
                 check(s and s["misses"] == 1 and s["stores"] == 1, what + ": the first run stores (%s)" % s)
+                # How the compile got its context: the active primary,
+                # retained once more and released (the host retains it
+                # once), or one created for it and destroyed.
+                retains, created = c.get("cuDevicePrimaryCtxRetain", 0), c.get("cuCtxCreate_v2", 0)
+                check((retains, created) == ((2, 0) if variant else (0, 1)),
+                      what + ": the compile's context (primary retains %d, contexts created %d)" % (retains, created))
         check(jits == [1, 0, 0], what + ": JIT compiles in three runs on one store: %s (want [1, 0, 0])" % jits)
     # A library loaded with no context is served to a run that has one, and
     # the other way round: one key.

@@ -1888,7 +1888,9 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
     case CU_JIT_INPUT_LIBRARY: t = NVJITLINK_INPUT_LIBRARY; break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
-    if (nvJitLinkAddData(l->h, t, data, size, name ? name : "input") != NVJITLINK_SUCCESS) {
+    /* An unnamed input is named in logs as the loader names an image: the
+     * loader's JIT is this linker with no input name. */
+    if (nvJitLinkAddData(l->h, t, data, size, name ? name : "image") != NVJITLINK_SUCCESS) {
         /* nvJitLink compiled the PTX here and it failed: that was the JIT
          * attempt (the real driver, too, compiles PTX in cuLinkAddData). */
         if (l->jits > before) {
