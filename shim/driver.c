@@ -363,6 +363,7 @@ struct device_id {
     kc_digest lib;   /* build-id of the libcuda in use */
     CUdevice dev;    /* the device compiled for */
     bool has_ctx;    /* a context is current */
+    int ndev;        /* devices (all of this capability) when none is */
 };
 
 static kc_digest driver_lib_id;
@@ -403,6 +404,7 @@ static int device_of(bool library, struct device_id *d)
     }
     d->dev = dev;
     d->has_ctx = c != NULL;
+    d->ndev = 1;
     if (drv.device_attr(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ||
         drv.device_attr(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         return -1;
@@ -411,6 +413,7 @@ static int device_of(bool library, struct device_id *d)
         int n = 0;
         if (drv.device_get_count(&n) != CUDA_SUCCESS)
             return -1;
+        d->ndev = n;
         for (int i = 0; i < n; i++) {
             int a = 0, b = 0;
             if (drv.device_attr(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i) ||
@@ -598,8 +601,9 @@ static CUresult link_image(const void *image, size_t len, CUjitInputType type, s
 }
 
 /* A context for the linker when the host has none current (the library
- * API): the device's primary context if it is active, retained and pushed;
- * else one created for the compile. jit_ctx_leave undoes exactly that. */
+ * API, whose devices all have one capability): the first active primary
+ * context, retained and pushed; else one created on the device for the
+ * compile. jit_ctx_leave undoes exactly that. */
 struct jit_ctx {
     int how; /* 0 nothing done, 1 primary retained and pushed, 2 created */
     CUcontext ctx;
@@ -613,16 +617,18 @@ static CUresult jit_ctx_enter(struct jit_ctx *j, const struct device_id *d)
         return CUDA_SUCCESS;
     if (!drv.ctx_ok)
         return CUDA_ERROR_INVALID_CONTEXT;
-    unsigned flags = 0;
-    int active = 0;
-    j->dev = d->dev;
-    if (drv.primary_state(d->dev, &flags, &active) == CUDA_SUCCESS && active &&
-        drv.primary_retain(&j->ctx, d->dev) == CUDA_SUCCESS) {
+    for (CUdevice i = 0; i < d->ndev; i++) {
+        unsigned flags = 0;
+        int active = 0;
+        if (drv.primary_state(i, &flags, &active) != CUDA_SUCCESS || !active ||
+            drv.primary_retain(&j->ctx, i) != CUDA_SUCCESS)
+            continue;
+        j->dev = i;
         if (drv.ctx_push(j->ctx) == CUDA_SUCCESS) {
             j->how = 1;
             return CUDA_SUCCESS;
         }
-        drv.primary_release(d->dev);
+        drv.primary_release(i);
         return CUDA_ERROR_INVALID_CONTEXT;
     }
     CUresult rc = drv.ctx_create(&j->ctx, 0, d->dev); /* created current */

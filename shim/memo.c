@@ -20,18 +20,18 @@
  *     after its first failed allocation.
  *   - first-N diagnostics, counted per context.
  *
- * The pool is invisible to the host: a block served again has the size
- * asked for (the driver reports an allocation's size as requested, so only
- * an exact size is reused), and never one whose SYNC_MEMOPS attribute was
- * set (a new allocation has it off). The queries that could tell are hooked:
- * cuMemGetInfo(_v2) releases the pools of the device first, so the driver's
- * own figure counts the memory the host freed as free; cuPointerGetAttribute,
- * cuPointerGetAttributes, cuPointerSetAttribute and cuMemGetAddressRange_v2
- * on a block the pool holds release that block first, so the driver
- * answers as for any freed pointer; and a block served again reports a buffer id of its own
- * (CU_POINTER_ATTRIBUTE_BUFFER_ID, which the driver documents as never
- * reused), from the top half of the 64-bit range, which the driver's
- * counter does not reach.
+ * The pool is invisible to the host: a block is served again only for a
+ * request of exactly its size (the driver reports an allocation's size as
+ * requested), and a block whose SYNC_MEMOPS attribute was set is not kept
+ * (a new allocation has it off). The queries that could tell are hooked:
+ * cuMemGetInfo(_v2) releases the pools of the device first, so the
+ * driver's own figure counts the memory the host freed as free;
+ * cuPointerGetAttribute, cuPointerGetAttributes, cuPointerSetAttribute and
+ * cuMemGetAddressRange_v2 on a block the pool holds release that block
+ * first, so the driver answers as for any freed pointer; and a block served
+ * again reports a buffer id of its own (CU_POINTER_ATTRIBUTE_BUFFER_ID,
+ * documented as never reused in a process), taken from the top half of the
+ * 64-bit range, far above the driver's own counter.
  *
  * One mutex guards it all; nothing inside it calls the driver except the
  * frees that release a pool and the SYNC_MEMOPS check of a block being

@@ -847,17 +847,20 @@ static int sc_pool(int argc, char **argv)
 static void say_ctx_state(const char *when)
 {
     CUcontext cur = (CUcontext)1;
-    unsigned flags = 99;
-    int active = -1;
     CUresult rc = D.cuCtxGetCurrent(&cur);
-    CUresult rs = D.cuDevicePrimaryCtxGetState(0, &flags, &active);
-    SAY("%s: current %s %s, primary %s flags=%u active=%d", when, ename(rc), cur ? "set" : "none", ename(rs),
-        flags, active);
+    for (int dev = 0; dev < 2; dev++) {
+        unsigned flags = 99;
+        int active = -1;
+        CUresult rs = D.cuDevicePrimaryCtxGetState(dev, &flags, &active);
+        SAY("%s: current %s %s, primary %d %s flags=%u active=%d", when, ename(rc), cur ? "set" : "none", dev,
+            ename(rs), flags, active);
+    }
 }
 
-/* libnoctx PTX [primary]: loads PTX through the library API with no
- * context current (with "primary": the primary context retained but not
- * current), and shows the context state before and after: the library
+/* libnoctx PTX [primary|primary1]: loads PTX through the library API with
+ * no context current (with "primary": device 0's primary context retained
+ * but not current; "primary1": device 1's), and shows the context state
+ * before and after: the library
  * API needs no context, and a load must not leave one behind, nor change
  * the primary's. Then uses the library in a context. */
 static int sc_libnoctx(int argc, char **argv)
@@ -867,8 +870,9 @@ static int sc_libnoctx(int argc, char **argv)
     void *img = read_file(argv[0], NULL);
     CHECK(D.cuInit(0));
     CUcontext prim = NULL;
-    if (argc > 1 && !strcmp(argv[1], "primary"))
-        CHECK(D.cuDevicePrimaryCtxRetain(&prim, 0));
+    int prim_dev = argc > 1 && !strcmp(argv[1], "primary1") ? 1 : 0;
+    if (argc > 1 && !strncmp(argv[1], "primary", 7))
+        CHECK(D.cuDevicePrimaryCtxRetain(&prim, prim_dev));
     say_ctx_state("before");
     char info[4096], err[4096];
     memset(info, 'x', sizeof info);
@@ -895,7 +899,7 @@ static int sc_libnoctx(int argc, char **argv)
     CHECK(D.cuLibraryUnload(l));
     CHECK(D.cuCtxDestroy(c));
     if (prim)
-        CHECK(D.cuDevicePrimaryCtxRelease(0));
+        CHECK(D.cuDevicePrimaryCtxRelease(prim_dev));
     say_ctx_state("end");
     return 0;
 }

@@ -140,17 +140,20 @@ def test_pool_visible():
 
 def test_library_noctx():
     """Item 10: cuLibraryLoadData with no current context is cached."""
-    for variant in ([], ["primary"]):
-        what = "no context current" + (", primary context retained" if variant else "")
+    two = {"KCACHE_TEST_STANDIN_DEVICES": "2"}
+    for variant, env in (([], None), (["primary"], None), (["primary1"], two)):
+        what = "no context current" + (", %s context retained" % variant[0] if variant else "")
+        if env:
+            what += ", 2 devices"
         cache = Cache()
-        ref, _, c0 = run(["libnoctx", PTX] + variant, cache, shim=False)
+        ref, _, c0 = run(["libnoctx", PTX] + variant, cache, shim=False, env=env)
         check("library load: CUDA_SUCCESS" in ref and c0.get("jit") == 1, what + ": the stand-in loads it (1 JIT)")
-        before = re.search(r"^before: (.*)$", ref, re.M).group(1)
-        after = re.search(r"^after: (.*)$", ref, re.M).group(1)
-        check(before == after and "none" in before, what + ": the stand-in leaves the context state as it was")
+        before = re.findall(r"^before: (.*)$", ref, re.M)
+        after = re.findall(r"^after: (.*)$", ref, re.M)
+        check(before == after and "none" in before[0], what + ": the stand-in leaves the context state as it was")
         jits = []
         for i in range(3):
-            out, err, c = run(["libnoctx", PTX] + variant, cache)
+            out, err, c = run(["libnoctx", PTX] + variant, cache, env=env)
             jits.append(c.get("jit", 0))
             if not check(normalize(out) == normalize(ref), "%s: run %d prints what it prints without the shim"
                          % (what, i + 1)):
