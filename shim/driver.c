@@ -13,10 +13,29 @@
  * bad input) goes to the real function untouched, so the host sees the
  * driver's own answer.
  *
+ * The linker needs a current context; the library API does not. A library
+ * load with none current compiles in the device's primary context when it
+ * is active (retained and pushed for the compile, then popped and
+ * released), else in a context created for the compile and destroyed after
+ * it: the caller's thread is left with no context, and the primary's state
+ * and reference count are what they were.
+ *
+ * Concurrent misses on one key compile once (single flight, flight.h): the
+ * others wait for the holder's result and load it.
+ *
+ * PTX the driver's JIT rejects (cuLinkAddData: CUDA_ERROR_INVALID_PTX or
+ * CUDA_ERROR_UNSUPPORTED_PTX_VERSION) is answered from that one compile:
+ * its code, and its logs in the host's buffers, as the host's own call
+ * would have compiled the same PTX with the same options and failed the
+ * same way (the premise that lets the linker's cubin and info log stand for
+ * the load's in the first place). Nothing is stored. Any other failure of
+ * the linker goes to the real function.
+ *
  * cuGetProcAddress and cuGetProcAddress_v2 call the real resolver, then
  * kc__swap() hands out our wrapper for the symbol actually returned.
  */
 #include "memo.h"
+#include "flight.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -101,6 +120,15 @@ static struct {
     CUresult (*link_complete)(CUlinkState, void **, size_t *);
     CUresult (*link_destroy)(CUlinkState);
     int ok;
+    /* For a compile with no context current (the library API). */
+    CUresult (*primary_state)(CUdevice, unsigned *, int *);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_release)(CUdevice);
+    CUresult (*ctx_create)(CUcontext *, unsigned, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*ctx_push)(CUcontext);
+    CUresult (*ctx_pop)(CUcontext *);
+    int ctx_ok;
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
@@ -119,6 +147,16 @@ static void drv_resolve(void)
         {"cuLinkDestroy", &drv.link_destroy},
     };
     drv.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
+    const struct kc__cu_need ctx_need[] = {
+        {"cuDevicePrimaryCtxGetState", &drv.primary_state},
+        {"cuDevicePrimaryCtxRetain", &drv.primary_retain},
+        {"cuDevicePrimaryCtxRelease_v2", &drv.primary_release},
+        {"cuCtxCreate_v2", &drv.ctx_create},
+        {"cuCtxDestroy_v2", &drv.ctx_destroy},
+        {"cuCtxPushCurrent_v2", &drv.ctx_push},
+        {"cuCtxPopCurrent_v2", &drv.ctx_pop},
+    };
+    drv.ctx_ok = kc__cu_real_all(ctx_need, sizeof ctx_need / sizeof *ctx_need);
 }
 
 /* ---- images ------------------------------------------------------------------ */
@@ -306,12 +344,26 @@ static void req_finish(const struct jit_req *r, void **vals, const char *info, s
     }
 }
 
+/* Fills the host's logs with what a failed compile wrote. */
+static void req_fail(const struct jit_req *r, void **vals, const char *info, const char *error, uint64_t started)
+{
+    log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, strlen(info));
+    log_fill(r->error_buf, r->error_size, r->error_idx, vals, error, strlen(error));
+    if (r->wall_idx >= 0) {
+        float ms = (float)(kc__now_ns() - started) / 1e6f;
+        memcpy(&vals[r->wall_idx], &ms, sizeof ms);
+    }
+}
+
 /* ---- driver identity --------------------------------------------------------- */
 
 struct device_id {
     int major, minor;
     int version;
-    kc_digest lib; /* build-id of the libcuda in use */
+    kc_digest lib;   /* build-id of the libcuda in use */
+    CUdevice dev;    /* the device compiled for */
+    bool has_ctx;    /* a context is current */
+    int ndev;        /* devices (all of this capability) when none is */
 };
 
 static kc_digest driver_lib_id;
@@ -350,6 +402,9 @@ static int device_of(bool library, struct device_id *d)
     } else if (!library) {
         return -1;
     }
+    d->dev = dev;
+    d->has_ctx = c != NULL;
+    d->ndev = 1;
     if (drv.device_attr(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) ||
         drv.device_attr(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         return -1;
@@ -358,6 +413,7 @@ static int device_of(bool library, struct device_id *d)
         int n = 0;
         if (drv.device_get_count(&n) != CUDA_SUCCESS)
             return -1;
+        d->ndev = n;
         for (int i = 0; i < n; i++) {
             int a = 0, b = 0;
             if (drv.device_attr(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i) ||
@@ -487,10 +543,14 @@ static void count(uint64_t hits, uint64_t misses, uint64_t pass, uint64_t stores
 #define INFO_LOG_MAX (256u << 10)
 
 /* Compiles with the driver's linker. On success *cubin (malloc'd) and the
- * info log (malloc'd) are set. */
+ * info log (malloc'd) are set. On failure *rejected says whether the JIT
+ * rejected the input itself (cuLinkAddData: invalid or too new PTX), and
+ * then the info and error logs (malloc'd) are set. The input is given no
+ * name, as the loader's JIT names none. */
 static CUresult link_image(const void *image, size_t len, CUjitInputType type, struct jit_req *r, void **cubin,
-                           size_t *cubin_len, char **info)
+                           size_t *cubin_len, char **info, char **error, bool *rejected)
 {
+    *rejected = false;
     char *ibuf = calloc(1, INFO_LOG_MAX), *ebuf = calloc(1, INFO_LOG_MAX);
     if (!ibuf || !ebuf) {
         free(ibuf);
@@ -508,8 +568,10 @@ static CUresult link_image(const void *image, size_t len, CUjitInputType type, s
     r->val[n++] = (void *)(uintptr_t)INFO_LOG_MAX;
     CUlinkState ls = NULL;
     CUresult rc = drv.link_create(n, r->opt, r->val, &ls);
-    if (rc == CUDA_SUCCESS)
-        rc = drv.link_add(ls, type, (void *)image, len, "kcache", 0, NULL, NULL);
+    if (rc == CUDA_SUCCESS) {
+        rc = drv.link_add(ls, type, (void *)image, len, NULL, 0, NULL, NULL);
+        *rejected = rc == CUDA_ERROR_INVALID_PTX || rc == CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    }
     void *out = NULL;
     size_t out_len = 0;
     if (rc == CUDA_SUCCESS)
@@ -525,12 +587,119 @@ static CUresult link_image(const void *image, size_t len, CUjitInputType type, s
     }
     if (ls)
         drv.link_destroy(ls);
-    free(ebuf);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS || *rejected) {
         *info = ibuf;
-    else
-        free(ibuf);
+        ibuf = NULL;
+    }
+    if (*rejected) {
+        *error = ebuf;
+        ebuf = NULL;
+    }
+    free(ibuf);
+    free(ebuf);
     return rc;
+}
+
+/* A context for the linker when the host has none current (the library
+ * API, whose devices all have one capability): the first active primary
+ * context, retained and pushed; else one created on the device for the
+ * compile. jit_ctx_leave undoes exactly that. */
+struct jit_ctx {
+    int how; /* 0 nothing done, 1 primary retained and pushed, 2 created */
+    CUcontext ctx;
+    CUdevice dev;
+};
+
+static CUresult jit_ctx_enter(struct jit_ctx *j, const struct device_id *d)
+{
+    j->how = 0;
+    if (d->has_ctx)
+        return CUDA_SUCCESS;
+    if (!drv.ctx_ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (CUdevice i = 0; i < d->ndev; i++) {
+        unsigned flags = 0;
+        int active = 0;
+        if (drv.primary_state(i, &flags, &active) != CUDA_SUCCESS || !active ||
+            drv.primary_retain(&j->ctx, i) != CUDA_SUCCESS)
+            continue;
+        j->dev = i;
+        if (drv.ctx_push(j->ctx) == CUDA_SUCCESS) {
+            j->how = 1;
+            return CUDA_SUCCESS;
+        }
+        drv.primary_release(i);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    CUresult rc = drv.ctx_create(&j->ctx, 0, d->dev); /* created current */
+    if (rc == CUDA_SUCCESS)
+        j->how = 2;
+    return rc;
+}
+
+static void jit_ctx_leave(struct jit_ctx *j)
+{
+    CUcontext popped;
+    if (j->how == 1) {
+        drv.ctx_pop(&popped);
+        drv.primary_release(j->dev);
+    } else if (j->how == 2) {
+        drv.ctx_pop(&popped);
+        drv.ctx_destroy(j->ctx);
+    }
+    j->how = 0;
+}
+
+/* Serves the call from the store when it holds the key: the stored cubin
+ * loaded as the host asked, its info log in the host's buffers. Returns
+ * true when the call was answered (*rc set, the guard left, counted): a
+ * hit, or a stored cubin the driver refused, when the driver answers the
+ * host's own call. False on a miss, or after purging a bad record. */
+static bool serve_stored(struct load_call *c, struct kc_store *st, const struct kc_store_api *api, const char *ns,
+                         const kc_key *key, const struct jit_req *r, uint64_t t0, bool entered, CUresult *rc)
+{
+    void *body = NULL;
+    size_t blen = 0;
+    struct kc_record_info info;
+    if (api->get(st, ns, key, &body, &blen, &info) != 0)
+        return false;
+    const char *ilog;
+    size_t ilen, clen;
+    const void *cubin;
+    if (record_parse(body, blen, &ilog, &ilen, &cubin, &clen) != 0) {
+        /* A bad record: purge, compile. */
+        kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
+        api->purge(st, ns, key);
+        api->free(body);
+        count(0, 0, 0, 0, 1, 0, 0);
+        return false;
+    }
+    *rc = load_cubin(c, cubin);
+    if (*rc == CUDA_SUCCESS) {
+        req_finish(r, c->val, ilog, ilen, t0);
+        api->free(body);
+        if (entered)
+            kc__guard_exit();
+        count(1, 0, 0, 0, 0, info.saved_ns, 0);
+        return true;
+    }
+    /* Refused: the stored cubin, or the host's own request (a library
+     * option the driver rejects, no memory)? The driver answers the host's
+     * call; only when it accepts that is the stored cubin at fault, and
+     * purged. A hostile request must not purge good entries or print
+     * warnings. */
+    api->free(body);
+    if (entered)
+        kc__guard_exit();
+    *rc = call_real(c);
+    if (*rc == CUDA_SUCCESS) {
+        kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
+        api->purge(st, ns, key);
+        count(0, 0, 0, 0, 1, 0, 0);
+    } else {
+        count(0, 0, 1, 0, 0, 0, 0);
+    }
+    return true;
 }
 
 static CUresult jit_load(struct load_call *c)
@@ -604,65 +773,58 @@ static CUresult jit_load(struct load_call *c)
     CUresult rc;
 
     /* A hit loads the stored cubin. */
-    if (st && !cfg->recache) {
-        void *body = NULL;
-        size_t blen = 0;
-        struct kc_record_info info;
-        if (api->get(st, ns, &key, &body, &blen, &info) == 0) {
-            const char *ilog;
-            size_t ilen, clen;
-            const void *cubin;
-            if (record_parse(body, blen, &ilog, &ilen, &cubin, &clen) == 0) {
-                rc = load_cubin(c, cubin);
-                if (rc == CUDA_SUCCESS) {
-                    req_finish(&r, c->val, ilog, ilen, t0);
-                    api->free(body);
-                    if (entered)
-                        kc__guard_exit();
-                    count(1, 0, 0, 0, 0, info.saved_ns, 0);
-                    return rc;
-                }
-                /* Refused: the stored cubin, or the host's own request (a
-                 * library option the driver rejects, no memory)? The driver
-                 * answers the host's call; only when it accepts that is the
-                 * stored cubin at fault, and purged. A hostile request must
-                 * not purge good entries or print warnings. */
-                api->free(body);
-                if (entered)
-                    kc__guard_exit();
-                CUresult real_rc = call_real(c);
-                if (real_rc == CUDA_SUCCESS) {
-                    kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
-                    api->purge(st, ns, &key);
-                    count(0, 0, 0, 0, 1, 0, 0);
-                } else {
-                    count(0, 0, 1, 0, 0, 0, 0);
-                }
-                return real_rc;
-            }
-            /* A bad record: purge, compile. */
-            kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
-            api->purge(st, ns, &key);
-            api->free(body);
-            count(0, 0, 0, 0, 1, 0, 0);
+    if (st && !cfg->recache && serve_stored(c, st, api, ns, &key, &r, t0, entered, &rc))
+        return rc;
+
+    /* Single flight: one process compiles a missed key, the others wait for
+     * it and load its result. Look again once the lock is held: the holder
+     * may have finished just before. */
+    int flight = -1;
+    if (st) {
+        bool waited = false;
+        flight = kc__flight_acquire(&key.id, &waited);
+        if ((flight >= 0 || waited) && !cfg->recache &&
+            serve_stored(c, st, api, ns, &key, &r, t0, entered, &rc)) {
+            kc__flight_release(flight);
+            return rc;
         }
     }
 
-    /* A miss: the driver's own linker, then load what it produced. */
+    /* A miss: the driver's own linker (in a context: the library API may
+     * have none current), then load what it produced. */
     void *cubin = NULL;
     size_t clen = 0;
-    char *ilog = NULL;
+    char *ilog = NULL, *elog = NULL;
+    bool rejected = false;
+    struct jit_ctx jc;
     uint64_t c0 = kc__now_ns();
-    rc = link_image(data, len, kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &r, &cubin, &clen,
-                    &ilog);
+    rc = jit_ctx_enter(&jc, &d);
+    if (rc == CUDA_SUCCESS) {
+        rc = link_image(data, len, kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &r, &cubin, &clen,
+                        &ilog, &elog, &rejected);
+        jit_ctx_leave(&jc);
+    }
     uint64_t compile_ns = kc__now_ns() - c0;
+    if (rc != CUDA_SUCCESS && rejected) {
+        /* The JIT rejected the PTX: the host's call would compile it the
+         * same way and fail the same way. Its answer, once; not stored. */
+        req_fail(&r, c->val, ilog, elog, t0);
+        free(ilog);
+        free(elog);
+        kc__flight_release(flight);
+        if (entered)
+            kc__guard_exit();
+        count(0, 0, 1, 0, 0, 0, 0);
+        return rc;
+    }
     if (rc == CUDA_SUCCESS)
         rc = load_cubin(c, cubin);
     if (rc != CUDA_SUCCESS) {
-        /* Bad PTX, a linker that differs, out of memory: the driver answers
-         * the host's own call, logs and all. */
+        /* A linker that differs, no context, out of memory: the driver
+         * answers the host's own call, logs and all. */
         free(cubin);
         free(ilog);
+        kc__flight_release(flight);
         if (entered)
             kc__guard_exit();
         count(0, 0, 1, 0, 0, 0, 0);
@@ -678,6 +840,7 @@ static CUresult jit_load(struct load_call *c)
             stores = 1;
         free(body);
     }
+    kc__flight_release(flight); /* after the put: waiters find it */
     free(cubin);
     free(ilog);
     if (entered)

@@ -12,7 +12,7 @@
  *     returned in another.
  *   - an allocation pool: blocks the host frees with cuMemFree_v2 are kept
  *     (bounded by KCACHE_ALLOC_POOL bytes per context) and serve later
- *     cuMemAlloc_v2 calls of a fitting size in the same context. On
+ *     cuMemAlloc_v2 calls of exactly the same size in the same context. On
  *     out-of-memory every pool of the device is released and the allocation
  *     retried once, so the pool never causes an OOM the program would not
  *     have had. Pools are released before their context is destroyed.
@@ -20,8 +20,22 @@
  *     after its first failed allocation.
  *   - first-N diagnostics, counted per context.
  *
+ * The pool is invisible to the host: a block is served again only for a
+ * request of exactly its size (the driver reports an allocation's size as
+ * requested), and a block whose SYNC_MEMOPS attribute was set is not kept
+ * (a new allocation has it off). The queries that could tell are hooked:
+ * cuMemGetInfo(_v2) releases the pools of the device first, so the
+ * driver's own figure counts the memory the host freed as free;
+ * cuPointerGetAttribute, cuPointerGetAttributes, cuPointerSetAttribute and
+ * cuMemGetAddressRange_v2 on a block the pool holds release that block
+ * first, so the driver answers as for any freed pointer; and a block served
+ * again reports a buffer id of its own (CU_POINTER_ATTRIBUTE_BUFFER_ID,
+ * documented as never reused in a process), taken from the top half of the
+ * 64-bit range, far above the driver's own counter.
+ *
  * One mutex guards it all; nothing inside it calls the driver except the
- * frees that release a pool.
+ * frees that release a pool and the SYNC_MEMOPS check of a block being
+ * pooled.
  */
 #include "memo.h"
 
@@ -50,6 +64,7 @@ static struct {
     CUresult (*ctx_pop)(CUcontext *);
     CUresult (*primary_state)(CUdevice, unsigned *, int *);
     CUresult (*alloc_managed)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*ptr_attr)(void *, CUpointer_attribute, CUdeviceptr);
     int ok;
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
@@ -64,6 +79,7 @@ static void drv_resolve(void)
         {"cuCtxPopCurrent_v2", &drv.ctx_pop},
         {"cuDevicePrimaryCtxGetState", &drv.primary_state},
         {"cuMemAllocManaged", &drv.alloc_managed},
+        {"cuPointerGetAttribute", &drv.ptr_attr},
     };
     drv.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
 }
@@ -390,16 +406,29 @@ enum { LIVE = 1, POOLED = 2, MANAGED = 3 };
 
 /* Every block the pool knows: allocations it handed out (LIVE, MANAGED) and
  * blocks it holds (POOLED). Open addressing by pointer, tombstones = 0 ptr
- * with state -1. */
+ * with state -1. A block served from the pool carries the buffer id the
+ * host is told (vid); 0 for one the driver allocated for this request. */
 struct track {
     CUdeviceptr ptr;
     size_t size;
     unsigned long long ctx;
     int state;
+    uint64_t vid;
 };
 
 static struct track *tracks;
 static size_t track_cap, track_used;
+
+/* Blocks a pointer query must look at: pooled ones and those served again.
+ * Read without the lock: 0 lets every query through untouched. */
+static size_t n_special;
+/* Buffer ids of blocks served again: the top half of the 64-bit range. */
+static uint64_t next_vid = 1ull << 63;
+
+static bool special(const struct track *t)
+{
+    return t->state == POOLED || t->vid != 0;
+}
 
 static size_t track_slot(CUdeviceptr p)
 {
@@ -419,7 +448,16 @@ static struct track *track_find(CUdeviceptr p)
     }
 }
 
-static void track_put(CUdeviceptr p, size_t size, unsigned long long ctx, int state);
+/* Places t in a free slot (the table has room). */
+static void track_insert(const struct track *t)
+{
+    size_t i = track_slot(t->ptr);
+    while (tracks[i].state > 0)
+        i = (i + 1) & (track_cap - 1);
+    if (tracks[i].state == 0)
+        track_used++;
+    tracks[i] = *t;
+}
 
 static int track_grow(void)
 {
@@ -435,34 +473,36 @@ static int track_grow(void)
     track_used = 0;
     for (size_t i = 0; i < old_cap; i++)
         if (old[i].state > 0)
-            track_put(old[i].ptr, old[i].size, old[i].ctx, old[i].state);
+            track_insert(&old[i]);
     free(old);
     return 0;
 }
 
-static void track_put(CUdeviceptr p, size_t size, unsigned long long ctx, int state)
+/* Records what p is now; n_special follows. */
+static void track_put(CUdeviceptr p, size_t size, unsigned long long ctx, int state, uint64_t vid)
 {
+    struct track n = {p, size, ctx, state, vid};
     struct track *t = track_find(p);
     if (t) {
-        t->size = size;
-        t->ctx = ctx;
-        t->state = state;
+        bool was = special(t);
+        *t = n;
+        __atomic_store_n(&n_special, n_special - was + special(t), __ATOMIC_RELEASE);
         return;
     }
     if ((track_used + 1) * 2 > track_cap && track_grow() != 0)
         return;
-    size_t i = track_slot(p);
-    while (tracks[i].state > 0)
-        i = (i + 1) & (track_cap - 1);
-    if (tracks[i].state == 0)
-        track_used++;
-    tracks[i] = (struct track){p, size, ctx, state};
+    track_insert(&n);
+    if (special(&n))
+        __atomic_store_n(&n_special, n_special + 1, __ATOMIC_RELEASE);
 }
 
 static void track_drop(struct track *t)
 {
+    if (special(t))
+        __atomic_store_n(&n_special, n_special - 1, __ATOMIC_RELEASE);
     t->state = -1; /* tombstone */
     t->ptr = 0;
+    t->vid = 0;
 }
 
 /* Frees every block of m's pool (m's context is pushed current for it).
@@ -515,11 +555,14 @@ static bool alloc_on(void)
     return !cfg->disable && cfg->alloc && !kc__guard_held() && ready();
 }
 
-/* A pooled block serves a request it covers with at most a quarter to
- * spare. */
-static bool fits(size_t block, size_t want)
+/* Whether the block at p may have CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set
+ * (cuPointerSetAttribute, or as a side effect of a P2P_TOKENS query): a new
+ * allocation has it off, so such a block is not pooled. An unanswered query
+ * counts as set. */
+static bool sync_memops(CUdeviceptr p)
 {
-    return block >= want && block - want <= want / 4;
+    unsigned long long v = 0; /* wide enough whatever width the driver writes */
+    return drv.ptr_attr(&v, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p) != CUDA_SUCCESS || v != 0;
 }
 
 KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -545,27 +588,27 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         if (rc == CUDA_SUCCESS) {
             *dptr = p;
             pthread_mutex_lock(&memo_lock);
-            track_put(p, bytesize, id, MANAGED);
+            track_put(p, bytesize, id, MANAGED, 0);
             pthread_mutex_unlock(&memo_lock);
         }
         return rc;
     }
-    /* Best fit, newest first; an exact size (the common case: a program
-     * reallocates what it freed) ends the search at once. */
+    /* Exactly the size asked for, newest first: the driver reports an
+     * allocation's size as requested (cuMemGetAddressRange,
+     * CU_POINTER_ATTRIBUTE_RANGE_SIZE), so a larger block would show. The
+     * block gets a buffer id of its own. */
     size_t best = SIZE_MAX;
     for (size_t i = m->n_pool; i-- > 0;) {
-        if (!fits(m->pool[i].size, bytesize))
-            continue;
-        if (best == SIZE_MAX || m->pool[i].size < m->pool[best].size)
+        if (m->pool[i].size == bytesize) {
             best = i;
-        if (m->pool[i].size == bytesize)
             break;
+        }
     }
     if (best != SIZE_MAX) {
         struct block b = m->pool[best];
         m->pool[best] = m->pool[--m->n_pool];
         m->pool_bytes -= b.size;
-        track_put(b.ptr, b.size, id, LIVE);
+        track_put(b.ptr, b.size, id, LIVE, next_vid++);
         pthread_mutex_unlock(&memo_lock);
         *dptr = b.ptr;
         count_memo(1, 0);
@@ -605,7 +648,7 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
                        id);
         }
         if (mrc == CUDA_SUCCESS)
-            track_put(p, bytesize, id, MANAGED);
+            track_put(p, bytesize, id, MANAGED, 0);
         pthread_mutex_unlock(&memo_lock);
         if (mrc == CUDA_SUCCESS) {
             *dptr = p;
@@ -615,7 +658,7 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     }
     if (rc == CUDA_SUCCESS) {
         pthread_mutex_lock(&memo_lock);
-        track_put(p, bytesize, id, LIVE);
+        track_put(p, bytesize, id, LIVE, 0);
         pthread_mutex_unlock(&memo_lock);
         *dptr = p;
         count_memo(0, 1);
@@ -645,7 +688,7 @@ KC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     }
     struct mctx *m = mctx_find(t->ctx);
     bool keep = t->state == LIVE && m && cfg->alloc && !cfg->disable && !m->fell_back &&
-                m->pool_bytes + t->size <= cfg->alloc_pool;
+                m->pool_bytes + t->size <= cfg->alloc_pool && !sync_memops(dptr);
     if (keep && m->n_pool == m->cap_pool) {
         size_t cap = m->cap_pool ? m->cap_pool * 2 : 16;
         struct block *nb = realloc(m->pool, cap * sizeof *nb);
@@ -663,33 +706,168 @@ KC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     }
     m->pool[m->n_pool++] = (struct block){dptr, t->size};
     m->pool_bytes += t->size;
-    t->state = POOLED;
+    track_put(dptr, t->size, t->ctx, POOLED, t->vid);
     pthread_mutex_unlock(&memo_lock);
     return CUDA_SUCCESS;
 }
 
-/* Pooled blocks are free memory as far as the host is concerned. */
+/* Pooled blocks are free memory as far as the host is concerned. Adding
+ * their sizes to the driver's figure would not give the driver's answer
+ * (it rounds allocations to its own granularity and suballocates), so the
+ * pools of the current context's device are released first and the
+ * driver answers. */
+static void release_device_pools(void)
+{
+    CUcontext ctx;
+    unsigned long long id;
+    CUdevice dev;
+    if (kc__guard_held() || !ready() || !current(&ctx, &id) || drv.ctx_get_device(&dev) != CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&memo_lock);
+    for (struct mctx *m = contexts; m; m = m->next)
+        if (m->dev == dev)
+            pool_release(m);
+    pthread_mutex_unlock(&memo_lock);
+}
+
 KC_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
 {
     __typeof__(&cuMemGetInfo_v2) real = REAL(cuMemGetInfo_v2);
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real(free_b, total);
-    CUcontext ctx;
-    unsigned long long id;
-    if (rc != CUDA_SUCCESS || kc__guard_held() || !ready() || !current(&ctx, &id))
-        return rc;
-    CUdevice dev;
-    if (drv.ctx_get_device(&dev) != CUDA_SUCCESS)
-        return rc;
-    uint64_t pooled = 0;
+    release_device_pools();
+    return real(free_b, total);
+}
+
+/* The first variant (32-bit figures), still exported by the driver. */
+KC_EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total)
+{
+    __typeof__(&cuMemGetInfo) real = REAL(cuMemGetInfo);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    release_device_pools();
+    return real(free_b, total);
+}
+
+/* ---- pointer queries ----------------------------------------------------------- */
+
+enum { PTR_OTHER, PTR_POOLED, PTR_SERVED };
+
+/* What the block holding p is to the pool: one it holds (the host freed
+ * it), one it served again (*vid: the buffer id the host is told), or
+ * neither. A pointer inside a block is found through the driver's answer
+ * for its start, asked only while such blocks exist. */
+static int block_of(CUdeviceptr p, CUdeviceptr *base, uint64_t *vid)
+{
+    if (__atomic_load_n(&n_special, __ATOMIC_ACQUIRE) == 0 || kc__guard_held() || !ready())
+        return PTR_OTHER;
+    *base = p;
     pthread_mutex_lock(&memo_lock);
-    for (struct mctx *m = contexts; m; m = m->next)
-        if (m->dev == dev)
-            pooled += m->pool_bytes;
+    bool known = track_find(p) != NULL;
     pthread_mutex_unlock(&memo_lock);
-    *free_b = *free_b + pooled > *total ? *total : *free_b + pooled;
+    if (!known) {
+        CUdeviceptr start = 0;
+        if (drv.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS || start == p)
+            return PTR_OTHER;
+        *base = start;
+    }
+    int kind = PTR_OTHER;
+    pthread_mutex_lock(&memo_lock);
+    struct track *t = track_find(*base);
+    if (t && p - *base < t->size) {
+        if (t->state == POOLED)
+            kind = PTR_POOLED;
+        else if (t->state == LIVE && t->vid) {
+            kind = PTR_SERVED;
+            *vid = t->vid;
+        }
+    }
+    pthread_mutex_unlock(&memo_lock);
+    return kind;
+}
+
+/* Frees the pooled block at base for real (the host freed it already), so
+ * that the driver answers a query about it as about any freed pointer. */
+static void pool_forget(CUdeviceptr base)
+{
+    pthread_mutex_lock(&memo_lock);
+    struct track *t = track_find(base);
+    struct mctx *m = t && t->state == POOLED ? mctx_find(t->ctx) : NULL;
+    for (size_t i = 0; m && i < m->n_pool; i++) {
+        if (m->pool[i].ptr != base)
+            continue;
+        m->pool_bytes -= m->pool[i].size;
+        m->pool[i] = m->pool[--m->n_pool];
+        track_drop(t);
+        __typeof__(&cuMemFree_v2) real_free = REAL(cuMemFree_v2);
+        bool pushed = drv.ctx_push(m->handle) == CUDA_SUCCESS;
+        if (real_free)
+            real_free(base);
+        if (pushed) {
+            CUcontext dummy;
+            drv.ctx_pop(&dummy);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&memo_lock);
+}
+
+KC_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    __typeof__(&cuPointerGetAttribute) real = REAL(cuPointerGetAttribute);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdeviceptr base;
+    uint64_t vid = 0;
+    int kind = block_of(ptr, &base, &vid);
+    if (kind == PTR_POOLED)
+        pool_forget(base);
+    CUresult rc = real(data, attribute, ptr);
+    if (rc == CUDA_SUCCESS && kind == PTR_SERVED && attribute == CU_POINTER_ATTRIBUTE_BUFFER_ID)
+        *(unsigned long long *)data = vid;
     return rc;
+}
+
+KC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                          CUdeviceptr ptr)
+{
+    __typeof__(&cuPointerGetAttributes) real = REAL(cuPointerGetAttributes);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdeviceptr base;
+    uint64_t vid = 0;
+    int kind = block_of(ptr, &base, &vid);
+    if (kind == PTR_POOLED)
+        pool_forget(base);
+    CUresult rc = real(numAttributes, attributes, data, ptr);
+    for (unsigned i = 0; rc == CUDA_SUCCESS && kind == PTR_SERVED && i < numAttributes; i++)
+        if (attributes[i] == CU_POINTER_ATTRIBUTE_BUFFER_ID && data[i])
+            *(unsigned long long *)data[i] = vid;
+    return rc;
+}
+
+KC_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    __typeof__(&cuPointerSetAttribute) real = REAL(cuPointerSetAttribute);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdeviceptr base;
+    uint64_t vid;
+    if (block_of(ptr, &base, &vid) == PTR_POOLED)
+        pool_forget(base);
+    return real(value, attribute, ptr);
+}
+
+KC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    __typeof__(&cuMemGetAddressRange_v2) real = REAL(cuMemGetAddressRange_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUdeviceptr base;
+    uint64_t vid;
+    if (block_of(dptr, &base, &vid) == PTR_POOLED)
+        pool_forget(base);
+    return real(pbase, psize, dptr);
 }
 
 /* ---- context lifetime ---------------------------------------------------------- */

@@ -42,7 +42,9 @@ void *kc__cu_hooked_real(const char *name);
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuModuleUnload)          \
     X(cuLibraryUnload) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)              \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)        \
-    X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2)
+    X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemGetInfo)   \
+    X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)                 \
+    X(cuPointerSetAttribute)
 
 #define KC_MEMO_ALIAS_DECL(name) extern __typeof__(name) kc__w_##name __attribute__((visibility("hidden")));
 KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)

@@ -9,8 +9,9 @@
  *
  *   drvclient [--route=dlsym|proc:V:F] SCENARIO [ARGS...]
  *
- * Scenarios: load, memo, alloc, oom, fallback, hostile, procaddr (see each
- * function). Nothing printed may depend on addresses or timing.
+ * Scenarios: load, memo, alloc, oom, fallback, hostile, procaddr, pool,
+ * libnoctx, loadmany (see each function). Nothing printed may depend on
+ * addresses or timing.
  */
 #include <cuda.h>
 
@@ -19,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Every entry point the scenarios use, by base name and the versioned
  * symbol the header maps it to. */
@@ -40,7 +43,10 @@
     X(cuMemcpyHtoD, cuMemcpyHtoD_v2) X(cuMemcpyDtoH, cuMemcpyDtoH_v2)                              \
     X(cuLinkCreate, cuLinkCreate_v2) X(cuLinkAddData, cuLinkAddData_v2)                            \
     X(cuLinkComplete, cuLinkComplete) X(cuLinkDestroy, cuLinkDestroy)                              \
-    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress, cuGetProcAddress_v2)
+    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress, cuGetProcAddress_v2)                     \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2) X(cuPointerGetAttributes, cuPointerGetAttributes) \
+    X(cuPointerSetAttribute, cuPointerSetAttribute)                                                \
+    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)
 
 static struct {
 #define DRV_FIELD(base, sym) __typeof__(&sym) base;
@@ -380,7 +386,7 @@ static int sc_alloc(int argc, char **argv)
     /* Free in a, destroy a with b current: nothing of a's may be left. */
     CHECK(D.cuMemFree(r));
     for (int i = 0; i < 8; i++) {
-        CHECK(D.cuMemAlloc(&r, (size_t)(i + 1) * 4096));
+        CHECK(D.cuMemAlloc(&r, (size_t)(i % 3 + 1) * 4096)); /* sizes repeat: the pool reuses exact sizes */
         CHECK(D.cuMemFree(r));
     }
     CHECK(D.cuCtxSetCurrent(b));
@@ -629,6 +635,323 @@ static int sc_procaddr(int argc, char **argv)
     return 0;
 }
 
+/* ---- pool: every pointer query answers as without the allocation pool ---- */
+
+/* Buffer ids seen so far, with the allocation (a serial number) each came
+ * from: the driver documents them as never reused within a process. */
+static struct {
+    unsigned long long id;
+    int serial;
+} ids[256];
+static int n_ids;
+
+static const char *id_check(int serial, unsigned long long id)
+{
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i].id == id)
+            return ids[i].serial == serial ? "same" : "REUSED";
+    if (n_ids < 256)
+        ids[n_ids++] = (__typeof__(ids[0])){id, serial};
+    return "new";
+}
+
+/* What one attribute value is, without addresses: a context or address is
+ * printed as what it equals, a buffer id as new or seen. */
+static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresult rc, const void *buf,
+                     CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
+{
+    char v[96] = "-";
+    unsigned long long u;
+    memcpy(&u, buf, sizeof u);
+    unsigned lo;
+    memcpy(&lo, buf, sizeof lo);
+    if (rc == CUDA_SUCCESS) {
+        switch (a) {
+        case CU_POINTER_ATTRIBUTE_CONTEXT:
+        case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+            snprintf(v, sizeof v, "%s", u == 0 ? "NULL" : u == (uintptr_t)ctx ? "ctx" : "other");
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+            snprintf(v, sizeof v, "%s", u == 0 ? "NULL" : u == ptr ? "ptr" : u == base ? "base" : "other");
+            break;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+            snprintf(v, sizeof v, "%s", u ? id_check(serial, u) : "0");
+            break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: snprintf(v, sizeof v, "%s", u ? "nonzero" : "0"); break;
+        case CU_POINTER_ATTRIBUTE_P2P_TOKENS: snprintf(v, sizeof v, "tokens"); break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: snprintf(v, sizeof v, "%llu", u); break;
+        default: snprintf(v, sizeof v, "%u", lo); break;
+        }
+    }
+    SAY("%s attr %d: %s %s", what, (int)a, ename(rc), v);
+}
+
+/* Every query of one pointer: each attribute alone, the documented set at
+ * once, and the address range. P2P tokens are asked for only of a freed
+ * pointer: the query sets SYNC_MEMOPS on a live block, which then (rightly)
+ * is not pooled; the end of sc_pool checks that. */
+static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
+{
+    int freed = !strncmp(what, "freed", 5) || !strncmp(what, "inside freed", 12);
+    for (int a = 0; a <= 22; a++) {
+        if (a == CU_POINTER_ATTRIBUTE_P2P_TOKENS && !freed)
+            continue;
+        unsigned char buf[64];
+        memset(buf, 0, sizeof buf);
+        CUresult rc = D.cuPointerGetAttribute(buf, (CUpointer_attribute)a, ptr);
+        say_attr(what, serial, (CUpointer_attribute)a, rc, buf, ptr, base, ctx);
+    }
+    static const CUpointer_attribute multi[] = {
+        CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+        CU_POINTER_ATTRIBUTE_HOST_POINTER, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MAPPED,
+        CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+        CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE};
+    enum { N = sizeof multi / sizeof multi[0] };
+    unsigned char bufs[N][64];
+    void *data[N];
+    memset(bufs, 0xab, sizeof bufs);
+    for (int i = 0; i < N; i++)
+        data[i] = bufs[i];
+    CUresult rc = D.cuPointerGetAttributes(N, (CUpointer_attribute *)multi, data, ptr);
+    SAY("%s attributes: %s", what, ename(rc));
+    char name[64];
+    snprintf(name, sizeof name, "%s multi", what);
+    for (int i = 0; rc == CUDA_SUCCESS && i < N; i++)
+        say_attr(name, serial, multi[i], CUDA_SUCCESS, bufs[i], ptr, base, ctx);
+    CUdeviceptr b = 0;
+    size_t sz = 0;
+    rc = D.cuMemGetAddressRange(&b, &sz, ptr);
+    SAY("%s range: %s base=%s size=%zu", what, ename(rc), b == 0 ? "0" : b == base ? "base" : "other", sz);
+    rc = D.cuMemGetAddressRange(NULL, &sz, ptr);
+    SAY("%s range size only: %s", what, ename(rc));
+}
+
+/* The memory the driver reports free, and through cuMemGetInfo's first
+ * (32-bit) variant where the library has it; run with
+ * KCACHE_TEST_STANDIN_MEM=1G so both can tell. */
+static size_t say_free(const char *what)
+{
+    size_t f = 0, t = 0;
+    CUresult rc = D.cuMemGetInfo(&f, &t);
+    CUresult (*v1)(unsigned *, unsigned *) = lib ? (CUresult(*)(unsigned *, unsigned *))dlsym(lib, "cuMemGetInfo") : NULL;
+    unsigned f1 = 0, t1 = 0;
+    CUresult rc1 = v1 ? v1(&f1, &t1) : CUDA_ERROR_NOT_FOUND;
+    SAY("%s: meminfo %s free=%zu total=%zu v1 %s free=%u", what, ename(rc), f, t, ename(rc1), f1);
+    return f;
+}
+
+/* pool: the pool must be invisible. Each allocation is queried with every
+ * pointer attribute, cuPointerGetAttributes and cuMemGetAddressRange, at
+ * its base and inside it, live and after it is freed; sizes that a pooled
+ * block could serve come back; SYNC_MEMOPS set on a freed block, or P2P
+ * tokens taken from it, do not follow it; memory the host freed is free. */
+static int sc_pool(int argc, char **argv)
+{
+    CUcontext ctx = setup();
+    int serial = 0;
+    char what[64];
+    size_t f0 = say_free("start");
+    CUdeviceptr p, q;
+    CHECK(D.cuMemAlloc(&p, 2 << 20));
+    CHECK(D.cuMemFree(p));
+    SAY("free memory back after a free: %d", say_free("after free") == f0);
+    static const size_t sizes[][2] = {
+        {4 << 20, 7 << 19},  /* 4 MiB freed, then 3.5 MiB */
+        {1 << 20, 1 << 20},  /* the same size again */
+        {65536, 60000},
+        {5000, 4097},
+    };
+    /* A freed pointer is asked about only before the next allocation: the
+     * driver may hand the same address out again. */
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t a = sizes[i][0], b = sizes[i][1];
+        CUdeviceptr r;
+        CHECK(D.cuMemAlloc(&p, a));
+        int sp = ++serial;
+        snprintf(what, sizeof what, "alloc %zu", a);
+        say_pointer(what, sp, p, p, ctx);
+        CHECK(D.cuMemFree(p));
+        CHECK(D.cuMemAlloc(&q, b));
+        int sq = ++serial;
+        snprintf(what, sizeof what, "alloc %zu after %zu", b, a);
+        say_pointer(what, sq, q, q, ctx);
+        snprintf(what, sizeof what, "inside %zu", b);
+        say_pointer(what, sq, q + b / 2, q, ctx);
+        snprintf(what, sizeof what, "past %zu", b);
+        say_pointer(what, sq, q + b, q, ctx);
+        CHECK(D.cuMemFree(q));
+        snprintf(what, sizeof what, "inside freed %zu", b);
+        say_pointer(what, sq, q + b / 2, q, ctx);
+        snprintf(what, sizeof what, "freed %zu", b);
+        say_pointer(what, sq, q, q, ctx);
+        SAY("set sync_memops freed: %s",
+            ename(D.cuPointerSetAttribute(&(unsigned){1}, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, q)));
+        CHECK(D.cuMemAlloc(&r, a));
+        snprintf(what, sizeof what, "alloc %zu again", a);
+        say_pointer(what, ++serial, r, r, ctx);
+        CHECK(D.cuMemFree(r));
+    }
+    SAY("all freed, free memory as at start: %d", say_free("end") == f0);
+
+    /* Setting an attribute of a freed pointer fails. */
+    CHECK(D.cuMemAlloc(&p, 1 << 20));
+    CHECK(D.cuMemFree(p));
+    SAY("set sync_memops of a freed block: %s",
+        ename(D.cuPointerSetAttribute(&(unsigned){1}, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
+
+    /* SYNC_MEMOPS is off in a new allocation, whatever the freed one had. */
+    for (int how = 0; how < 2; how++) {
+        CHECK(D.cuMemAlloc(&p, 1 << 20));
+        if (how) {
+            CUDA_POINTER_ATTRIBUTE_P2P_TOKENS tok;
+            SAY("p2p tokens: %s", ename(D.cuPointerGetAttribute(&tok, CU_POINTER_ATTRIBUTE_P2P_TOKENS, p)));
+        } else {
+            unsigned one = 1;
+            SAY("set sync_memops: %s", ename(D.cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
+        }
+        int sync = -1;
+        CHECK(D.cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+        SAY("sync_memops set: %d", sync);
+        CHECK(D.cuMemFree(p));
+        CHECK(D.cuMemAlloc(&q, 1 << 20));
+        sync = -1;
+        CHECK(D.cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, q));
+        SAY("new allocation's sync_memops: %d", sync);
+        unsigned long long id = 0;
+        CHECK(D.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, q));
+        SAY("new allocation's buffer id: %s", id_check(++serial, id));
+        CHECK(D.cuMemFree(q));
+    }
+
+    /* An allocation that needs the pooled bytes gets them (1 GiB device). */
+    size_t big = 600u << 20, bigger = 700u << 20;
+    CHECK(D.cuMemAlloc(&p, big));
+    CHECK(D.cuMemFree(p));
+    CUresult rc = D.cuMemAlloc(&q, bigger);
+    SAY("alloc 700M after freeing 600M: %s", ename(rc));
+    if (rc == CUDA_SUCCESS)
+        CHECK(D.cuMemFree(q));
+    say_free("end");
+    return 0;
+}
+
+/* ---- libnoctx: cuLibraryLoadData with no current context ----------------- */
+
+static void say_ctx_state(const char *when)
+{
+    CUcontext cur = (CUcontext)1;
+    CUresult rc = D.cuCtxGetCurrent(&cur);
+    for (int dev = 0; dev < 2; dev++) {
+        unsigned flags = 99;
+        int active = -1;
+        CUresult rs = D.cuDevicePrimaryCtxGetState(dev, &flags, &active);
+        SAY("%s: current %s %s, primary %d %s flags=%u active=%d", when, ename(rc), cur ? "set" : "none", dev,
+            ename(rs), flags, active);
+    }
+}
+
+/* libnoctx PTX [primary|primary1]: loads PTX through the library API with
+ * no context current (with "primary": device 0's primary context retained
+ * but not current; "primary1": device 1's), and shows the context state
+ * before and after: the library
+ * API needs no context, and a load must not leave one behind, nor change
+ * the primary's. Then uses the library in a context. */
+static int sc_libnoctx(int argc, char **argv)
+{
+    if (argc < 1)
+        return 2;
+    void *img = read_file(argv[0], NULL);
+    CHECK(D.cuInit(0));
+    CUcontext prim = NULL;
+    int prim_dev = argc > 1 && !strcmp(argv[1], "primary1") ? 1 : 0;
+    if (argc > 1 && !strncmp(argv[1], "primary", 7))
+        CHECK(D.cuDevicePrimaryCtxRetain(&prim, prim_dev));
+    say_ctx_state("before");
+    char info[4096], err[4096];
+    memset(info, 'x', sizeof info);
+    memset(err, 'x', sizeof err);
+    /* The options sc_load passes: one cache entry serves both. */
+    CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_OPTIMIZATION_LEVEL};
+    void *val[] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err, (void *)1, (void *)3};
+    CUlibrary l = NULL;
+    CUresult rc = D.cuLibraryLoadData(&l, img, opt, val, 6, NULL, NULL, 0);
+    SAY("library load: %s", ename(rc));
+    SAY("info log (%zu): [%.*s]", (size_t)(uintptr_t)val[1], (int)sizeof info, info);
+    SAY("error log (%zu): [%.*s]", (size_t)(uintptr_t)val[3], (int)sizeof err, err);
+    say_ctx_state("after");
+    if (rc)
+        return 0;
+    say_image("library", l);
+    CUkernel k;
+    SAY("kernel add1 without context: %s", ename(D.cuLibraryGetKernel(&k, l, "add1")));
+    CUcontext c = setup();
+    CUfunction f;
+    CHECK(D.cuKernelGetFunction(&f, k));
+    say_func("add1 in a context", f);
+    CHECK(D.cuLibraryUnload(l));
+    CHECK(D.cuCtxDestroy(c));
+    if (prim)
+        CHECK(D.cuDevicePrimaryCtxRelease(prim_dev));
+    say_ctx_state("end");
+    return 0;
+}
+
+/* ---- loadmany: several images in one process, for concurrent runs --------- */
+
+/* loadmany API FILE...: loads each image (data or library) and prints its
+ * digest. With KCACHE_TEST_GO=PATH, first writes PATH.<pid> and waits for
+ * PATH to appear, so that concurrent processes start their loads
+ * together. */
+static int sc_loadmany(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    int lib_api = !strcmp(argv[0], "library");
+    setup();
+    const char *go = getenv("KCACHE_TEST_GO");
+    if (go && *go) {
+        char ready[4096];
+        snprintf(ready, sizeof ready, "%s.%d", go, (int)getpid());
+        FILE *f = fopen(ready, "w");
+        if (f)
+            fclose(f);
+        for (int i = 0; i < 60000; i++) {
+            FILE *g = fopen(go, "r");
+            if (g) {
+                fclose(g);
+                break;
+            }
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        void *img = read_file(argv[i], NULL);
+        CUmodule m = NULL;
+        CUlibrary l = NULL;
+        CUresult rc = lib_api ? D.cuLibraryLoadData(&l, img, NULL, NULL, 0, NULL, NULL, 0)
+                              : D.cuModuleLoadData(&m, img);
+        SAY("load %d: %s", i, ename(rc));
+        if (rc == CUDA_SUCCESS) {
+            say_image("image", lib_api ? (void *)l : (void *)m);
+            if (lib_api)
+                CHECK(D.cuLibraryUnload(l));
+            else
+                CHECK(D.cuModuleUnload(m));
+        }
+        free(img);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -664,6 +987,12 @@ int main(int argc, char **argv)
         return sc_hostile(n, a);
     if (!strcmp(sc, "procaddr"))
         return sc_procaddr(n, a);
+    if (!strcmp(sc, "pool"))
+        return sc_pool(n, a);
+    if (!strcmp(sc, "libnoctx"))
+        return sc_libnoctx(n, a);
+    if (!strcmp(sc, "loadmany"))
+        return sc_loadmany(n, a);
     fprintf(stderr, "unknown scenario %s\n", sc);
     return 2;
 }

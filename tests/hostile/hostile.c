@@ -694,6 +694,105 @@ CASE(cuMemGetInfo_v2, hostile)
     CU(cuCtxSetCurrent)(NULL);
     SAY("no context rc=%d", CU(cuMemGetInfo_v2)(&a, &b));
 }
+/* The pointer queries: a freed block may sit in the pool, and must answer
+ * as freed. */
+static CUdeviceptr freed_block(void)
+{
+    CUdeviceptr p = 0;
+    if (CU(cuMemAlloc_v2)(&p, 8192) || CU(cuMemFree_v2)(p))
+        _exit(8);
+    return p;
+}
+CASE(cuMemGetInfo, hostile)
+{
+    unsigned a = 7, b = 7;
+    SAY("before init rc=%d", CU(cuMemGetInfo)(&a, &b));
+    ctx_setup();
+    SAY("free NULL rc=%d", CU(cuMemGetInfo)(NULL, &b));
+    SAY("total NULL rc=%d", CU(cuMemGetInfo)(&a, NULL));
+    freed_block();
+    SAY("with a freed block rc=%d", CU(cuMemGetInfo)(&a, &b));
+    CU(cuCtxSetCurrent)(NULL);
+    SAY("no context rc=%d", CU(cuMemGetInfo)(&a, &b));
+}
+CASE(cuMemGetAddressRange_v2, hostile)
+{
+    CUdeviceptr base = 7;
+    size_t size = 7;
+    SAY("before init rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, 0x1000));
+    ctx_setup();
+    SAY("0 rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, 0));
+    SAY("~0 rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, ~(CUdeviceptr)0));
+    CUdeviceptr p = freed_block();
+    SAY("freed block rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, p));
+    p = freed_block();
+    SAY("inside a freed block rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, p + 100));
+    p = freed_block();
+    SAY("freed block, no outputs rc=%d", CU(cuMemGetAddressRange_v2)(NULL, NULL, p));
+    CU(cuMemAlloc_v2)(&p, 8192);
+    SAY("no outputs rc=%d", CU(cuMemGetAddressRange_v2)(NULL, NULL, p));
+    SAY("past the end rc=%d", CU(cuMemGetAddressRange_v2)(&base, &size, p + 8192));
+    CU(cuCtxSetCurrent)(NULL);
+    size = 7;
+    CUresult rc = CU(cuMemGetAddressRange_v2)(&base, &size, p);
+    SAY("no context rc=%d size=%zu", rc, size);
+}
+CASE(cuPointerGetAttribute, hostile)
+{
+    unsigned long long v[4] = {0};
+    SAY("before init rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_CONTEXT, 0x1000));
+    ctx_setup();
+    CUdeviceptr p = freed_block();
+    SAY("NULL data, freed block rc=%d", CU(cuPointerGetAttribute)(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
+    for (int a = -1; a <= 23; a++) {
+        p = freed_block();
+        memset(v, 0, sizeof v);
+        CUresult rc = CU(cuPointerGetAttribute)(v, (CUpointer_attribute)a, p + 16);
+        SAY("attribute %d inside a freed block rc=%d", a, rc);
+    }
+    SAY("0 rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0));
+    SAY("host memory rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)v));
+    CU(cuMemAlloc_v2)(&p, 8192);
+    SAY("attribute 999 rc=%d", CU(cuPointerGetAttribute)(v, (CUpointer_attribute)999, p));
+    CU(cuCtxSetCurrent)(NULL);
+    SAY("device pointer, no context rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p));
+}
+CASE(cuPointerGetAttributes, hostile)
+{
+    CUpointer_attribute at[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                CU_POINTER_ATTRIBUTE_CONTEXT};
+    unsigned long long v[3] = {7, 7, 7};
+    void *d[] = {&v[0], &v[1], &v[2]};
+    SAY("before init rc=%d", CU(cuPointerGetAttributes)(3, at, d, 0x1000));
+    ctx_setup();
+    CUdeviceptr p = freed_block();
+    CUresult rc = CU(cuPointerGetAttributes)(3, at, d, p);
+    SAY("freed block rc=%d values=%llu,%llu,%llu", rc, v[0], v[1], v[2]);
+    p = freed_block();
+    SAY("n=0 rc=%d", CU(cuPointerGetAttributes)(0, at, d, p));
+    SAY("NULL arrays rc=%d", CU(cuPointerGetAttributes)(UINT_MAX, NULL, NULL, p));
+    void *dn[] = {&v[0], NULL, &v[2]};
+    SAY("NULL entry rc=%d", CU(cuPointerGetAttributes)(3, at, dn, p));
+    CUpointer_attribute bad[] = {CU_POINTER_ATTRIBUTE_P2P_TOKENS};
+    SAY("P2P tokens rc=%d", CU(cuPointerGetAttributes)(1, bad, d, p));
+    SAY("garbage rc=%d", CU(cuPointerGetAttributes)(3, at, d, 0xdeadbeef000ull));
+}
+CASE(cuPointerSetAttribute, hostile)
+{
+    unsigned one = 1;
+    SAY("before init rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, 0x1000));
+    ctx_setup();
+    CUdeviceptr p = freed_block();
+    SAY("freed block rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+    p = freed_block();
+    SAY("NULL value, freed block rc=%d", CU(cuPointerSetAttribute)(NULL, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+    SAY("other attribute rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_CONTEXT, p));
+    CU(cuMemAlloc_v2)(&p, 8192);
+    SAY("live block rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+    CU(cuMemFree_v2)(p);
+    int sync = 7;
+    SAY("after free rc=%d", CU(cuPointerGetAttribute)(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+}
 
 /* ---- libc: the header-tracking wrappers (shim/deps.c) and dlsym ---- */
 static char longpath[PATH_MAX * 2];
@@ -859,6 +958,11 @@ static const struct hcase cases[] = {
     C(cuMemAlloc_v2, hostile, NULL)
     C(cuMemFree_v2, hostile, NULL)
     C(cuMemGetInfo_v2, hostile, NULL)
+    C(cuMemGetInfo, hostile, NULL)
+    C(cuMemGetAddressRange_v2, hostile, NULL)
+    C(cuPointerGetAttribute, hostile, NULL)
+    C(cuPointerGetAttributes, hostile, NULL)
+    C(cuPointerSetAttribute, hostile, NULL)
     C(open, hostile, NULL)
     C(open64, hostile, NULL)
     C(openat, hostile, NULL)

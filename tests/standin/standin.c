@@ -8,7 +8,9 @@
  * error codes, what the shim relies on: devices, contexts (created and
  * primary, with per-thread current-context stacks), modules and the library
  * API, the JIT linker, device memory with a configurable limit, and
- * cuGetProcAddress with versioned and per-thread-stream variants.
+ * cuGetProcAddress with versioned and per-thread-stream variants, and the
+ * pointer queries (every cuPointerGetAttribute attribute, cuPointerGetAttributes,
+ * cuPointerSetAttribute, cuMemGetAddressRange) as the driver documents them.
  *
  * PTX is really compiled, with nvJitLink, for the device's architecture, so
  * a cold load costs what a JIT costs. Cubin images are checked (ELF, EM_CUDA,
@@ -72,6 +74,7 @@
     X(cuLinkCreate) X(cuLinkCreate_v2) X(cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)      \
     X(cuLinkDestroy) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo)   \
     X(cuMemGetInfo_v2) X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
+    X(cuPointerGetAttributes) X(cuPointerSetAttribute)                                             \
     X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)          \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)            \
     X(cuGetErrorString) X(cuGetErrorName)
@@ -352,6 +355,8 @@ struct alloc {
     uint64_t ctx_id;
     bool alive;
     bool managed;
+    bool sync_memops;   /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, off when allocated */
+    uint64_t buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused in the process */
     unsigned char *backing; /* calloc'd on first copy */
 };
 
@@ -359,6 +364,7 @@ static struct alloc **si_allocs; /* open addressing by ptr */
 static size_t si_alloc_cap, si_alloc_n;
 static uint64_t si_next_addr = 0x7f2000000000ull, si_next_addr32 = 0x10000000ull;
 static uint64_t si_used[8];
+static uint64_t si_next_buffer_id = 1;
 
 static size_t hash_ptr(uint64_t p, size_t cap)
 {
@@ -1851,6 +1857,7 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
     if (rc)
         return rc;
     nvJitLinkInputType t;
+    int before = l->jits;
     switch (type) {
     case CU_JIT_INPUT_CUBIN:
         if (size < sizeof(Elf64_Ehdr) || memcmp(data, ELFMAG, SELFMAG))
@@ -1881,7 +1888,15 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
     case CU_JIT_INPUT_LIBRARY: t = NVJITLINK_INPUT_LIBRARY; break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
-    if (nvJitLinkAddData(l->h, t, data, size, name ? name : "input") != NVJITLINK_SUCCESS) {
+    /* An unnamed input is named in logs as the loader names an image: the
+     * loader's JIT is this linker with no input name. */
+    if (nvJitLinkAddData(l->h, t, data, size, name ? name : "image") != NVJITLINK_SUCCESS) {
+        /* nvJitLink compiled the PTX here and it failed: that was the JIT
+         * attempt (the real driver, too, compiles PTX in cuLinkAddData). */
+        if (l->jits > before) {
+            l->jits = before;
+            atomic_fetch_add(&si_jit, 1);
+        }
         link_logs(l);
         return type == CU_JIT_INPUT_PTX ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
     }
@@ -1998,6 +2013,7 @@ static CUresult mem_alloc(uint64_t *dptr, size_t size, bool managed, bool low)
     a->ctx_id = c->id;
     a->alive = true;
     a->managed = managed;
+    a->buffer_id = si_next_buffer_id++;
     if (alloc_insert(a)) {
         free(a);
         UNLOCK();
@@ -2104,20 +2120,117 @@ SI_EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total)
     return rc;
 }
 
+/* The live allocation holding ptr (its first byte up to its last), or NULL. */
+static struct alloc *alloc_at(uint64_t ptr)
+{
+    struct alloc *a = alloc_find(ptr);
+    if (a && a->alive)
+        return a;
+    for (size_t i = 0; i < si_alloc_cap; i++) {
+        a = si_allocs[i];
+        if (a && a->alive && ptr >= a->ptr && ptr - a->ptr < a->size)
+            return a;
+    }
+    return NULL;
+}
+
 SI_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
     COUNT(cuMemGetAddressRange_v2);
     INIT_CHECK();
     LOCK();
-    struct alloc *a = alloc_containing(dptr, 0);
+    struct alloc *a = alloc_at(dptr);
     if (a) {
         if (base)
             *base = a->ptr;
         if (size)
-            *size = a->size;
+            *size = a->size; /* the size asked for, as cuMemAlloc documents it */
     }
     UNLOCK();
     return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* Pointer attributes, as cuPointerGetAttribute documents them, for memory
+ * from cuMemAlloc (device) and cuMemAllocManaged (managed). Booleans are
+ * written as int; the stand-in's choices where the documentation names no
+ * value: no allowed handle types, read-write access, no memory pool, a
+ * mapping rounded to 512 bytes and a memory block id per allocation. */
+static size_t attr_size(CUpointer_attribute attr)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS: return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return sizeof(unsigned);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: return sizeof(CUmemoryPool);
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return sizeof(int);
+    default: return 0;
+    }
+}
+
+/* One attribute of ptr inside allocation a, under si_lock. */
+static CUresult attr_get(struct alloc *a, uint64_t ptr, CUpointer_attribute attr, void *data)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = handle_of(T_CTX, a->ctx); break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = a->managed ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        if (cur_ctx(NULL, NULL))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *(CUdeviceptr *)data = ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (!a->managed)
+            return CUDA_ERROR_INVALID_VALUE; /* device memory has no host address */
+        *(void **)data = (void *)(uintptr_t)ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+        if (a->managed)
+            return CUDA_ERROR_INVALID_VALUE;
+        ((CUDA_POINTER_ATTRIBUTE_P2P_TOKENS *)data)->p2pToken = a->buffer_id;
+        ((CUDA_POINTER_ATTRIBUTE_P2P_TOKENS *)data)->vaSpaceToken = 1;
+        a->sync_memops = true; /* documented side effect */
+        break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = a->sync_memops; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a->buffer_id; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = a->managed; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = OBJ(T_CTX, ctx, a->ctx)->dev; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = !a->managed; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->ptr; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = !a->managed; break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        if (cur_ctx(NULL, NULL))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *(unsigned *)data = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(CUmemoryPool *)data = NULL; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = (a->size + 511) & ~(size_t)511; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(CUdeviceptr *)data = a->ptr; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = a->buffer_id; break;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: *(int *)data = 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
 }
 
 SI_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
@@ -2127,21 +2240,69 @@ SI_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     if (!data)
         return CUDA_ERROR_INVALID_VALUE;
     LOCK();
-    struct alloc *a = alloc_containing(ptr, 0);
-    CUresult rc = a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (a) {
-        switch (attribute) {
-        case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = handle_of(T_CTX, a->ctx); break;
-        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = a->managed ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_DEVICE; break;
-        case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = a->managed; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->ptr; break;
-        case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
-        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = OBJ(T_CTX, ctx, a->ctx)->dev; break;
-        default: rc = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
+    struct alloc *a = alloc_at(ptr);
+    CUresult rc = a ? attr_get(a, ptr, attribute, data) : CUDA_ERROR_INVALID_VALUE;
     UNLOCK();
     return rc;
+}
+
+/* The attributes cuPointerGetAttributes documents. */
+static bool attr_multi(CUpointer_attribute attr)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return true;
+    default: return false;
+    }
+}
+
+/* As documented: no error for a pointer the driver does not know, every
+ * attribute then gets its zero ("NULL") value; an attribute with no value
+ * for a known pointer (the host address of device memory) gets it too. */
+SI_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes, void **data,
+                                          CUdeviceptr ptr)
+{
+    COUNT(cuPointerGetAttributes);
+    INIT_CHECK();
+    if (n == 0 || !attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if (!attr_multi(attributes[i]) || !data[i])
+            return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    struct alloc *a = alloc_at(ptr);
+    for (unsigned i = 0; i < n; i++)
+        if (!a || attr_get(a, ptr, attributes[i], data[i]) != CUDA_SUCCESS)
+            memset(data[i], 0, attr_size(attributes[i]));
+    UNLOCK();
+    return CUDA_SUCCESS;
+}
+
+SI_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    COUNT(cuPointerSetAttribute);
+    INIT_CHECK();
+    if (!value || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    struct alloc *a = alloc_at(ptr);
+    if (a)
+        a->sync_memops = *(const unsigned *)value != 0;
+    UNLOCK();
+    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult memcpy_hd(uint64_t dev, void *host, size_t n, bool to_dev)
@@ -2298,6 +2459,8 @@ static const struct proc si_procs[] = {
     PROC(cuMemAllocManaged, cuMemAllocManaged, 6000),
     PROC(cuMemGetAddressRange, cuMemGetAddressRange_v2, 3020),
     PROC(cuPointerGetAttribute, cuPointerGetAttribute, 4000),
+    PROC(cuPointerSetAttribute, cuPointerSetAttribute, 6000),
+    PROC(cuPointerGetAttributes, cuPointerGetAttributes, 7000),
     PROC(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020),
     PROC_PT(cuMemcpyHtoD, cuMemcpyHtoD_v2_ptds, 7000),
     PROC(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020),
