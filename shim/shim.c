@@ -121,13 +121,14 @@ struct kc_store *kc__store(const struct kc_store_api **api)
                 .readonly = cfg->readonly,
                 .max_size = cfg->max_size,
             };
-            int rc = kc__front_open(&opts, load_store_lib, &store);
+            /* No directory (no home): the configuration warned already. */
+            int rc = cfg->dir[0] == 0 ? -ENOENT : kc__front_open(&opts, load_store_lib, &store);
             if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
                 kc__front_api()->close(store);
                 store = NULL;
                 rc = -EPERM;
             }
-            if (rc != 0)
+            if (rc != 0 && cfg->dir[0] != 0)
                 kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
                        cfg->dir, strerror(-rc));
             else

@@ -868,6 +868,10 @@ int main(int argc, char **argv)
 
     if (strcmp(cmd, "config") == 0)
         return cmd_config(&c);
+    if (c.dir[0] == '\0') {
+        err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
+        return EXIT_RUNTIME;
+    }
 
     c.api = kc_store_api();
     if (c.api == NULL || c.api->abi != KC_STORE_ABI) {
