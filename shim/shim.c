@@ -130,7 +130,11 @@ struct kc_store *kc__store(const struct kc_store_api **api)
             }
             if (rc != 0 && cfg->dir[0] != 0)
                 kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
-                       cfg->dir, strerror(-rc));
+                       cfg->dir,
+                       rc == -EPERM ? "it, or a directory or link on the way to it, is owned by "
+                                      "another user or writable by others"
+                       : rc == -ENOTEMPTY ? "not empty and not a kcache store"
+                                          : strerror(-rc));
             else
                 store_api = kc__front_api();
             __atomic_store_n(&store_state, rc == 0 ? 1 : -1, __ATOMIC_RELEASE);
