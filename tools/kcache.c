@@ -794,6 +794,9 @@ static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc
 int main(int argc, char **argv)
 {
     static struct ctx c;
+    /* Everything the tool makes (the owner's database files above all,
+     * which RocksDB creates with the umask's mode) is private: 0600/0700. */
+    umask(077);
     kc_config_load(&c.cfg);
     kc__log_set_level(c.cfg.log_level);
     snprintf(c.dir, sizeof c.dir, "%s", c.cfg.dir);
