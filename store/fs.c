@@ -179,9 +179,24 @@ static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *m
     return 0;
 }
 
-/* Whether the existing directory real may be used as a store: it holds a
- * store (spool/, which every writer makes first, or a database), or is
- * empty. kcache never writes its files into a directory of other things. */
+/* Whether a name in the cache directory is one kcache makes there (see
+ * base.h's layout; filter.t-<pid> and db.bad-<...> are a rebuild's and a
+ * recovery's temporary names). */
+static bool store_name(const char *n)
+{
+    static const char *const names[] = {"db",     "spool", "sec",        "hot",
+                                        "locks",  "filter", "owner.lock", "gen"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(n, names[i]) == 0)
+            return true;
+    return strncmp(n, "filter.t-", 9) == 0 || strncmp(n, "db.bad-", 7) == 0;
+}
+
+/* Whether the existing directory real may be used as a store: it holds one
+ * (spool/, which every writer makes first, or a database), or nothing but
+ * names kcache makes (none, for a directory just made by the user). So
+ * kcache never writes its files into a directory of other things. 0,
+ * -ENOTEMPTY or the error of reading it. */
 static int looks_like_store(const char *real)
 {
     char p[PATH_MAX];
@@ -196,7 +211,7 @@ static int looks_like_store(const char *real)
     struct dirent *e;
     int rc = 0;
     while (rc == 0 && (e = readdir(d)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && !store_name(e->d_name))
             rc = -ENOTEMPTY;
     closedir(d);
     return rc;

@@ -333,6 +333,13 @@ def test_path():
     d, err, st = run(base_env("/nonexistent", {"KCACHE_DIR": empty, "KCACHE_TOOL": "/bin/true"}))
     check(d == reference() and st is not None and st[3] >= 1 and not warnings_of(err),
           "path: an empty directory becomes a store (stats %s, %r)" % (st, warnings_of(err)))
+    # So is one holding only names kcache makes (what a store whose spool/
+    # and db/ were removed by hand keeps: its locks/).
+    left = mkdir(os.path.join(TMP, "onlylocks"), 0o700)
+    os.mkdir(os.path.join(left, "locks"), 0o700)
+    d, err, st = run(base_env("/nonexistent", {"KCACHE_DIR": left, "KCACHE_TOOL": "/bin/true"}))
+    check(d == reference() and st is not None and st[3] >= 1 and not warnings_of(err),
+          "path: a directory with only kcache's names is used (stats %s, %r)" % (st, warnings_of(err)))
 
     # (e) the same layout, used by its owner: bob's own ~/.cache (created)
     # and bob's link to a directory of his own, under root-owned parents.
