@@ -128,15 +128,15 @@ struct kc_store *kc__store(const struct kc_store_api **api)
                 store = NULL;
                 rc = -EPERM;
             }
-            if (rc != 0 && cfg->dir[0] != 0)
+            if (rc == 0)
+                store_api = kc__front_api();
+            else if (cfg->dir[0] != 0)
                 kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
                        cfg->dir,
-                       rc == -EPERM ? "it, or a directory or link on the way to it, is owned by "
-                                      "another user or writable by others"
+                       rc == -EPERM ? "it, a directory or link on the way to it, or one in it, is "
+                                      "owned by another user or writable by others"
                        : rc == -ENOTEMPTY ? "not empty and not a kcache store"
                                           : strerror(-rc));
-            else
-                store_api = kc__front_api();
             __atomic_store_n(&store_state, rc == 0 ? 1 : -1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&store_lock);
