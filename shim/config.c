@@ -171,6 +171,10 @@ static void load_size(struct kc_config *cfg, int var, uint64_t *field)
     *field = n;
 }
 
+/* $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache, each only when
+ * absolute; else the passwd entry's home, copied while getpwuid_r's buffer
+ * lives. With no absolute home at all, no directory (an empty dir: caching
+ * off, with this one warning), never a shared one such as /tmp. */
 static void default_dir(struct kc_config *cfg)
 {
     const char *xdg = getenv("XDG_CACHE_HOME");
@@ -179,15 +183,21 @@ static void default_dir(struct kc_config *cfg)
         return;
     }
     const char *home = getenv("HOME");
-    if (home == NULL || home[0] != '/') {
-        struct passwd pw, *res = NULL;
-        char buf[1024];
-        if (getpwuid_r(getuid(), &pw, buf, sizeof buf, &res) == 0 && res != NULL)
-            home = res->pw_dir;
+    if (home != NULL && home[0] == '/') {
+        snprintf(cfg->dir, sizeof cfg->dir, "%s/.cache/kcache", home);
+        return;
     }
-    if (home == NULL || home[0] == '\0')
-        home = "/tmp";
-    snprintf(cfg->dir, sizeof cfg->dir, "%s/.cache/kcache", home);
+    struct passwd pw, *res = NULL;
+    char buf[4096];
+    if (getpwuid_r(getuid(), &pw, buf, sizeof buf, &res) == 0 && res != NULL &&
+        res->pw_dir != NULL && res->pw_dir[0] == '/') {
+        snprintf(cfg->dir, sizeof cfg->dir, "%s/.cache/kcache", res->pw_dir);
+        return;
+    }
+    cfg->dir[0] = '\0';
+    warn(cfg, "no cache directory: HOME is %s and user %u has no home in the passwd database; "
+              "caching is off (set KCACHE_DIR)",
+         home == NULL ? "unset" : home[0] == '\0' ? "empty" : "not absolute", (unsigned)getuid());
 }
 
 void kc_config_load(struct kc_config *cfg)
@@ -321,7 +331,7 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
 {
     switch (i) {
     case V_DIR:
-        snprintf(buf, len, "%s", cfg->dir);
+        snprintf(buf, len, "%s", cfg->dir[0] ? cfg->dir : "(none)");
         break;
     case V_DISABLE:
         snprintf(buf, len, "%d", cfg->disable);

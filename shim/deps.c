@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <limits.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -319,6 +318,10 @@ static bool same_stat(const struct memo_entry *m, const struct stat *st)
            m->ctime.tv_sec == st->st_ctim.tv_sec && m->ctime.tv_nsec == st->st_ctim.tv_nsec;
 }
 
+/* The digest of the file at `path`, which must still be the one `want`
+ * describes (device, inode, size, mtime and ctime) when it is opened and
+ * after it is read: a file replaced or rewritten in between is -ESTALE, so
+ * no digest is ever given (or memoized) for a stat it does not belong to. */
 static int hash_file(const char *path, const struct stat *want, kc_digest *out)
 {
     REAL(real_open, "open", NULL);
@@ -331,22 +334,14 @@ static int hash_file(const char *path, const struct stat *want, kc_digest *out)
         rc = -errno;
         goto done;
     }
-    if (want != NULL && (st.st_ino != want->st_ino || st.st_dev != want->st_dev ||
-                         st.st_size != want->st_size)) {
+    if (want != NULL &&
+        (st.st_ino != want->st_ino || st.st_dev != want->st_dev || st.st_size != want->st_size ||
+         st.st_mtim.tv_sec != want->st_mtim.tv_sec || st.st_mtim.tv_nsec != want->st_mtim.tv_nsec ||
+         st.st_ctim.tv_sec != want->st_ctim.tv_sec || st.st_ctim.tv_nsec != want->st_ctim.tv_nsec)) {
         rc = -ESTALE;
         goto done;
     }
-    if (st.st_size == 0) {
-        *out = kc__digest_of("", 0);
-        goto done;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-        rc = -errno;
-        goto done;
-    }
-    *out = kc__digest_of(m, (size_t)st.st_size);
-    munmap(m, (size_t)st.st_size);
+    rc = kc__digest_fd(fd, &st, out);
 done:
     close(fd);
     return rc;

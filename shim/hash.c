@@ -12,7 +12,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -65,6 +64,58 @@ kc_digest kc__digest_of(const void *p, size_t n)
 {
     XXH128_hash_t r = XXH3_128bits(p, n);
     return (kc_digest){.lo = r.low64, .hi = r.high64};
+}
+
+/* 64 KiB: below malloc's mmap threshold, so a buffer costs no system call. */
+#define DIGEST_CHUNK (64u << 10)
+
+static bool same_file_state(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+int kc__digest_fd(int fd, const struct stat *before, kc_digest *out)
+{
+    uint64_t size = before->st_size > 0 ? (uint64_t)before->st_size : 0;
+    size_t cap = size < DIGEST_CHUNK ? (size_t)size : DIGEST_CHUNK;
+    unsigned char *buf = malloc(cap ? cap : 1);
+    if (buf == NULL)
+        return -ENOMEM;
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    int rc = 0;
+    for (uint64_t off = 0; off < size;) {
+        size_t want = size - off < cap ? (size_t)(size - off) : cap;
+        ssize_t r = pread(fd, buf, want, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if (r == 0) {
+            rc = -ESTALE; /* truncated under us */
+            goto out;
+        }
+        XXH3_128bits_update(&st, buf, (size_t)r);
+        off += (uint64_t)r;
+    }
+    struct stat after;
+    if (fstat(fd, &after) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (!same_file_state(before, &after)) {
+        rc = -ESTALE;
+        goto out;
+    }
+    XXH128_hash_t r = XXH3_128bits_digest(&st);
+    *out = (kc_digest){.lo = r.low64, .hi = r.high64};
+out:
+    free(buf);
+    return rc;
 }
 
 void kc__digest_hex(const kc_digest *d, char out[33])
@@ -209,14 +260,11 @@ int kc__file_identity(const char *path, kc_digest *out)
         close(fd);
         return rc;
     }
-    /* No build-id: the contents are the identity. */
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* No build-id: the contents are the identity (read, not mapped: a file
+     * replaced in place under a mapping faults with SIGBUS). */
+    rc = kc__digest_fd(fd, &st, out);
     close(fd);
-    if (m == MAP_FAILED)
-        return -errno;
-    *out = kc__digest_of(m, (size_t)st.st_size);
-    munmap(m, (size_t)st.st_size);
-    return 0;
+    return rc;
 }
 
 struct mapped_note {

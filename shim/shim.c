@@ -138,17 +138,22 @@ struct kc_store *kc__store(const struct kc_store_api **api)
                 .readonly = cfg->readonly,
                 .max_size = cfg->max_size,
             };
-            int rc = kc__front_open(&opts, load_store_lib, &store);
+            /* No directory (no home): the configuration warned already. */
+            int rc = cfg->dir[0] == 0 ? -ENOENT : kc__front_open(&opts, load_store_lib, &store);
             if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
                 kc__front_api()->close(store);
                 store = NULL;
                 rc = -EPERM;
             }
-            if (rc != 0)
-                kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
-                       cfg->dir, strerror(-rc));
-            else
+            if (rc == 0)
                 store_api = kc__front_api();
+            else if (cfg->dir[0] != 0)
+                kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
+                       cfg->dir,
+                       rc == -EPERM ? "it, a directory or link on the way to it, or one in it, is "
+                                      "owned by another user or writable by others"
+                       : rc == -ENOTEMPTY ? "not empty and not a kcache store"
+                                          : strerror(-rc));
             __atomic_store_n(&store_state, rc == 0 ? 1 : -1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&store_lock);

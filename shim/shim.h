@@ -97,6 +97,18 @@ void kc__hash_str(struct kc__hasher *h, const char *s); /* NULL hashes as absent
 void kc__hash_u64(struct kc__hasher *h, uint64_t v);
 kc_digest kc__hash_digest(struct kc__hasher *h);
 kc_digest kc__digest_of(const void *p, size_t n);
+
+/* struct stat, for the prototype below. */
+struct stat;
+
+/* XXH3-128 of the first before->st_size bytes of the open file fd, read with
+ * pread in bounded chunks (never mapped: a file truncated under a mapping
+ * faults with SIGBUS in the reader). `before` is the file's fstat taken by
+ * the caller before the call. 0; -ESTALE when the file changed while it was
+ * read (a short read, or size, mtime or ctime no longer those of `before`):
+ * the digest would not be of any one version of the file; -ENOMEM; or the
+ * read's negative errno. *out is written only on 0. */
+int kc__digest_fd(int fd, const struct stat *before, kc_digest *out);
 void kc__digest_hex(const kc_digest *d, char out[33]);
 
 /* The GNU build-id of the ELF file at `path` (or, without one, a digest of

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static const char *const cf_names[KC__N_CF] = {"default", "kernels", "bodies", "sources", "meta"};
@@ -216,9 +217,26 @@ static void env_threads_stop(void)
     kc__db_env_quiesce(500);
 }
 
+/* RocksDB makes the database's directory and files with the mode the
+ * process's umask leaves (0755 and 0644 under umask 022), and a host
+ * process's umask is not ours to change: the directory is made 0700 first,
+ * so no file in it is reachable by others whatever its mode, and one an
+ * older kcache left open to others is closed. */
+static void db_dir_private(const char *dbpath)
+{
+    if (mkdir(dbpath, 0700) == 0 || errno != EEXIST)
+        return;
+    struct stat sb;
+    if (lstat(dbpath, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
+        (sb.st_mode & 077) != 0)
+        chmod(dbpath, sb.st_mode & 0700);
+}
+
 int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
 {
     int rc = 0;
+    if (secpath == NULL)
+        db_dir_private(dbpath);
     if (secpath == NULL) {
         pthread_mutex_lock(&env_mu);
         n_primary++;

@@ -72,18 +72,172 @@ int kc__mkdir_p(const char *path, mode_t mode)
     return 0;
 }
 
+/* Whether only we or root can change what the directory holds: owned by
+ * one of them, and writable by no one else unless sticky (as /tmp: others
+ * may add names there, never rename or remove ours). */
+static bool trusted_dir(const struct stat *sb)
+{
+    if (sb->st_uid != 0 && sb->st_uid != geteuid())
+        return false;
+    return (sb->st_mode & 022) == 0 || (sb->st_mode & S_ISVTX) != 0;
+}
+
+/* Resolves `path` a name at a time, as the kernel would, and checks every
+ * step: each directory passed through is trusted_dir, each symlink followed
+ * is owned by us or root. So no other user can redirect the path, now or
+ * later (only we and root can change any step). With `create`, missing
+ * directories are made 0700, each inside a trusted directory. The final
+ * directory is left in real[]; *made says whether it was made here. 0,
+ * -EPERM (a step another user controls), -ENOENT (missing, !create),
+ * -ENOTDIR, -ELOOP, -ENAMETOOLONG or another negative errno. */
+static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *made)
+{
+    char rest[PATH_MAX], tmp[PATH_MAX];
+    size_t rl = 0; /* real[0, rl): the resolved prefix, "" for "/" */
+    int links = 0;
+    *made = false;
+    if (path[0] == '/') {
+        if (snprintf(rest, sizeof rest, "%s", path) >= (int)sizeof rest)
+            return -ENAMETOOLONG;
+    } else {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL)
+            return -errno;
+        if (snprintf(rest, sizeof rest, "%s/%s", cwd, path) >= (int)sizeof rest)
+            return -ENAMETOOLONG;
+    }
+    struct stat sb;
+    if (lstat("/", &sb) != 0)
+        return -errno;
+    if (!trusted_dir(&sb))
+        return -EPERM;
+    real[0] = 0;
+    const char *r = rest;
+    for (;;) {
+        while (*r == '/')
+            r++;
+        if (*r == 0)
+            break;
+        size_t n = strcspn(r, "/");
+        const char *comp = r;
+        r += n;
+        if (n == 1 && comp[0] == '.')
+            continue;
+        if (n == 2 && comp[0] == '.' && comp[1] == '.') {
+            while (rl > 0 && real[rl - 1] != '/')
+                rl--;
+            if (rl > 0)
+                rl--;
+            real[rl] = 0;
+            continue;
+        }
+        if (rl + 1 + n >= PATH_MAX)
+            return -ENAMETOOLONG;
+        real[rl] = '/';
+        memcpy(real + rl + 1, comp, n);
+        real[rl + 1 + n] = 0;
+        bool fresh = false;
+        if (lstat(real, &sb) != 0) {
+            if (errno != ENOENT || !create)
+                return -errno;
+            /* The parent, real[0, rl), was checked: trusted. */
+            if (mkdir(real, 0700) != 0 && errno != EEXIST)
+                return -errno;
+            if (lstat(real, &sb) != 0)
+                return -errno;
+            fresh = true;
+        }
+        if (S_ISLNK(sb.st_mode)) {
+            if (++links > 40)
+                return -ELOOP;
+            if (sb.st_uid != 0 && sb.st_uid != geteuid())
+                return -EPERM;
+            ssize_t tl = readlink(real, tmp, sizeof tmp - 1);
+            if (tl < 0)
+                return -errno;
+            tmp[tl] = 0;
+            /* The rest of the path now starts with the link's target. */
+            char joined[PATH_MAX];
+            if (snprintf(joined, sizeof joined, "%s/%s", tmp, r) >= (int)sizeof joined)
+                return -ENAMETOOLONG;
+            memcpy(rest, joined, strlen(joined) + 1);
+            r = rest;
+            if (tmp[0] == '/')
+                rl = 0;
+            real[rl] = 0;
+            continue;
+        }
+        if (!S_ISDIR(sb.st_mode))
+            return -ENOTDIR;
+        if (!trusted_dir(&sb))
+            return -EPERM;
+        rl += 1 + n;
+        *made = fresh;
+    }
+    if (rl == 0)
+        snprintf(real, PATH_MAX, "/");
+    return 0;
+}
+
+/* Whether a name in the cache directory is one kcache makes there (see
+ * base.h's layout; filter.t-<pid> and db.bad-<...> are a rebuild's and a
+ * recovery's temporary names). */
+static bool store_name(const char *n)
+{
+    static const char *const names[] = {"db",     "spool", "sec",        "hot",
+                                        "locks",  "filter", "owner.lock", "gen"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(n, names[i]) == 0)
+            return true;
+    return strncmp(n, "filter.t-", 9) == 0 || strncmp(n, "db.bad-", 7) == 0;
+}
+
+/* Whether the existing directory real may be used as a store: it holds one
+ * (spool/, which every writer makes first, or a database), or nothing but
+ * names kcache makes (none, for a directory just made by the user). So
+ * kcache never writes its files into a directory of other things. 0,
+ * -ENOTEMPTY or the error of reading it. */
+static int looks_like_store(const char *real)
+{
+    char p[PATH_MAX];
+    struct stat sb;
+    if (snprintf(p, sizeof p, "%s/spool", real) < (int)sizeof p && lstat(p, &sb) == 0)
+        return 0;
+    if (snprintf(p, sizeof p, "%s/db/CURRENT", real) < (int)sizeof p && lstat(p, &sb) == 0)
+        return 0;
+    DIR *d = opendir(real);
+    if (d == NULL)
+        return -errno;
+    struct dirent *e;
+    int rc = 0;
+    while (rc == 0 && (e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 && !store_name(e->d_name))
+            rc = -ENOTEMPTY;
+    closedir(d);
+    return rc;
+}
+
 static int private_dir(const char *path, bool create, bool nofollow)
 {
     struct stat sb;
-    int (*st)(const char *, struct stat *) = nofollow ? lstat : stat;
-    if (st(path, &sb) != 0) {
-        if (errno != ENOENT || !create)
-            return -errno;
-        int rc = nofollow ? (mkdir(path, 0700) == 0 || errno == EEXIST ? 0 : -errno)
-                          : kc__mkdir_p(path, 0700);
+    if (!nofollow) {
+        char real[PATH_MAX];
+        bool made;
+        int rc = walk_path(path, create, real, &made);
         if (rc < 0)
             return rc;
-        if (st(path, &sb) != 0)
+        if (stat(real, &sb) != 0)
+            return -errno;
+        if (sb.st_uid != geteuid() || (sb.st_mode & 022) != 0)
+            return -EPERM;
+        return made ? 0 : looks_like_store(real);
+    }
+    if (lstat(path, &sb) != 0) {
+        if (errno != ENOENT || !create)
+            return -errno;
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return -errno;
+        if (lstat(path, &sb) != 0)
             return -errno;
     }
     if (!S_ISDIR(sb.st_mode))

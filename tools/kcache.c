@@ -214,27 +214,6 @@ static bool need(struct ctx *c, const void *fn, const char *name)
     return false;
 }
 
-/*
- * Looks at the cache directory without creating it. Returns 1 when it exists,
- * 0 when it is missing (the caller reports an empty store), or -1 after
- * printing an error (not a directory, unreadable path).
- */
-static int probe_dir(struct ctx *c)
-{
-    struct stat sb;
-    if (stat(c->dir, &sb) != 0) {
-        if (errno == ENOENT)
-            return 0;
-        err_line("cannot use cache directory %s: %s", c->dir, strerror(errno));
-        return -1;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        err_line("cannot use cache directory %s: %s", c->dir, strerror(ENOTDIR));
-        return -1;
-    }
-    return 1;
-}
-
 static void fill_options(struct ctx *c, struct kc_store_options *o, bool readonly)
 {
     memset(o, 0, sizeof *o);
@@ -248,10 +227,48 @@ static const char *open_error(int rc)
 {
     switch (rc) {
     case -EPERM:
-        return "owned by another user or writable by group or others";
+        return "it, or a directory or link on the way to it, is owned by another user or "
+               "writable by others";
+    case -ENOTEMPTY:
+        return "not empty and not a kcache store";
     default:
         return strerror(-rc);
     }
+}
+
+/*
+ * Looks at the cache directory without creating it. Returns 1 when it exists,
+ * 0 when it is missing (the caller reports an empty store), or -1 after
+ * printing an error (not a directory, unreadable path, a path to it another
+ * user controls).
+ */
+static int probe_dir(struct ctx *c)
+{
+    struct stat sb;
+    if (stat(c->dir, &sb) != 0) {
+        if (errno == ENOENT) {
+            /* Missing: an empty store, if the path to it is one we may use
+             * (a read-only open checks it and creates nothing). */
+            struct kc_store_options o;
+            struct kc_store *st = NULL;
+            fill_options(c, &o, true);
+            int rc = need(c, (const void *)c->api->open, "open") ? c->api->open(&o, &st) : -ENOSYS;
+            if (rc < 0 || st == NULL) {
+                err_line("cannot use cache directory %s: %s", c->dir,
+                         open_error(rc < 0 ? rc : -EIO));
+                return -1;
+            }
+            c->api->close(st);
+            return 0;
+        }
+        err_line("cannot use cache directory %s: %s", c->dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        err_line("cannot use cache directory %s: %s", c->dir, strerror(ENOTDIR));
+        return -1;
+    }
+    return 1;
 }
 
 /*
@@ -794,6 +811,9 @@ static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc
 int main(int argc, char **argv)
 {
     static struct ctx c;
+    /* Everything the tool makes (the owner's database files above all,
+     * which RocksDB creates with the umask's mode) is private: 0600/0700. */
+    umask(077);
     kc_config_load(&c.cfg);
     kc__log_set_level(c.cfg.log_level);
     snprintf(c.dir, sizeof c.dir, "%s", c.cfg.dir);
@@ -885,6 +905,10 @@ int main(int argc, char **argv)
 
     if (strcmp(cmd, "config") == 0)
         return cmd_config(&c);
+    if (c.dir[0] == '\0') {
+        err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
+        return EXIT_RUNTIME;
+    }
 
     c.api = kc_store_api();
     if (c.api == NULL || c.api->abi != KC_STORE_ABI) {

@@ -2,9 +2,12 @@
  * Unit tests of the configuration every part shares (shim/config.c).
  */
 #include <criterion/criterion.h>
+#include <limits.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -49,6 +52,29 @@ Test(config, xdg_cache_home)
     struct kc_config c;
     kc_config_load(&c);
     cr_assert_str_eq(c.dir, "/var/xdg/kcache");
+}
+
+/* HOME unset, empty or relative: the passwd entry's home, never a path
+ * read from a buffer out of scope (the tests run as a user with one). */
+Test(config, home_unset_empty_or_relative_uses_passwd_home)
+{
+    unsetenv("XDG_CACHE_HOME");
+    struct passwd *pw = getpwuid(getuid());
+    cr_assert(pw != NULL && pw->pw_dir[0] == '/', "the test user has a passwd home");
+    char want[PATH_MAX];
+    snprintf(want, sizeof want, "%s/.cache/kcache", pw->pw_dir);
+    const char *homes[] = {NULL, "", "relative", "./x"};
+    for (size_t i = 0; i < sizeof homes / sizeof *homes; i++) {
+        if (homes[i] == NULL)
+            unsetenv("HOME");
+        else
+            setenv("HOME", homes[i], 1);
+        struct kc_config c;
+        memset(&c, 0xa5, sizeof c);
+        kc_config_load(&c);
+        cr_assert_str_eq(c.dir, want, "HOME %s", homes[i] ? homes[i] : "unset");
+        cr_assert_eq(c.n_warnings, 0);
+    }
 }
 
 Test(config, sizes)
