@@ -200,6 +200,19 @@ static void default_dir(struct kc_config *cfg)
          home == NULL ? "unset" : home[0] == '\0' ? "empty" : "not absolute", (unsigned)getuid());
 }
 
+/* The working directory when the process started (kc_config_pin_cwd), for a
+ * relative KCACHE_DIR; empty when not pinned. */
+static char start_cwd[PATH_MAX];
+
+void kc_config_pin_cwd(void)
+{
+    const char *v = getenv(kc_config_vars[V_DIR].name);
+    if (getauxval(AT_SECURE) != 0 || v == NULL || v[0] == '\0' || v[0] == '/')
+        return;
+    if (getcwd(start_cwd, sizeof start_cwd) == NULL)
+        start_cwd[0] = '\0';
+}
+
 void kc_config_load(struct kc_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -228,9 +241,13 @@ void kc_config_load(struct kc_config *cfg)
             default_dir(cfg);
         } else if (v[0] != '/') {
             /* A relative directory is resolved against the working directory
-             * at start-up, so a process that chdir()s keeps one store. */
+             * at start-up (pinned before main by the shim), so a process that
+             * chdir()s keeps one store and never writes into the directory
+             * it moved to. */
             char cwd[PATH_MAX];
-            if (getcwd(cwd, sizeof cwd) != NULL &&
+            if (start_cwd[0] == '/')
+                memcpy(cwd, start_cwd, strlen(start_cwd) + 1);
+            if ((start_cwd[0] == '/' || getcwd(cwd, sizeof cwd) != NULL) &&
                 strlen(cwd) + strlen(v) + 2 < sizeof cfg->dir - 64)
             {
                 size_t a = strlen(cwd), b = strlen(v);

@@ -71,6 +71,11 @@ extern const int kc_config_n_vars;
  * is set. */
 void kc_config_load(struct kc_config *cfg);
 
+/* Records the working directory now when KCACHE_DIR is relative, so that a
+ * later kc_config_load() resolves it against the directory the process
+ * started in, not one it changed to. The shim calls it before main. */
+void kc_config_pin_cwd(void);
+
 /* Formats variable i's effective value into buf. */
 void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len);
 

@@ -82,6 +82,7 @@ static char self_path[PATH_MAX];
 
 __attribute__((constructor)) static void self_locate(void)
 {
+    kc_config_pin_cwd();
     if (kc__object_path((const void *)self_locate, self_path, sizeof self_path) == 0)
         return;
     self_path[0] = '\0';

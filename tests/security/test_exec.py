@@ -10,6 +10,8 @@
             equal NVRTC's own, and the real owner and store are used (the
             cold run's put is drained; a lookup the key filter cannot answer
             is served from the database).
+  reldir    a relative KCACHE_DIR and a program that changes directory
+            before its first compile: the store is made where it started.
   path      no tool beside the shim and no KCACHE_TOOL: $PATH with an empty,
             "." or relative entry and a planted ./kcache: it never runs; the
             owner is not started (one warning; the put stays in the spool).
@@ -198,6 +200,26 @@ def test_relative():
     wait_owner_gone(cache)
     check(markers(mdir) == [], "relative: after the owner: nothing planted ran (%s)"
           % markers(mdir))
+
+
+def test_reldir():
+    """A relative KCACHE_DIR is resolved against the directory the program
+    started in, even when it changes directory before its first compile: the
+    store is made there, never in the directory it moved to."""
+    ref = reference()
+    start = os.path.join(TMP, "reldir-start")
+    moved = os.path.join(TMP, "reldir-moved")
+    os.makedirs(start)
+    os.makedirs(moved)
+    env = base_env(LD_PRELOAD=SHIM, KCACHE_DIR="rel-cache", KCACHE_TOOL=TOOL,
+                   KCACHE_OWNER_IDLE_MS="0")
+    rc, out, err = run([CLIENT, "--chdir", moved], env, cwd=start)
+    check(rc == 0 and out == ref, "reldir: outputs equal NVRTC's own")
+    check(os.path.isdir(os.path.join(start, "rel-cache")),
+          "reldir: the store is made where the program started")
+    check(not os.path.exists(os.path.join(moved, "rel-cache")),
+          "reldir: nothing is made in the directory the program moved to")
+    wait_owner_gone(os.path.join(start, "rel-cache"))
 
 
 # ---- path -------------------------------------------------------------------
@@ -408,7 +430,7 @@ def main():
         if not os.path.exists(c):
             print("skip: no", c)
             return 77
-    only = sys.argv[1:] or ["relative", "path", "secure", "fds"]
+    only = sys.argv[1:] or ["relative", "reldir", "path", "secure", "fds"]
     rc = 0
     try:
         for t in only:
