@@ -20,6 +20,8 @@
  *                    (kernels and sources), written only by the owner, bits
  *                    only ever set in place; replaced (rename) on rebuild
  *   DIR/sec/         one RocksDB secondary directory per reading process
+ *   DIR/locks/       single-flight lock files of the shim (shim/flight.c);
+ *                    those nobody holds go at the end of each owner session
  *   DIR/owner.lock   flock()ed by the owner for as long as it runs
  *   DIR/gen          mmap()ed counters: u64 generation, bumped by the owner
  *                    after each durable drain, so readers know when to catch
@@ -203,6 +205,15 @@ uint64_t kc__du(const char *path, uint64_t *reserved);
  * long, and a live reader in another pid namespace keeps its own. */
 int kc__dir_hold(const char *path);
 void kc__dir_sweep(const char *parent, const char *prefix);
+/* Removes the single-flight lock files in dir/locks (shim/flight.c) that
+ * nobody holds: each is removed while holding its flock (LOCK_EX|LOCK_NB),
+ * and a locker checks after locking that the name still is its file (a
+ * removed one is retried), so no lock is ever taken on a file nobody else
+ * can find. Nothing when dir/locks is not a private directory of ours. */
+void kc__locks_prune(const char *dir);
+/* Bytes in the regular files of the spool, counted until past `stop`
+ * (a readdir and an fstatat per file). */
+uint64_t kc__spool_bytes(const char *spool, uint64_t stop);
 /* Whether no process with the pid at the start of name runs (ESRCH). */
 bool kc__pid_gone(const char *name);
 void kc__hex(const void *p, size_t n, char *out);

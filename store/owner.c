@@ -1722,6 +1722,8 @@ void kc__owner_end(struct kc__owner *o)
         kc__db_close(&o->d);
         /* The filter holds every key up to this generation. */
         kc__filter_set_stamp(&o->f, o->gen_seq);
+        /* The single-flight lock files of compiles that are over. */
+        kc__locks_prune(o->p.dir);
     }
     kc__filter_close(&o->f);
     if (o->gen != NULL) {
