@@ -309,6 +309,10 @@ struct kc__pending {
     size_t n_ctr;
     uint64_t last_created;
     struct kc__kicker kick;
+    /* The spool's bound (pending.c spool_room): its bytes when last
+     * counted, this process's puts since, when; whether it was full. */
+    uint64_t spool_seen, spool_added, spool_count_ns;
+    bool spool_full, spool_warned;
 };
 /* p must outlive pd; tool (malloc'd, may be NULL) is the kicker's. */
 void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
@@ -336,7 +340,9 @@ void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_
 /* store.h's put: a spool put file (renamed into place, not fsynced: the owner
  * syncs it into the database); lifts this process's tombstones
  * of key and source, notes source -> key, starts the owner. -EINVAL,
- * -EROFS or the write's error. */
+ * -EROFS, -EDQUOT when the spool would hold more than the size limit (an
+ * owner that does not drain it: nothing written, one warning per
+ * process), or the write's error. */
 int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
                     const kc_digest *source, uint32_t kind, const void *body, size_t len,
                     uint64_t saved_ns);
