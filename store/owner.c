@@ -582,6 +582,23 @@ static void filter_begin(struct kc__owner *o)
     kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
 }
 
+/* Before the database is created: it will hold nothing, so an empty filter
+ * is right for it. Published first, a reader never finds db/CURRENT
+ * without a filter in a new store (that answers "maybe", and the reader
+ * would load RocksDB to learn of a miss); filter_begin then takes over. */
+static void filter_before_create(struct kc__owner *o)
+{
+    char cur[4300];
+    snprintf(cur, sizeof cur, "%s/CURRENT", o->p.db);
+    if (access(cur, F_OK) == 0 || errno != ENOENT)
+        return;
+    struct kc__filter_rw f;
+    if (kc__filter_create(&f, o->p.filter, 0) == 0) {
+        kc__filter_publish(&f, o->p.filter);
+        kc__filter_close(&f);
+    }
+}
+
 static void filter_maybe_rebuild(struct kc__owner *o)
 {
     if (o->f.map != NULL && kc__filter_stale(&o->f) && filter_rebuild(o) == 0)
@@ -1634,6 +1651,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         rc = lock_owner(o, wait_ms, stop_other);
     bool corrupt = false;
     if (rc == 0) {
+        filter_before_create(o);
         char *why = NULL;
         rc = kc__db_open(&o->d, o->p.db, NULL, &why);
         if (rc == -EBADMSG) {
