@@ -1631,8 +1631,10 @@ static void map_gen(struct kc__owner *o)
         o->gen = m;
 }
 
+/* create: make the cache directory when missing (not for an owner a store
+ * started: the directory is gone with its store, and stays gone). */
 static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool stop_other,
-                       struct kc__owner **out)
+                       bool create, struct kc__owner **out)
 {
     struct kc__owner *o = calloc(1, sizeof *o);
     if (o == NULL)
@@ -1640,7 +1642,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     o->lockfd = -1;
     kc__paths_init(&o->p, dir);
     o->max_size = max_size ? max_size : KC_DEFAULT_MAX_SIZE;
-    int rc = kc__private_dir(dir, true);
+    int rc = kc__private_dir(dir, create);
     if (rc == 0)
         rc = kc__private_subdir(o->p.spool, true);
     if (rc == 0)
@@ -1714,7 +1716,7 @@ static int enforce_limit(struct kc__owner *o)
 int kc__owner_begin(const char *dir, uint64_t max_size, int wait_ms, struct kc__owner **out)
 {
     struct kc__owner *o;
-    int rc = owner_begin(dir, max_size, wait_ms, true, &o);
+    int rc = owner_begin(dir, max_size, wait_ms, true, true, &o);
     if (rc < 0)
         return rc;
     rc = kc__owner_drain(o, NULL);
@@ -1772,7 +1774,8 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
     if (opts->readonly)
         return -EROFS;
     const char *det = getenv("KCACHE_OWNER_DETACH");
-    if (det != NULL && strcmp(det, "1") == 0) {
+    bool spawned = det != NULL && strcmp(det, "1") == 0;
+    if (spawned) {
         /* Started by a store: leave its process tree so the host never
          * has a child of ours to reap. */
         unsetenv("KCACHE_OWNER_DETACH");
@@ -1790,7 +1793,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
         idle_ms = 0;
 
     struct kc__owner *o;
-    int rc = owner_begin(opts->dir, max, 300, false, &o);
+    int rc = owner_begin(opts->dir, max, 300, false, !spawned, &o);
     if (rc < 0)
         return rc;
     int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
@@ -1820,7 +1823,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
             o = NULL;
             if (!kc__spool_pending(spool))
                 break;
-            if (owner_begin(dir, max, 0, false, &o) < 0) {
+            if (owner_begin(dir, max, 0, false, !spawned, &o) < 0) {
                 o = NULL;
                 break;
             }

@@ -17,6 +17,9 @@
   ownerstart a cold run of several kernels that starts the owner (kept
              live: KCACHE_OWNER_IDLE_MS) never loads RocksDB in the host:
              every miss is told apart by the spool and the key filter
+  ownergone  an owner a store started finds its directory removed: it does
+             not make it again (a test's, or a user's, removed store stays
+             removed); `kcache owner` by hand still makes a missing one
 
 Real NVRTC compiles through tests/bench's nvrtc_bench under the shim. The
 other-user cases need root (chown); they are skipped otherwise.
@@ -43,6 +46,16 @@ BENCH = os.path.join(os.environ["KCACHE_BUILD"], "tests", "bench", "nvrtc_bench"
 STATS_RE = re.compile(r"nvrtc hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+) errors=(\d+)")
 OTHER_UID = 12345
 failures = []
+
+
+def rm_settled(path):
+    """Removes path, again while an owner a run started still writes in it
+    (it stops once its directory is gone): nothing is left behind."""
+    for _ in range(100):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.1)
 
 
 def check(cond, what):
@@ -393,6 +406,7 @@ def test_tmpsec(tmp):
     stray = [n for n in os.listdir(t) if n != mine and not n.startswith("kcache-sec-%d-" % pid)]
     check(stray == [], "tmpsec: squatted, the reader left nothing behind (%s)" % stray)
     shutil.rmtree(t, ignore_errors=True)
+    stop_owner(c)
 
 
 # ---- ownerstart ----------------------------------------------------------
@@ -413,15 +427,54 @@ def test_ownerstart(tmp):
             stop_owner(c)
 
 
+def owners_of(cache):
+    """Pids of processes whose command line names cache (an owner's --dir)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if cache.encode() in args:
+            pids.append(int(pid))
+    return pids
+
+
+def test_ownergone(tmp):
+    # An owner a store started (detached, as spawn_owner starts it) finds
+    # the directory gone (removed with its store before it ran): it does not
+    # make it again.
+    gone = os.path.join(tmp, "gone", "cache")
+    e = base_env(gone, {"KCACHE_OWNER_DETACH": "1"})
+    e.pop("KCACHE_STATS")
+    subprocess.run([TOOL, "--dir", gone, "owner", "--idle-ms", "0"], env=e,
+                   capture_output=True, timeout=60)
+    for _ in range(600):
+        if not owners_of(gone):
+            break
+        time.sleep(0.05)
+    check(not owners_of(gone), "ownergone: the detached owner ended")
+    check(not os.path.lexists(os.path.join(tmp, "gone")),
+          "ownergone: a started owner did not make the removed directory again")
+    # `kcache owner` by hand still makes a missing directory.
+    r = tool(os.path.join(tmp, "new", "cache"), "owner", "--idle-ms", "0")
+    check(r.returncode == 0 and os.path.isdir(os.path.join(tmp, "new", "cache", "spool")),
+          "ownergone: kcache owner by hand makes a missing directory (%s)" % r.stderr.strip())
+
+
 def main():
     if not (os.path.exists(BENCH) and os.path.exists(SHIM) and os.path.exists(TOOL)):
         print("skip: needs nvrtc_bench, the shim and the tool (KCACHE_BUILD)")
         return 77
-    only = sys.argv[1:] or ["locks", "maxsize", "spool", "tmpsec", "ownerstart"]
-    with tempfile.TemporaryDirectory(prefix="kcache-housekeeping-") as tmp:
+    only = sys.argv[1:] or ["locks", "maxsize", "spool", "tmpsec", "ownerstart", "ownergone"]
+    tmp = tempfile.mkdtemp(prefix="kcache-housekeeping-")
+    try:
         os.chmod(tmp, 0o755)  # the other user's entries are reached through it
         for t in only:
             globals()["test_" + t](tmp)
+    finally:
+        rm_settled(tmp)
     if failures:
         print("%d failure(s):" % len(failures))
         for f in failures:
