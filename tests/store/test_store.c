@@ -29,7 +29,8 @@ static char dir[256];
 static void setup(void)
 {
     api = kc_store_api();
-    snprintf(dir, sizeof dir, "/tmp/kc-store-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/kc-store-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(dir));
     chmod(dir, 0700);
 }
