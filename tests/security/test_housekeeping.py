@@ -27,13 +27,11 @@ Exit 0 ok, 1 failure, 77 skip.
 """
 import ctypes
 import ctypes.util
-import errno
 import fcntl
 import json
 import os
 import re
 import shutil
-import stat
 import struct
 import subprocess
 import sys
