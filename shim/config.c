@@ -4,6 +4,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -86,7 +87,13 @@ int kc_parse_size(const char *s, uint64_t *out)
     if (!isdigit((unsigned char)*p))
         return -1;
     char *end;
+    int saved = errno; /* the host's errno is not ours to change */
+    errno = 0;
     unsigned long long v = strtoull(p, &end, 10);
+    bool range = errno == ERANGE;
+    errno = saved;
+    if (range)
+        return -1; /* past 2^64: strtoull's ULLONG_MAX is not the value asked for */
     uint64_t mul = 1;
     switch (toupper((unsigned char)*end)) {
     case 'K':
@@ -269,6 +276,13 @@ void kc_config_load(struct kc_config *cfg)
     load_bool(cfg, V_READONLY, &cfg->readonly);
     load_bool(cfg, V_RECACHE, &cfg->recache);
     load_size(cfg, V_MAXSIZE, &cfg->max_size);
+    if (cfg->max_size == 0) {
+        /* No limit is not a store: 0 means the default, with a warning. */
+        warn(cfg, "KCACHE_MAXSIZE=%s is a limit of 0 bytes; using the default (5G)",
+             getenv("KCACHE_MAXSIZE"));
+        cfg->max_size = 5ull << 30;
+        cfg->origin[V_MAXSIZE] = KC_FROM_DEFAULT;
+    }
     load_bool(cfg, V_STATS, &cfg->stats);
     load_bool(cfg, V_NVRTC, &cfg->nvrtc);
     load_bool(cfg, V_JIT, &cfg->jit);

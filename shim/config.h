@@ -80,7 +80,8 @@ void kc_config_pin_cwd(void);
 void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len);
 
 /* Parses a size: digits with an optional K/M/G/T suffix (powers of 1024,
- * "KiB"/"KB" forms accepted). 0 on success, -1 on malformed input. */
+ * "KiB"/"KB" forms accepted). 0 on success, -1 on malformed input or a
+ * value past 2^64 - 1. */
 int kc_parse_size(const char *s, uint64_t *out);
 
 /* Parses a boolean: 1/0, true/false, yes/no, on/off (any case). 0 or -1. */

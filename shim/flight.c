@@ -45,6 +45,16 @@ int kc__flight_prepare(void)
     return locks_dir(dir, sizeof dir);
 }
 
+/* Whether path still names the file fd is open on. A lock file nobody holds
+ * may be removed (the owner prunes DIR/locks while holding each file's
+ * lock): a lock then taken on the removed file would exclude nobody. */
+static bool still_named(int fd, const char *path)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && lstat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 int kc__flight_acquire(const kc_digest *id, bool *waited)
 {
     *waited = false;
@@ -56,11 +66,14 @@ int kc__flight_acquire(const kc_digest *id, bool *waited)
         return -1;
     kc__digest_hex(id, hex);
     snprintf(path, sizeof path, "%s/%s", dir, hex);
+    uint64_t deadline = 0;
+    int tries = 0;
+again:;
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-        return fd;
+        goto locked;
     if (errno != EWOULDBLOCK) {
         close(fd);
         return -1;
@@ -68,19 +81,27 @@ int kc__flight_acquire(const kc_digest *id, bool *waited)
     /* Someone is compiling this request: wait for it, polling with a
      * backoff, until it finishes (or dies: the kernel drops its lock). */
     *waited = true;
-    uint64_t deadline = kc__now_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
+    if (deadline == 0)
+        deadline = kc__now_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
     long sleep_us = 1000;
     while (kc__now_ns() < deadline) {
         struct timespec ts = {0, sleep_us * 1000};
         nanosleep(&ts, NULL);
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-            return fd;
+            goto locked;
         if (sleep_us < 20000)
             sleep_us += sleep_us / 2;
     }
     kc_log(KC_LOG_INFO, "waited %d ms for another process's compile; compiling here",
            cfg->lock_timeout_ms);
     close(fd);
+    return -1;
+locked:
+    if (still_named(fd, path))
+        return fd;
+    close(fd); /* pruned meanwhile: take the file that is there now */
+    if (++tries < 8)
+        goto again;
     return -1;
 }
 

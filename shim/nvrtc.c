@@ -824,8 +824,9 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                     c.stores = 1;
                 } else {
                     c.errors = 1;
-                    kc_log_once(KC_LOG_WARN, "cannot store an NVRTC result (%s); continuing "
-                                             "uncached", strerror(-prc));
+                    if (prc != -EDQUOT) /* a full spool: the store has warned */
+                        kc_log_once(KC_LOG_WARN, "cannot store an NVRTC result (%s); "
+                                                 "continuing uncached", strerror(-prc));
                 }
             } else {
                 c.errors = 1;

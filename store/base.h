@@ -20,6 +20,8 @@
  *                    (kernels and sources), written only by the owner, bits
  *                    only ever set in place; replaced (rename) on rebuild
  *   DIR/sec/         one RocksDB secondary directory per reading process
+ *   DIR/locks/       single-flight lock files of the shim (shim/flight.c);
+ *                    those nobody holds go at the end of each owner session
  *   DIR/owner.lock   flock()ed by the owner for as long as it runs
  *   DIR/gen          mmap()ed counters: u64 generation, bumped by the owner
  *                    after each durable drain, so readers know when to catch
@@ -203,6 +205,15 @@ uint64_t kc__du(const char *path, uint64_t *reserved);
  * long, and a live reader in another pid namespace keeps its own. */
 int kc__dir_hold(const char *path);
 void kc__dir_sweep(const char *parent, const char *prefix);
+/* Removes the single-flight lock files in dir/locks (shim/flight.c) that
+ * nobody holds: each is removed while holding its flock (LOCK_EX|LOCK_NB),
+ * and a locker checks after locking that the name still is its file (a
+ * removed one is retried), so no lock is ever taken on a file nobody else
+ * can find. Nothing when dir/locks is not a private directory of ours. */
+void kc__locks_prune(const char *dir);
+/* Bytes in the regular files of the spool, counted until past `stop`
+ * (a readdir and an fstatat per file). */
+uint64_t kc__spool_bytes(const char *spool, uint64_t stop);
 /* Whether no process with the pid at the start of name runs (ESRCH). */
 bool kc__pid_gone(const char *name);
 void kc__hex(const void *p, size_t n, char *out);
@@ -312,6 +323,10 @@ struct kc__pending {
     size_t n_ctr;
     uint64_t last_created;
     struct kc__kicker kick;
+    /* The spool's bound (pending.c spool_room): its bytes when last
+     * counted, this process's puts since, when; whether it was full. */
+    uint64_t spool_seen, spool_added, spool_count_ns;
+    bool spool_full, spool_warned;
 };
 /* p must outlive pd; tool (malloc'd, may be NULL) is the kicker's. */
 void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
@@ -339,7 +354,9 @@ void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_
 /* store.h's put: a spool put file (renamed into place, not fsynced: the owner
  * syncs it into the database); lifts this process's tombstones
  * of key and source, notes source -> key, starts the owner. -EINVAL,
- * -EROFS or the write's error. */
+ * -EROFS, -EDQUOT when the spool would hold more than the size limit (an
+ * owner that does not drain it: nothing written, one warning per
+ * process), or the write's error. */
 int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
                     const kc_digest *source, uint32_t kind, const void *body, size_t len,
                     uint64_t saved_ns);

@@ -471,3 +471,58 @@ void kc__dir_sweep(const char *parent, const char *prefix)
     }
     closedir(d);
 }
+
+void kc__locks_prune(const char *dir)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/locks", dir) >= (int)sizeof path)
+        return;
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    /* Only a directory that is ours and private, as the shim requires
+     * (shim/flight.c): what anyone else could have put there is not ours to
+     * remove. */
+    struct stat ds;
+    DIR *d = NULL;
+    if (fstat(dfd, &ds) != 0 || ds.st_uid != geteuid() || (ds.st_mode & 022) != 0 ||
+        (d = fdopendir(dfd)) == NULL) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        /* Removed while we hold its lock, and only if the name is still
+         * that file: a process that opened it meanwhile finds, once it
+         * holds the lock, that the name is gone, and takes a new file. */
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, e->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            unlinkat(dfd, e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
+uint64_t kc__spool_bytes(const char *spool, uint64_t stop)
+{
+    DIR *d = opendir(spool);
+    if (d == NULL)
+        return 0;
+    uint64_t total = 0;
+    struct dirent *e;
+    while (total <= stop && (e = readdir(d)) != NULL) {
+        struct stat sb;
+        if (e->d_name[0] != '.' &&
+            fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode))
+            total += (uint64_t)sb.st_size;
+    }
+    closedir(d);
+    return total;
+}

@@ -582,6 +582,23 @@ static void filter_begin(struct kc__owner *o)
     kc__filter_set_stamp(&o->f, KC__FILTER_LIVE);
 }
 
+/* Before the database is created: it will hold nothing, so an empty filter
+ * is right for it. Published first, a reader never finds db/CURRENT
+ * without a filter in a new store (that answers "maybe", and the reader
+ * would load RocksDB to learn of a miss); filter_begin then takes over. */
+static void filter_before_create(struct kc__owner *o)
+{
+    char cur[4300];
+    snprintf(cur, sizeof cur, "%s/CURRENT", o->p.db);
+    if (access(cur, F_OK) == 0 || errno != ENOENT)
+        return;
+    struct kc__filter_rw f;
+    if (kc__filter_create(&f, o->p.filter, 0) == 0) {
+        kc__filter_publish(&f, o->p.filter);
+        kc__filter_close(&f);
+    }
+}
+
 static void filter_maybe_rebuild(struct kc__owner *o)
 {
     if (o->f.map != NULL && kc__filter_stale(&o->f) && filter_rebuild(o) == 0)
@@ -1614,8 +1631,10 @@ static void map_gen(struct kc__owner *o)
         o->gen = m;
 }
 
+/* create: make the cache directory when missing (not for an owner a store
+ * started: the directory is gone with its store, and stays gone). */
 static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool stop_other,
-                       struct kc__owner **out)
+                       bool create, struct kc__owner **out)
 {
     struct kc__owner *o = calloc(1, sizeof *o);
     if (o == NULL)
@@ -1623,7 +1642,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     o->lockfd = -1;
     kc__paths_init(&o->p, dir);
     o->max_size = max_size ? max_size : KC_DEFAULT_MAX_SIZE;
-    int rc = kc__private_dir(dir, true);
+    int rc = kc__private_dir(dir, create);
     if (rc == 0)
         rc = kc__private_subdir(o->p.spool, true);
     if (rc == 0)
@@ -1634,6 +1653,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         rc = lock_owner(o, wait_ms, stop_other);
     bool corrupt = false;
     if (rc == 0) {
+        filter_before_create(o);
         char *why = NULL;
         rc = kc__db_open(&o->d, o->p.db, NULL, &why);
         if (rc == -EBADMSG) {
@@ -1696,7 +1716,7 @@ static int enforce_limit(struct kc__owner *o)
 int kc__owner_begin(const char *dir, uint64_t max_size, int wait_ms, struct kc__owner **out)
 {
     struct kc__owner *o;
-    int rc = owner_begin(dir, max_size, wait_ms, true, &o);
+    int rc = owner_begin(dir, max_size, wait_ms, true, true, &o);
     if (rc < 0)
         return rc;
     rc = kc__owner_drain(o, NULL);
@@ -1722,6 +1742,8 @@ void kc__owner_end(struct kc__owner *o)
         kc__db_close(&o->d);
         /* The filter holds every key up to this generation. */
         kc__filter_set_stamp(&o->f, o->gen_seq);
+        /* The single-flight lock files of compiles that are over. */
+        kc__locks_prune(o->p.dir);
     }
     kc__filter_close(&o->f);
     if (o->gen != NULL) {
@@ -1752,7 +1774,8 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
     if (opts->readonly)
         return -EROFS;
     const char *det = getenv("KCACHE_OWNER_DETACH");
-    if (det != NULL && strcmp(det, "1") == 0) {
+    bool spawned = det != NULL && strcmp(det, "1") == 0;
+    if (spawned) {
         /* Started by a store: leave its process tree so the host never
          * has a child of ours to reap. */
         unsetenv("KCACHE_OWNER_DETACH");
@@ -1770,7 +1793,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
         idle_ms = 0;
 
     struct kc__owner *o;
-    int rc = owner_begin(opts->dir, max, 300, false, &o);
+    int rc = owner_begin(opts->dir, max, 300, false, !spawned, &o);
     if (rc < 0)
         return rc;
     int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
@@ -1800,7 +1823,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
             o = NULL;
             if (!kc__spool_pending(spool))
                 break;
-            if (owner_begin(dir, max, 0, false, &o) < 0) {
+            if (owner_begin(dir, max, 0, false, !spawned, &o) < 0) {
                 o = NULL;
                 break;
             }

@@ -7,6 +7,7 @@
  * (shim/front.c), so libc only.
  */
 #include "base.h"
+#include "../shim/log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -337,6 +338,31 @@ void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_
     kc__pending_kick(pd);
 }
 
+/* Whether the spool has room for a put file of n bytes: it may not hold
+ * more than the size limit, or an owner that cannot start (or drain) would
+ * let it grow without bound. The spool is counted (a readdir, stopping past
+ * the limit) at this process's first put, when its own puts since the last
+ * count would take it past the limit, and while it is full at most once a
+ * second; a spool an owner drains stays small, and so does the count.
+ * mu held. */
+static bool spool_room(struct kc__pending *pd, size_t n)
+{
+    uint64_t limit = pd->max_size ? pd->max_size : KC_DEFAULT_MAX_SIZE;
+    uint64_t now = kc__mono_ns() | 1;
+    if (pd->spool_count_ns == 0 ||
+        (pd->spool_seen + pd->spool_added + n > limit &&
+         (!pd->spool_full || now - pd->spool_count_ns >= 1000000000ull))) {
+        pd->spool_seen = kc__spool_bytes(pd->p->spool, limit);
+        pd->spool_added = 0;
+        pd->spool_count_ns = now;
+    }
+    pd->spool_full = pd->spool_seen + pd->spool_added + n > limit;
+    if (pd->spool_full)
+        return false;
+    pd->spool_added += n;
+    return true;
+}
+
 int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
                     const kc_digest *source, uint32_t kind, const void *body, size_t len,
                     uint64_t saved_ns)
@@ -361,6 +387,23 @@ int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
     h.created_ns = now;
     struct kc__buf b = {0};
     int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
+    if (rc == 0) {
+        pthread_mutex_lock(&pd->mu);
+        bool room = spool_room(pd, b.len), warn = !room && !pd->spool_warned;
+        if (warn)
+            pd->spool_warned = true;
+        pthread_mutex_unlock(&pd->mu);
+        if (warn)
+            kc_log(KC_LOG_WARN, "the spool of %s holds more than KCACHE_MAXSIZE "
+                                "(%llu bytes) waiting for the owner; results are not "
+                                "stored until it drains", pd->p->dir,
+                   (unsigned long long)(pd->max_size ? pd->max_size : KC_DEFAULT_MAX_SIZE));
+        if (!room) {
+            kc__buf_free(&b);
+            kc__pending_kick(pd); /* an owner that can start drains it */
+            return -EDQUOT;
+        }
+    }
     char name[40];
     kc__spool_name(ns, key, 'p', name);
     /* Not fsynced here: the rename makes the file whole or absent for

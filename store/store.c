@@ -233,11 +233,20 @@ static uint64_t epoch_read(struct kc_store *st)
     return st->gen ? __atomic_load_n(st->gen + 1, __ATOMIC_ACQUIRE) : 0;
 }
 
-/* Removes a reader's directory and lets go of it. */
+/* Removes a reader's directory and lets go of it; and $TMPDIR/kcache-<uid>
+ * when it held the last one there (sec_dir). */
 static void sec_remove(char secpath[PATH_MAX], int *secfd)
 {
     if (secpath[0] != 0) {
         kc__rm_rf(secpath);
+        char *slash = strrchr(secpath, '/'), mine[32];
+        snprintf(mine, sizeof mine, "/kcache-%u", (unsigned)geteuid());
+        size_t ml = strlen(mine);
+        if (slash != NULL && (size_t)(slash - secpath) >= ml &&
+            memcmp(slash - ml, mine, ml) == 0) {
+            *slash = 0;
+            rmdir(secpath); /* fails while other readers' are there */
+        }
         secpath[0] = 0;
     }
     if (*secfd >= 0) {
@@ -291,8 +300,29 @@ static int sec_dir(struct kc_store *st, char secpath[PATH_MAX], int *secfd)
         tmp = "/tmp";
     if (!sec_room(tmp))
         return -ENOSPC;
-    kc__dir_sweep(tmp, "kcache-sec-");
-    snprintf(secpath, PATH_MAX, "%s/kcache-sec-%d-XXXXXX", tmp, (int)getpid());
+    /* In a directory of this user's own, $TMPDIR/kcache-<uid> (0700, ours,
+     * checked with lstat), swept like DIR/sec: what other users put in a
+     * shared $TMPDIR is never looked at, however many entries and whatever
+     * their names. Another reader's close may remove it (when empty) under
+     * us: made again. */
+    char parent[PATH_MAX];
+    snprintf(parent, PATH_MAX, "%s/kcache-%u", tmp, (unsigned)geteuid());
+    for (int i = 0; i < 4 && kc__private_subdir(parent, true) == 0; i++) {
+        kc__dir_sweep(parent, "");
+        snprintf(secpath, PATH_MAX, "%s/%d-%016llx", parent, (int)getpid(),
+                 (unsigned long long)kc__rand64());
+        if (mkdir(secpath, 0700) == 0) {
+            *secfd = kc__dir_hold(secpath);
+            return 0;
+        }
+        if (errno != ENOENT)
+            break;
+    }
+    /* Taken by another user (or unusable): a directory of its own beside
+     * it, which nothing sweeps (a reader removes its own at close and at
+     * exit). */
+    snprintf(secpath, PATH_MAX, "%s/kcache-sec-%u-%d-XXXXXX", tmp, (unsigned)geteuid(),
+             (int)getpid());
     if (mkdtemp(secpath) == NULL) {
         secpath[0] = 0;
         return -errno;

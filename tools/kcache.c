@@ -607,40 +607,6 @@ static int cmd_verify(struct ctx *c)
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
 }
 
-/* Removes the single-flight lock files (DIR/locks) that nobody holds and
- * that were last touched at least `min_age` seconds ago. A file someone
- * holds is left alone; one removed under a process that opened it but has
- * not locked it yet costs at most a duplicate compile. */
-static void prune_locks(const char *dir, time_t min_age)
-{
-    char path[PATH_MAX];
-    if ((size_t)snprintf(path, sizeof path, "%s/locks", dir) >= sizeof path)
-        return;
-    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0)
-        return;
-    DIR *d = fdopendir(dfd);
-    if (d == NULL) {
-        close(dfd);
-        return;
-    }
-    time_t now = time(NULL);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        struct stat st;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime >= min_age &&
-            flock(fd, LOCK_EX | LOCK_NB) == 0)
-            unlinkat(dfd, e->d_name, 0);
-        close(fd);
-    }
-    closedir(d);
-}
-
 static int cmd_gc(struct ctx *c, uint64_t max_size)
 {
     struct kc_store *st = NULL;
@@ -663,7 +629,6 @@ static int cmd_gc(struct ctx *c, uint64_t max_size)
             return EXIT_RUNTIME;
         }
     }
-    prune_locks(c->dir, 3600);
     char b1[32], b2[32], b3[32];
     printf("evicted %" PRIu64 " entries: %s -> %s (limit %s)\n", r.evicted,
            human_size(r.bytes_before, b1, sizeof b1), human_size(r.bytes_after, b2, sizeof b2),
@@ -689,7 +654,6 @@ static int cmd_clear(struct ctx *c)
             return EXIT_RUNTIME;
         }
     }
-    prune_locks(c->dir, 0);
     printf("cleared %s\n", c->dir);
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
 }

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 STATS_RE = re.compile(
     rb"^kcache: stats: nvrtc hits=(\d+) misses=(\d+) passthrough=(\d+)"
@@ -29,6 +30,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Failure(Exception):
     pass
+
+
+def rm_settled(path):
+    """Removes path, again while an owner a run started still writes in it
+    (it stops once its directory is gone): nothing is left behind."""
+    for _ in range(100):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.1)
 
 
 def check(cond, msg):
@@ -149,7 +160,7 @@ def main():
         print(f"FAIL {test}: {e}", file=sys.stderr)
         return 1
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        rm_settled(tmp)
     print(f"PASS {test}")
     return 0
 

@@ -19,9 +19,11 @@ KCACHE_TEST_HOSTILE, KCACHE_TEST_STANDIN_DIR, KCACHE_TEST_PTX.
 import difflib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 SRC = os.environ["KCACHE_SRC"]
 SHIM = os.environ["KCACHE_SHIM"]
@@ -35,6 +37,16 @@ PTX = os.environ["KCACHE_TEST_PTX"]
 KNOWN = {}
 
 failures = []
+
+
+def rm_settled(path):
+    """Removes path, again while an owner a run started still writes in it
+    (it stops once its directory is gone): nothing is left behind."""
+    for _ in range(100):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.1)
 
 
 def check(cond, what):
@@ -89,6 +101,13 @@ def run(args, shim, cache):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="kcache-hostile-")
+    try:
+        return run_all(tmp)
+    finally:
+        rm_settled(tmp)
+
+
+def run_all(tmp):
     cache = os.path.join(tmp, "cache")
 
     listing = subprocess.run([HOSTILE, "--list"], capture_output=True, text=True, check=True).stdout

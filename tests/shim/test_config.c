@@ -161,3 +161,49 @@ Test(config, readonly_and_recache_conflict_warns)
     cr_assert(c.readonly && c.recache);
     cr_assert_eq(c.n_warnings, 1);
 }
+
+Test(config, sizes_past_64_bits_are_refused)
+{
+    uint64_t v = 7;
+    cr_assert_neq(kc_parse_size("99999999999999999999999", &v), 0);
+    cr_assert_neq(kc_parse_size("18446744073709551616", &v), 0);
+    cr_assert_neq(kc_parse_size("18446744073709551616K", &v), 0);
+    cr_assert_eq(v, 7, "a refused size leaves the output alone");
+    cr_assert_eq(kc_parse_size("18446744073709551615", &v), 0);
+    cr_assert_eq(v, UINT64_MAX);
+    cr_assert_eq(kc_parse_size("16777215T", &v), 0);
+    cr_assert_eq(v, 16777215ull << 40);
+}
+
+Test(config, maxsize_overflow_warns_and_keeps_the_default)
+{
+    setenv("KCACHE_MAXSIZE", "99999999999999999999999", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_eq(c.max_size, 5ull << 30);
+    cr_assert_eq(c.n_warnings, 1);
+    cr_assert(strstr(c.warnings[0], "KCACHE_MAXSIZE=99999999999999999999999") != NULL);
+}
+
+Test(config, maxsize_zero_warns_and_keeps_the_default)
+{
+    const char *zeros[] = {"0", "0G", " 0 "};
+    for (size_t i = 0; i < sizeof zeros / sizeof *zeros; i++) {
+        setenv("KCACHE_MAXSIZE", zeros[i], 1);
+        struct kc_config c;
+        kc_config_load(&c);
+        cr_assert_eq(c.max_size, 5ull << 30, "KCACHE_MAXSIZE='%s'", zeros[i]);
+        cr_assert_eq(c.n_warnings, 1, "KCACHE_MAXSIZE='%s'", zeros[i]);
+        cr_assert(strstr(c.warnings[0], "KCACHE_MAXSIZE") != NULL);
+        for (int v = 0; v < kc_config_n_vars; v++)
+            if (strcmp(kc_config_vars[v].name, "KCACHE_MAXSIZE") == 0)
+                cr_assert_eq(c.origin[v], KC_FROM_DEFAULT);
+    }
+    /* Elsewhere a zero size stays a size: no pool is kept. */
+    unsetenv("KCACHE_MAXSIZE");
+    setenv("KCACHE_ALLOC_POOL", "0", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_eq(c.alloc_pool, 0);
+    cr_assert_eq(c.n_warnings, 0);
+}

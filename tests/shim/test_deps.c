@@ -26,7 +26,7 @@ void *kc__real_dlsym(void *handle, const char *name)
     return dlsym(handle, name);
 }
 
-static char root[64];
+static char root[256];
 
 static void put(const char *rel, const char *text)
 {
@@ -67,7 +67,8 @@ static void both(const struct kc__dep *d, bool want, const char *what)
 
 static void setup(void)
 {
-    snprintf(root, sizeof root, "/tmp/kc-deps-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/kc-deps-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(root));
 }
 

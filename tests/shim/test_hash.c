@@ -82,16 +82,18 @@ static void same_as_ref(const char *path)
         cr_expect(a.lo == b.lo && a.hi == b.hi, "%s: identity differs from the former one", path);
 }
 
-static char tmpdir[] = "/tmp/kc-test-hash-XXXXXX";
+static char tmpdir[256];
 
 static void setup(void)
 {
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/kc-test-hash-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(tmpdir));
 }
 
 static void teardown(void)
 {
-    char cmd[128];
+    char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     cr_expect_eq(system(cmd), 0);
 }

@@ -39,7 +39,8 @@ static void setup(void)
     worker = getenv("STORE_WORKER");
     cr_assert_not_null(worker, "STORE_WORKER is not set (run through meson test)");
     setenv("STORE_WORKER_TOOL", worker, 1);
-    snprintf(dir, sizeof dir, "/tmp/kc-mp-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/kc-mp-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(dir));
 }
 

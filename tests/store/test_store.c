@@ -29,7 +29,8 @@ static char dir[256];
 static void setup(void)
 {
     api = kc_store_api();
-    snprintf(dir, sizeof dir, "/tmp/kc-store-XXXXXX");
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/kc-store-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(dir));
     chmod(dir, 0700);
 }
@@ -1215,5 +1216,64 @@ Test(store, a_session_leaves_a_small_store_in_one_run)
             expect_body(st, &k, body);
         }
     }
+    api->close(st);
+}
+
+/* Bytes of the put files in DIR/spool. */
+static uint64_t spool_put_bytes(void)
+{
+    char sp[400];
+    snprintf(sp, sizeof sp, "%s/spool", dir);
+    DIR *d = opendir(sp);
+    cr_assert_not_null(d);
+    uint64_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat sb;
+        if (strncmp(e->d_name, "p-", 2) == 0 && fstatat(dirfd(d), e->d_name, &sb, 0) == 0)
+            n += (uint64_t)sb.st_size;
+    }
+    closedir(d);
+    return n;
+}
+
+Test(store, without_an_owner_the_spool_stays_within_the_size_limit)
+{
+    /* The tool (/bin/true) starts no owner: nothing drains the spool. */
+    const uint64_t limit = 16 << 10;
+    struct kc_store *st = open_at(dir, 0, limit);
+    char body[1000];
+    memset(body, 'x', sizeof body);
+    int stored = 0, skipped = 0;
+    for (int i = 0; i < 64; i++) {
+        kc_key k = key(100 + i, 1);
+        body[0] = (char)i;
+        int rc = api->put(st, NS, &k, NULL, KC_KIND_BLOB, body, sizeof body, 0);
+        if (rc == 0)
+            stored++;
+        else
+            skipped++;
+        cr_assert(rc == 0 || rc == -EDQUOT, "put %d: %s", i, strerror(-rc));
+    }
+    cr_assert_gt(stored, 8);
+    cr_assert_gt(skipped, 0);
+    cr_assert_leq(spool_put_bytes(), limit, "spool %llu bytes",
+                  (unsigned long long)spool_put_bytes());
+    /* Another handle (another process) finds it full at its first put. */
+    struct kc_store *st2 = open_at(dir, 0, limit);
+    kc_key k = key(999, 1);
+    cr_assert_eq(api->put(st2, NS, &k, NULL, KC_KIND_BLOB, body, sizeof body, 0), -EDQUOT);
+    api->close(st2);
+    /* Drained, the spool takes puts again, and what was stored reads back. */
+    drain(st);
+    cr_assert_eq(spool_put_bytes(), 0);
+    st2 = open_at(dir, 0, limit);
+    cr_assert_eq(api->put(st2, NS, &k, NULL, KC_KIND_BLOB, body, sizeof body, 0), 0);
+    kc_key first = key(100, 1);
+    void *p;
+    size_t n;
+    cr_assert_eq(api->get(st2, NS, &first, &p, &n, NULL), 0);
+    api->free(p);
+    api->close(st2);
     api->close(st);
 }
