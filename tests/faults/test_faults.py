@@ -65,6 +65,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
 STATS_RE = re.compile(
     r"^kcache: stats: nvrtc hits=(\d+) misses=(\d+) passthrough=(\d+)"
     r" stores=(\d+) errors=(\d+)", re.M)
@@ -1412,7 +1415,7 @@ def main():
         if keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:
-            shutil.rmtree(tmp, ignore_errors=True)
+            rm_settled(tmp)
     print(f"PASS {test} ({time.monotonic() - t0:.1f} s)")
     return 0
 

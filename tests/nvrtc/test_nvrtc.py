@@ -44,15 +44,8 @@ class Failure(Exception):
     pass
 
 
-def rm_settled(path):
-    """Removes path, again while an owner a run started still writes in it
-    (it stops once its directory is gone): nothing is left behind."""
-    for _ in range(100):
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
-            return
-        time.sleep(0.1)
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
 
 def check(cond, msg):
     if not cond:
