@@ -34,7 +34,7 @@
  * cuGetProcAddress and cuGetProcAddress_v2 call the real resolver, then
  * kc__swap() hands out our wrapper for the symbol actually returned.
  */
-#include "memo.h"
+#include "driver.h"
 #include "flight.h"
 
 #include <dlfcn.h>
@@ -339,7 +339,7 @@ static void req_finish(const struct jit_req *r, void **vals, const char *info, s
     log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, info_len);
     log_fill(r->error_buf, r->error_size, r->error_idx, vals, "", 0);
     if (r->wall_idx >= 0) {
-        float ms = (float)(kc__now_ns() - started) / 1e6f;
+        float ms = (float)(kc_mono_ns() - started) / 1e6f;
         memcpy(&vals[r->wall_idx], &ms, sizeof ms); /* a float in the pointer slot, as the driver */
     }
 }
@@ -350,7 +350,7 @@ static void req_fail(const struct jit_req *r, void **vals, const char *info, con
     log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, strlen(info));
     log_fill(r->error_buf, r->error_size, r->error_idx, vals, error, strlen(error));
     if (r->wall_idx >= 0) {
-        float ms = (float)(kc__now_ns() - started) / 1e6f;
+        float ms = (float)(kc_mono_ns() - started) / 1e6f;
         memcpy(&vals[r->wall_idx], &ms, sizeof ms);
     }
 }
@@ -712,7 +712,7 @@ static CUresult jit_load(struct load_call *c)
         return call_real(c);
     if (c->api == API_LIBRARY && c->ln && (!c->lopt || !c->lval))
         return call_real(c);
-    uint64_t t0 = kc__now_ns();
+    uint64_t t0 = kc_mono_ns();
 
     /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
     const unsigned char *img = c->image;
@@ -797,14 +797,14 @@ static CUresult jit_load(struct load_call *c)
     char *ilog = NULL, *elog = NULL;
     bool rejected = false;
     struct jit_ctx jc;
-    uint64_t c0 = kc__now_ns();
+    uint64_t c0 = kc_mono_ns();
     rc = jit_ctx_enter(&jc, &d);
     if (rc == CUDA_SUCCESS) {
         rc = link_image(data, len, kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &r, &cubin, &clen,
                         &ilog, &elog, &rejected);
         jit_ctx_leave(&jc);
     }
-    uint64_t compile_ns = kc__now_ns() - c0;
+    uint64_t compile_ns = kc_mono_ns() - c0;
     if (rc != CUDA_SUCCESS && rejected) {
         /* The JIT rejected the PTX: the host's call would compile it the
          * same way and fail the same way. Its answer, once; not stored. */

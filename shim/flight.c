@@ -82,9 +82,9 @@ again:;
      * backoff, until it finishes (or dies: the kernel drops its lock). */
     *waited = true;
     if (deadline == 0)
-        deadline = kc__now_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
+        deadline = kc_mono_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
     long sleep_us = 1000;
-    while (kc__now_ns() < deadline) {
+    while (kc_mono_ns() < deadline) {
         struct timespec ts = {0, sleep_us * 1000};
         nanosleep(&ts, NULL);
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)

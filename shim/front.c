@@ -20,7 +20,7 @@
 #include "front.h"
 
 #include "shim.h"
-#include "../store/base.h"
+#include "../store/local/local.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -121,11 +121,6 @@ static struct kc_store *real_if_loaded(struct front *f, const struct kc_store_ap
         return NULL;
     *api = f->rapi;
     return f->rst;
-}
-
-int kc__front_loaded(struct kc_store *st)
-{
-    return st != NULL && __atomic_load_n(&F(st)->real_state, __ATOMIC_ACQUIRE) == 1;
 }
 
 /* ---- the tool ----------------------------------------------------------- */

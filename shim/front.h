@@ -23,7 +23,4 @@ int kc__front_open(const struct kc_store_options *opts, void *(*load)(void),
 /* The front's function table; its handles come from kc__front_open. */
 const struct kc_store_api *kc__front_api(void);
 
-/* Whether the front has loaded the real store (for tests and debug). */
-int kc__front_loaded(struct kc_store *st);
-
 #endif

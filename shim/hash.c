@@ -60,12 +60,6 @@ kc_digest kc__hash_digest(struct kc__hasher *h)
     return (kc_digest){.lo = r.low64, .hi = r.high64};
 }
 
-kc_digest kc__digest_of(const void *p, size_t n)
-{
-    XXH128_hash_t r = XXH3_128bits(p, n);
-    return (kc_digest){.lo = r.low64, .hi = r.high64};
-}
-
 /* 64 KiB: below malloc's mmap threshold, so a buffer costs no system call. */
 #define DIGEST_CHUNK (64u << 10)
 
@@ -143,7 +137,7 @@ static int note_build_id(const unsigned char *m, size_t size, kc_digest *out)
             break;
         if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 && memcmp(m + body, "GNU", 4) == 0 &&
             n.n_descsz > 0) {
-            *out = kc__digest_of(m + body + name, n.n_descsz);
+            *out = kc_digest_of(m + body + name, n.n_descsz);
             return 0;
         }
         off = body + name + desc;

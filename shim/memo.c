@@ -37,7 +37,7 @@
  * frees that release a pool and the SYNC_MEMOPS check of a block being
  * pooled.
  */
-#include "memo.h"
+#include "driver.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -661,11 +661,11 @@ KC_EXPORT nvrtcResult nvrtcSetFlowCallback(nvrtcProgram prog, int (*callback)(vo
 static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *opts,
                                    struct kc__deps *deps, uint64_t *ns)
 {
-    uint64_t t0 = kc__now_ns();
+    uint64_t t0 = kc_mono_ns();
     kc__deps_begin(deps);
     nvrtcResult rc = real_compile(prog, n, opts);
     kc__deps_end();
-    *ns = kc__now_ns() - t0;
+    *ns = kc_mono_ns() - t0;
     return rc;
 }
 
@@ -727,7 +727,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     REAL_OR_FAIL(real_compile, "nvrtcCompileProgram");
     if (!kc__guard_enter())
         return real_compile(prog, numOptions, options);
-    uint64_t t_enter = kc__now_ns();
+    uint64_t t_enter = kc_mono_ns();
 
     struct kc_counters c = {0};
     nvrtcResult rc;
@@ -842,7 +842,7 @@ out:
     kc__count(BACKEND, &c);
     if (kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG, "nvrtc %s: %.3f ms in the hook, %.3f ms of it compiling",
-               c.hits ? "hit" : c.misses ? "miss" : "pass-through", (kc__now_ns() - t_enter) / 1e6,
+               c.hits ? "hit" : c.misses ? "miss" : "pass-through", (kc_mono_ns() - t_enter) / 1e6,
                c.compile_ns / 1e6);
     kc__guard_exit();
     return rc;

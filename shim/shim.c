@@ -6,7 +6,7 @@
 #include "shim.h"
 #include "front.h"
 #include "flight.h"
-#include "../store/base.h"
+#include "../store/local/local.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -36,13 +36,6 @@ const struct kc_config *kc__config(void)
 {
     pthread_once(&config_once, config_init);
     return &config;
-}
-
-uint64_t kc__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- re-entry guard --------------------------------------------------- */
@@ -111,7 +104,7 @@ static void *load_store_lib(void)
      * loader's search: no working directory unless LD_LIBRARY_PATH names
      * it). */
     if (self != NULL) {
-        static const char *rel[] = {"libkcache-store.so", "../store/libkcache-store.so"};
+        static const char *rel[] = {"libkcache-store.so", "../store/db/libkcache-store.so"};
         size_t n = (size_t)(strrchr(self, '/') - self) + 1;
         char path[PATH_MAX + 32];
         for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {

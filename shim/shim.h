@@ -12,8 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "log.h"
+#include "../common/config.h"
+#include "../common/log.h"
+#include "../common/clock.h"
 #include "../store/store.h"
 
 #define KC_EXPORT __attribute__((visibility("default")))
@@ -34,9 +35,6 @@ void kc__count(const char *backend, const struct kc_counters *c);
 
 /* libkcache.so's absolute path, found before main; NULL when unknown. */
 const char *kc__self_path(void);
-
-/* Monotonic clock, nanoseconds. */
-uint64_t kc__now_ns(void);
 
 /* ---- re-entry guard --------------------------------------------------- */
 
@@ -96,7 +94,7 @@ void kc__hash_bytes(struct kc__hasher *h, const void *p, size_t n);
 void kc__hash_str(struct kc__hasher *h, const char *s); /* NULL hashes as absent */
 void kc__hash_u64(struct kc__hasher *h, uint64_t v);
 kc_digest kc__hash_digest(struct kc__hasher *h);
-kc_digest kc__digest_of(const void *p, size_t n);
+kc_digest kc_digest_of(const void *p, size_t n);
 
 /* struct stat, for the prototype below. */
 struct stat;

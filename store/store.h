@@ -34,10 +34,8 @@ extern "C" {
 /* Default size limit, bytes (KCACHE_MAXSIZE). */
 #define KC_DEFAULT_MAX_SIZE (5ull << 30)
 
-/* An XXH3-128 digest. */
-typedef struct kc_digest {
-    uint64_t lo, hi;
-} kc_digest;
+/* kc_digest, an XXH3-128 digest. */
+#include "../common/digest.h"
 
 /* A kernel key, as the seed's KernelCacheKey: what the request is (`id`,
  * a digest of everything that decides the output) and which build of kcache

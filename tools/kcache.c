@@ -8,9 +8,9 @@
  * owner. Errors are one line on stderr, "kcache: error: ...", with exit
  * status 2 for usage errors and 1 for runtime errors.
  */
-#include "config.h"
-#include "log.h"
-#include "store.h"
+#include "../common/config.h"
+#include "../common/log.h"
+#include "../store/store.h"
 
 #include <dirent.h>
 #include <errno.h>

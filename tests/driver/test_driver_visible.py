@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
 STANDIN = os.environ["KCACHE_TEST_STANDIN_DIR"]
 SHIM = os.environ["KCACHE_SHIM"]
 CLIENT = os.environ["KCACHE_TEST_DRVCLIENT"]
@@ -298,7 +301,7 @@ def cleanup():
             except ProcessLookupError:
                 pass
         time.sleep(0.01)
-    shutil.rmtree(TMP, ignore_errors=True)
+    rm_settled(TMP)
 
 
 def main():

@@ -1,5 +1,5 @@
 /*
- * evil_store: what a hostile user plants as build/store/libkcache-store.so
+ * evil_store: what a hostile user plants as build/store/db/libkcache-store.so
  * (tests/security/test_exec.py). Its constructor creates the file
  * $KCACHE_TEST_MARKER/store-loaded, so the test sees if any process loaded
  * it; it exports nothing the shim looks for.

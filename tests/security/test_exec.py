@@ -5,7 +5,7 @@
             libkcache.so, as the README shows) into a program that changes
             into a directory another user controls before its first compile.
             That directory holds a planted build/tools/kcache (a script that
-            leaves a marker) and build/store/libkcache-store.so (a library
+            leaves a marker) and build/store/db/libkcache-store.so (a library
             whose constructor leaves a marker): neither runs, the outputs
             equal NVRTC's own, and the real owner and store are used (the
             cold run's put is drained; a lookup the key filter cannot answer
@@ -45,6 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
 
 SHIM = os.environ["KCACHE_SHIM"]
 TOOL = os.environ["KCACHE_TOOL"]
@@ -158,7 +161,7 @@ def test_relative():
         plant_script(os.path.normpath(os.path.join(hostile, reldir, cand)),
                      os.path.join(mdir, "tool-ran"))
     plant_script(os.path.join(hostile, "kcache"), os.path.join(mdir, "tool-ran"))
-    for cand in ("libkcache-store.so", "../store/libkcache-store.so"):
+    for cand in ("libkcache-store.so", "../store/db/libkcache-store.so"):
         dst = os.path.normpath(os.path.join(hostile, reldir, cand))
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy(EVIL, dst)
@@ -448,7 +451,7 @@ def main():
         end = time.monotonic() + 30
         while time.monotonic() < end and owner_pids(TMP + "/"):
             time.sleep(0.05)
-        shutil.rmtree(TMP, ignore_errors=True)
+        rm_settled(TMP)
     if failures:
         print("%d failure(s):" % len(failures))
         for f in failures:

@@ -35,6 +35,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
 SHIM = os.environ["KCACHE_SHIM"]
 TOOL = os.environ["KCACHE_TOOL"]
 CLIENT = os.path.join(os.environ["KCACHE_BUILD"], "tests", "nvrtc", "nvrtc_client_dlopen")
@@ -450,7 +453,7 @@ def main():
         for t in only:
             globals()["test_" + t]()
     finally:
-        shutil.rmtree(TMP, ignore_errors=True)
+        rm_settled(TMP)
     if failures:
         print("%d failure(s):" % len(failures))
         for f in failures:

@@ -247,7 +247,7 @@ def test_symlinks():
 
 def main():
     if not os.path.exists(CLIENT):
-        shutil.rmtree(TMP, ignore_errors=True)
+        rm_settled(TMP)
         print("skip: no", CLIENT)
         return 77
     only = sys.argv[1:] or ["mode", "refuse", "symlinks"]

@@ -37,13 +37,6 @@ const struct kc_config *kc__config(void)
     return &cfg;
 }
 
-uint64_t kc__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static char dir[PATH_MAX];
 
 static void setup(void)

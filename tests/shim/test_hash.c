@@ -43,7 +43,7 @@ static int ref_build_id(const unsigned char *m, size_t size, kc_digest *out)
                 break;
             if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 &&
                 memcmp(m + body, "GNU", 4) == 0 && n->n_descsz > 0) {
-                *out = kc__digest_of(m + body + name, n->n_descsz);
+                *out = kc_digest_of(m + body + name, n->n_descsz);
                 return 0;
             }
             off = body + name + desc;
@@ -67,7 +67,7 @@ static int ref_identity(const char *path, kc_digest *out)
     if (m == MAP_FAILED)
         return -1;
     if (ref_build_id(m, (size_t)st.st_size, out) != 0)
-        *out = kc__digest_of(m, (size_t)st.st_size);
+        *out = kc_digest_of(m, (size_t)st.st_size);
     munmap(m, (size_t)st.st_size);
     return 0;
 }

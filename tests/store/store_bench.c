@@ -33,7 +33,7 @@
  * dlopen of the library, open, one get), the median of 9 runs.
  * Without --dir it uses a fresh temp directory and removes it afterwards.
  */
-#include "base.h"
+#include "local.h"
 #include "ptxgen.h"
 #include "store.h"
 
@@ -146,7 +146,7 @@ static int bulk_put(const char *dir, const char *ns, const kc_key *key, const vo
     h.body_size = len;
     h.saved_ns = 1000000;
     h.body_xxh = kc__body_xxh(body, len);
-    h.created_ns = kc__wall_ns();
+    h.created_ns = kc_wall_ns();
     if (h.created_ns <= created)
         h.created_ns = created + 1;
     created = h.created_ns;

@@ -59,7 +59,7 @@ static kc_key key(uint64_t id, uint64_t build)
 
 static kc_digest digest(const char *s)
 {
-    return kc__digest_of(s, strlen(s));
+    return kc_digest_of(s, strlen(s));
 }
 
 static const char *NS = "nvrtc/sm_90/test";
@@ -512,7 +512,7 @@ Test(store, a_planted_symlink_is_never_followed)
     /* The spool name of k, as the store derives it. */
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     size_t kl = kc__kkey(NS, &k, kk);
-    kc_digest d = kc__digest_of(kk, kl);
+    kc_digest d = kc_digest_of(kk, kl);
     unsigned char b[16];
     kc__digest_encode(&d, b);
     name[0] = 'p';

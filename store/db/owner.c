@@ -14,7 +14,7 @@
  * first.
  */
 #include "internal.h"
-#include "log.h"
+#include "../../common/log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -618,7 +618,7 @@ static int apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *app
         kc__filter_add(&o->f, kc__fhash_source(sp->ns, &sp->source));
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     size_t kl = kc__kkey(sp->ns, &sp->key, kk);
-    kc_digest dg = kc__digest_of(sp->body, sp->body_len);
+    kc_digest dg = kc_digest_of(sp->body, sp->body_len);
     unsigned char digest[16];
     kc__digest_encode(&dg, digest);
     struct kc__hdr h = sp->hdr;
@@ -1069,7 +1069,7 @@ static void settle_levels(struct kc__owner *o)
             free(err);
         }
     }
-    uint64_t t0 = kc__mono_ns();
+    uint64_t t0 = kc_mono_ns();
     for (int round = 0;; round++) {
         /* A tool waiting for the lock (15 s) goes first. */
         if (o->stop || (round % 5 == 4 && stop_asked(o)))
@@ -1080,7 +1080,7 @@ static void settle_levels(struct kc__owner *o)
             break;
         if (pending == 0 && running == 0)
             break;
-        if (kc__mono_ns() - t0 > (uint64_t)KC__SETTLE_MS * 1000000u)
+        if (kc_mono_ns() - t0 > (uint64_t)KC__SETTLE_MS * 1000000u)
             return;
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
@@ -1598,13 +1598,13 @@ static int lock_owner(struct kc__owner *o, int wait_ms, bool stop_other)
     o->lockfd = open(o->p.lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (o->lockfd < 0)
         return -errno;
-    uint64_t deadline = kc__mono_ns() + (uint64_t)wait_ms * 1000000u, last_ask = 0;
+    uint64_t deadline = kc_mono_ns() + (uint64_t)wait_ms * 1000000u, last_ask = 0;
     for (;;) {
         if (flock(o->lockfd, LOCK_EX | LOCK_NB) == 0)
             return 0;
         if (errno != EWOULDBLOCK && errno != EINTR)
             return -errno;
-        uint64_t now = kc__mono_ns();
+        uint64_t now = kc_mono_ns();
         if (now >= deadline)
             return -EBUSY;
         if (stop_other && now - last_ask > 500000000u) {
@@ -1799,20 +1799,20 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
     int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (ino >= 0)
         inotify_add_watch(ino, o->p.spool, IN_MOVED_TO | IN_CLOSE_WRITE);
-    uint64_t last_work = kc__mono_ns();
+    uint64_t last_work = kc_mono_ns();
     for (;;) {
         uint64_t n = 0;
         rc = kc__owner_drain(o, &n);
         if (rc < 0)
             break;
         if (n > 0) {
-            last_work = kc__mono_ns();
+            last_work = kc_mono_ns();
             if ((rc = enforce_limit(o)) < 0)
                 break;
         }
         if (o->stop)
             break;
-        uint64_t idle = (kc__mono_ns() - last_work) / 1000000u;
+        uint64_t idle = (kc_mono_ns() - last_work) / 1000000u;
         if (idle >= (uint64_t)idle_ms) {
             /* Release, then look again: a writer that saw the lock held
              * just before we let go relies on us to see its file. */
@@ -1827,7 +1827,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
                 o = NULL;
                 break;
             }
-            last_work = kc__mono_ns();
+            last_work = kc_mono_ns();
             continue;
         }
         uint64_t wait = (uint64_t)idle_ms - idle;

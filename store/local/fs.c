@@ -3,7 +3,7 @@
  * directories, atomic spool writes that never follow a planted symlink,
  * bounded reads.
  */
-#include "base.h"
+#include "local.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,25 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
-uint64_t kc__wall_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t kc__mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 uint64_t kc__rand64(void)
 {
     uint64_t v;
     if (getrandom(&v, sizeof v, GRND_NONBLOCK) != sizeof v)
-        v = kc__mono_ns() ^ ((uint64_t)getpid() << 32);
+        v = kc_mono_ns() ^ ((uint64_t)getpid() << 32);
     return v;
 }
 

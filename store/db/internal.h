@@ -7,13 +7,10 @@
 #ifndef KCACHE_STORE_INTERNAL_H
 #define KCACHE_STORE_INTERNAL_H
 
-#include "base.h"
+#include "../local/local.h"
 
 #include <pthread.h>
 #include <rocksdb/c.h>
-
-/* Realtime nanoseconds (the store's; the shim's kc__now_ns is monotonic). */
-uint64_t kc__now_ns(void);
 
 /* ---- RocksDB handles (db.c) --------------------------------------------- */
 
@@ -87,8 +84,5 @@ int kc__owner_clear(struct kc__owner *o);
 int kc__owner_run(const struct kc_store_options *opts, int idle_ms);
 /* The owner's primary, for white-box tests. */
 struct kc__db *kc__owner_db(struct kc__owner *o);
-
-/* Probes the owner lock; starts the owner when it is free (store.c). */
-void kc__kick_owner(const char *dir, const char *tool, uint64_t max_size);
 
 #endif

@@ -4,9 +4,7 @@
  * process's pending state (pending.c).
  * Compiled into libkcache-store.so and into the preloaded shim's front
  * (shim/front.c), which must not link RocksDB; so nothing here may need
- * RocksDB, and nothing here may call kc__now_ns() or kc__digest_of()
- * expecting the store's own definition (the shim defines both itself:
- * kc__now_ns is monotonic there; kc__digest_of is the same XXH3-128).
+ * RocksDB or anything above common/.
  *
  * On-disk layout of a cache directory DIR:
  *   DIR/db/          the RocksDB database; only the owner opens it read-write
@@ -29,10 +27,12 @@
  *                    primary, so readers reopen their secondary
  * <hash> is kc__spool_name's: hex of XXH3-128(ns \0 key).
  */
-#ifndef KCACHE_STORE_BASE_H
-#define KCACHE_STORE_BASE_H
+#ifndef KCACHE_STORE_LOCAL_H
+#define KCACHE_STORE_LOCAL_H
 
-#include "store.h"
+#include "../store.h"
+#include "../../common/clock.h"
+#include "../../common/digest.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -41,8 +41,6 @@
 
 #define KC_API __attribute__((visibility("default")))
 
-/* XXH3-128; defined by the store (digest.c) and by the shim (hash.c). */
-kc_digest kc__digest_of(const void *p, size_t len);
 
 /* ---- record format (record.c) ----------------------------------------- */
 
@@ -82,7 +80,7 @@ void kc__key_encode(const kc_key *k, unsigned char out[KC__KEY_LEN]);
 void kc__key_decode(const unsigned char in[KC__KEY_LEN], kc_key *k);
 void kc__digest_encode(const kc_digest *d, unsigned char out[16]);
 void kc__digest_decode(const unsigned char in[16], kc_digest *d);
-kc_digest kc__digest_of(const void *p, size_t len);
+kc_digest kc_digest_of(const void *p, size_t len);
 
 /* A namespace is 1..127 bytes with no NUL. */
 bool kc__ns_ok(const char *ns);
@@ -174,8 +172,6 @@ int kc__spool_item_next(int type, const unsigned char **p, const unsigned char *
 
 /* ---- files (fs.c) ------------------------------------------------------ */
 
-uint64_t kc__wall_ns(void); /* CLOCK_REALTIME */
-uint64_t kc__mono_ns(void);
 /* Creates (0700) or checks a private directory: owned by us, not writable by
  * group or others. -EPERM, -ENOTDIR or another negative errno. The cache
  * directory itself may be reached through a symlink (kc__private_dir);

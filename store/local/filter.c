@@ -15,7 +15,7 @@
  * unusable filter answers "maybe" (the caller falls back to RocksDB),
  * never "absent".
  */
-#include "base.h"
+#include "local.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,7 +41,7 @@ struct kc__fhash kc__fhash_kernel(const char *ns, const kc_key *key)
     unsigned char b[1 + KC__NS_MAX + 1 + KC__KEY_LEN];
     b[0] = KC__FK_KERNEL;
     size_t n = 1 + kc__kkey(ns, key, b + 1);
-    kc_digest d = kc__digest_of(b, n);
+    kc_digest d = kc_digest_of(b, n);
     return (struct kc__fhash){d.lo, d.hi};
 }
 
@@ -50,7 +50,7 @@ struct kc__fhash kc__fhash_source(const char *ns, const kc_digest *src)
     unsigned char b[1 + KC__NS_MAX + 1 + 16];
     b[0] = KC__FK_SOURCE;
     size_t n = 1 + kc__skey(ns, src, b + 1);
-    kc_digest d = kc__digest_of(b, n);
+    kc_digest d = kc_digest_of(b, n);
     return (struct kc__fhash){d.lo, d.hi};
 }
 

@@ -3,7 +3,7 @@
  * starting the owner. libc only: compiled into the store and into the
  * shim's front (see base.h).
  */
-#include "base.h"
+#include "local.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -44,7 +44,7 @@ void kc__spool_name(const char *ns, const kc_key *key, char prefix, char out[40]
 {
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     size_t kl = kc__kkey(ns, key, kk);
-    kc_digest d = kc__digest_of(kk, kl);
+    kc_digest d = kc_digest_of(kk, kl);
     unsigned char b[16];
     kc__digest_encode(&d, b);
     if (prefix == 0) {
@@ -261,7 +261,7 @@ char *kc__find_tool(const char *given, const char *lib)
     if (lib != NULL && lib[0] == '/' && realpath(lib, real) != NULL) {
         char *slash = strrchr(real, '/');
         *slash = 0;
-        static const char *const rel[] = {"/../tools/kcache", "/../bin/kcache",
+        static const char *const rel[] = {"/../tools/kcache", "/../../tools/kcache", "/../bin/kcache",
                                           "/../../bin/kcache"};
         for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
             char cand[PATH_MAX + 32];
@@ -367,7 +367,7 @@ void kc__kicker_reap(struct kc__kicker *k, int wait_ms)
 void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t max_size)
 {
     kc__kicker_reap(k, 0);
-    uint64_t now = kc__mono_ns();
+    uint64_t now = kc_mono_ns();
     if (k->lockfd < 0)
         k->lockfd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (k->lockfd < 0 || flock(k->lockfd, LOCK_EX | LOCK_NB) != 0)

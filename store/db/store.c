@@ -526,7 +526,7 @@ static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
     if (st->exiting) {
         /* RocksDB's statics are being destroyed: no reader any more. */
     } else if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE)) {
-        uint64_t now = kc__mono_ns();
+        uint64_t now = kc_mono_ns();
         /* A failed open is retried when the owner committed something
          * since, or after a while. */
         if (force || g != st->caught_gen || now >= st->next_open_ns) {
@@ -552,7 +552,7 @@ static bool reader_refresh(struct kc_store *st, uint64_t g, bool force)
             reopen_cancel(st);
             reader_drop(st);
             if (reader_open(st) != 0)
-                st->next_open_ns = kc__mono_ns() + OPEN_RETRY_NS;
+                st->next_open_ns = kc_mono_ns() + OPEN_RETRY_NS;
         }
         st->caught_gen = g;
     }

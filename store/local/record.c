@@ -3,7 +3,7 @@
  * parsers. Every parser here takes any bytes (they are fuzzed) and answers
  * -EBADMSG rather than reading past what it was given.
  */
-#include "base.h"
+#include "local.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -7,8 +7,8 @@
  * that the unversioned legacy names (cuCtxDestroy, cuDevicePrimaryCtxReset,
  * ...) are declared with their own signatures and can be wrapped too.
  */
-#ifndef KCACHE_MEMO_H
-#define KCACHE_MEMO_H
+#ifndef KCACHE_SHIM_DRIVER_H
+#define KCACHE_SHIM_DRIVER_H
 
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>

@@ -6,8 +6,8 @@
  * counter logs). Shared by the store (store.c) and the shim's front
  * (shim/front.c), so libc only.
  */
-#include "base.h"
-#include "../shim/log.h"
+#include "local.h"
+#include "../../common/log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -248,7 +248,7 @@ void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key)
             pd->n_hits++;
         if (e != NULL) {
             e->a++;
-            e->b = kc__wall_ns();
+            e->b = kc_wall_ns();
         }
         if (pd->n_hits >= HITS_FLUSH_AT)
             flush_hits_locked(pd);
@@ -329,7 +329,7 @@ void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_
         it.key = *key;
     if (src != NULL)
         it.source = *src;
-    it.a = kc__wall_ns();
+    it.a = kc_wall_ns();
     struct kc__buf b = {0};
     kc__spool_begin(&b, KC__SP_PURGE);
     kc__spool_item_add(&b, KC__SP_PURGE, &it);
@@ -348,7 +348,7 @@ void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_
 static bool spool_room(struct kc__pending *pd, size_t n)
 {
     uint64_t limit = pd->max_size ? pd->max_size : KC_DEFAULT_MAX_SIZE;
-    uint64_t now = kc__mono_ns() | 1;
+    uint64_t now = kc_mono_ns() | 1;
     if (pd->spool_count_ns == 0 ||
         (pd->spool_seen + pd->spool_added + n > limit &&
          (!pd->spool_full || now - pd->spool_count_ns >= 1000000000ull))) {
@@ -378,7 +378,7 @@ int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
     h.body_size = len;
     h.saved_ns = saved_ns;
     h.body_xxh = kc__body_xxh(body, len);
-    uint64_t now = kc__wall_ns();
+    uint64_t now = kc_wall_ns();
     pthread_mutex_lock(&pd->mu);
     if (now <= pd->last_created)
         now = pd->last_created + 1;
