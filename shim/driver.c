@@ -533,10 +533,9 @@ static CUresult load_cubin(const struct load_call *c, const void *cubin)
     return ((load_data_fn)f)(c->mod, cubin);
 }
 
-static void count(uint64_t hits, uint64_t misses, uint64_t pass, uint64_t stores, uint64_t errors,
-                  uint64_t saved, uint64_t compile)
+/* Adds the counters given by name: count((struct kc_counters){.hits = 1}). */
+static void count(struct kc_counters k)
 {
-    struct kc_counters k = {hits, misses, pass, stores, errors, saved, compile};
     kc__count(BACKEND, &k);
 }
 
@@ -671,7 +670,7 @@ static bool serve_stored(struct load_call *c, struct kc_store *st, const struct 
         kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
         api->purge(st, ns, key);
         api->free(body);
-        count(0, 0, 0, 0, 1, 0, 0);
+        count((struct kc_counters){.errors = 1});
         return false;
     }
     *rc = load_cubin(c, cubin);
@@ -680,7 +679,7 @@ static bool serve_stored(struct load_call *c, struct kc_store *st, const struct 
         api->free(body);
         if (entered)
             kc__guard_exit();
-        count(1, 0, 0, 0, 0, info.saved_ns, 0);
+        count((struct kc_counters){.hits = 1, .saved_ns = info.saved_ns});
         return true;
     }
     /* Refused: the stored cubin, or the host's own request (a library
@@ -695,9 +694,9 @@ static bool serve_stored(struct load_call *c, struct kc_store *st, const struct 
     if (*rc == CUDA_SUCCESS) {
         kc_log(KC_LOG_WARN, "jit: discarding a stored cubin the driver did not load");
         api->purge(st, ns, key);
-        count(0, 0, 0, 0, 1, 0, 0);
+        count((struct kc_counters){.errors = 1});
     } else {
-        count(0, 0, 1, 0, 0, 0, 0);
+        count((struct kc_counters){.passthrough = 1});
     }
     return true;
 }
@@ -717,7 +716,7 @@ static CUresult jit_load(struct load_call *c)
     /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
     const unsigned char *img = c->image;
     if (!memcmp(img, "\177ELF", 4))
-        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+        return count((struct kc_counters){.passthrough = 1}), call_real(c);
     struct device_id d;
     if (device_of(c->api == API_LIBRARY, &d) != 0)
         return call_real(c); /* no context, no device: the driver answers */
@@ -732,12 +731,12 @@ static CUresult jit_load(struct load_call *c)
         len = strlen((const char *)img) + 1;
     }
     if (kind == IMG_OTHER)
-        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+        return count((struct kc_counters){.passthrough = 1}), call_real(c);
 
     /* The key. */
     struct kc__hasher *h = kc__hasher_new();
     if (!h)
-        return count(0, 0, 0, 0, 1, 0, 0), call_real(c);
+        return count((struct kc_counters){.errors = 1}), call_real(c);
     struct jit_req r;
     kc__hash_str(h, "kcache-jit");
     kc__hash_u64(h, KC_FORMAT_VERSION);
@@ -745,7 +744,7 @@ static CUresult jit_load(struct load_call *c)
     kc__hash_bytes(h, data, len);
     if (!jit_req_parse(c->n, c->opt, c->val, &r, h)) {
         kc__hasher_free(h);
-        return count(0, 0, 1, 0, 0, 0, 0), call_real(c);
+        return count((struct kc_counters){.passthrough = 1}), call_real(c);
     }
     kc__hash_u64(h, (uint64_t)d.major);
     kc__hash_u64(h, (uint64_t)d.minor);
@@ -756,7 +755,7 @@ static CUresult jit_load(struct load_call *c)
     /* The namespace: an entry for one device and driver never serves another. */
     struct kc__hasher *fh = kc__hasher_new();
     if (!fh)
-        return count(0, 0, 0, 0, 1, 0, 0), call_real(c);
+        return count((struct kc_counters){.errors = 1}), call_real(c);
     kc__hash_u64(fh, (uint64_t)d.major);
     kc__hash_u64(fh, (uint64_t)d.minor);
     kc__hash_u64(fh, (uint64_t)d.version);
@@ -814,7 +813,7 @@ static CUresult jit_load(struct load_call *c)
         kc__flight_release(flight);
         if (entered)
             kc__guard_exit();
-        count(0, 0, 1, 0, 0, 0, 0);
+        count((struct kc_counters){.passthrough = 1});
         return rc;
     }
     if (rc == CUDA_SUCCESS)
@@ -827,7 +826,7 @@ static CUresult jit_load(struct load_call *c)
         kc__flight_release(flight);
         if (entered)
             kc__guard_exit();
-        count(0, 0, 1, 0, 0, 0, 0);
+        count((struct kc_counters){.passthrough = 1});
         return call_real(c);
     }
     size_t ilen = strlen(ilog);
@@ -845,7 +844,7 @@ static CUresult jit_load(struct load_call *c)
     free(ilog);
     if (entered)
         kc__guard_exit();
-    count(0, 1, 0, stores, 0, 0, compile_ns);
+    count((struct kc_counters){.misses = 1, .stores = stores, .compile_ns = compile_ns});
     return CUDA_SUCCESS;
 }
 

@@ -72,16 +72,55 @@ struct kc_record_info {
     uint64_t saved_ns;   /* compile time one hit saves */
 };
 
-/* Per-backend counters a process adds to the store's statistics. */
+/* Per-backend counters a process adds to the store's statistics, declared
+ * once: X(name, what) for each, in the order they are serialized (counter
+ * logs in the spool and the metadata family, each a little-endian u64). A
+ * new counter is one line here; serialized layouts grow with it, so adding
+ * one bumps KC_FORMAT_VERSION. */
+#define KC_COUNTERS(X)                                                                      \
+    X(hits, "requests served from the cache")                                               \
+    X(misses, "requests compiled and stored")                                               \
+    X(passthrough, "requests that bypassed the cache (PCH, ...)")                           \
+    X(stores, "artifacts written")                                                          \
+    X(errors, "internal failures that fell back")                                           \
+    X(saved_ns, "compile time hits saved")                                                  \
+    X(compile_ns, "compile time spent on misses")
+
 struct kc_counters {
-    uint64_t hits;
-    uint64_t misses;
-    uint64_t passthrough; /* requests that bypassed the cache (PCH, ...) */
-    uint64_t stores;      /* artifacts written */
-    uint64_t errors;      /* internal failures that fell back */
-    uint64_t saved_ns;    /* compile time hits saved */
-    uint64_t compile_ns;  /* compile time spent on misses */
+#define KC__COUNTER_FIELD(name, what) uint64_t name;
+    KC_COUNTERS(KC__COUNTER_FIELD)
+#undef KC__COUNTER_FIELD
 };
+
+/* How many counters there are, and their names in order. */
+#define KC__COUNTER_ONE(name, what) +1
+enum { KC_N_COUNTERS = 0 KC_COUNTERS(KC__COUNTER_ONE) };
+#undef KC__COUNTER_ONE
+
+/* Adds every counter of `b` to `a`. */
+static inline void kc_counters_add(struct kc_counters *a, const struct kc_counters *b)
+{
+#define KC__COUNTER_ADD(name, what) a->name += b->name;
+    KC_COUNTERS(KC__COUNTER_ADD)
+#undef KC__COUNTER_ADD
+}
+
+/* The counters as an array, in KC_COUNTERS order, and back. */
+static inline void kc_counters_to_array(const struct kc_counters *c, uint64_t v[KC_N_COUNTERS])
+{
+    int i = 0;
+#define KC__COUNTER_GET(name, what) v[i++] = c->name;
+    KC_COUNTERS(KC__COUNTER_GET)
+#undef KC__COUNTER_GET
+}
+
+static inline void kc_counters_from_array(struct kc_counters *c, const uint64_t v[KC_N_COUNTERS])
+{
+    int i = 0;
+#define KC__COUNTER_SET(name, what) c->name = v[i++];
+    KC_COUNTERS(KC__COUNTER_SET)
+#undef KC__COUNTER_SET
+}
 
 /* One entry as kc_store_foreach() reports it. Valid during the callback. */
 struct kc_entry {

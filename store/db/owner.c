@@ -829,19 +829,19 @@ static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
     k[0] = 'b';
     k[1] = '/';
     memcpy(k + 2, it->ns, n);
-    uint64_t v[7] = {0};
+    uint64_t v[KC_N_COUNTERS] = {0};
     char *old = NULL;
     size_t ol = 0;
     if (kc__db_get(&o->d, KC__CF_META, k, 2 + n, &old, &ol) == 0) {
         if (ol == sizeof v)
-            for (int i = 0; i < 7; i++)
+            for (int i = 0; i < KC_N_COUNTERS; i++)
                 v[i] = kc__get_u64((unsigned char *)old + 8 * i);
         free(old);
     }
-    const uint64_t add[7] = {it->c.hits,   it->c.misses,   it->c.passthrough, it->c.stores,
-                             it->c.errors, it->c.saved_ns, it->c.compile_ns};
-    unsigned char out[56];
-    for (int i = 0; i < 7; i++)
+    uint64_t add[KC_N_COUNTERS];
+    kc_counters_to_array(&it->c, add);
+    unsigned char out[8 * KC_N_COUNTERS];
+    for (int i = 0; i < KC_N_COUNTERS; i++)
         kc__put_u64(out + 8 * i, v[i] + add[i]);
     char *err = NULL;
     rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, 2 + n, (char *)out,

@@ -974,17 +974,6 @@ static int st_foreach(struct kc_store *st, const char *ns,
     return rc;
 }
 
-static void add_counters(struct kc_counters *a, const struct kc_counters *b)
-{
-    a->hits += b->hits;
-    a->misses += b->misses;
-    a->passthrough += b->passthrough;
-    a->stores += b->stores;
-    a->errors += b->errors;
-    a->saved_ns += b->saved_ns;
-    a->compile_ns += b->compile_ns;
-}
-
 static struct kc_backend_stats *stats_backend(struct kc_store_stats *s, const char *name)
 {
     for (size_t i = 0; i < s->n_backends; i++)
@@ -1040,7 +1029,7 @@ static void stats_spool_counters(struct kc_store *st, struct kc_store_stats *s)
             while (kc__spool_item_next(type, &p, end, &it) > 0) {
                 struct kc_backend_stats *b = stats_backend(s, it.ns);
                 if (b != NULL)
-                    add_counters(&b->c, &it.c);
+                    kc_counters_add(&b->c, &it.c);
             }
         }
         free(buf);
@@ -1099,17 +1088,19 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
             const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
             if (kl == 18 && k[0] == 'r' && k[1] == '/' && vl == 16) {
                 s->unique_bytes += kc__get_u64(v + 8);
-            } else if (kl > 2 && kl < 2 + 32 && k[0] == 'b' && k[1] == '/' && vl == 56) {
+            } else if (kl > 2 && kl < 2 + 32 && k[0] == 'b' && k[1] == '/' &&
+                       vl == 8 * KC_N_COUNTERS) {
                 char name[32];
                 memcpy(name, k + 2, kl - 2);
                 name[kl - 2] = 0;
                 struct kc_backend_stats *b = stats_backend(s, name);
                 if (b != NULL) {
-                    struct kc_counters c = {kc__get_u64(v),      kc__get_u64(v + 8),
-                                            kc__get_u64(v + 16), kc__get_u64(v + 24),
-                                            kc__get_u64(v + 32), kc__get_u64(v + 40),
-                                            kc__get_u64(v + 48)};
-                    add_counters(&b->c, &c);
+                    uint64_t a[KC_N_COUNTERS];
+                    for (int i = 0; i < KC_N_COUNTERS; i++)
+                        a[i] = kc__get_u64(v + 8 * i);
+                    struct kc_counters c;
+                    kc_counters_from_array(&c, a);
+                    kc_counters_add(&b->c, &c);
                 }
             }
         }

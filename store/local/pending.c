@@ -275,13 +275,7 @@ void kc__pending_count(struct kc__pending *pd, const char *backend, const struct
         }
     }
     if (t != NULL) {
-        t->c.hits += c->hits;
-        t->c.misses += c->misses;
-        t->c.passthrough += c->passthrough;
-        t->c.stores += c->stores;
-        t->c.errors += c->errors;
-        t->c.saved_ns += c->saved_ns;
-        t->c.compile_ns += c->compile_ns;
+        kc_counters_add(&t->c, c);
     }
     pthread_mutex_unlock(&pd->mu);
 }

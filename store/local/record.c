@@ -503,7 +503,7 @@ int kc__put_decode_any(unsigned char **file, size_t *len, struct kc__sp_put *out
 /* Items: name_len u16, pad u16, flags u32, key 24, source 16, a u64, b u64,
  * [counters: 7 u64], name. */
 #define ITEM_FIXED (8 + KC__KEY_LEN + 16 + 16)
-#define ITEM_COUNTERS (7 * 8)
+#define ITEM_COUNTERS (KC_N_COUNTERS * 8)
 
 void kc__spool_item_add(struct kc__buf *b, int type, const struct kc__sp_item *it)
 {
@@ -517,9 +517,9 @@ void kc__spool_item_add(struct kc__buf *b, int type, const struct kc__sp_item *i
     kc__put_u64(f + 8 + KC__KEY_LEN + 24, it->b);
     size_t fl = ITEM_FIXED;
     if (type == KC__SP_COUNT) {
-        const uint64_t v[7] = {it->c.hits,   it->c.misses,   it->c.passthrough, it->c.stores,
-                               it->c.errors, it->c.saved_ns, it->c.compile_ns};
-        for (int i = 0; i < 7; i++)
+        uint64_t v[KC_N_COUNTERS];
+        kc_counters_to_array(&it->c, v);
+        for (int i = 0; i < KC_N_COUNTERS; i++)
             kc__put_u64(f + ITEM_FIXED + 8 * i, v[i]);
         fl += ITEM_COUNTERS;
     }
@@ -550,14 +550,10 @@ int kc__spool_item_next(int type, const unsigned char **pp, const unsigned char 
     it->a = kc__get_u64(p + 8 + KC__KEY_LEN + 16);
     it->b = kc__get_u64(p + 8 + KC__KEY_LEN + 24);
     if (type == KC__SP_COUNT) {
-        const unsigned char *c = p + ITEM_FIXED;
-        it->c.hits = kc__get_u64(c);
-        it->c.misses = kc__get_u64(c + 8);
-        it->c.passthrough = kc__get_u64(c + 16);
-        it->c.stores = kc__get_u64(c + 24);
-        it->c.errors = kc__get_u64(c + 32);
-        it->c.saved_ns = kc__get_u64(c + 40);
-        it->c.compile_ns = kc__get_u64(c + 48);
+        uint64_t v[KC_N_COUNTERS];
+        for (int i = 0; i < KC_N_COUNTERS; i++)
+            v[i] = kc__get_u64(p + ITEM_FIXED + 8 * i);
+        kc_counters_from_array(&it->c, v);
     }
     *pp = p + fl + n;
     return 1;
