@@ -1,5 +1,5 @@
 /*
- * Unit tests of the configuration every part shares (shim/config.c).
+ * Unit tests of the configuration every part shares (common/config.c).
  */
 #include <criterion/criterion.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 # corrupt_one DIR: flips one byte in the body of a pending record, through
-# the store's own files (store/internal.h: DIR/spool/p-* are put files, a
+# the store's own files (store/local/local.h: DIR/spool/p-* are put files, a
 # header then the record). Returns 1 when there is no such file. Sourced.
 corrupt_one() {
     local f size off byte
