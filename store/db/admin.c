@@ -70,8 +70,8 @@ static void hot_verify(struct kc__owner *o, int repair, struct kc_verify_report 
             size_t kvl = 0;
             struct kc__hdr h;
             bad = kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) != 0 ||
-                  kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, &h) != 0 ||
-                  h.body_xxh != sp.hdr.body_xxh || h.created_ns != sp.hdr.created_ns;
+                  kc__kval_decode(kv, kvl, &h) != 0 || h.body_xxh != sp.hdr.body_xxh ||
+                  h.created_ns != sp.hdr.created_ns;
             free(kv);
         }
         free(buf);
@@ -104,11 +104,12 @@ int kc__verify_once(struct kc__owner *o, int repair, struct kc_verify_report *re
         kc_key key;
         struct kc__hdr h;
         bool bad = kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0 ||
-                   vl != KC__KVAL_LEN || kc__hdr_decode(v, vl, &h) != 0;
+                   kc__kval_decode(v, vl, &h) != 0;
+        const unsigned char *digest = kc__kval_digest(v, vl);
         if (!bad) {
             char *bv = NULL;
             size_t bvl = 0;
-            bad = kc__db_get(&o->d, KC__CF_BODIES, v + KC__HDR_LEN, 16, &bv, &bvl) != 0 ||
+            bad = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) != 0 ||
                   bvl != h.body_size || kc__body_xxh(bv, bvl) != h.body_xxh;
             free(bv);
         }
@@ -129,7 +130,7 @@ int kc__verify_once(struct kc__owner *o, int repair, struct kc_verify_report *re
                 }
                 refs = nr;
             }
-            memcpy(refs[nref].d, v + KC__HDR_LEN, 16);
+            memcpy(refs[nref].d, digest, 16);
             refs[nref].n = 1;
             nref++;
         }
@@ -219,7 +220,7 @@ int kc__owner_clear(struct kc__owner *o)
             size_t kl;
             const char *k = rocksdb_iter_key(it, &kl);
             /* Counters are statistics, not entries: they stay. */
-            if (cf == KC__CF_META && kl >= 2 && k[0] == 'b' && k[1] == '/')
+            if (cf == KC__CF_META && kc__meta_is(k, kl, KC__META_COUNTERS_PREFIX))
                 continue;
             rocksdb_writebatch_delete_cf(wb, o->d.cf[cf], k, kl);
         }

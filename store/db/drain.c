@@ -124,7 +124,8 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
     rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
     if (rc == 0) {
         struct kc__hdr oh;
-        if (oldl == KC__KVAL_LEN && kc__hdr_decode(old, oldl, &oh) == 0) {
+        const unsigned char *od = kc__kval_digest(old, oldl);
+        if (kc__kval_decode(old, oldl, &oh) == 0) {
             if (oh.created_ns > h.created_ns) {
                 /* A newer version is already in: this one is stale. */
                 free(old);
@@ -134,11 +135,11 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
             }
             h.hits = oh.hits;
             h.last_hit_ns = oh.last_hit_ns;
-            if (memcmp(old + KC__HDR_LEN, digest, 16) == 0)
+            if (memcmp(od, digest, 16) == 0)
                 need_ref = false;
         }
-        if (need_ref && oldl == KC__KVAL_LEN)
-            kc__ref_drop(o, wb, (unsigned char *)old + KC__HDR_LEN);
+        if (need_ref && od != NULL)
+            kc__ref_drop(o, wb, od);
         free(old);
     }
 
@@ -162,15 +163,11 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
     }
 
     unsigned char kv[KC__KVAL_LEN];
-    kc__hdr_encode(&h, kv);
-    memcpy(kv + KC__HDR_LEN, digest, 16);
+    kc__kval_encode(&h, digest, kv);
     rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, (char *)kv, sizeof kv);
-    unsigned char nk[2 + KC__NS_MAX];
-    size_t nsl = strlen(sp->ns);
-    nk[0] = 'n';
-    nk[1] = '/';
-    memcpy(nk + 2, sp->ns, nsl);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)nk, 2 + nsl, "", 0);
+    unsigned char nk[KC__META_NAME_KEY_MAX];
+    size_t nkl = kc__meta_ns_key(sp->ns, nk);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)nk, nkl, "", 0);
     if (sp->has_source) {
         unsigned char sk[KC__NS_MAX + 1 + 16], sv[KC__KEY_LEN];
         size_t sl = kc__skey(sp->ns, &sp->source, sk);
@@ -237,7 +234,7 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
         size_t kvl = 0;
         if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) == 0) {
             struct kc__hdr h;
-            bool bad = kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, &h) != 0;
+            bool bad = kc__kval_decode(kv, kvl, &h) != 0;
             bool del = bad || h.created_ns <= it->a;
             if (!bad && del && (it->flags & KC__PF_IFBAD)) {
                 /* Only a record that is bad here too is purged. */
@@ -291,27 +288,23 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
 
 static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
 {
-    unsigned char k[2 + KC__NS_MAX];
-    size_t n = strlen(it->ns);
-    k[0] = 'b';
-    k[1] = '/';
-    memcpy(k + 2, it->ns, n);
+    unsigned char k[KC__META_NAME_KEY_MAX];
+    size_t kl = kc__meta_counters_key(it->ns, k);
     uint64_t v[KC_N_COUNTERS] = {0};
     char *old = NULL;
     size_t ol = 0;
-    if (kc__db_get(&o->d, KC__CF_META, k, 2 + n, &old, &ol) == 0) {
-        if (ol == sizeof v)
-            for (int i = 0; i < KC_N_COUNTERS; i++)
-                v[i] = kc__get_u64((unsigned char *)old + 8 * i);
+    if (kc__db_get(&o->d, KC__CF_META, k, kl, &old, &ol) == 0) {
+        kc__meta_counters_parse(old, ol, v); /* another length: from zero */
         free(old);
     }
     uint64_t add[KC_N_COUNTERS];
     kc_counters_to_array(&it->c, add);
-    unsigned char out[8 * KC_N_COUNTERS];
     for (int i = 0; i < KC_N_COUNTERS; i++)
-        kc__put_u64(out + 8 * i, v[i] + add[i]);
+        v[i] += add[i];
+    unsigned char out[KC__META_COUNTERS_VAL_LEN];
+    kc__meta_counters_value(v, out);
     char *err = NULL;
-    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, 2 + n, (char *)out,
+    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out,
                    sizeof out, &err);
     return kc__db_err(err, "put");
 }

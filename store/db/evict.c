@@ -19,11 +19,11 @@ int kc__apply_hit(struct kc__owner *o, const struct kc__sp_item *it)
         return 0;
     struct kc__hdr h;
     int rc = 0;
-    if (kvl == KC__KVAL_LEN && kc__hdr_decode(kv, kvl, &h) == 0) {
+    if (kc__kval_decode(kv, kvl, &h) == 0) {
         h.hits += it->a;
         if (it->b > h.last_hit_ns)
             h.last_hit_ns = it->b;
-        kc__hdr_encode(&h, (unsigned char *)kv);
+        kc__hdr_encode(&h, (unsigned char *)kv); /* the header leads the value */
         char *err = NULL;
         rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl, &err);
         rc = kc__db_err(err, "put");
@@ -62,7 +62,7 @@ int kc__evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progre
         const char *val = rocksdb_iter_value(it, &vl);
         struct kc__hdr h;
         uint64_t rec = 0;
-        if (vl == KC__KVAL_LEN && kc__hdr_decode(val, vl, &h) == 0)
+        if (kc__kval_decode(val, vl, &h) == 0)
             rec = h.last_hit_ns > h.created_ns ? h.last_hit_ns : h.created_ns;
         if (n == cap) {
             cap = cap ? 2 * cap : 1024;
@@ -117,16 +117,16 @@ void kc__prune_sources(struct kc__owner *o)
         size_t kl, vl;
         const char *k = rocksdb_iter_key(it, &kl);
         const char *v = rocksdb_iter_value(it, &vl);
-        const char *z = memchr(k, 0, kl);
-        bool drop = z == NULL || vl != KC__KEY_LEN || (size_t)(z - k) > KC__NS_MAX;
+        char ns[KC__NS_MAX + 1];
+        kc_digest src;
+        bool drop = kc__skey_split(k, kl, ns, &src) != 0 || vl != KC__KEY_LEN;
         if (!drop) {
             unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-            size_t nsl = (size_t)(z - k);
-            memcpy(kk, k, nsl + 1);
-            memcpy(kk + nsl + 1, v, KC__KEY_LEN);
+            kc_key key;
+            kc__key_decode((const unsigned char *)v, &key);
             char *kv;
             size_t kvl;
-            if (kc__db_get(&o->d, KC__CF_KERNELS, kk, nsl + 1 + KC__KEY_LEN, &kv, &kvl) == 0)
+            if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kc__kkey(ns, &key, kk), &kv, &kvl) == 0)
                 free(kv);
             else
                 drop = true;

@@ -38,19 +38,12 @@ int kc__owner_filter_rebuild(struct kc__owner *o)
             const unsigned char *k = (const unsigned char *)rocksdb_iter_key(it, &kl);
             char ns[KC__NS_MAX + 1];
             kc_key key;
+            kc_digest src;
             if (cf == KC__CF_KERNELS) {
                 if (kc__kkey_split(k, kl, ns, &key) == 0)
                     kc__filter_add(&f, kc__fhash_kernel(ns, &key));
-            } else {
-                const unsigned char *z = memchr(k, 0, kl);
-                if (z != NULL && z != k && (size_t)(z - k) <= KC__NS_MAX &&
-                    kl == (size_t)(z - k) + 1 + 16) {
-                    kc_digest src;
-                    memcpy(ns, k, (size_t)(z - k));
-                    ns[z - k] = 0;
-                    kc__digest_decode(z + 1, &src);
-                    kc__filter_add(&f, kc__fhash_source(ns, &src));
-                }
+            } else if (kc__skey_split(k, kl, ns, &src) == 0) {
+                kc__filter_add(&f, kc__fhash_source(ns, &src));
             }
         }
         rocksdb_iter_destroy(it);

@@ -60,9 +60,9 @@ int kc__owner_write(struct kc__owner *o, rocksdb_writebatch_t *wb, bool sync)
 int kc__owner_commit(struct kc__owner *o)
 {
     rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    unsigned char v[8];
-    kc__put_u64(v, ++o->gen_seq);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], "g", 1, (char *)v, 8);
+    unsigned char v[KC__META_GEN_VAL_LEN];
+    kc__meta_gen_value(++o->gen_seq, v);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], KC__META_GEN_KEY, 1, (char *)v, sizeof v);
     int rc = kc__owner_write(o, wb, true);
     rocksdb_writebatch_destroy(wb);
     if (rc == 0 && o->gen != NULL)
@@ -202,13 +202,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     if (o->gen != NULL)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* a new session */
     o->unique = kc__count_unique(o);
-    char *v;
-    size_t vl;
-    if (kc__db_get(&o->d, KC__CF_META, "g", 1, &v, &vl) == 0) {
-        if (vl == 8)
-            o->gen_seq = kc__get_u64((unsigned char *)v);
-        free(v);
-    }
+    kc__meta_gen_get(&o->d, &o->gen_seq);
     clean_stale(o);
     kc__owner_filter_begin(o);
     o->hot_max = kc__hot_limit(o);

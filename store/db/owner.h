@@ -18,6 +18,7 @@
 #define KCACHE_STORE_OWNER_H
 
 #include "internal.h"
+#include "meta.h"
 
 #include <time.h>
 

@@ -109,13 +109,7 @@ int kc__owner_recover(struct kc__owner *o, const char *why)
     if (o->gen != NULL)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* readers reopen */
     o->gen_seq = 0;
-    char *g;
-    size_t gl;
-    if (kc__db_get(&o->d, KC__CF_META, "g", 1, &g, &gl) == 0) {
-        if (gl == 8)
-            o->gen_seq = kc__get_u64((unsigned char *)g);
-        free(g);
-    }
+    kc__meta_gen_get(&o->d, &o->gen_seq);
     o->unique = kc__count_unique(o);
     /* The filter must cover what hot_salvage puts back before it is
      * rebuilt from the database (verify below). */

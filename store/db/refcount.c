@@ -11,30 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t rkey(const unsigned char digest[16], unsigned char out[18])
-{
-    out[0] = 'r';
-    out[1] = '/';
-    memcpy(out + 2, digest, 16);
-    return 18;
-}
-
 int kc__ref_get(struct kc__owner *o, const unsigned char digest[16], uint64_t *cnt, uint64_t *size)
 {
-    unsigned char rk[18];
+    unsigned char rk[KC__META_REF_KEY_LEN];
     char *v;
     size_t vl;
-    int rc = kc__db_get(&o->d, KC__CF_META, rk, rkey(digest, rk), &v, &vl);
+    int rc = kc__db_get(&o->d, KC__CF_META, rk, kc__meta_ref_key(digest, rk), &v, &vl);
     if (rc < 0)
         return rc;
-    if (vl != 16) {
-        free(v);
+    if (kc__meta_ref_parse(v, vl, cnt, size) != 0) {
         *cnt = 0;
         *size = 0;
-        return 0;
     }
-    *cnt = kc__get_u64((unsigned char *)v);
-    *size = kc__get_u64((unsigned char *)v + 8);
     free(v);
     return 0;
 }
@@ -42,15 +30,14 @@ int kc__ref_get(struct kc__owner *o, const unsigned char digest[16], uint64_t *c
 void kc__ref_put(struct kc__owner *o, rocksdb_writebatch_t *wb, const unsigned char digest[16],
                  uint64_t cnt, uint64_t size)
 {
-    unsigned char rk[18], v[16];
-    rkey(digest, rk);
+    unsigned char rk[KC__META_REF_KEY_LEN], v[KC__META_REF_VAL_LEN];
+    kc__meta_ref_key(digest, rk);
     if (cnt == 0) {
         rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk);
         rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_BODIES], (const char *)digest, 16);
         return;
     }
-    kc__put_u64(v, cnt);
-    kc__put_u64(v + 8, size);
+    kc__meta_ref_value(cnt, size, v);
     rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk, (char *)v,
                               sizeof v);
 }
@@ -74,22 +61,25 @@ void kc__kernel_delete(struct kc__owner *o, rocksdb_writebatch_t *wb, const unsi
                        size_t kl, const char *kv, size_t kvl)
 {
     rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_KERNELS], (const char *)kk, kl);
-    if (kvl == KC__KVAL_LEN)
-        kc__ref_drop(o, wb, (const unsigned char *)kv + KC__HDR_LEN);
+    const unsigned char *digest = kc__kval_digest(kv, kvl);
+    if (digest != NULL)
+        kc__ref_drop(o, wb, digest);
 }
 
 uint64_t kc__count_unique(struct kc__owner *o)
 {
     uint64_t total = 0;
     rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_META]);
-    for (rocksdb_iter_seek(it, "r/", 2); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+    for (rocksdb_iter_seek(it, KC__META_REF_PREFIX, 2); rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
         size_t kl, vl;
         const char *k = rocksdb_iter_key(it, &kl);
         const char *v = rocksdb_iter_value(it, &vl);
-        if (kl < 2 || k[0] != 'r' || k[1] != '/')
+        uint64_t size;
+        if (!kc__meta_is(k, kl, KC__META_REF_PREFIX))
             break;
-        if (vl == 16)
-            total += kc__get_u64((const unsigned char *)v + 8);
+        if (kc__meta_ref_parse(v, vl, NULL, &size) == 0)
+            total += size;
     }
     rocksdb_iter_destroy(it);
     return total;
