@@ -1,8 +1,8 @@
 /*
- * drain.c: draining the spool into the primary, in rounds: each put file
- * one write batch, then a synced write and the generation bump readers
- * watch (kc__owner_commit), then the put files become hot files or are
- * unlinked. Purge requests, hit logs (evict.c folds them into recency) and
+ * drain.c: draining the spool into the primary, in rounds of up to
+ * ROUND_FILES put files: each file one write batch, then one synced write
+ * and the generation bump readers watch (kc__owner_commit), then the put
+ * files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into recency) and
  * counter logs follow, one commit for all of them. A database that reports
  * a corruption is recovered and the drain done again.
  */
