@@ -8,6 +8,7 @@
  * (b/<backend> counters, n/<ns> namespace names, r/<digest> refcount+size).
  */
 #include "internal.h"
+#include "meta.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -422,11 +423,11 @@ int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body,
     int rc = kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl);
     if (rc < 0)
         return rc;
-    if (kvl != KC__KVAL_LEN || kc__hdr_decode(kv, kvl, h) != 0) {
+    if (kc__kval_decode(kv, kvl, h) != 0) {
         free(kv);
         return -EBADMSG;
     }
-    rc = kc__db_get(d, KC__CF_BODIES, kv + KC__HDR_LEN, 16, &bv, &bvl);
+    rc = kc__db_get(d, KC__CF_BODIES, kc__kval_digest(kv, kvl), 16, &bv, &bvl);
     free(kv);
     if (rc < 0)
         return rc;

@@ -2,7 +2,8 @@
  * Internals of libkcache-store.so, shared by its source files and by the
  * store's white-box tests. Nothing here is part of the ABI (store.h is).
  * The libc-only part (layouts, files, directory layout, filter, hot files)
- * is base.h, which the shim's front compiles too.
+ * is ../local/local.h, which the shim's front compiles too; the database's
+ * byte layout is meta.h; what the owner's files share is owner.h.
  */
 #ifndef KCACHE_STORE_INTERNAL_H
 #define KCACHE_STORE_INTERNAL_H
@@ -67,7 +68,7 @@ int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val,
 int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body, size_t *len,
                struct kc__hdr *h);
 
-/* ---- the owner (owner.c) ----------------------------------------------- */
+/* ---- the owner (owner.c; its jobs in the files owner.h lists) ---------- */
 
 struct kc__owner;
 

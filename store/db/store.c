@@ -10,6 +10,7 @@
  * front shares).
  */
 #include "internal.h"
+#include "meta.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -949,15 +950,14 @@ static int st_foreach(struct kc_store *st, const char *ns,
             e.ns = ens;
             if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0) {
                 kc__hdr_to_info(&h, &e.info);
-                unsigned char rk[18];
-                rk[0] = 'r';
-                rk[1] = '/';
-                memcpy(rk + 2, v + KC__HDR_LEN, 16);
+                unsigned char rk[KC__META_REF_KEY_LEN];
+                kc__meta_ref_key(kc__kval_digest(v, vl), rk);
                 char *rv;
                 size_t rvl;
                 e.stored_bytes = h.body_size;
                 if (kc__db_get(&st->rd, KC__CF_META, rk, sizeof rk, &rv, &rvl) == 0) {
-                    uint64_t cnt = rvl == 16 ? kc__get_u64((unsigned char *)rv) : 0;
+                    uint64_t cnt = 0;
+                    kc__meta_ref_parse(rv, rvl, &cnt, NULL);
                     if (cnt > 1)
                         e.stored_bytes = h.body_size / cnt;
                     free(rv);
@@ -1086,18 +1086,15 @@ static int st_stats(struct kc_store *st, struct kc_store_stats **out)
             size_t kl, vl;
             const char *k = rocksdb_iter_key(it, &kl);
             const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
-            if (kl == 18 && k[0] == 'r' && k[1] == '/' && vl == 16) {
-                s->unique_bytes += kc__get_u64(v + 8);
-            } else if (kl > 2 && kl < 2 + 32 && k[0] == 'b' && k[1] == '/' &&
-                       vl == 8 * KC_N_COUNTERS) {
-                char name[32];
-                memcpy(name, k + 2, kl - 2);
-                name[kl - 2] = 0;
+            uint64_t size, a[KC_N_COUNTERS];
+            char name[sizeof s->backends[0].backend]; /* longer names are not reported */
+            if (kl == KC__META_REF_KEY_LEN && kc__meta_is(k, kl, KC__META_REF_PREFIX) &&
+                kc__meta_ref_parse(v, vl, NULL, &size) == 0) {
+                s->unique_bytes += size;
+            } else if (kc__meta_counters_name(k, kl, name, sizeof name) == 0 &&
+                       kc__meta_counters_parse(v, vl, a) == 0) {
                 struct kc_backend_stats *b = stats_backend(s, name);
                 if (b != NULL) {
-                    uint64_t a[KC_N_COUNTERS];
-                    for (int i = 0; i < KC_N_COUNTERS; i++)
-                        a[i] = kc__get_u64(v + 8 * i);
                     struct kc_counters c;
                     kc_counters_from_array(&c, a);
                     kc_counters_add(&b->c, &c);

@@ -225,10 +225,10 @@ struct kc__paths {
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
 /* DIR/hot's bound: min(max_size / 4, KC__HOT_MAX, max(the size of the
- * database's tables (.sst) / 4, KC__HOT_MIN)) (owner.c hot_limit), counted
+ * database's tables (.sst) / 4, KC__HOT_MIN)) (store/db/hot.c), counted
  * in blocks on disk: the store stays within ~1.25x its tables' size. Past
  * it the least recently hit hot files are packed (LZ4), then removed
- * (owner.c hot_enforce). The floor is room for a small working set: the
+ * (kc__hot_enforce). The floor is room for a small working set: the
  * demo set's records and manifests take 464 KiB plain. */
 #define KC__HOT_MAX (1ull << 30)
 #define KC__HOT_MIN (512ull << 10)

@@ -1,0 +1,436 @@
+/*
+ * drain.c: draining the spool into the primary, in rounds of up to
+ * ROUND_FILES put files: each file one write batch, then one synced write
+ * and the generation bump readers watch (kc__owner_commit), then the put
+ * files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into recency) and
+ * counter logs follow, one commit for all of them. A database that reports
+ * a corruption is recovered and the drain done again.
+ */
+#include "owner.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SPOOL_FILE_MAX (1ull << 32)
+#define ROUND_FILES 256
+
+/* ---- spool listing ----------------------------------------------------- */
+
+struct names {
+    char **v;
+    size_t n, cap;
+};
+
+static void names_add(struct names *s, const char *name)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        char **v = realloc(s->v, cap * sizeof *v);
+        if (v == NULL)
+            return;
+        s->v = v;
+        s->cap = cap;
+    }
+    char *d = strdup(name);
+    if (d != NULL)
+        s->v[s->n++] = d;
+}
+
+static void names_free(struct names *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+struct listing {
+    struct names put, drain, purge, hits, count, stop, temp;
+};
+
+static void listing_free(struct listing *l)
+{
+    names_free(&l->put);
+    names_free(&l->drain);
+    names_free(&l->purge);
+    names_free(&l->hits);
+    names_free(&l->count);
+    names_free(&l->stop);
+    names_free(&l->temp);
+}
+
+static int list_spool(const char *spool, struct listing *l)
+{
+    memset(l, 0, sizeof *l);
+    DIR *d = opendir(spool);
+    if (d == NULL)
+        return errno == ENOENT ? 0 : -errno;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        if (n[0] == 0 || n[1] != '-')
+            continue;
+        switch (n[0]) {
+        case 'p': names_add(&l->put, n); break;
+        case 'd': names_add(&l->drain, n); break;
+        case 'x': names_add(&l->purge, n); break;
+        case 'h': names_add(&l->hits, n); break;
+        case 'c': names_add(&l->count, n); break;
+        case 's': names_add(&l->stop, n); break;
+        case 't': names_add(&l->temp, n); break;
+        default: break;
+        }
+    }
+    closedir(d);
+    qsort(l->purge.v, l->purge.n, sizeof(char *), cmp_str);
+    return 0;
+}
+
+/* ---- applying spool files ---------------------------------------------- */
+
+/* Applies a put; *applied tells whether it is now the entry (false: the
+ * database holds a newer one). */
+int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
+{
+    /* The filter first: it must never say "absent" for a key a reader
+     * could have stopped finding in the spool. */
+    kc__filter_add(&o->f, kc__fhash_kernel(sp->ns, &sp->key));
+    if (sp->has_source)
+        kc__filter_add(&o->f, kc__fhash_source(sp->ns, &sp->source));
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(sp->ns, &sp->key, kk);
+    kc_digest dg = kc_digest_of(sp->body, sp->body_len);
+    unsigned char digest[16];
+    kc__digest_encode(&dg, digest);
+    struct kc__hdr h = sp->hdr;
+    bool need_ref = true;
+
+    char *old = NULL;
+    size_t oldl = 0;
+    int rc = kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &old, &oldl);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    if (rc == 0) {
+        struct kc__hdr oh;
+        const unsigned char *od = kc__kval_digest(old, oldl);
+        if (kc__kval_decode(old, oldl, &oh) == 0) {
+            if (oh.created_ns > h.created_ns) {
+                /* A newer version is already in: this one is stale. */
+                free(old);
+                rocksdb_writebatch_destroy(wb);
+                *applied = false;
+                return 0;
+            }
+            h.hits = oh.hits;
+            h.last_hit_ns = oh.last_hit_ns;
+            if (memcmp(od, digest, 16) == 0)
+                need_ref = false;
+        }
+        if (need_ref && od != NULL)
+            kc__ref_drop(o, wb, od);
+        free(old);
+    }
+
+    uint64_t cnt = 0, size = 0;
+    rc = kc__ref_get(o, digest, &cnt, &size);
+    if (rc < 0 && rc != -ENOENT)
+        goto out;
+    /* The body must be there and whole; rewrite it when it is not. */
+    char *bv = NULL;
+    size_t bvl = 0;
+    bool body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
+                   bvl == sp->body_len && kc__body_xxh(bv, bvl) == h.body_xxh;
+    free(bv);
+    if (!body_ok)
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
+                                  (const char *)sp->body, sp->body_len);
+    if (need_ref || cnt == 0) {
+        if (cnt == 0)
+            o->unique += sp->body_len;
+        kc__ref_put(o, wb, digest, cnt + 1, sp->body_len);
+    }
+
+    unsigned char kv[KC__KVAL_LEN];
+    kc__kval_encode(&h, digest, kv);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, (char *)kv, sizeof kv);
+    unsigned char nk[KC__META_NAME_KEY_MAX];
+    size_t nkl = kc__meta_ns_key(sp->ns, nk);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)nk, nkl, "", 0);
+    if (sp->has_source) {
+        unsigned char sk[KC__NS_MAX + 1 + 16], sv[KC__KEY_LEN];
+        size_t sl = kc__skey(sp->ns, &sp->source, sk);
+        kc__key_encode(&sp->key, sv);
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl, (char *)sv,
+                                  sizeof sv);
+    }
+    rc = kc__owner_write(o, wb, false);
+    *applied = rc == 0;
+out:
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
+/* Reads the spool file `name`: 0 with *buf (malloc'd); 1 when there is
+ * nothing to apply (it is gone, or unreadable: counted bad, unlinked with
+ * the round); or the error opening DIR/spool. */
+static int read_spool(struct kc__owner *o, const char *name, unsigned char **buf, size_t *len)
+{
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -errno;
+    int rc = kc__read_file(dfd, name, SPOOL_FILE_MAX, buf, len);
+    close(dfd);
+    if (rc == -ENOENT)
+        return 1;
+    if (rc < 0) {
+        o->spool_bad++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Applies a put file; a bad one is counted and dropped (0). *keep: it is
+ * now the entry, and may become its hot file (*size bytes). */
+static int apply_put_file(struct kc__owner *o, const char *name, bool *keep, uint64_t *size)
+{
+    *keep = false;
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = read_spool(o, name, &buf, &len);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    struct kc__sp_put sp;
+    if (kc__spool_put_decode(buf, len, &sp) != 0) {
+        free(buf);
+        o->spool_bad++;
+        return 0; /* unlinked with the round */
+    }
+    *size = len;
+    rc = kc__apply_put(o, &sp, keep);
+    free(buf);
+    return rc;
+}
+
+static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
+{
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    int rc = 0;
+    if (it->flags & KC__PF_KEY) {
+        unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+        size_t kl = kc__kkey(it->ns, &it->key, kk);
+        char *kv = NULL;
+        size_t kvl = 0;
+        if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) == 0) {
+            struct kc__hdr h;
+            bool bad = kc__kval_decode(kv, kvl, &h) != 0;
+            bool del = bad || h.created_ns <= it->a;
+            if (!bad && del && (it->flags & KC__PF_IFBAD)) {
+                /* Only a record that is bad here too is purged. */
+                void *body;
+                size_t blen;
+                struct kc__hdr h2;
+                int lr = kc__lookup(&o->d, it->ns, &it->key, &body, &blen, &h2);
+                if (lr == 0)
+                    free(body);
+                del = lr == -EBADMSG;
+            }
+            if (del) {
+                kc__kernel_delete(o, wb, kk, kl, kv, kvl);
+                kc__filter_note_delete(&o->f);
+            }
+            free(kv);
+        }
+        /* The hot file goes with the entry; one that fails its checks goes
+         * anyway; one left without an entry goes unless it is newer than
+         * the request (a later put, already drained). */
+        char path[PATH_MAX];
+        kc__hot_path(o, it->ns, &it->key, path, sizeof path);
+        unsigned char *hb = NULL;
+        struct kc__sp_put hp;
+        int hr = kc__put_file_read(path, it->ns, &it->key, &hb, &hp);
+        bool drop = hr == -EBADMSG ||
+                    (hr == 0 && !(it->flags & KC__PF_IFBAD) && hp.hdr.created_ns <= it->a);
+        free(hb);
+        if (drop)
+            kc__hot_remove(o, it->ns, &it->key);
+    }
+    if (it->flags & KC__PF_SOURCE) {
+        unsigned char sk[KC__NS_MAX + 1 + 16];
+        size_t sl = kc__skey(it->ns, &it->source, sk);
+        char *sv = NULL;
+        size_t svl = 0;
+        if (kc__db_get(&o->d, KC__CF_SOURCES, sk, sl, &sv, &svl) == 0) {
+            unsigned char want[KC__KEY_LEN];
+            kc__key_encode(&it->key, want);
+            if (!(it->flags & KC__PF_KEY) || (svl == KC__KEY_LEN && !memcmp(sv, want, svl))) {
+                rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl);
+                kc__filter_note_delete(&o->f);
+            }
+            free(sv);
+        }
+    }
+    rc = kc__owner_write(o, wb, false);
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
+static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
+{
+    unsigned char k[KC__META_NAME_KEY_MAX];
+    size_t kl = kc__meta_counters_key(it->ns, k);
+    uint64_t v[KC_N_COUNTERS] = {0};
+    char *old = NULL;
+    size_t ol = 0;
+    if (kc__db_get(&o->d, KC__CF_META, k, kl, &old, &ol) == 0) {
+        kc__meta_counters_parse(old, ol, v); /* another length: from zero */
+        free(old);
+    }
+    uint64_t add[KC_N_COUNTERS];
+    kc_counters_to_array(&it->c, add);
+    for (int i = 0; i < KC_N_COUNTERS; i++)
+        v[i] += add[i];
+    unsigned char out[KC__META_COUNTERS_VAL_LEN];
+    kc__meta_counters_value(v, out);
+    char *err = NULL;
+    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out,
+                   sizeof out, &err);
+    return kc__db_err(err, "put");
+}
+
+/* Applies a purge, hit or counter file; a bad one is counted and dropped. */
+static int apply_items_file(struct kc__owner *o, const char *name, int want)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int rc = read_spool(o, name, &buf, &len);
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (kc__spool_check(buf, len, &type, &p, &n) != 0 || type != want) {
+        free(buf);
+        o->spool_bad++;
+        return 0;
+    }
+    const unsigned char *end = p + n;
+    struct kc__sp_item it;
+    int r;
+    rc = 0;
+    while (rc == 0 && (r = kc__spool_item_next(type, &p, end, &it)) > 0) {
+        if (type == KC__SP_PURGE)
+            rc = apply_purge(o, &it);
+        else if (type == KC__SP_HITS)
+            rc = kc__apply_hit(o, &it);
+        else
+            rc = apply_count(o, &it);
+    }
+    free(buf);
+    return rc;
+}
+
+static void unlink_all(struct kc__owner *o, char **names, size_t n)
+{
+    int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        unlinkat(dfd, names[i], 0);
+    close(dfd);
+}
+
+static int drain_once(struct kc__owner *o, uint64_t *count)
+{
+    struct listing l;
+    uint64_t done = 0;
+    int rc = list_spool(o->p.spool, &l);
+    if (rc < 0)
+        return rc;
+    if (l.stop.n > 0) {
+        o->stop = true;
+        unlink_all(o, l.stop.v, l.stop.n);
+    }
+    /* Puts a killed owner claimed and may not have committed: first. */
+    for (size_t i = 0; rc == 0 && i < l.drain.n; i += ROUND_FILES) {
+        size_t end = i + ROUND_FILES < l.drain.n ? i + ROUND_FILES : l.drain.n;
+        bool keep[ROUND_FILES];
+        uint64_t size[ROUND_FILES];
+        for (size_t j = i; rc == 0 && j < end; j++)
+            rc = apply_put_file(o, l.drain.v[j], &keep[j - i], &size[j - i]);
+        if (rc == 0 && (rc = kc__owner_commit(o)) == 0) {
+            kc__hot_retire_puts(o, l.drain.v + i, keep, size, end - i);
+            done += end - i;
+        }
+    }
+    for (size_t i = 0; rc == 0 && i < l.put.n; i += ROUND_FILES) {
+        size_t end = i + ROUND_FILES < l.put.n ? i + ROUND_FILES : l.put.n;
+        size_t claimed = 0;
+        char *cl[ROUND_FILES];
+        bool keep[ROUND_FILES];
+        uint64_t size[ROUND_FILES];
+        for (size_t j = i; rc == 0 && j < end; j++) {
+            char *name = l.put.v[j];
+            char from[PATH_MAX], to[PATH_MAX];
+            snprintf(from, sizeof from, "%s/%s", o->p.spool, name);
+            name[0] = 'd';
+            snprintf(to, sizeof to, "%s/%s", o->p.spool, name);
+            if (rename(from, to) != 0) {
+                name[0] = 'p';
+                continue;
+            }
+            cl[claimed] = name;
+            rc = apply_put_file(o, name, &keep[claimed], &size[claimed]);
+            claimed++;
+        }
+        if (rc == 0 && claimed > 0 && (rc = kc__owner_commit(o)) == 0) {
+            kc__hot_retire_puts(o, cl, keep, size, claimed);
+            done += claimed;
+        }
+    }
+    struct names *rest[3] = {&l.purge, &l.hits, &l.count};
+    const int types[3] = {KC__SP_PURGE, KC__SP_HITS, KC__SP_COUNT};
+    size_t nrest = 0;
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; rc == 0 && i < rest[t]->n; i++, nrest++)
+            rc = apply_items_file(o, rest[t]->v[i], types[t]);
+    if (rc == 0 && nrest > 0 && (rc = kc__owner_commit(o)) == 0) {
+        for (int t = 0; t < 3; t++)
+            unlink_all(o, rest[t]->v, rest[t]->n);
+        done += nrest;
+    }
+    listing_free(&l);
+    kc__hot_enforce(o); /* hit logs may have written hot files */
+    if (rc == 0)
+        kc__owner_filter_maybe_rebuild(o);
+    if (count != NULL)
+        *count = done;
+    return rc;
+}
+
+/* A database RocksDB reports as corrupt is recovered (kc__owner_recover) and
+ * the drain done again: a bad table must never wedge the spool. */
+int kc__owner_drain(struct kc__owner *o, uint64_t *count)
+{
+    int rc = drain_once(o, count);
+    if (o->d.corrupt && !o->recovering) {
+        uint64_t more = 0;
+        rc = kc__owner_recover(o, "drain");
+        if (rc == 0)
+            rc = drain_once(o, &more);
+        if (count != NULL)
+            *count += more;
+    }
+    return rc;
+}
