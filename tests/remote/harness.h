@@ -52,6 +52,35 @@ static int h_rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f
     return 0;
 }
 
+/* Removes the directory once the test process is gone, however it ends
+ * (a crash skips the test's fini): a child that waits for the end of a
+ * pipe only the test process holds. */
+static void h_janitor(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        pid_t me = fork(); /* detached: reparented, never waited for */
+        if (me != 0)
+            _exit(0);
+        for (int fd = 3; fd < 1024; fd++)
+            if (fd != p[0])
+                close(fd);
+        char c;
+        while (read(p[0], &c, 1) < 0 && errno == EINTR)
+            ;
+        nftw(h_tmp, h_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        _exit(0);
+    }
+    close(p[0]);
+    if (pid > 0)
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    /* p[1] stays open, unused, until this process ends. */
+}
+
 /* A fresh private directory for the test. */
 static void h_mktmp(const char *tag)
 {
@@ -59,6 +88,7 @@ static void h_mktmp(const char *tag)
     snprintf(h_tmp, sizeof h_tmp, "%s/kc-remote-%s-XXXXXX", t && t[0] ? t : "/tmp", tag);
     cr_assert_not_null(mkdtemp(h_tmp), "mkdtemp: %s", strerror(errno));
     chmod(h_tmp, 0700);
+    h_janitor();
 }
 
 static void h_rmtmp(void)
