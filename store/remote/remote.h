@@ -94,6 +94,12 @@ struct kc_remote_settings {
 /* Fills *s from getenv(). The pointers are the environment's. */
 void kc_remote_settings_from_env(struct kc_remote_settings *s);
 
+/* Fills *s from the configuration kc_config_load() read (empty strings
+ * for unset variables; nothing at all in a secure-execution process). The
+ * pointers are cfg's. */
+struct kc_config;
+void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remote_settings *s);
+
 /* Parses the settings into *out (which the caller releases with
  * kc_remote_config_free, also after a failure). KCACHE_REMOTE's grammar is
  * ccache's:
@@ -119,7 +125,8 @@ int kc_remote_config_copy(struct kc_remote_config *dst, const struct kc_remote_c
 
 /* Writes KCACHE_REMOTE's value with every password replaced by "********",
  * for display; works on malformed values too. Returns the length it wanted
- * (as snprintf). */
+ * (as snprintf). The one implementation is common/config.c's
+ * kc_config_redact_url (kcache config shows the value through it). */
 int kc_remote_redact(const char *remote, char *out, size_t len);
 
 /* The display form of one endpoint (password redacted). */

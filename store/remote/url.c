@@ -24,6 +24,16 @@ void kc_remote_settings_from_env(struct kc_remote_settings *s)
     s->trust = getenv("KCACHE_REMOTE_TRUST");
 }
 
+void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remote_settings *s)
+{
+    s->remote = cfg->remote;
+    s->ttl = cfg->remote_ttl;
+    s->max_entry = cfg->remote_max_entry;
+    s->signing_key = cfg->remote_signing_key;
+    s->trusted_keys = cfg->remote_trusted_keys;
+    s->trust = cfg->remote_trust;
+}
+
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -578,60 +588,9 @@ int kc_remote_config_copy(struct kc_remote_config *dst, const struct kc_remote_c
     return 0;
 }
 
-/* Appends [s, s + n) to out at *o (snprintf semantics: *o counts all). */
-static void put(char *out, size_t len, size_t *o, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++, (*o)++)
-        if (*o + 1 < len)
-            out[*o] = s[i];
-}
-
 int kc_remote_redact(const char *remote, char *out, size_t len)
 {
-    static const char stars[] = "********";
-    size_t o = 0;
-    const char *p = remote != NULL ? remote : "";
-    while (*p != '\0') {
-        if (isspace((unsigned char)*p)) {
-            put(out, len, &o, p, 1);
-            p++;
-            continue;
-        }
-        const char *end = p;
-        while (*end != '\0' && !isspace((unsigned char)*end))
-            end++;
-        /* scheme://AUTHORITY... with AUTHORITY up to the first '|'. */
-        const char *sep = NULL;
-        for (const char *q = p; q + 2 < end; q++)
-            if (q[0] == ':' && q[1] == '/' && q[2] == '/') {
-                sep = q + 3;
-                break;
-            }
-        bool unix_url = (size_t)(end - p) >= 11 && strncmp(p, "redis+unix:", 11) == 0;
-        const char *at = NULL, *auth_end = end;
-        if (sep != NULL && !unix_url) {
-            const char *bar = memchr(sep, '|', (size_t)(end - sep));
-            if (bar != NULL)
-                auth_end = bar;
-            for (const char *q = sep; q < auth_end; q++)
-                if (*q == '@')
-                    at = q;
-        }
-        if (at == NULL) {
-            put(out, len, &o, p, (size_t)(end - p));
-        } else {
-            put(out, len, &o, p, (size_t)(sep - p));
-            const char *colon = memchr(sep, ':', (size_t)(at - sep));
-            if (colon != NULL)
-                put(out, len, &o, sep, (size_t)(colon - sep) + 1);
-            put(out, len, &o, stars, sizeof stars - 1);
-            put(out, len, &o, at, (size_t)(end - at));
-        }
-        p = end;
-    }
-    if (len > 0)
-        out[o < len ? o : len - 1] = '\0';
-    return (int)o;
+    return kc_config_redact_url(remote, out, len);
 }
 
 void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, size_t len)
