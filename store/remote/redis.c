@@ -147,8 +147,7 @@ static int classify(const redisContext *c, int saved_errno)
 
 /* redisBufferWrite with SIGPIPE kept from the host: blocked in this
  * thread around the write; one the write raised is consumed. */
-static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, int *done,
-                                  int *err)
+static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, int *done, int *err)
 {
     sigset_t pipe_set, old, pending;
     sigemptyset(&pipe_set);
@@ -260,15 +259,15 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
         rc->ctr->errors++;
     nd->off = true;
     unsigned shift = nd->failures < 6 ? nd->failures : 6;
-    nd->retry_at_ns = rc->retry_ms > 0 ? kc_mono_ns() + ((uint64_t)rc->retry_ms << shift) * 1000000
-                                       : 0;
+    nd->retry_at_ns =
+        rc->retry_ms > 0 ? kc_mono_ns() + ((uint64_t)rc->retry_ms << shift) * 1000000 : 0;
     nd->failures++;
     if (rc->warned != NULL && !*rc->warned) {
         *rc->warned = true;
         char shown[340];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); its entries miss %s", shown, why,
-               strerror(-err), rc->retry_ms > 0 ? "until it is tried again" : "in this process");
+        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); its entries miss %s", shown, why, strerror(-err),
+               rc->retry_ms > 0 ? "until it is tried again" : "in this process");
     }
 }
 
@@ -283,9 +282,9 @@ static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
 {
     struct timeval tv = tv_of_ns((int64_t)nd->ep.connect_timeout_ms * 1000000);
     errno = 0;
-    redisContext *c = nd->ep.transport == KC_REMOTE_UNIX ? rc->hi->connect_unix(nd->ep.path, tv)
-                                                         : rc->hi->connect_tcp(nd->ep.host,
-                                                                               nd->ep.port, tv);
+    redisContext *c = nd->ep.transport == KC_REMOTE_UNIX
+                          ? rc->hi->connect_unix(nd->ep.path, tv)
+                          : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
     int e = errno;
     if (c == NULL)
         return -ENOMEM;
@@ -367,9 +366,10 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
          * timeout): one fresh try. */
         if (attempt == 0 && !fresh && was_proven && r == -ECONNRESET)
             continue;
-        node_off(rc, nd, r, r == -ETIMEDOUT ? "no answer within the operation timeout"
-                            : r == -EPROTO  ? "answered garbage"
-                                            : "connection failed");
+        node_off(rc, nd, r,
+                 r == -ETIMEDOUT ? "no answer within the operation timeout"
+                 : r == -EPROTO  ? "answered garbage"
+                                 : "connection failed");
         return r;
     }
 }
@@ -625,7 +625,8 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
             /* A failover may give its slots to another node: read the map
              * again at the next operation (the failed node is off, so its
              * keys fail fast meanwhile). */
-            cl->refresh = r != -ENETDOWN;
+            if (r != -ENETDOWN)
+                cl->refresh = true;
             return r;
         }
         if (asking)

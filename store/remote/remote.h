@@ -53,31 +53,31 @@ enum kc_remote_transport {
 
 /* One server (a shard, or a cluster seed). */
 struct kc_remote_endpoint {
-    int transport;                /* enum kc_remote_transport */
-    char host[256];               /* TCP: name or address (no brackets) */
-    int port;                     /* TCP: 1..65535 */
-    char path[108];               /* unix: the socket's absolute path */
-    int db;                       /* SELECT'ed after connecting (0: none) */
-    char user[128];               /* AUTH user (Redis 6 ACL), may be empty */
-    char password[256];           /* AUTH password, may be empty */
-    int connect_timeout_ms;       /* |connect-timeout=MS */
-    int operation_timeout_ms;     /* |operation-timeout=MS */
-    bool read_only;               /* |read-only: never written */
-    double weight;                /* shard weight (shards=NAME(W)), 1 by default */
-    char name[320];               /* what rendezvous hashing hashes: the URL,
-                                   * password left out */
+    int transport;            /* enum kc_remote_transport */
+    char host[256];           /* TCP: name or address (no brackets) */
+    int port;                 /* TCP: 1..65535 */
+    char path[108];           /* unix: the socket's absolute path */
+    int db;                   /* SELECT'ed after connecting (0: none) */
+    char user[128];           /* AUTH user (Redis 6 ACL), may be empty */
+    char password[256];       /* AUTH password, may be empty */
+    int connect_timeout_ms;   /* |connect-timeout=MS */
+    int operation_timeout_ms; /* |operation-timeout=MS */
+    bool read_only;           /* |read-only: never written */
+    double weight;            /* shard weight (shards=NAME(W)), 1 by default */
+    char name[320];           /* what rendezvous hashing hashes: the URL,
+                               * password left out */
 };
 
 struct kc_remote_config {
-    int mode;                            /* enum kc_remote_mode */
-    int n;                               /* endpoints (shards or seeds) */
-    struct kc_remote_endpoint *ep;       /* malloc'd array of n */
-    uint64_t ttl_s;                      /* KCACHE_REMOTE_TTL, 0: none */
-    uint64_t max_entry;                  /* KCACHE_REMOTE_MAX_ENTRY, bytes */
-    char signing_key[4096];              /* KCACHE_REMOTE_SIGNING_KEY, may be empty */
-    char trusted_keys[4096];             /* KCACHE_REMOTE_TRUSTED_KEYS, may be empty */
-    bool trust_any;                      /* KCACHE_REMOTE_TRUST=any */
-    int n_warnings;                      /* non-fatal: a value kept its default */
+    int mode;                      /* enum kc_remote_mode */
+    int n;                         /* endpoints (shards or seeds) */
+    struct kc_remote_endpoint *ep; /* malloc'd array of n */
+    uint64_t ttl_s;                /* KCACHE_REMOTE_TTL, 0: none */
+    uint64_t max_entry;            /* KCACHE_REMOTE_MAX_ENTRY, bytes */
+    char signing_key[4096];        /* KCACHE_REMOTE_SIGNING_KEY, may be empty */
+    char trusted_keys[4096];       /* KCACHE_REMOTE_TRUSTED_KEYS, may be empty */
+    bool trust_any;                /* KCACHE_REMOTE_TRUST=any */
+    int n_warnings;                /* non-fatal: a value kept its default */
     char warnings[4][200];
 };
 
@@ -187,8 +187,8 @@ int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_op
  * it failed now. -EINVAL: a namespace the remote cannot name (empty, over
  * 127 bytes, a byte outside '!'..'~', or '{', '}'). Every negative value
  * is a miss for the caller. */
-int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body,
-                  size_t *len, struct kc_record_info *info);
+int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
+                  struct kc_record_info *info);
 
 /* tier.h's put: signs and SETs the entry (EX KCACHE_REMOTE_TTL when set).
  * `source` is not kept remotely (no source map: take_by_source stays
@@ -246,21 +246,21 @@ int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len
 /* ---- the tool (tier.c, sign.c) ------------------------------------------ */
 
 struct kc_remote_ping_server {
-    char name[340];        /* display form */
-    int rc;                /* 0, or why it failed */
-    double latency_ms;     /* PING round trip, connection made beforehand */
-    char version[32];      /* redis_version from INFO server */
-    char role[16];         /* "master" / "slave" */
+    char name[340];    /* display form */
+    int rc;            /* 0, or why it failed */
+    double latency_ms; /* PING round trip, connection made beforehand */
+    char version[32];  /* redis_version from INFO server */
+    char role[16];     /* "master" / "slave" */
 };
 
 struct kc_remote_ping {
-    int n;                                 /* servers reached for */
+    int n; /* servers reached for */
     struct kc_remote_ping_server server[KC_REMOTE_MAX_ENDPOINTS];
-    int roundtrip_rc;    /* signed entry written, read and verified, deleted:
-                          * 0; -EROFS when this node does not write (then a
-                          * read of a missing probe only); other negatives */
-    char key_id[17];     /* this node's signing key id (hex), empty if none */
-    int n_trusted;       /* keys it verifies with */
+    int roundtrip_rc; /* signed entry written, read and verified, deleted:
+                       * 0; -EROFS when this node does not write (then a
+                       * read of a missing probe only); other negatives */
+    char key_id[17];  /* this node's signing key id (hex), empty if none */
+    int n_trusted;    /* keys it verifies with */
 };
 
 /* `kcache remote ping`: reaches every server (shard; every primary of a

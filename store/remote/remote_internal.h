@@ -71,8 +71,8 @@ struct kc__pubkey {
 struct kc__keys {
     bool have_secret;
     unsigned char sk[KC__SK_LEN];
-    struct kc__pubkey self;       /* the signing key's public half */
-    struct kc__pubkey *trusted;   /* malloc'd */
+    struct kc__pubkey self;     /* the signing key's public half */
+    struct kc__pubkey *trusted; /* malloc'd */
     size_t n_trusted;
     bool trust_any;
 };
@@ -164,8 +164,8 @@ int kc__rv_encode(const struct kc__sodium *na, const struct kc__keys *keys, cons
  * entry, unknown layout version); -EKEYREJECTED (unsigned, unknown key id,
  * or a signature that does not verify). na may be NULL when
  * keys->trust_any. */
-int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, const void *v,
-                  size_t n, const char *ns, const kc_key *key, struct kc__rv *rv);
+int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, const void *v, size_t n,
+                  const char *ns, const kc_key *key, struct kc__rv *rv);
 
 /* ---- routing (redis.c) -------------------------------------------------- */
 
@@ -186,15 +186,15 @@ double kc__ln(double x);
 
 struct kc__node {
     struct kc_remote_endpoint ep;
-    char addr[300];         /* "host:port" or the socket path: its identity */
-    redisContext *c;        /* NULL: not connected */
-    bool proven;            /* the connection answered once: a later EOF is a
-                             * stale connection (server restarted, idle
-                             * timeout), retried once */
-    bool off;               /* failed: skipped until retry_at_ns */
-    uint64_t retry_at_ns;   /* 0 with off: for the process */
+    char addr[300];       /* "host:port" or the socket path: its identity */
+    redisContext *c;      /* NULL: not connected */
+    bool proven;          /* the connection answered once: a later EOF is a
+                           * stale connection (server restarted, idle
+                           * timeout), retried once */
+    bool off;             /* failed: skipped until retry_at_ns */
+    uint64_t retry_at_ns; /* 0 with off: for the process */
     unsigned failures;
-    bool writes_off;        /* refused writes (full, read-only replica) */
+    bool writes_off; /* refused writes (full, read-only replica) */
 };
 
 /* State shared by a remote's connections. */
@@ -202,8 +202,8 @@ struct kc__rctx {
     const struct kc__hiredis *hi;
     struct kc_remote_counters *ctr;
     int retry_ms;
-    size_t reply_cap;       /* a reply larger than this drops the connection */
-    bool *warned;           /* one failure warning per remote */
+    size_t reply_cap; /* a reply larger than this drops the connection */
+    bool *warned;     /* one failure warning per remote */
 };
 
 /* A command: argc arguments. */
@@ -247,9 +247,9 @@ struct kc__cluster {
                               * nodes the cluster named */
     int n_nodes, cap;
     int n_seeds;
-    uint16_t *slot;         /* KC__SLOTS entries: index into nodes */
-    bool loaded;            /* a CLUSTER SLOTS answer was applied */
-    bool refresh;           /* the map changed under us: read it again */
+    uint16_t *slot; /* KC__SLOTS entries: index into nodes */
+    bool loaded;    /* a CLUSTER SLOTS answer was applied */
+    bool refresh;   /* the map changed under us: read it again */
 };
 
 /* Reads CLUSTER SLOTS from the first node that answers (the hint first,

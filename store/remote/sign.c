@@ -29,8 +29,9 @@ static void sodium_load_once(void)
 {
     void *h = dlopen(KC__SODIUM_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
-        kc_log(KC_LOG_WARN, "remote: %s not found (%s); remote entries cannot be signed or "
-                            "verified",
+        kc_log(KC_LOG_WARN,
+               "remote: %s not found (%s); remote entries cannot be signed or "
+               "verified",
                KC__SODIUM_SONAME, dlerror());
         return;
     }
@@ -106,8 +107,7 @@ int kc__b64_decode(const char *in, size_t n, unsigned char *out, size_t cap)
                 return -1;
             v = v << 6 | (uint32_t)x;
         }
-        unsigned char b[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8),
-                              (unsigned char)v};
+        unsigned char b[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
         for (int k = 0; k < 3 - pad; k++) {
             if (o >= cap)
                 return -1;
@@ -249,11 +249,10 @@ int kc__keys_load_trusted(const struct kc__sodium *na, const char *path, struct 
         if (*p != '\0' && *p != '#' && *p != '\r') {
             unsigned char pk[KC__PK_LEN];
             if (kc__pubkey_parse(p, pk) != 0) {
-                kc_log(KC_LOG_WARN, "remote: %s line %d is not a kcache public key; skipped",
-                       path, lineno);
+                kc_log(KC_LOG_WARN, "remote: %s line %d is not a kcache public key; skipped", path,
+                       lineno);
             } else if (k->n_trusted < KC__MAX_TRUSTED) {
-                struct kc__pubkey *t =
-                    realloc(k->trusted, (k->n_trusted + 1) * sizeof *k->trusted);
+                struct kc__pubkey *t = realloc(k->trusted, (k->n_trusted + 1) * sizeof *k->trusted);
                 if (t == NULL) {
                     rc = -ENOMEM;
                     break;

@@ -20,20 +20,20 @@ struct kc_remote {
     pthread_mutex_t mu; /* guards everything below */
     struct kc_remote_config cfg;
     int retry_ms;
-    char node[96];           /* options.node, or empty */
-    char token[160];         /* this process's lock value: node:pid:random */
+    char node[96];   /* options.node, or empty */
+    char token[160]; /* this process's lock value: node:pid:random */
     bool activated;
-    int act_rc;              /* 0, or -ENETDOWN: the remote is unusable */
-    bool warned;             /* the one failure warning was logged */
-    bool bad_warned;         /* the one refused-entry warning was logged */
-    bool full_warned;        /* the one server-full warning was logged */
+    int act_rc;       /* 0, or -ENETDOWN: the remote is unusable */
+    bool warned;      /* the one failure warning was logged */
+    bool bad_warned;  /* the one refused-entry warning was logged */
+    bool full_warned; /* the one server-full warning was logged */
     const struct kc__hiredis *hi;
     const struct kc__sodium *na; /* NULL until needed */
     struct kc__keys keys;
     struct kc__rctx rctx;
     struct kc__node **nodes; /* servers mode: one per endpoint */
     int n_nodes;
-    struct kc__cluster cl;   /* cluster mode */
+    struct kc__cluster cl; /* cluster mode */
     struct kc_remote_counters ctr;
 };
 
@@ -59,8 +59,8 @@ int kc_remote_key_name(const char *ns, const kc_key *key, char *buf, size_t len)
 {
     if (!ns_nameable(ns))
         return -EINVAL;
-    int n = snprintf(buf, len, "kcache:%s:%016" PRIx64 "%016" PRIx64 "%016" PRIx64, ns,
-                     key->id.hi, key->id.lo, key->build);
+    int n = snprintf(buf, len, "kcache:%s:%016" PRIx64 "%016" PRIx64 "%016" PRIx64, ns, key->id.hi,
+                     key->id.lo, key->build);
     return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
 }
 
@@ -241,8 +241,8 @@ static struct kc__node *target_node(struct kc_remote *r, const char *route)
 
 /* Runs one command on the server of `route` (an entry's key: its lock
  * lives beside it). Under mu. */
-static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd,
-               redisReply **rep, struct kc__node **from)
+static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
+               struct kc__node **from)
 {
     if (r->cfg.mode == KC_REMOTE_CLUSTER)
         return kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
@@ -283,8 +283,8 @@ static int garbage(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
 
 /* ---- the tier's operations ---------------------------------------------- */
 
-int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body,
-                  size_t *len, struct kc_record_info *info)
+int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
+                  struct kc_record_info *info)
 {
     char k[KC_REMOTE_KEY_MAX];
     if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
@@ -332,8 +332,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
         if (!r->bad_warned) {
             r->bad_warned = true;
             kc_log(KC_LOG_WARN,
-                   "remote: an entry of %s %s; not served (further ones are counted only)",
-                   ns,
+                   "remote: an entry of %s %s; not served (further ones are counted only)", ns,
                    drc == -EKEYREJECTED ? "is not signed by a trusted key"
                                         : "is damaged or belongs to another key");
         }

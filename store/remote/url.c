@@ -116,8 +116,7 @@ static int parse_userinfo(const char *s, size_t n, struct kc_remote_endpoint *e)
     if (colon != NULL) {
         if (pct_decode(s, (size_t)(colon - s), e->user, sizeof e->user) != 0)
             return -1;
-        return pct_decode(colon + 1, n - (size_t)(colon - s) - 1, e->password,
-                          sizeof e->password);
+        return pct_decode(colon + 1, n - (size_t)(colon - s) - 1, e->password, sizeof e->password);
     }
     e->user[0] = '\0';
     return pct_decode(s, n, e->password, sizeof e->password);
@@ -242,8 +241,7 @@ static int parse_attrs(const char *s, size_t n, struct attrs *a, char *err, size
 /* One URL (shard names already substituted) in [s, s + n) into e; for a
  * cluster, every seed is appended to cfg instead. */
 static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int *mode,
-                     struct kc_remote_config *cfg, const struct attrs *a, char *err,
-                     size_t errlen)
+                     struct kc_remote_config *cfg, const struct attrs *a, char *err, size_t errlen)
 {
     static const char tcp[] = "redis://", unx[] = "redis+unix:", clu[] = "redis-cluster://";
     if (n >= sizeof tcp - 1 && strncmp(s, tcp, sizeof tcp - 1) == 0) {
@@ -339,8 +337,7 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
             x->read_only = a->read_only;
             x->connect_timeout_ms = a->connect_ms;
             x->operation_timeout_ms = a->operation_ms;
-            if (parse_hostport(p, (size_t)(seg_end - p), x->host, sizeof x->host, &x->port) !=
-                0) {
+            if (parse_hostport(p, (size_t)(seg_end - p), x->host, sizeof x->host, &x->port) != 0) {
                 set_err(err, errlen, "bad seed node '%.*s' (HOST[:PORT], no database)",
                         (int)(seg_end - p > 60 ? 60 : seg_end - p), p);
                 return -1;
@@ -372,8 +369,9 @@ static int parse_spec(const char *s, size_t n, struct kc_remote_config *cfg, cha
         return -1;
     }
     if ((star != NULL) != (a.shards != NULL)) {
-        set_err(err, errlen, a.shards != NULL ? "shards= needs a '*' in the URL"
-                                              : "a '*' in the URL needs shards=");
+        set_err(err, errlen,
+                a.shards != NULL ? "shards= needs a '*' in the URL"
+                                 : "a '*' in the URL needs shards=");
         return -1;
     }
     /* The shards: NAME[(WEIGHT)] separated by commas; no shards: one. */
@@ -412,9 +410,9 @@ static int parse_spec(const char *s, size_t n, struct kc_remote_config *cfg, cha
                     return -1;
                 }
             }
-            int len = snprintf(url, sizeof url, "%.*s%.*s%.*s", (int)(star - s), s,
-                               (int)(name_end - sp), sp, (int)(ulen - (size_t)(star - s) - 1),
-                               star + 1);
+            int len =
+                snprintf(url, sizeof url, "%.*s%.*s%.*s", (int)(star - s), s, (int)(name_end - sp),
+                         sp, (int)(ulen - (size_t)(star - s) - 1), star + 1);
             if (len < 0 || (size_t)len >= sizeof url) {
                 set_err(err, errlen, "a URL over %zu bytes", sizeof url - 1);
                 return -1;
@@ -516,8 +514,7 @@ static void parse_others(const struct kc_remote_settings *s, struct kc_remote_co
         if (strcasecmp(s->trust, "any") == 0)
             c->trust_any = true;
         else if (strcasecmp(s->trust, "signed") != 0)
-            warn(c, "KCACHE_REMOTE_TRUST=%.60s is not 'signed' or 'any'; using signed",
-                 s->trust);
+            warn(c, "KCACHE_REMOTE_TRUST=%.60s is not 'signed' or 'any'; using signed", s->trust);
     }
 }
 

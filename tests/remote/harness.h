@@ -207,7 +207,8 @@ static bool h_listening(const struct rserver *s)
         rc = connect(fd, (struct sockaddr *)&a, sizeof a);
     } else {
         fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port),
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)s->port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         rc = connect(fd, (struct sockaddr *)&a, sizeof a);
     }
@@ -383,7 +384,8 @@ static void *fake_main(void *arg)
 {
     struct fake *f = arg;
     for (;;) {
-        struct pollfd p[2] = {{.fd = f->lfd, .events = POLLIN}, {.fd = f->stop[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = f->lfd, .events = POLLIN},
+                              {.fd = f->stop[0], .events = POLLIN}};
         if (poll(p, 2, -1) < 0 && errno == EINTR)
             continue;
         if (p[1].revents & POLLIN)
@@ -435,8 +437,8 @@ static redisReply *h_raw(const struct kc_remote_endpoint *ep, int argc, const ch
 {
     const struct kc__hiredis *hi;
     cr_assert_eq(kc__hiredis_load(&hi), 0);
-    struct kc__rctx rc = {.hi = hi, .ctr = &h_raw_ctr, .reply_cap = 1u << 30,
-                          .warned = &h_raw_warned};
+    struct kc__rctx rc = {
+        .hi = hi, .ctr = &h_raw_ctr, .reply_cap = 1u << 30, .warned = &h_raw_warned};
     struct kc__node nd = {.ep = *ep};
     nd.ep.operation_timeout_ms = 5000;
     nd.ep.connect_timeout_ms = 2000;

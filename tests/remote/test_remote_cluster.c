@@ -91,8 +91,8 @@ static void cluster_up(void)
         snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", ports[i]);
     }
     char out[8192];
-    char *argv[] = {"redis-cli", "--cluster", "create", addr[0], addr[1], addr[2],
-                    "--cluster-yes", NULL};
+    char *argv[] = {"redis-cli", "--cluster", "create",        addr[0],
+                    addr[1],     addr[2],     "--cluster-yes", NULL};
     int rc = h_run(out, sizeof out, argv);
     cr_assert_eq(rc, 0, "redis-cli --cluster create: %s", out);
     for (int i = 0; i < 3; i++) {
@@ -194,8 +194,7 @@ static int get_rc(struct kc_remote *r, uint64_t n)
     if (rc == 0) {
         char body[64];
         int bl = snprintf(body, sizeof body, "entry %" PRIu64, n);
-        cr_assert(len == (size_t)bl && memcmp(got, body, len) == 0, "entry %" PRIu64 " differs",
-                  n);
+        cr_assert(len == (size_t)bl && memcmp(got, body, len) == 0, "entry %" PRIu64 " differs", n);
     }
     free(got);
     return rc;
@@ -255,8 +254,19 @@ Test(cluster, slots_match_the_server)
         cr_assert_eq(raw_int(0, 3, largv), (long long)kc__cluster_slot(k, strlen(k)),
                      "the lock %s is not in its entry's slot", lk);
     }
-    const char *odd[] = {"", "{", "}", "{}", "{}x", "x{}", "{a}", "a{b}c{d}", "{{a}}", "a{",
-                         "a}b{c", "{user1000}.following", "\xff\xfe{\x01}"};
+    const char *odd[] = {"",
+                         "{",
+                         "}",
+                         "{}",
+                         "{}x",
+                         "x{}",
+                         "{a}",
+                         "a{b}c{d}",
+                         "{{a}}",
+                         "a{",
+                         "a}b{c",
+                         "{user1000}.following",
+                         "\xff\xfe{\x01}"};
     for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
         const char *argv[] = {"CLUSTER", "KEYSLOT", odd[i]};
         cr_assert_eq(raw_int(0, 3, argv), (long long)kc__cluster_slot(odd[i], strlen(odd[i])),

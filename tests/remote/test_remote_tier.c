@@ -286,9 +286,8 @@ Test(tier, ttl_purge_and_size_limit)
 {
     make_keys();
     h_start(&srv, "r");
-    struct kc_remote *r =
-        open_with((struct opts){.signing = wkey, .trusted = trusted, .ttl = "100",
-                                .max_entry = "4K"});
+    struct kc_remote *r = open_with(
+        (struct opts){.signing = wkey, .trusted = trusted, .ttl = "100", .max_entry = "4K"});
     put_ok(r, 1, 4096);
     char k[KC_REMOTE_KEY_MAX];
     kc_key k1 = key_n(1);
@@ -360,8 +359,8 @@ Test(tier, attacker_without_the_key_is_never_served)
     free(v);
     cr_assert_eq(get_rc(reader, 1), -EBADMSG);
     /* 3. Unsigned. */
-    cr_assert_eq(kc__rv_encode(NULL, NULL, NS, &k1, KC_KIND_NVRTC, KC_FORMAT_VERSION, 0, 1001,
-                               evil, 100, &v, &n),
+    cr_assert_eq(kc__rv_encode(NULL, NULL, NS, &k1, KC_KIND_NVRTC, KC_FORMAT_VERSION, 0, 1001, evil,
+                               100, &v, &n),
                  0);
     raw_set(1, v, n);
     cr_assert_eq(get_rc(reader, 1), -EBADMSG);
@@ -474,7 +473,8 @@ Test(tier, read_only_nodes_serve_and_upload_nothing)
     /* A signing key but the |read-only attribute. */
     char url[400];
     snprintf(url, sizeof url, "redis+unix:%s|read-only", srv.sock);
-    struct kc_remote *ra = open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
+    struct kc_remote *ra =
+        open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
     get_ok(ra, 1, 100);
     cr_assert_eq(kc_remote_put(ra, NS, &k5, NULL, 1, b, 10, 0), -EROFS);
     free(b);
@@ -724,9 +724,8 @@ Test(fake, oversized_reply_is_not_read_whole)
     fake_start(&fk, FAKE_HUGE, "fake");
     char url[400];
     snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=3000", fk.path);
-    struct kc_remote *r =
-        open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted,
-                                .max_entry = "64K"});
+    struct kc_remote *r = open_with(
+        (struct opts){.url = url, .signing = wkey, .trusted = trusted, .max_entry = "64K"});
     cr_assert_eq(get_rc(r, 1), -EMSGSIZE);
     cr_assert_eq(ctr(r).errors, 1);
     cr_assert(kc_remote_usable(r), "one oversized value turned the server off");
@@ -800,10 +799,10 @@ Test(tier, lock_is_held_by_one_node)
 {
     make_keys();
     h_start(&srv, "r");
-    struct kc_remote *a = open_with((struct opts){.signing = wkey, .trusted = trusted,
-                                                  .node = "node-a"});
-    struct kc_remote *b = open_with((struct opts){.signing = wkey, .trusted = trusted,
-                                                  .node = "node-b"});
+    struct kc_remote *a =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .node = "node-a"});
+    struct kc_remote *b =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .node = "node-b"});
     kc_key k = key_n(7);
     cr_assert_eq(kc_remote_lock(a, NS, &k, 60000), 0);
     cr_assert_eq(kc_remote_lock(b, NS, &k, 60000), -EBUSY);
@@ -831,10 +830,10 @@ Test(tier, lock_of_a_dead_holder_expires)
 {
     make_keys();
     h_start(&srv, "r");
-    struct kc_remote *a = open_with((struct opts){.signing = wkey, .trusted = trusted,
-                                                  .node = "node-a"});
-    struct kc_remote *b = open_with((struct opts){.signing = wkey, .trusted = trusted,
-                                                  .node = "node-b"});
+    struct kc_remote *a =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .node = "node-a"});
+    struct kc_remote *b =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .node = "node-b"});
     kc_key k = key_n(7);
     cr_assert_eq(kc_remote_lock(a, NS, &k, 200), 0);
     /* a "dies" (never unlocks); b polls until it gets the lock. */
@@ -859,10 +858,8 @@ Test(tier, shards_spread_entries)
     h_start(&s[0], "s-a");
     h_start(&s[1], "s-b");
     h_start(&s[2], "s-c");
-    snprintf(url, sizeof url, "redis+unix:%s/s-*.sock|shards=a,b,c|operation-timeout=500",
-             h_tmp);
-    struct kc_remote *r = open_with((struct opts){.url = url, .signing = wkey,
-                                                  .trusted = trusted});
+    snprintf(url, sizeof url, "redis+unix:%s/s-*.sock|shards=a,b,c|operation-timeout=500", h_tmp);
+    struct kc_remote *r = open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
     for (uint64_t i = 0; i < 150; i++)
         put_ok(r, i, 64);
     long long total = 0;
@@ -933,4 +930,51 @@ Test(tier, ping_round_trip)
     struct kc_remote *down = open_writer();
     cr_assert_neq(kc_remote_ping(down, &p), 0);
     cr_assert_neq(p.server[0].rc, 0);
+}
+
+/* ---- credentials and databases over TCP ------------------------------------- */
+
+Test(tier, password_user_and_database_over_tcp)
+{
+    make_keys();
+    srv.port = h_free_port();
+    h_start(&srv, "r");
+    char out[256];
+    cr_assert_eq(h_cli(&srv, out, sizeof out, "ACL", "SETUSER", "kc", "on", ">user%pw", "~*", "&*",
+                       "+@all", NULL),
+                 0);
+    cr_assert_eq(h_cli(&srv, out, sizeof out, "CONFIG", "SET", "requirepass", "s3cret", NULL), 0);
+    char url[300];
+    snprintf(url, sizeof url, "redis://:s3cret@127.0.0.1:%d/3", srv.port);
+    struct kc_remote *r = open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
+    put_ok(r, 1, 100);
+    get_ok(r, 1, 100);
+    /* In database 3, not 0. */
+    struct kc_remote_endpoint e = {.transport = KC_REMOTE_TCP, .port = srv.port, .db = 3};
+    snprintf(e.host, sizeof e.host, "127.0.0.1");
+    snprintf(e.password, sizeof e.password, "s3cret");
+    const char *argv[] = {"DBSIZE"};
+    redisReply *rep = h_raw(&e, 1, argv, NULL);
+    cr_assert_eq(rep->integer, 1);
+    h_free(rep);
+    e.db = 0;
+    rep = h_raw(&e, 1, argv, NULL);
+    cr_assert_eq(rep->integer, 0);
+    h_free(rep);
+    /* An ACL user, its password %-encoded in the URL. */
+    snprintf(url, sizeof url, "redis://kc:user%%25pw@127.0.0.1:%d/3", srv.port);
+    struct kc_remote *u = open_with((struct opts){.url = url, .trusted = trusted});
+    get_ok(u, 1, 100);
+    cr_assert_eq(ctr(r).errors + ctr(u).errors, 0);
+    /* A wrong password, and none: refused once, then off. */
+    snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%d", srv.port);
+    struct kc_remote *w = open_with((struct opts){.url = url, .trusted = trusted});
+    cr_assert_eq(get_rc(w, 1), -EACCES);
+    cr_assert_eq(get_rc(w, 1), -ENETDOWN);
+    cr_assert_eq(ctr(w).errors, 1);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", srv.port);
+    struct kc_remote *n = open_with((struct opts){.url = url, .trusted = trusted});
+    cr_assert_eq(get_rc(n, 1), -EACCES);
+    cr_assert_eq(get_rc(n, 1), -ENETDOWN);
+    cr_assert_eq(ctr(n).errors, 1);
 }

@@ -6,6 +6,8 @@
  */
 #include "remote_internal.h"
 
+#include "config.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -225,6 +227,27 @@ Test(url, other_variables)
     cr_assert_eq(cfg.n_warnings, 1);
 }
 
+Test(url, settings_from_the_configuration)
+{
+    setenv("KCACHE_REMOTE", "redis://:pw@h:7", 1);
+    setenv("KCACHE_REMOTE_TTL", "9", 1);
+    setenv("KCACHE_REMOTE_TRUST", "any", 1);
+    static struct kc_config c;
+    kc_config_load(&c);
+    struct kc_remote_settings s;
+    kc_remote_settings_from_config(&c, &s);
+    kc_remote_config_free(&cfg);
+    cr_assert_eq(kc_remote_config_parse(&s, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(cfg.ep[0].port, 7);
+    cr_assert_str_eq(cfg.ep[0].password, "pw");
+    cr_assert_eq(cfg.ttl_s, 9);
+    cr_assert(cfg.trust_any);
+    cr_assert_eq(cfg.max_entry, KC_REMOTE_DEFAULT_MAX_ENTRY);
+    unsetenv("KCACHE_REMOTE");
+    unsetenv("KCACHE_REMOTE_TTL");
+    unsetenv("KCACHE_REMOTE_TRUST");
+}
+
 Test(url, redaction)
 {
     char out[512];
@@ -256,7 +279,8 @@ Test(url, key_names)
     kc_key k = {.id = {.lo = 0x1122334455667788ull, .hi = 0x99aabbccddeeff00ull}, .build = 7};
     char buf[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
     cr_assert_eq(kc_remote_key_name("nvrtc:13.0-abc-f1", &k, buf, sizeof buf), 0);
-    cr_assert_str_eq(buf, "kcache:nvrtc:13.0-abc-f1:99aabbccddeeff0011223344556677880000000000000007");
+    cr_assert_str_eq(buf,
+                     "kcache:nvrtc:13.0-abc-f1:99aabbccddeeff0011223344556677880000000000000007");
     cr_assert_eq(kc_remote_lock_name("nvrtc:13.0-abc-f1", &k, lk, sizeof lk), 0);
     cr_assert_str_eq(lk, "kcache:lock:{kcache:nvrtc:13.0-abc-f1:"
                          "99aabbccddeeff0011223344556677880000000000000007}");
@@ -287,8 +311,8 @@ Test(url, natural_log)
 {
     double xs[] = {1.0, 0.5, 0.1, 1e-3, 1e-9, 1e-16, 0.999999, 0.3333, 2.220446e-16};
     for (size_t i = 0; i < sizeof xs / sizeof *xs; i++)
-        cr_assert_float_eq(kc__ln(xs[i]), log(xs[i]), 1e-12 * (1 + fabs(log(xs[i]))),
-                           "ln(%g)", xs[i]);
+        cr_assert_float_eq(kc__ln(xs[i]), log(xs[i]), 1e-12 * (1 + fabs(log(xs[i]))), "ln(%g)",
+                           xs[i]);
 }
 
 Test(url, rendezvous)
@@ -399,8 +423,8 @@ Test(value, round_trip_and_layout)
     for (size_t i = 0; i < n; i++)
         for (int b = 0; b < 8; b++) {
             v[i] ^= (unsigned char)(1 << b);
-            cr_assert_neq(kc__rv_decode(na, &reader, v, n, "ns", &K, &rv), 0, "byte %zu bit %d",
-                          i, b);
+            cr_assert_neq(kc__rv_decode(na, &reader, v, n, "ns", &K, &rv), 0, "byte %zu bit %d", i,
+                          b);
             v[i] ^= (unsigned char)(1 << b);
         }
     /* Every truncation and an extension are refused. */
