@@ -74,7 +74,7 @@ static struct kc_remote *open_with(struct opts o)
 {
     char url[400];
     if (o.url == NULL)
-        snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=500|connect-timeout=500",
+        snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=3000|connect-timeout=3000",
                  srv.sock);
     struct kc_remote_settings s = {.remote = o.url != NULL ? o.url : url,
                                    .signing_key = o.signing,
@@ -582,11 +582,20 @@ Test(tier, server_killed)
     cr_assert_eq(ctr(fresh).errors, 1);
 }
 
+/* A writer with short timeouts, for the tests that expect them to fire. */
+static struct kc_remote *open_short(void)
+{
+    char url[400];
+    snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=300|connect-timeout=300",
+             srv.sock);
+    return open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
+}
+
 Test(tier, server_stopped_costs_one_timeout)
 {
     make_keys();
     h_start(&srv, "r");
-    struct kc_remote *r = open_writer();
+    struct kc_remote *r = open_short();
     put_ok(r, 1, 100);
     kill(srv.pid, SIGSTOP);
     cr_assert_eq(get_rc(r, 1), -ETIMEDOUT);
@@ -601,7 +610,7 @@ Test(tier, server_stopped_costs_one_timeout)
     cr_assert_eq(ctr(r).timeouts, 1);
     /* A process connecting to the stopped server: the kernel accepts the
      * connection, the server never answers: one timeout. */
-    struct kc_remote *fresh = open_writer();
+    struct kc_remote *fresh = open_short();
     cr_assert_eq(get_rc(fresh, 1), -ETIMEDOUT);
     cr_assert_eq(get_rc(fresh, 1), -ENETDOWN);
     struct kc_remote_counters c = ctr(fresh);
@@ -734,7 +743,7 @@ Test(fake, oversized_reply_is_not_read_whole)
 Test(fake, closed_connection_raises_no_sigpipe)
 {
     signal(SIGPIPE, SIG_DFL);
-    struct kc_remote *r = open_fake(FAKE_CLOSE, "");
+    struct kc_remote *r = open_fake(FAKE_CLOSE, "|operation-timeout=10000");
     /* Larger than any socket buffer: the write meets the closed peer. */
     size_t len = 8 << 20;
     unsigned char *b = body_n(1, len);
