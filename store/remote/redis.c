@@ -604,7 +604,7 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
     if (!cl->loaded || cl->refresh) {
         int r = kc__cluster_refresh(rc, cl, NULL);
         if (r != 0 && !cl->loaded)
-            return r == -ENETDOWN ? r : r;
+            return r;
     }
     unsigned slot = kc__cluster_slot(key, keylen);
     if (cl->slot[slot] == KC__SLOT_NONE) {

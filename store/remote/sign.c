@@ -47,7 +47,7 @@ static void sodium_load_once(void)
         sodium.verify_detached == NULL || sodium.generichash == NULL ||
         sodium.randombytes_buf == NULL || sodium.memzero == NULL || init() < 0) {
         kc_log(KC_LOG_WARN, "remote: %s lacks the functions kcache needs", KC__SODIUM_SONAME);
-        return; /* the handle stays: resolved pointers may be in use nowhere */
+        return; /* unusable: sodium_rc stays -ENOSYS */
     }
     sodium_rc = 0;
 }

@@ -128,7 +128,10 @@ static int activate(struct kc_remote *r)
     r->rctx = (struct kc__rctx){.hi = r->hi,
                                 .ctr = &r->ctr,
                                 .retry_ms = r->retry_ms,
-                                .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + 4096,
+                                /* The largest entry, or a cluster's
+                                 * slot map (small entries may be
+                                 * configured). */
+                                .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + (4u << 20),
                                 .warned = &r->warned};
     if (r->cfg.mode == KC_REMOTE_CLUSTER) {
         for (int i = 0; i < r->cfg.n; i++)

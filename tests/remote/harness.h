@@ -323,7 +323,7 @@ enum fake_mode {
     FAKE_SLOW,    /* answers "$5\r\nhello\r\n" one byte every 100 ms */
     FAKE_GARBAGE, /* answers bytes that are not RESP */
     FAKE_INTEGER, /* answers every command with ":42" */
-    FAKE_HUGE,    /* announces a 100 MB bulk string and sends 2 MB of it */
+    FAKE_HUGE,    /* announces a 100 MB bulk string and sends 10 MiB of it */
     FAKE_CLOSE,   /* accepts and closes without reading */
 };
 
@@ -367,7 +367,7 @@ static void fake_serve(struct fake *f, int c)
     case FAKE_HUGE: {
         send(c, "$100000000\r\n", 12, MSG_NOSIGNAL);
         memset(buf, 'x', sizeof buf);
-        for (int i = 0; i < 32; i++)
+        for (int i = 0; i < 160; i++) /* 10 MiB, past any reply bound */
             if (send(c, buf, sizeof buf, MSG_NOSIGNAL) < 0)
                 break;
         break;
