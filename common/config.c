@@ -30,6 +30,12 @@ enum {
     V_ALLOC_FALLBACK,
     V_LOCK_TIMEOUT,
     V_SINGLE_FLIGHT,
+    V_REMOTE,
+    V_REMOTE_TTL,
+    V_REMOTE_MAX_ENTRY,
+    V_REMOTE_SIGNING_KEY,
+    V_REMOTE_TRUSTED_KEYS,
+    V_REMOTE_TRUST,
     V_COUNT
 };
 
@@ -49,6 +55,12 @@ const struct kc_config_var kc_config_vars[] = {
     [V_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
     [V_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
     [V_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT", "one process compiles a missed key, the rest wait"},
+    [V_REMOTE] = {"KCACHE_REMOTE", "Redis URL(s) of the remote tier, shared by machines"},
+    [V_REMOTE_TTL] = {"KCACHE_REMOTE_TTL", "seconds a remote entry lives (EX); 0: no expiry"},
+    [V_REMOTE_MAX_ENTRY] = {"KCACHE_REMOTE_MAX_ENTRY", "larger entries are not uploaded"},
+    [V_REMOTE_SIGNING_KEY] = {"KCACHE_REMOTE_SIGNING_KEY", "secret key file (0600) uploads are signed with"},
+    [V_REMOTE_TRUSTED_KEYS] = {"KCACHE_REMOTE_TRUSTED_KEYS", "file of public keys remote entries must be signed by"},
+    [V_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST", "signed|any: whether unsigned remote entries are read"},
 };
 const int kc_config_n_vars = V_COUNT;
 
@@ -176,6 +188,23 @@ static void load_size(struct kc_config *cfg, int var, uint64_t *field)
         return;
     }
     *field = n;
+}
+
+/* A string kept as given; one too long for field is dropped with a
+ * warning (never shown: it may hold a password). */
+static void load_text(struct kc_config *cfg, int var, char *field, size_t len)
+{
+    const char *v = env(cfg, var);
+    if (v == NULL)
+        return;
+    if (v[0] == '\0' || strlen(v) >= len) {
+        if (v[0] != '\0')
+            warn(cfg, "%s is longer than %zu bytes; ignored", kc_config_vars[var].name,
+                 len - 1);
+        cfg->origin[var] = KC_FROM_DEFAULT;
+        return;
+    }
+    memcpy(field, v, strlen(v) + 1);
 }
 
 /* $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache, each only when
@@ -332,6 +361,17 @@ void kc_config_load(struct kc_config *cfg)
         }
     }
 
+    /* The remote tier's settings, kept as given: store/remote parses them
+     * (a malformed one is its warning, and the remote stays off). */
+    load_text(cfg, V_REMOTE, cfg->remote, sizeof cfg->remote);
+    load_text(cfg, V_REMOTE_TTL, cfg->remote_ttl, sizeof cfg->remote_ttl);
+    load_text(cfg, V_REMOTE_MAX_ENTRY, cfg->remote_max_entry, sizeof cfg->remote_max_entry);
+    load_text(cfg, V_REMOTE_SIGNING_KEY, cfg->remote_signing_key,
+              sizeof cfg->remote_signing_key);
+    load_text(cfg, V_REMOTE_TRUSTED_KEYS, cfg->remote_trusted_keys,
+              sizeof cfg->remote_trusted_keys);
+    load_text(cfg, V_REMOTE_TRUST, cfg->remote_trust, sizeof cfg->remote_trust);
+
     /* A misspelt switch must not be silently ignored. */
     extern char **environ;
     for (char **e = environ; e != NULL && *e != NULL; e++) {
@@ -407,7 +447,87 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case V_SINGLE_FLIGHT:
         snprintf(buf, len, "%d", cfg->single_flight);
         break;
+    case V_REMOTE:
+        if (cfg->remote[0] == '\0')
+            snprintf(buf, len, "(none)");
+        else
+            kc_config_redact_url(cfg->remote, buf, len > 0 ? (size_t)len : 0);
+        break;
+    case V_REMOTE_TTL:
+        snprintf(buf, len, "%s", cfg->remote_ttl[0] ? cfg->remote_ttl : "0");
+        break;
+    case V_REMOTE_MAX_ENTRY:
+        snprintf(buf, len, "%s", cfg->remote_max_entry[0] ? cfg->remote_max_entry : "64M");
+        break;
+    case V_REMOTE_SIGNING_KEY:
+        snprintf(buf, len, "%s", cfg->remote_signing_key[0] ? cfg->remote_signing_key : "(none)");
+        break;
+    case V_REMOTE_TRUSTED_KEYS:
+        snprintf(buf, len, "%s",
+                 cfg->remote_trusted_keys[0] ? cfg->remote_trusted_keys : "(none)");
+        break;
+    case V_REMOTE_TRUST:
+        snprintf(buf, len, "%s", cfg->remote_trust[0] ? cfg->remote_trust : "signed");
+        break;
     default:
         snprintf(buf, len, "?");
     }
+}
+
+/* ---- KCACHE_REMOTE for display ---------------------------------------- */
+
+/* Appends [s, s + n) to out at *o (snprintf semantics: *o counts all). */
+static void redact_put(char *out, size_t len, size_t *o, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++, (*o)++)
+        if (*o + 1 < len)
+            out[*o] = s[i];
+}
+
+int kc_config_redact_url(const char *remote, char *out, size_t len)
+{
+    static const char stars[] = "********";
+    size_t o = 0;
+    const char *p = remote != NULL ? remote : "";
+    while (*p != '\0') {
+        if (isspace((unsigned char)*p)) {
+            redact_put(out, len, &o, p, 1);
+            p++;
+            continue;
+        }
+        const char *end = p;
+        while (*end != '\0' && !isspace((unsigned char)*end))
+            end++;
+        /* scheme://AUTHORITY... with AUTHORITY up to the first '|'. */
+        const char *sep = NULL;
+        for (const char *q = p; q + 2 < end; q++)
+            if (q[0] == ':' && q[1] == '/' && q[2] == '/') {
+                sep = q + 3;
+                break;
+            }
+        bool unix_url = (size_t)(end - p) >= 11 && strncmp(p, "redis+unix:", 11) == 0;
+        const char *at = NULL, *auth_end = end;
+        if (sep != NULL && !unix_url) {
+            const char *bar = memchr(sep, '|', (size_t)(end - sep));
+            if (bar != NULL)
+                auth_end = bar;
+            for (const char *q = sep; q < auth_end; q++)
+                if (*q == '@')
+                    at = q;
+        }
+        if (at == NULL) {
+            redact_put(out, len, &o, p, (size_t)(end - p));
+        } else {
+            redact_put(out, len, &o, p, (size_t)(sep - p));
+            const char *colon = memchr(sep, ':', (size_t)(at - sep));
+            if (colon != NULL)
+                redact_put(out, len, &o, sep, (size_t)(colon - sep) + 1);
+            redact_put(out, len, &o, stars, sizeof stars - 1);
+            redact_put(out, len, &o, at, (size_t)(end - at));
+        }
+        p = end;
+    }
+    if (len > 0)
+        out[o < len ? o : len - 1] = '\0';
+    return (int)o;
 }

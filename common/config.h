@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum kc_log_level {
@@ -48,6 +49,14 @@ struct kc_config {
     int alloc_fallback;      /* KCACHE_ALLOC_FALLBACK: enum kc_alloc_fallback */
     int lock_timeout_ms;     /* KCACHE_LOCK_TIMEOUT: single-flight wait bound */
     bool single_flight;      /* KCACHE_SINGLE_FLIGHT */
+    /* The remote tier's settings as given (empty: unset), parsed by
+     * store/remote (kc_remote_settings_from_config). */
+    char remote[4096];              /* KCACHE_REMOTE (may hold passwords) */
+    char remote_ttl[32];            /* KCACHE_REMOTE_TTL */
+    char remote_max_entry[32];      /* KCACHE_REMOTE_MAX_ENTRY */
+    char remote_signing_key[PATH_MAX];  /* KCACHE_REMOTE_SIGNING_KEY */
+    char remote_trusted_keys[PATH_MAX]; /* KCACHE_REMOTE_TRUSTED_KEYS */
+    char remote_trust[16];          /* KCACHE_REMOTE_TRUST */
 
     /* Provenance, for `kcache config`: KC_FROM_* per variable, indexed as
      * kc_config_vars[]. */
@@ -88,5 +97,11 @@ int kc_parse_size(const char *s, uint64_t *out);
 int kc_parse_bool(const char *s, bool *out);
 
 const char *kc_log_level_name(int level);
+
+/* Writes KCACHE_REMOTE's value (URLs separated by white space, malformed
+ * or not) with every password replaced by "********": in scheme://AUTH...
+ * the user info before AUTH's last '@' loses all but "USER:". Returns the
+ * length it wanted (as snprintf); out always terminated when len > 0. */
+int kc_config_redact_url(const char *remote, char *out, size_t len);
 
 #endif

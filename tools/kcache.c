@@ -10,6 +10,7 @@
  */
 #include "../common/config.h"
 #include "../common/log.h"
+#include "../store/remote/remote.h"
 #include "../store/store.h"
 
 #include <dirent.h>
@@ -55,6 +56,10 @@ static const char usage_text[] =
     "                         it came from (default, environment, command line)\n"
     "  owner [--idle-ms N]    run the owner process: drain the spool, evict,\n"
     "                         compact; exit after N ms idle (the store starts it)\n"
+    "  keygen PATH            a key pair for signing remote entries: the secret\n"
+    "                         key in PATH (0600), the public key in PATH.pub\n"
+    "  remote ping            reach every KCACHE_REMOTE server: latency, version,\n"
+    "                         and a signed entry written, read back, deleted\n"
     "\n"
     "Options:\n"
     "  --dir DIR              cache directory (overrides KCACHE_DIR)\n"
@@ -685,7 +690,87 @@ static int cmd_config(struct ctx *c)
     }
     for (int i = 0; i < c->cfg.n_warnings; i++)
         printf("warning: %s\n", c->cfg.warnings[i]);
+    /* The remote's settings are parsed by its module. */
+    struct kc_remote_settings rs;
+    struct kc_remote_config rc;
+    char why[400];
+    kc_remote_settings_from_config(&c->cfg, &rs);
+    if (kc_remote_config_parse(&rs, &rc, why, sizeof why) != 0)
+        printf("warning: %s; the remote is off\n", why);
+    for (int i = 0; i < rc.n_warnings; i++)
+        printf("warning: %s\n", rc.warnings[i]);
+    kc_remote_config_free(&rc);
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- keygen / remote ping ---------------------------------------------- */
+
+static int cmd_keygen(const char *path)
+{
+    char id[17];
+    int rc = kc_remote_keygen(path, NULL, id);
+    if (rc == -EEXIST) {
+        err_line("%s or %s.pub exists; not overwritten", path, path);
+        return EXIT_RUNTIME;
+    }
+    if (rc != 0) {
+        err_line("keygen %s: %s", path,
+                 rc == -ENOSYS ? "libsodium is not installed" : strerror(-rc));
+        return EXIT_RUNTIME;
+    }
+    printf("secret key: %s (keep it private: KCACHE_REMOTE_SIGNING_KEY of the writers)\n"
+           "public key: %s.pub (a line for every node's KCACHE_REMOTE_TRUSTED_KEYS file)\n"
+           "key id %s\n",
+           path, path, id);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+static int cmd_remote_ping(struct ctx *c)
+{
+    struct kc_remote_settings rs;
+    struct kc_remote_config cfg;
+    char why[400];
+    kc_remote_settings_from_config(&c->cfg, &rs);
+    int rc = kc_remote_config_parse(&rs, &cfg, why, sizeof why);
+    for (int i = 0; i < cfg.n_warnings; i++)
+        kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
+    if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
+        err_line("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
+        kc_remote_config_free(&cfg);
+        return EXIT_RUNTIME;
+    }
+    struct kc_remote *r = NULL;
+    rc = kc_remote_open(&cfg, NULL, &r);
+    kc_remote_config_free(&cfg);
+    if (rc != 0) {
+        err_line("remote: %s", strerror(-rc));
+        return EXIT_RUNTIME;
+    }
+    static struct kc_remote_ping p;
+    rc = kc_remote_ping(r, &p);
+    for (int i = 0; i < p.n; i++) {
+        const struct kc_remote_ping_server *s = &p.server[i];
+        if (s->rc == 0)
+            printf("%s: %.2f ms, redis %s, %s\n", s->name, s->latency_ms,
+                   s->version[0] ? s->version : "?", s->role[0] ? s->role : "?");
+        else
+            printf("%s: %s\n", s->name,
+                   s->rc == -ECONNREFUSED ? "cannot connect" : strerror(-s->rc));
+    }
+    if (rc == 0 && p.roundtrip_rc == 0)
+        printf("signed entry: written, read back and verified, deleted (key id %s, %d trusted "
+               "key%s)\n",
+               p.key_id, p.n_trusted, p.n_trusted == 1 ? "" : "s");
+    else if (rc == 0 && p.roundtrip_rc == -EROFS)
+        printf("signed entry: not written (no signing key: this node is read-only); a read "
+               "worked (%d trusted key%s)\n",
+               p.n_trusted, p.n_trusted == 1 ? "" : "s");
+    else
+        printf("signed entry: %s\n", strerror(-p.roundtrip_rc));
+    kc_remote_close(r);
+    if (fflush(stdout) != 0)
+        return EXIT_RUNTIME;
+    return rc == 0 ? 0 : EXIT_RUNTIME;
 }
 
 /* The owner outlives whoever started it: it keeps none of the starter's
@@ -769,8 +854,8 @@ static int opt_value(int argc, char **argv, int *i, const char *name, const char
     return 1;
 }
 
-static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc",
-                                       "clear", "config", "owner", "help"};
+static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc",    "clear",
+                                       "config", "owner", "help", "keygen", "remote"};
 
 int main(int argc, char **argv)
 {
@@ -849,7 +934,8 @@ int main(int argc, char **argv)
             cmd = a;
             continue;
         }
-        if (npos >= 1 || strcmp(cmd, "show") != 0)
+        if (npos >= 1 || (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 &&
+                          strcmp(cmd, "remote") != 0))
             return usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }
@@ -869,6 +955,16 @@ int main(int argc, char **argv)
 
     if (strcmp(cmd, "config") == 0)
         return cmd_config(&c);
+    if (strcmp(cmd, "keygen") == 0) {
+        if (npos != 1)
+            return usage_error("keygen needs a PATH");
+        return cmd_keygen(pos[0]);
+    }
+    if (strcmp(cmd, "remote") == 0) {
+        if (npos != 1 || strcmp(pos[0], "ping") != 0)
+            return usage_error("remote needs a subcommand: ping");
+        return cmd_remote_ping(&c);
+    }
     if (c.dir[0] == '\0') {
         err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
         return EXIT_RUNTIME;

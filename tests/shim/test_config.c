@@ -207,3 +207,43 @@ Test(config, maxsize_zero_warns_and_keeps_the_default)
     cr_assert_eq(c.alloc_pool, 0);
     cr_assert_eq(c.n_warnings, 0);
 }
+
+/* The remote tier's variables (issue 15) are known, kept as given for the
+ * remote module to parse, and KCACHE_REMOTE is shown without its
+ * passwords. */
+Test(config, remote_variables)
+{
+    setenv("KCACHE_REMOTE", "redis://alice:hunter2@10.0.0.1:6380/1|read-only redis://:pw@b", 1);
+    setenv("KCACHE_REMOTE_TTL", "3600", 1);
+    setenv("KCACHE_REMOTE_MAX_ENTRY", "16M", 1);
+    setenv("KCACHE_REMOTE_SIGNING_KEY", "/etc/kcache/key", 1);
+    setenv("KCACHE_REMOTE_TRUSTED_KEYS", "/etc/kcache/trusted", 1);
+    setenv("KCACHE_REMOTE_TRUST", "signed", 1);
+    struct kc_config c;
+    kc_config_load(&c);
+    cr_assert_eq(c.n_warnings, 0, "%s", c.warnings[0]);
+    cr_assert_str_eq(c.remote, "redis://alice:hunter2@10.0.0.1:6380/1|read-only redis://:pw@b");
+    cr_assert_str_eq(c.remote_ttl, "3600");
+    cr_assert_str_eq(c.remote_max_entry, "16M");
+    cr_assert_str_eq(c.remote_signing_key, "/etc/kcache/key");
+    cr_assert_str_eq(c.remote_trusted_keys, "/etc/kcache/trusted");
+    cr_assert_str_eq(c.remote_trust, "signed");
+    bool shown = false;
+    for (int i = 0; i < kc_config_n_vars; i++) {
+        char buf[8192];
+        kc_config_value(&c, i, buf, sizeof buf);
+        cr_assert_null(strstr(buf, "hunter2"), "%s shows the password", kc_config_vars[i].name);
+        cr_assert(strstr(buf, ":pw@") == NULL, "%s shows the password", kc_config_vars[i].name);
+        if (strcmp(kc_config_vars[i].name, "KCACHE_REMOTE") == 0) {
+            cr_assert_str_eq(buf, "redis://alice:********@10.0.0.1:6380/1|read-only "
+                                  "redis://:********@b");
+            cr_assert_eq(c.origin[i], KC_FROM_ENV);
+            shown = true;
+        }
+    }
+    cr_assert(shown);
+    /* Unset: empty, no remote. */
+    clean_env();
+    kc_config_load(&c);
+    cr_assert_str_empty(c.remote);
+}

@@ -1,0 +1,684 @@
+/*
+ * Servers and connections of the remote tier: libhiredis 0.14 (dlopen()ed),
+ * its sync API driven against a deadline, Redis Cluster routing (CRC16
+ * slots, MOVED and ASK) and rendezvous hashing over shards.
+ *
+ * Bounds: connecting waits at most the connect timeout (hiredis'
+ * non-blocking connect and poll; a host name's resolution is the resolver's
+ * and not bounded: use addresses or /etc/hosts names). A command, its
+ * AUTH/SELECT included on a fresh connection, is written and answered
+ * within the operation timeout: every write and read is preceded by a
+ * poll() on the remaining time and the socket's timeouts are set to it, so
+ * a server that trickles bytes is cut off at the deadline, not per read.
+ * Writes never raise SIGPIPE in the host (blocked around the write, a
+ * pending one consumed).
+ */
+#include "remote_internal.h"
+
+#include "../../common/clock.h"
+#include "../../common/digest.h"
+#include "../../common/log.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- libhiredis --------------------------------------------------------- */
+
+static pthread_once_t hi_once = PTHREAD_ONCE_INIT;
+static struct kc__hiredis hi;
+static int hi_rc = -ENOSYS;
+
+static void hi_load_once(void)
+{
+    void *h = dlopen(KC__HIREDIS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        kc_log(KC_LOG_WARN, "remote: %s not found (%s); the remote is off", KC__HIREDIS_SONAME,
+               dlerror());
+        return;
+    }
+#define RESOLVE(field, sym) hi.field = (__typeof__(hi.field))dlsym(h, sym)
+    RESOLVE(connect_tcp, "redisConnectWithTimeout");
+    RESOLVE(connect_unix, "redisConnectUnixWithTimeout");
+    RESOLVE(set_timeout, "redisSetTimeout");
+    RESOLVE(free_ctx, "redisFree");
+    RESOLVE(append_argv, "redisAppendCommandArgv");
+    RESOLVE(buffer_write, "redisBufferWrite");
+    RESOLVE(buffer_read, "redisBufferRead");
+    RESOLVE(get_reply, "redisGetReplyFromReader");
+    RESOLVE(free_reply, "freeReplyObject");
+#undef RESOLVE
+    if (hi.connect_tcp == NULL || hi.connect_unix == NULL || hi.set_timeout == NULL ||
+        hi.free_ctx == NULL || hi.append_argv == NULL || hi.buffer_write == NULL ||
+        hi.buffer_read == NULL || hi.get_reply == NULL || hi.free_reply == NULL) {
+        kc_log(KC_LOG_WARN, "remote: %s lacks the functions kcache needs; the remote is off",
+               KC__HIREDIS_SONAME);
+        return;
+    }
+    hi_rc = 0;
+}
+
+int kc__hiredis_load(const struct kc__hiredis **out)
+{
+    pthread_once(&hi_once, hi_load_once);
+    if (hi_rc == 0)
+        *out = &hi;
+    return hi_rc;
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+void kc__cmd_set(struct kc__cmd *c, int argc, ...)
+{
+    va_list ap;
+    va_start(ap, argc);
+    c->argc = argc;
+    for (int i = 0; i < argc && i < 8; i++) {
+        c->argv[i] = va_arg(ap, const char *);
+        c->len[i] = strlen(c->argv[i]);
+    }
+    va_end(ap);
+}
+
+/* ---- one server --------------------------------------------------------- */
+
+static struct timeval tv_of_ns(int64_t ns)
+{
+    if (ns < 1000)
+        ns = 1000;
+    return (struct timeval){.tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000};
+}
+
+static int poll_ms(int64_t ns)
+{
+    int64_t ms = (ns + 999999) / 1000000;
+    return ms > 60000 ? 60000 : (int)ms;
+}
+
+/* Waits until fd is ready for `ev` or the deadline: 0, -ETIMEDOUT, -EIO. */
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = kc_mono_ns();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = ev};
+        int r = poll(&p, 1, poll_ms((int64_t)(deadline - now)));
+        if (r > 0)
+            return 0; /* readable, writable, or an error the call will see */
+        if (r == 0)
+            continue; /* the deadline check above ends it */
+        if (errno != EINTR)
+            return -EIO;
+    }
+}
+
+/* A transport failure of hiredis as a negative errno. */
+static int classify(const redisContext *c, int saved_errno)
+{
+    if (c->err == REDIS_ERR_EOF)
+        return -ECONNRESET;
+    if (c->err == REDIS_ERR_PROTOCOL)
+        return -EPROTO;
+    if (c->err == REDIS_ERR_OOM)
+        return -ENOMEM;
+    if (c->err == REDIS_ERR_IO) {
+        if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
+            saved_errno == EINPROGRESS)
+            return -ETIMEDOUT;
+        if (saved_errno == ENOENT || saved_errno == ECONNREFUSED)
+            return -ECONNREFUSED;
+        if (saved_errno == EPIPE || saved_errno == ECONNRESET)
+            return -ECONNRESET;
+        if (strstr(c->errstr, "timed out") != NULL)
+            return -ETIMEDOUT;
+        return saved_errno > 0 ? -saved_errno : -EIO;
+    }
+    if (strstr(c->errstr, "timed out") != NULL)
+        return -ETIMEDOUT;
+    return -EHOSTUNREACH; /* REDIS_ERR_OTHER: the name did not resolve */
+}
+
+/* redisBufferWrite with SIGPIPE kept from the host: blocked in this
+ * thread around the write; one the write raised is consumed. */
+static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, int *done, int *err)
+{
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    bool was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    errno = 0;
+    int r = h->buffer_write(c, done);
+    *err = errno;
+    if (!was_pending) {
+        sigemptyset(&pending);
+        sigpending(&pending);
+        if (sigismember(&pending, SIGPIPE)) {
+            struct timespec zero = {0, 0};
+            while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+                ;
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
+static void free_replies(const struct kc__hiredis *h, int n, redisReply **r)
+{
+    for (int i = 0; i < n; i++) {
+        if (r[i] != NULL)
+            h->free_reply(r[i]);
+        r[i] = NULL;
+    }
+}
+
+/* Writes n commands and reads n replies on a connected node, all before
+ * deadline. 0 or a negative errno (the connection is then unusable). */
+static int exec_raw(struct kc__rctx *rc, struct kc__node *nd, int n, const struct kc__cmd *cmds,
+                    redisReply **replies, uint64_t deadline)
+{
+    const struct kc__hiredis *h = rc->hi;
+    redisContext *c = nd->c;
+    for (int i = 0; i < n; i++)
+        replies[i] = NULL;
+    for (int i = 0; i < n; i++)
+        if (h->append_argv(c, cmds[i].argc, (const char **)cmds[i].argv, cmds[i].len) != REDIS_OK)
+            return -ENOMEM;
+    int done = 0, err = 0;
+    while (!done) {
+        int r = wait_fd(c->fd, POLLOUT, deadline);
+        if (r != 0)
+            return r;
+        h->set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
+        if (buffer_write_nosigpipe(h, c, &done, &err) != REDIS_OK)
+            return classify(c, err);
+    }
+    for (int i = 0; i < n; i++) {
+        void *rep = NULL;
+        for (;;) {
+            if (h->get_reply(c, &rep) != REDIS_OK) {
+                free_replies(h, i, replies);
+                return -EPROTO;
+            }
+            if (rep != NULL)
+                break;
+            if (c->reader != NULL && c->reader->len - c->reader->pos > rc->reply_cap) {
+                free_replies(h, i, replies);
+                return -EMSGSIZE;
+            }
+            int r = wait_fd(c->fd, POLLIN, deadline);
+            if (r != 0) {
+                free_replies(h, i, replies);
+                return r;
+            }
+            h->set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
+            errno = 0;
+            if (h->buffer_read(c) != REDIS_OK) {
+                int e = errno;
+                free_replies(h, i, replies);
+                return classify(c, e);
+            }
+        }
+        replies[i] = rep;
+    }
+    return 0;
+}
+
+void kc__node_drop(struct kc__rctx *rc, struct kc__node *nd)
+{
+    if (nd->c != NULL && rc->hi != NULL)
+        rc->hi->free_ctx(nd->c);
+    nd->c = NULL;
+    nd->proven = false;
+}
+
+bool kc__node_ready(struct kc__node *nd)
+{
+    if (!nd->off)
+        return true;
+    if (nd->retry_at_ns == 0 || kc_mono_ns() < nd->retry_at_ns)
+        return false;
+    nd->off = false; /* one more try */
+    return true;
+}
+
+static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const char *why)
+{
+    if (err == -ETIMEDOUT)
+        rc->ctr->timeouts++;
+    else
+        rc->ctr->errors++;
+    nd->off = true;
+    unsigned shift = nd->failures < 6 ? nd->failures : 6;
+    nd->retry_at_ns =
+        rc->retry_ms > 0 ? kc_mono_ns() + ((uint64_t)rc->retry_ms << shift) * 1000000 : 0;
+    nd->failures++;
+    if (rc->warned != NULL && !*rc->warned) {
+        *rc->warned = true;
+        char shown[340];
+        kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
+        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); its entries miss %s", shown, why, strerror(-err),
+               rc->retry_ms > 0 ? "until it is tried again" : "in this process");
+    }
+}
+
+void kc__node_fail(struct kc__rctx *rc, struct kc__node *nd, int err, const char *why)
+{
+    kc__node_drop(rc, nd);
+    node_off(rc, nd, err, why);
+}
+
+/* Connects nd; 0 or a negative errno (nothing counted). */
+static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
+{
+    struct timeval tv = tv_of_ns((int64_t)nd->ep.connect_timeout_ms * 1000000);
+    errno = 0;
+    redisContext *c = nd->ep.transport == KC_REMOTE_UNIX
+                          ? rc->hi->connect_unix(nd->ep.path, tv)
+                          : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
+    int e = errno;
+    if (c == NULL)
+        return -ENOMEM;
+    if (c->err != 0) {
+        int r = classify(c, e);
+        rc->hi->free_ctx(c);
+        return r;
+    }
+    nd->c = c;
+    nd->proven = false;
+    rc->ctr->connects++;
+    return 0;
+}
+
+int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct kc__cmd *cmds,
+                  redisReply **replies)
+{
+    if (!kc__node_ready(nd))
+        return -ENETDOWN;
+    for (int attempt = 0;; attempt++) {
+        bool fresh = nd->c == NULL;
+        if (fresh) {
+            int r = node_connect(rc, nd);
+            if (r < 0) {
+                node_off(rc, nd, r, r == -ETIMEDOUT ? "connection timed out" : "cannot connect");
+                return r;
+            }
+        }
+        /* A fresh connection authenticates and selects its database in
+         * the same round trip as the first command. */
+        struct kc__cmd all[10];
+        redisReply *reps[10];
+        int pre = 0;
+        char dbs[16];
+        if (fresh && nd->ep.password[0] != '\0') {
+            if (nd->ep.user[0] != '\0')
+                kc__cmd_set(&all[pre++], 3, "AUTH", nd->ep.user, nd->ep.password);
+            else
+                kc__cmd_set(&all[pre++], 2, "AUTH", nd->ep.password);
+        }
+        if (fresh && nd->ep.db != 0) {
+            snprintf(dbs, sizeof dbs, "%d", nd->ep.db);
+            kc__cmd_set(&all[pre++], 2, "SELECT", dbs);
+        }
+        if (n + pre > 10)
+            return -EINVAL;
+        for (int i = 0; i < n; i++)
+            all[pre + i] = cmds[i];
+        bool was_proven = nd->proven;
+        uint64_t deadline = kc_mono_ns() + (uint64_t)nd->ep.operation_timeout_ms * 1000000;
+        int r = exec_raw(rc, nd, pre + n, all, reps, deadline);
+        if (r == 0) {
+            for (int i = 0; i < pre; i++) {
+                bool ok = reps[i]->type == REDIS_REPLY_STATUS;
+                if (!ok) {
+                    free_replies(rc->hi, pre + n, reps);
+                    kc__node_fail(rc, nd, -EACCES,
+                                  i == 0 && nd->ep.password[0] != '\0'
+                                      ? "authentication refused"
+                                      : "database selection refused");
+                    return -EACCES;
+                }
+            }
+            free_replies(rc->hi, pre, reps);
+            for (int i = 0; i < n; i++)
+                replies[i] = reps[pre + i];
+            nd->proven = true;
+            nd->failures = 0;
+            return 0;
+        }
+        kc__node_drop(rc, nd);
+        if (r == -EMSGSIZE) {
+            /* A value larger than any entry: not served, the connection
+             * dropped (its stream is mid-reply), the server kept. */
+            rc->ctr->errors++;
+            return r;
+        }
+        /* A kept connection the server closed meanwhile (restart, idle
+         * timeout): one fresh try. */
+        if (attempt == 0 && !fresh && was_proven && r == -ECONNRESET)
+            continue;
+        node_off(rc, nd, r,
+                 r == -ETIMEDOUT ? "no answer within the operation timeout"
+                 : r == -EPROTO  ? "answered garbage"
+                                 : "connection failed");
+        return r;
+    }
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+unsigned kc__cluster_slot(const char *key, size_t len)
+{
+    const char *open = memchr(key, '{', len);
+    if (open != NULL) {
+        size_t off = (size_t)(open - key) + 1;
+        const char *close = memchr(open + 1, '}', len - off);
+        if (close != NULL && close > open + 1) {
+            key = open + 1;
+            len = (size_t)(close - open) - 1;
+        }
+    }
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((unsigned char)key[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc & (KC__SLOTS - 1);
+}
+
+double kc__ln(double x)
+{
+    /* x = m * 2^e, m in [1, 2); ln m = 2 atanh((m - 1) / (m + 1)). */
+    if (!(x > 0))
+        return -1e300;
+    int e = 0;
+    while (x < 1.0) {
+        x *= 2.0;
+        e--;
+    }
+    while (x >= 2.0) {
+        x *= 0.5;
+        e++;
+    }
+    double z = (x - 1.0) / (x + 1.0), z2 = z * z, term = z, sum = 0;
+    for (int k = 1; k < 60; k += 2) {
+        sum += term / k;
+        term *= z2;
+    }
+    return 2.0 * sum + e * 0.69314718055994530942;
+}
+
+int kc__rendezvous(const struct kc_remote_endpoint *ep, int n, const char *key, size_t len)
+{
+    int best = 0;
+    double best_score = -1;
+    char buf[sizeof ep->name + KC_REMOTE_KEY_MAX + 1];
+    if (len > KC_REMOTE_KEY_MAX)
+        len = KC_REMOTE_KEY_MAX;
+    for (int i = 0; i < n; i++) {
+        size_t nl = strlen(ep[i].name);
+        memcpy(buf, ep[i].name, nl);
+        buf[nl] = '\0';
+        memcpy(buf + nl + 1, key, len);
+        uint64_t h = kc_digest_of(buf, nl + 1 + len).lo;
+        double u = ((double)(h >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+        double score = ep[i].weight / -kc__ln(u);
+        if (score > best_score) {
+            best_score = score;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* ---- Redis Cluster ------------------------------------------------------ */
+
+static int cluster_index(struct kc__cluster *cl, const struct kc__node *nd)
+{
+    for (int i = 0; i < cl->n_nodes; i++)
+        if (cl->nodes[i] == nd)
+            return i;
+    return -1;
+}
+
+struct kc__node *kc__cluster_node(struct kc__cluster *cl, const char *host, int port,
+                                  const struct kc_remote_endpoint *like)
+{
+    if (host == NULL || host[0] == '\0' || strlen(host) >= sizeof like->host || port <= 0 ||
+        port > 65535)
+        return NULL;
+    for (int i = 0; i < cl->n_nodes; i++) {
+        struct kc__node *x = cl->nodes[i];
+        if (x->ep.transport == KC_REMOTE_TCP && x->ep.port == port && strcmp(x->ep.host, host) == 0)
+            return x;
+    }
+    if (cl->n_nodes >= 4096)
+        return NULL;
+    if (cl->n_nodes == cl->cap) {
+        int cap = cl->cap ? cl->cap * 2 : 8;
+        struct kc__node **t = realloc(cl->nodes, (size_t)cap * sizeof *t);
+        if (t == NULL)
+            return NULL;
+        cl->nodes = t;
+        cl->cap = cap;
+    }
+    struct kc__node *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return NULL;
+    x->ep = *like;
+    x->ep.transport = KC_REMOTE_TCP;
+    snprintf(x->ep.host, sizeof x->ep.host, "%s", host);
+    x->ep.port = port;
+    x->ep.db = 0;
+    snprintf(x->ep.name, sizeof x->ep.name, "%s:%d/0", host, port);
+    snprintf(x->addr, sizeof x->addr, "%s:%d", host, port);
+    cl->nodes[cl->n_nodes++] = x;
+    return x;
+}
+
+/* Applies a CLUSTER SLOTS reply got from `from`. 0 or -EPROTO. */
+static int apply_slots(struct kc__cluster *cl, const redisReply *rep, struct kc__node *from)
+{
+    if (rep->type != REDIS_REPLY_ARRAY)
+        return -EPROTO;
+    uint16_t *map = malloc(KC__SLOTS * sizeof *map);
+    if (map == NULL)
+        return -ENOMEM;
+    for (int i = 0; i < KC__SLOTS; i++)
+        map[i] = KC__SLOT_NONE;
+    for (size_t i = 0; i < rep->elements; i++) {
+        const redisReply *e = rep->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+            e->element[0]->type != REDIS_REPLY_INTEGER ||
+            e->element[1]->type != REDIS_REPLY_INTEGER ||
+            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2)
+            goto bad;
+        long long lo = e->element[0]->integer, hi_ = e->element[1]->integer;
+        const redisReply *m = e->element[2];
+        if (lo < 0 || hi_ >= KC__SLOTS || lo > hi_ || m->element[0]->type != REDIS_REPLY_STRING ||
+            m->element[1]->type != REDIS_REPLY_INTEGER)
+            goto bad;
+        char host[256];
+        /* An empty or unknown ("?") address: the node that answered. */
+        if (m->element[0]->len == 0 || strcmp(m->element[0]->str, "?") == 0)
+            snprintf(host, sizeof host, "%s", from->ep.host);
+        else if (m->element[0]->len < sizeof host)
+            snprintf(host, sizeof host, "%s", m->element[0]->str);
+        else
+            goto bad;
+        struct kc__node *nd = kc__cluster_node(cl, host, (int)m->element[1]->integer, &from->ep);
+        int idx = nd != NULL ? cluster_index(cl, nd) : -1;
+        if (idx < 0)
+            goto bad;
+        for (long long s = lo; s <= hi_; s++)
+            map[s] = (uint16_t)idx;
+    }
+    memcpy(cl->slot, map, KC__SLOTS * sizeof *map);
+    free(map);
+    cl->loaded = true;
+    cl->refresh = false;
+    return 0;
+bad:
+    free(map);
+    return -EPROTO;
+}
+
+int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__node *hint)
+{
+    if (cl->slot == NULL) {
+        cl->slot = malloc(KC__SLOTS * sizeof *cl->slot);
+        if (cl->slot == NULL)
+            return -ENOMEM;
+        for (int i = 0; i < KC__SLOTS; i++)
+            cl->slot[i] = KC__SLOT_NONE;
+    }
+    int last = -ENETDOWN;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "CLUSTER", "SLOTS");
+    for (int i = -1; i < cl->n_nodes; i++) {
+        struct kc__node *nd = i < 0 ? hint : cl->nodes[i];
+        if (nd == NULL || (i >= 0 && nd == hint) || !kc__node_ready(nd))
+            continue;
+        redisReply *rep = NULL;
+        int r = kc__node_exec(rc, nd, 1, &cmd, &rep);
+        if (r != 0) {
+            last = r;
+            continue;
+        }
+        r = apply_slots(cl, rep, nd);
+        rc->hi->free_reply(rep);
+        if (r == 0)
+            return 0;
+        kc__node_fail(rc, nd, r, "answered CLUSTER SLOTS with something else than a slot map");
+        last = r;
+    }
+    return last;
+}
+
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": 1 with slot, host and port, 0
+ * when the error is neither, -EPROTO when it is malformed. */
+static int parse_redirect(const redisReply *rep, bool *ask, unsigned *slot, char *host,
+                          size_t hostcap, int *port)
+{
+    const char *s = rep->str;
+    if (rep->len > 6 && strncmp(s, "MOVED ", 6) == 0) {
+        *ask = false;
+        s += 6;
+    } else if (rep->len > 4 && strncmp(s, "ASK ", 4) == 0) {
+        *ask = true;
+        s += 4;
+    } else {
+        return 0;
+    }
+    char *end;
+    unsigned long sl = strtoul(s, &end, 10);
+    if (end == s || *end != ' ' || sl >= KC__SLOTS)
+        return -EPROTO;
+    s = end + 1;
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || (size_t)(colon - s) >= hostcap)
+        return -EPROTO;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    long p = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || p <= 0 || p > 65535)
+        return -EPROTO;
+    *slot = (unsigned)sl;
+    *port = (int)p;
+    return 1;
+}
+
+int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *key, size_t keylen,
+                     const struct kc__cmd *cmd, redisReply **reply, struct kc__node **from)
+{
+    if (!cl->loaded || cl->refresh) {
+        int r = kc__cluster_refresh(rc, cl, NULL);
+        if (r != 0 && !cl->loaded)
+            return r;
+    }
+    unsigned slot = kc__cluster_slot(key, keylen);
+    if (cl->slot[slot] == KC__SLOT_NONE) {
+        rc->ctr->errors++;
+        return -ENETDOWN; /* no node serves the slot */
+    }
+    struct kc__node *nd = cl->nodes[cl->slot[slot]];
+    bool asking = false;
+    for (int hop = 0; hop <= KC__MAX_REDIRECTS; hop++) {
+        struct kc__cmd cmds[2];
+        int n = 0;
+        if (asking)
+            kc__cmd_set(&cmds[n++], 1, "ASKING");
+        cmds[n++] = *cmd;
+        redisReply *reps[2] = {NULL, NULL};
+        int r = kc__node_exec(rc, nd, n, cmds, reps);
+        if (r != 0) {
+            /* A failover may give its slots to another node: read the map
+             * again at the next operation (the failed node is off, so its
+             * keys fail fast meanwhile). */
+            if (r != -ENETDOWN)
+                cl->refresh = true;
+            return r;
+        }
+        if (asking)
+            rc->hi->free_reply(reps[0]);
+        redisReply *rep = reps[n - 1];
+        if (rep->type == REDIS_REPLY_ERROR) {
+            bool ask = false;
+            unsigned s = 0;
+            char host[256];
+            int port = 0;
+            int pr = parse_redirect(rep, &ask, &s, host, sizeof host, &port);
+            if (pr != 0) {
+                rc->hi->free_reply(rep);
+                if (host[0] == '\0' && pr > 0)
+                    snprintf(host, sizeof host, "%s", nd->ep.host);
+                struct kc__node *to = pr > 0 ? kc__cluster_node(cl, host, port, &nd->ep) : NULL;
+                if (to == NULL) {
+                    kc__node_fail(rc, nd, -EPROTO, "sent a malformed redirection");
+                    return -EPROTO;
+                }
+                if (ask) {
+                    rc->ctr->asks++;
+                    asking = true;
+                } else {
+                    rc->ctr->moved++;
+                    asking = false;
+                    /* The map changed: read it again (from the new owner),
+                     * and trust the redirection for this slot meanwhile. */
+                    kc__cluster_refresh(rc, cl, to);
+                    cl->slot[s] = (uint16_t)cluster_index(cl, to);
+                }
+                nd = to;
+                continue;
+            }
+        }
+        *reply = rep;
+        if (from != NULL)
+            *from = nd;
+        return 0;
+    }
+    rc->ctr->errors++;
+    return -ELOOP;
+}
+
+void kc__cluster_free(struct kc__rctx *rc, struct kc__cluster *cl)
+{
+    for (int i = 0; i < cl->n_nodes; i++) {
+        kc__node_drop(rc, cl->nodes[i]);
+        memset(cl->nodes[i]->ep.password, 0, sizeof cl->nodes[i]->ep.password);
+        free(cl->nodes[i]);
+    }
+    free(cl->nodes);
+    free(cl->slot);
+    memset(cl, 0, sizeof *cl);
+}

@@ -1,0 +1,286 @@
+/*
+ * The remote tier: entries shared by many machines through Redis (one
+ * server, client-side shards over several, or a Redis Cluster), each entry
+ * signed by a trusted writer. See ARCHITECTURE.md, "Beyond one machine".
+ *
+ * libc only at link time: libhiredis (0.14) and libsodium are dlopen()ed on
+ * the first operation that needs them, so the preloaded shim can link this
+ * module and a process that never reaches the remote never maps either.
+ *
+ * Conventions: functions return 0 or a negative errno; -ENOENT is a miss.
+ * Every operation is bounded by the configured timeouts: the first failure
+ * of a server (down, refusing, hung, slow, garbage) costs at most its
+ * connect and operation timeouts once, is counted, logs one warning, and
+ * turns that server off for the process (or until `retry_ms` passes, for a
+ * long-lived owner). Thread-safe: one mutex per remote serialises its
+ * operations (one connection per server per process, kept).
+ *
+ * The operations mirror store/tier.h's (get, put, purge, after_fork,
+ * close); the wiring binds them into a `struct kc_tier_ops`.
+ */
+#ifndef KCACHE_STORE_REMOTE_H
+#define KCACHE_STORE_REMOTE_H
+
+#include "../store.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- configuration (url.c) --------------------------------------------- */
+
+#define KC_REMOTE_MAX_ENDPOINTS 64
+#define KC_REMOTE_DEFAULT_CONNECT_MS 100
+#define KC_REMOTE_DEFAULT_OPERATION_MS 1000
+#define KC_REMOTE_DEFAULT_MAX_ENTRY (64ull << 20)
+/* Redis' proto-max-bulk-len default: no server takes a larger value. */
+#define KC_REMOTE_MAX_MAX_ENTRY (512ull << 20)
+
+enum kc_remote_mode {
+    KC_REMOTE_NONE = 0,    /* KCACHE_REMOTE unset or empty: no remote */
+    KC_REMOTE_SERVERS = 1, /* one server, or several spread by rendezvous hashing */
+    KC_REMOTE_CLUSTER = 2, /* a Redis Cluster reached through its seed nodes */
+};
+
+enum kc_remote_transport {
+    KC_REMOTE_TCP = 1,
+    KC_REMOTE_UNIX = 2,
+};
+
+/* One server (a shard, or a cluster seed). */
+struct kc_remote_endpoint {
+    int transport;            /* enum kc_remote_transport */
+    char host[256];           /* TCP: name or address (no brackets) */
+    int port;                 /* TCP: 1..65535 */
+    char path[108];           /* unix: the socket's absolute path */
+    int db;                   /* SELECT'ed after connecting (0: none) */
+    char user[128];           /* AUTH user (Redis 6 ACL), may be empty */
+    char password[256];       /* AUTH password, may be empty */
+    int connect_timeout_ms;   /* |connect-timeout=MS */
+    int operation_timeout_ms; /* |operation-timeout=MS */
+    bool read_only;           /* |read-only: never written */
+    double weight;            /* shard weight (shards=NAME(W)), 1 by default */
+    char name[320];           /* what rendezvous hashing hashes: the URL,
+                               * password left out */
+};
+
+struct kc_remote_config {
+    int mode;                      /* enum kc_remote_mode */
+    int n;                         /* endpoints (shards or seeds) */
+    struct kc_remote_endpoint *ep; /* malloc'd array of n */
+    uint64_t ttl_s;                /* KCACHE_REMOTE_TTL, 0: none */
+    uint64_t max_entry;            /* KCACHE_REMOTE_MAX_ENTRY, bytes */
+    char signing_key[4096];        /* KCACHE_REMOTE_SIGNING_KEY, may be empty */
+    char trusted_keys[4096];       /* KCACHE_REMOTE_TRUSTED_KEYS, may be empty */
+    bool trust_any;                /* KCACHE_REMOTE_TRUST=any */
+    int n_warnings;                /* non-fatal: a value kept its default */
+    char warnings[4][200];
+};
+
+/* The raw values, as the environment holds them (NULL: unset). */
+struct kc_remote_settings {
+    const char *remote;       /* KCACHE_REMOTE */
+    const char *ttl;          /* KCACHE_REMOTE_TTL */
+    const char *max_entry;    /* KCACHE_REMOTE_MAX_ENTRY */
+    const char *signing_key;  /* KCACHE_REMOTE_SIGNING_KEY */
+    const char *trusted_keys; /* KCACHE_REMOTE_TRUSTED_KEYS */
+    const char *trust;        /* KCACHE_REMOTE_TRUST: signed|any */
+};
+
+/* Fills *s from getenv(). The pointers are the environment's. */
+void kc_remote_settings_from_env(struct kc_remote_settings *s);
+
+/* Fills *s from the configuration kc_config_load() read (empty strings
+ * for unset variables; nothing at all in a secure-execution process). The
+ * pointers are cfg's. */
+struct kc_config;
+void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remote_settings *s);
+
+/* Parses the settings into *out (which the caller releases with
+ * kc_remote_config_free, also after a failure). KCACHE_REMOTE's grammar is
+ * ccache's:
+ *   redis://[[USER:]PASSWORD@]HOST[:PORT][/DB]
+ *   redis+unix:SOCKET[?db=N]                 (SOCKET absolute; also redis+unix:///SOCKET)
+ *   redis-cluster://[[USER:]PASSWORD@]HOST[:PORT][,HOST[:PORT]...]
+ * each optionally followed by |ATTR attributes: read-only,
+ * connect-timeout=MS, operation-timeout=MS, shards=NAME[(WEIGHT)],... (the
+ * URL's one '*' replaced by each NAME); several URLs separated by white
+ * space are shards too. USER and PASSWORD may be %-encoded.
+ * 0: parsed (mode KC_REMOTE_NONE when KCACHE_REMOTE is unset or blank);
+ * warnings for the other variables, each keeping its default, are in
+ * out->warnings. -EINVAL: KCACHE_REMOTE is malformed; `err` (may be NULL)
+ * says why, passwords left out, and the remote must stay off. -ENOMEM. */
+int kc_remote_config_parse(const struct kc_remote_settings *s, struct kc_remote_config *out,
+                           char *err, size_t errlen);
+
+/* Releases what kc_remote_config_parse allocated (NULL-safe). */
+void kc_remote_config_free(struct kc_remote_config *c);
+
+/* Copies `src` into `dst` (deep); 0 or -ENOMEM. */
+int kc_remote_config_copy(struct kc_remote_config *dst, const struct kc_remote_config *src);
+
+/* Writes KCACHE_REMOTE's value with every password replaced by "********",
+ * for display; works on malformed values too. Returns the length it wanted
+ * (as snprintf). The one implementation is common/config.c's
+ * kc_config_redact_url (kcache config shows the value through it). */
+int kc_remote_redact(const char *remote, char *out, size_t len);
+
+/* The display form of one endpoint (password redacted). */
+void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, size_t len);
+
+/* ---- counters ---------------------------------------------------------- */
+
+#define KC_REMOTE_COUNTERS(X)                                                                      \
+    X(hits, "entries served from the remote")                                                      \
+    X(misses, "lookups the remote did not have")                                                   \
+    X(uploads, "entries written to the remote")                                                    \
+    X(upload_bytes, "bytes written to the remote")                                                 \
+    X(download_bytes, "bytes of entries served from the remote")                                   \
+    X(skipped, "entries past KCACHE_REMOTE_MAX_ENTRY, kept local")                                 \
+    X(errors, "failures: refused, reset, error replies, garbage")                                  \
+    X(timeouts, "connect or operation timeouts")                                                   \
+    X(bad, "entries refused: signature, key id, namespace, key or checksum")                       \
+    X(moved, "MOVED redirections followed")                                                        \
+    X(asks, "ASK redirections followed")                                                           \
+    X(connects, "connections made")                                                                \
+    X(locks, "cluster-wide locks taken")                                                           \
+    X(lock_busy, "cluster-wide locks another node held")                                           \
+    X(saved_ns, "compile time remote hits saved")
+
+struct kc_remote_counters {
+#define KC__REMOTE_FIELD(name, what) uint64_t name;
+    KC_REMOTE_COUNTERS(KC__REMOTE_FIELD)
+#undef KC__REMOTE_FIELD
+};
+
+/* ---- the tier (tier.c) ------------------------------------------------- */
+
+struct kc_remote;
+
+struct kc_remote_options {
+    /* This node's name in lock values (NULL: host name and pid). */
+    const char *node;
+    /* After a server failed: 0 keeps it off for the rest of the process
+     * (hosts); otherwise it is tried again after retry_ms, doubling at each
+     * further failure up to 64 times that (the owner). */
+    int retry_ms;
+};
+
+/* Opens the remote described by cfg (copied; mode must not be
+ * KC_REMOTE_NONE). Cheap: nothing is loaded, read or connected until the
+ * first operation. 0 with *out (close it with kc_remote_close), -EINVAL,
+ * -ENOMEM. */
+int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_options *opt,
+                   struct kc_remote **out);
+
+/* tier.h's get: 0 with *body (malloc'd, caller frees), *len and *info (may
+ * be NULL; hits and last_hit are 0) for an entry that verified: its
+ * checksum, namespace and key, and its signature by a trusted key (unless
+ * KCACHE_REMOTE_TRUST=any). -ENOENT: not there. -EBADMSG: there but
+ * refused (counted as bad, one warning per process; never purged: another
+ * node may trust what this one does not). -ENETDOWN: the remote is off
+ * (failed earlier, or unusable), -ETIMEDOUT, -ECONNREFUSED, -EIO, -EPROTO:
+ * it failed now. -EINVAL: a namespace the remote cannot name (empty, over
+ * 127 bytes, a byte outside '!'..'~', or '{', '}'). Every negative value
+ * is a miss for the caller. */
+int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
+                  struct kc_record_info *info);
+
+/* tier.h's put: signs and SETs the entry (EX KCACHE_REMOTE_TTL when set).
+ * `source` is not kept remotely (no source map: take_by_source stays
+ * local). 0 once the server acknowledged it. -EFBIG: larger than
+ * KCACHE_REMOTE_MAX_ENTRY (counted as skipped; keep it local). -EROFS: this
+ * node does not write (no usable signing key, read-only attribute, or a
+ * server refused writes). -ENOSPC: the server is full (maxmemory); no
+ * further puts this process. Other negatives as get. */
+int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
+
+/* tier.h's purge: DEL of the entry. 0 (also when it was not there: -ENOENT
+ * is not distinguished), -EROFS, other negatives as get. */
+int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key);
+
+/* tier.h's after_fork: in a forked child, drops every connection without
+ * a word to the server (the parent keeps using them) and resets the lock.
+ * The child reconnects on its next operation. */
+void kc_remote_after_fork(struct kc_remote *r);
+
+/* tier.h's close: closes connections, wipes the secret key. NULL-safe. */
+void kc_remote_close(struct kc_remote *r);
+
+/* Cluster-wide single flight. Takes the lock guarding (ns, key):
+ * SET kcache:lock:{kcache:<ns>:<key hex>} <node token> NX PX ttl_ms, a key in
+ * the same cluster slot (and shard) as the entry it guards. 0: taken; this
+ * process holds it until kc_remote_unlock or ttl_ms (so a holder that dies
+ * lets it expire). -EBUSY: another holder has it (poll the entry with
+ * kc_remote_get). -EROFS: this node does not write, so it must not make
+ * others wait for it; compile without the lock. Other negatives: the
+ * remote failed (as get); proceed without the lock. */
+int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
+
+/* Releases a lock this process holds (a compare-and-delete: another
+ * holder's lock, taken after ours expired, is left alone). 0 when it was
+ * ours and is gone, -ENOENT when it was not ours (expired), other
+ * negatives as get. */
+int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key);
+
+/* Adds this remote's counters into *out. */
+void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out);
+
+/* Whether the remote can serve a get now (false: off after a failure, or
+ * unusable: no library, no trusted key). Never blocks; does not connect. */
+bool kc_remote_usable(struct kc_remote *r);
+
+/* The server key of an entry: kcache:<ns>:<32 hex digits of key->id (hi,
+ * lo)><16 of key->build>. 0, or -EINVAL for a namespace the remote cannot
+ * name (see get). buf holds at least KC_REMOTE_KEY_MAX bytes. */
+#define KC_REMOTE_KEY_MAX 200
+int kc_remote_key_name(const char *ns, const kc_key *key, char *buf, size_t len);
+/* The lock key guarding it: kcache:lock:{<the entry's key>}. */
+int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len);
+
+/* ---- the tool (tier.c, sign.c) ------------------------------------------ */
+
+struct kc_remote_ping_server {
+    char name[340];    /* display form */
+    int rc;            /* 0, or why it failed */
+    double latency_ms; /* PING round trip, connection made beforehand */
+    char version[32];  /* redis_version from INFO server */
+    char role[16];     /* "master" / "slave" */
+};
+
+struct kc_remote_ping {
+    int n; /* servers reached for */
+    struct kc_remote_ping_server server[KC_REMOTE_MAX_ENDPOINTS];
+    int roundtrip_rc; /* signed entry written, read and verified, deleted:
+                       * 0; -EROFS when this node does not write (then a
+                       * read of a missing probe only); other negatives */
+    char key_id[17];  /* this node's signing key id (hex), empty if none */
+    int n_trusted;    /* keys it verifies with */
+};
+
+/* `kcache remote ping`: reaches every server (shard; every primary of a
+ * cluster), measures a PING, reads the server version, then writes a
+ * signed probe entry, reads it back through the verifying path and
+ * deletes it. Counters are not reset. 0 when every step worked; else the
+ * first error (details in *rep). */
+int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
+
+/* `kcache keygen PATH`: a new Ed25519 key pair. Writes the secret key to
+ * PATH (created 0600, never overwriting: -EEXIST) as one line
+ * "kcache-ed25519-secret <base64 seed>", and the public key to PATH.pub
+ * (0644) as one line "kcache-ed25519 <base64 key> <comment>", the line a
+ * trusted-keys file holds (as ssh-keygen's .pub). `comment` NULL: user@host.
+ * *key_id (17 bytes, may be NULL): its id in hex. 0, -EEXIST, -ENOSYS (no
+ * libsodium), or another negative errno. */
+int kc_remote_keygen(const char *path, const char *comment, char *key_id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

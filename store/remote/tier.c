@@ -1,0 +1,711 @@
+/*
+ * The remote tier: get, put, purge, the cluster-wide lock, and the tool's
+ * ping, over the servers and connections of redis.c and the signed values
+ * of sign.c. See remote.h.
+ */
+#include "remote_internal.h"
+
+#include "../../common/clock.h"
+#include "../../common/log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+struct kc_remote {
+    pthread_mutex_t mu; /* guards everything below */
+    struct kc_remote_config cfg;
+    int retry_ms;
+    char node[96];   /* options.node, or empty */
+    char token[160]; /* this process's lock value: node:pid:random */
+    bool activated;
+    int act_rc;       /* 0, or -ENETDOWN: the remote is unusable */
+    bool warned;      /* the one failure warning was logged */
+    bool bad_warned;  /* the one refused-entry warning was logged */
+    bool full_warned; /* the one server-full warning was logged */
+    const struct kc__hiredis *hi;
+    const struct kc__sodium *na; /* NULL until needed */
+    struct kc__keys keys;
+    struct kc__rctx rctx;
+    struct kc__node **nodes; /* servers mode: one per endpoint */
+    int n_nodes;
+    struct kc__cluster cl; /* cluster mode */
+    struct kc_remote_counters ctr;
+};
+
+static const char unlock_script[] =
+    "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+
+/* ---- names -------------------------------------------------------------- */
+
+static bool ns_nameable(const char *ns)
+{
+    size_t n = ns != NULL ? strlen(ns) : 0;
+    if (n == 0 || n > 127)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)ns[i];
+        if (c < '!' || c > '~' || c == '{' || c == '}')
+            return false;
+    }
+    return true;
+}
+
+int kc_remote_key_name(const char *ns, const kc_key *key, char *buf, size_t len)
+{
+    if (!ns_nameable(ns))
+        return -EINVAL;
+    int n = snprintf(buf, len, "kcache:%s:%016" PRIx64 "%016" PRIx64 "%016" PRIx64, ns, key->id.hi,
+                     key->id.lo, key->build);
+    return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
+}
+
+int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len)
+{
+    char k[KC_REMOTE_KEY_MAX];
+    int rc = kc_remote_key_name(ns, key, k, sizeof k);
+    if (rc != 0)
+        return rc;
+    /* The hash tag is the entry's whole key: the same cluster slot. */
+    int n = snprintf(buf, len, "kcache:lock:{%s}", k);
+    return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
+}
+
+/* ---- open, activate, close ---------------------------------------------- */
+
+static void make_token(struct kc_remote *r)
+{
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+        rnd = kc_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)r;
+    char host[64] = "";
+    if (r->node[0] == '\0') {
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = '\0';
+    }
+    snprintf(r->token, sizeof r->token, "%s:%d:%016" PRIx64, r->node[0] ? r->node : host,
+             (int)getpid(), rnd);
+}
+
+int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_options *opt,
+                   struct kc_remote **out)
+{
+    if (cfg == NULL || cfg->mode == KC_REMOTE_NONE || cfg->n <= 0 || cfg->ep == NULL)
+        return -EINVAL;
+    struct kc_remote *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return -ENOMEM;
+    if (kc_remote_config_copy(&r->cfg, cfg) != 0) {
+        free(r);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    if (opt != NULL) {
+        r->retry_ms = opt->retry_ms > 0 ? opt->retry_ms : 0;
+        if (opt->node != NULL)
+            snprintf(r->node, sizeof r->node, "%s", opt->node);
+    }
+    make_token(r);
+    *out = r;
+    return 0;
+}
+
+/* Loads what the remote needs, once: libhiredis, and libsodium with the
+ * keys unless every entry is trusted and nothing is signed. Under mu.
+ * 0, or -ENETDOWN: the remote stays off (one warning said why). */
+static int activate(struct kc_remote *r)
+{
+    if (r->activated)
+        return r->act_rc;
+    r->activated = true;
+    r->act_rc = -ENETDOWN;
+    if (kc__hiredis_load(&r->hi) != 0)
+        return r->act_rc;
+    r->rctx = (struct kc__rctx){.hi = r->hi,
+                                .ctr = &r->ctr,
+                                .retry_ms = r->retry_ms,
+                                /* The largest entry, or a cluster's
+                                 * slot map (small entries may be
+                                 * configured). */
+                                .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + (4u << 20),
+                                .warned = &r->warned};
+    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+        for (int i = 0; i < r->cfg.n; i++)
+            if (kc__cluster_node(&r->cl, r->cfg.ep[i].host, r->cfg.ep[i].port, &r->cfg.ep[i]) ==
+                NULL)
+                return r->act_rc;
+        r->cl.n_seeds = r->cl.n_nodes;
+    } else {
+        r->nodes = calloc((size_t)r->cfg.n, sizeof *r->nodes);
+        if (r->nodes == NULL)
+            return r->act_rc;
+        for (int i = 0; i < r->cfg.n; i++) {
+            struct kc__node *nd = calloc(1, sizeof *nd);
+            if (nd == NULL)
+                return r->act_rc;
+            nd->ep = r->cfg.ep[i];
+            if (nd->ep.transport == KC_REMOTE_UNIX)
+                snprintf(nd->addr, sizeof nd->addr, "%s", nd->ep.path);
+            else
+                snprintf(nd->addr, sizeof nd->addr, "%s:%d", nd->ep.host, nd->ep.port);
+            r->nodes[r->n_nodes++] = nd;
+        }
+    }
+
+    r->keys.trust_any = r->cfg.trust_any;
+    bool need_sodium = r->cfg.signing_key[0] != '\0' || !r->cfg.trust_any;
+    if (need_sodium && kc__sodium_load(&r->na) != 0) {
+        r->na = NULL;
+        if (!r->cfg.trust_any)
+            return r->act_rc; /* nothing could be verified */
+    }
+    if (r->na != NULL && r->cfg.signing_key[0] != '\0') {
+        int rc = kc__keys_load_secret(r->na, r->cfg.signing_key, &r->keys);
+        if (rc != 0)
+            kc_log(KC_LOG_WARN,
+                   "remote: KCACHE_REMOTE_SIGNING_KEY %s refused (%s%s); this node uploads "
+                   "nothing",
+                   r->cfg.signing_key, strerror(-rc),
+                   rc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
+    }
+    if (r->na != NULL && r->cfg.trusted_keys[0] != '\0') {
+        int rc = kc__keys_load_trusted(r->na, r->cfg.trusted_keys, &r->keys);
+        if (rc != 0)
+            kc_log(KC_LOG_WARN,
+                   "remote: KCACHE_REMOTE_TRUSTED_KEYS %s unusable (%s%s); no key of it is "
+                   "trusted",
+                   r->cfg.trusted_keys, strerror(-rc),
+                   rc == -EPERM ? ": others may not write it" : "");
+    }
+    if (!r->cfg.trust_any && !r->keys.have_secret && r->keys.n_trusted == 0) {
+        kc_log(KC_LOG_WARN, "remote: no trusted key (KCACHE_REMOTE_TRUSTED_KEYS) and no "
+                            "signing key: every entry would be refused; the remote is off");
+        return r->act_rc;
+    }
+    r->act_rc = 0;
+    return 0;
+}
+
+static void drop_all(struct kc_remote *r)
+{
+    for (int i = 0; i < r->n_nodes; i++)
+        kc__node_drop(&r->rctx, r->nodes[i]);
+    for (int i = 0; i < r->cl.n_nodes; i++)
+        kc__node_drop(&r->rctx, r->cl.nodes[i]);
+}
+
+void kc_remote_after_fork(struct kc_remote *r)
+{
+    if (r == NULL)
+        return;
+    /* The parent's lock state means nothing here: start afresh. */
+    pthread_mutex_init(&r->mu, NULL);
+    drop_all(r);
+    make_token(r);
+}
+
+void kc_remote_close(struct kc_remote *r)
+{
+    if (r == NULL)
+        return;
+    pthread_mutex_lock(&r->mu);
+    drop_all(r);
+    for (int i = 0; i < r->n_nodes; i++) {
+        memset(r->nodes[i]->ep.password, 0, sizeof r->nodes[i]->ep.password);
+        free(r->nodes[i]);
+    }
+    free(r->nodes);
+    kc__cluster_free(&r->rctx, &r->cl);
+    kc__keys_free(r->na, &r->keys);
+    kc_remote_config_free(&r->cfg);
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* ---- one command -------------------------------------------------------- */
+
+/* The node `route` (an entry's key) maps to now, when known. */
+static struct kc__node *target_node(struct kc_remote *r, const char *route)
+{
+    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+        if (!r->cl.loaded)
+            return NULL;
+        unsigned s = kc__cluster_slot(route, strlen(route));
+        return r->cl.slot[s] == KC__SLOT_NONE ? NULL : r->cl.nodes[r->cl.slot[s]];
+    }
+    int i = r->n_nodes == 1 ? 0 : kc__rendezvous(r->cfg.ep, r->cfg.n, route, strlen(route));
+    return r->nodes[i];
+}
+
+/* Runs one command on the server of `route` (an entry's key: its lock
+ * lives beside it). Under mu. */
+static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
+               struct kc__node **from)
+{
+    if (r->cfg.mode == KC_REMOTE_CLUSTER)
+        return kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
+    struct kc__node *nd = target_node(r, route);
+    *from = nd;
+    return kc__node_exec(&r->rctx, nd, 1, cmd, rep);
+}
+
+/* An error reply to a read or a lock: a transient server state is a miss,
+ * refused credentials turn the server off. Under mu; frees rep. */
+static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
+{
+    const char *s = rep->str != NULL ? rep->str : "";
+    int rc = -EIO;
+    if (strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
+        strncmp(s, "NOPERM", 6) == 0) {
+        r->hi->free_reply(rep);
+        kc__node_fail(&r->rctx, nd, -EACCES, "refused the credentials");
+        return -EACCES;
+    }
+    if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "CLUSTERDOWN", 11) == 0 ||
+        strncmp(s, "TRYAGAIN", 8) == 0 || strncmp(s, "MASTERDOWN", 10) == 0 ||
+        strncmp(s, "BUSY", 4) == 0)
+        rc = -EAGAIN;
+    r->ctr.errors++;
+    r->hi->free_reply(rep);
+    return rc;
+}
+
+/* A reply of a type the command never gets: the server is not one to
+ * trust. Under mu; frees rep. */
+static int garbage(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
+{
+    r->hi->free_reply(rep);
+    kc__node_fail(&r->rctx, nd, -EPROTO, "answered garbage");
+    return -EPROTO;
+}
+
+/* ---- the tier's operations ---------------------------------------------- */
+
+int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
+                  struct kc_record_info *info)
+{
+    char k[KC_REMOTE_KEY_MAX];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc != 0) {
+        pthread_mutex_unlock(&r->mu);
+        return rc;
+    }
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "GET", k);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_NIL) {
+            r->ctr.misses++;
+            r->hi->free_reply(rep);
+            rc = -ENOENT;
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            rc = error_reply(r, nd, rep);
+        } else if (rep->type != REDIS_REPLY_STRING) {
+            rc = garbage(r, nd, rep);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (rc != 0)
+        return rc;
+
+    /* Verified outside the lock: hashing a large body takes a while. */
+    struct kc__rv rv;
+    int drc = kc__rv_decode(r->na, &r->keys, rep->str, rep->len, ns, key, &rv);
+    void *copy = NULL;
+    if (drc == 0 && rv.format == KC_FORMAT_VERSION) {
+        copy = malloc(rv.body_len > 0 ? rv.body_len : 1);
+        if (copy == NULL)
+            drc = -ENOMEM;
+        else if (rv.body_len > 0)
+            memcpy(copy, rv.body, rv.body_len);
+    }
+    pthread_mutex_lock(&r->mu);
+    if (drc == -EBADMSG || drc == -EKEYREJECTED) {
+        r->ctr.bad++;
+        if (!r->bad_warned) {
+            r->bad_warned = true;
+            kc_log(KC_LOG_WARN,
+                   "remote: an entry of %s %s; not served (further ones are counted only)", ns,
+                   drc == -EKEYREJECTED ? "is not signed by a trusted key"
+                                        : "is damaged or belongs to another key");
+        }
+        rc = -EBADMSG;
+    } else if (drc != 0) {
+        rc = drc;
+    } else if (rv.format != KC_FORMAT_VERSION) {
+        r->ctr.misses++;
+        rc = -ENOENT;
+    } else {
+        r->ctr.hits++;
+        r->ctr.download_bytes += rv.body_len;
+        r->ctr.saved_ns += rv.saved_ns;
+        *body = copy;
+        *len = rv.body_len;
+        if (info != NULL)
+            *info = (struct kc_record_info){.kind = rv.kind,
+                                            .format = rv.format,
+                                            .body_size = rv.body_len,
+                                            .created = rv.created_ns / 1000000000,
+                                            .saved_ns = rv.saved_ns};
+        copy = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(copy);
+    r->hi->free_reply(rep);
+    return rc;
+}
+
+/* Whether this node may write to the server `route` maps to. Under mu. */
+static int may_write(struct kc_remote *r, const char *route)
+{
+    if (!r->keys.have_secret)
+        return -EROFS;
+    struct kc__node *nd = target_node(r, route);
+    if (nd != NULL && (nd->ep.read_only || nd->writes_off))
+        return nd->writes_off && !nd->ep.read_only ? -ENOSPC : -EROFS;
+    if (r->cfg.mode == KC_REMOTE_CLUSTER && r->cfg.ep[0].read_only)
+        return -EROFS;
+    return 0;
+}
+
+/* An error reply to a write. Under mu; frees rep. */
+static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
+{
+    const char *s = rep->str != NULL ? rep->str : "";
+    bool oom = strncmp(s, "OOM", 3) == 0;
+    bool ro = strncmp(s, "READONLY", 8) == 0;
+    if (!oom && !ro)
+        return error_reply(r, nd, rep);
+    r->ctr.errors++;
+    nd->writes_off = true;
+    if (!r->full_warned) {
+        r->full_warned = true;
+        char shown[340];
+        kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
+        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%.60s); nothing more is uploaded to it",
+               shown, s);
+    }
+    r->hi->free_reply(rep);
+    return oom ? -ENOSPC : -EROFS;
+}
+
+int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
+{
+    (void)source; /* no source map remotely */
+    char k[KC_REMOTE_KEY_MAX];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    if (len > r->cfg.max_entry) {
+        r->ctr.skipped++;
+        pthread_mutex_unlock(&r->mu);
+        return -EFBIG;
+    }
+    int rc = activate(r);
+    if (rc == 0)
+        rc = may_write(r, k);
+    pthread_mutex_unlock(&r->mu);
+    if (rc != 0)
+        return rc;
+
+    /* Signed outside the lock (the keys do not change once loaded). */
+    unsigned char *v = NULL;
+    size_t vlen = 0;
+    rc = kc__rv_encode(r->na, &r->keys, ns, key, kind, KC_FORMAT_VERSION, kc_wall_ns(), saved_ns,
+                       body, len, &v, &vlen);
+    if (rc != 0)
+        return rc;
+    char ttl[24];
+    struct kc__cmd cmd;
+    if (r->cfg.ttl_s > 0) {
+        snprintf(ttl, sizeof ttl, "%" PRIu64, r->cfg.ttl_s);
+        kc__cmd_set(&cmd, 5, "SET", k, "", "EX", ttl);
+    } else {
+        kc__cmd_set(&cmd, 3, "SET", k, "");
+    }
+    cmd.argv[2] = (const char *)v;
+    cmd.len[2] = vlen;
+
+    pthread_mutex_lock(&r->mu);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_STATUS) {
+            r->ctr.uploads++;
+            r->ctr.upload_bytes += vlen;
+            r->hi->free_reply(rep);
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            rc = write_error(r, nd, rep);
+        } else {
+            rc = garbage(r, nd, rep);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(v);
+    return rc;
+}
+
+int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
+{
+    char k[KC_REMOTE_KEY_MAX];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0)
+        rc = may_write(r, k);
+    if (rc == -ENOSPC)
+        rc = 0; /* a full server still deletes */
+    else if (rc != 0)
+        goto out;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "DEL", k);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_INTEGER)
+            r->hi->free_reply(rep);
+        else if (rep->type == REDIS_REPLY_ERROR)
+            rc = write_error(r, nd, rep);
+        else
+            rc = garbage(r, nd, rep);
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
+{
+    char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0 ||
+        kc_remote_lock_name(ns, key, lk, sizeof lk) != 0)
+        return -EINVAL;
+    if (ttl_ms < 1)
+        ttl_ms = 1;
+    if (ttl_ms > 86400000)
+        ttl_ms = 86400000;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0)
+        rc = may_write(r, k);
+    if (rc != 0)
+        goto out;
+    char px[16];
+    snprintf(px, sizeof px, "%d", ttl_ms);
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 6, "SET", lk, r->token, "NX", "PX", px);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_STATUS) {
+            r->ctr.locks++;
+            r->hi->free_reply(rep);
+        } else if (rep->type == REDIS_REPLY_NIL) {
+            r->ctr.lock_busy++;
+            r->hi->free_reply(rep);
+            rc = -EBUSY;
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            rc = write_error(r, nd, rep);
+        } else {
+            rc = garbage(r, nd, rep);
+        }
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key)
+{
+    char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0 ||
+        kc_remote_lock_name(ns, key, lk, sizeof lk) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0 && !r->keys.have_secret)
+        rc = -EROFS;
+    if (rc != 0)
+        goto out;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, r->token);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            rc = rep->integer == 1 ? 0 : -ENOENT;
+            r->hi->free_reply(rep);
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            rc = error_reply(r, nd, rep);
+        } else {
+            rc = garbage(r, nd, rep);
+        }
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
+{
+    pthread_mutex_lock(&r->mu);
+#define KC__REMOTE_ADD(name, what) out->name += r->ctr.name;
+    KC_REMOTE_COUNTERS(KC__REMOTE_ADD)
+#undef KC__REMOTE_ADD
+    pthread_mutex_unlock(&r->mu);
+}
+
+static bool node_up(const struct kc__node *nd)
+{
+    return !nd->off || (nd->retry_at_ns != 0 && kc_mono_ns() >= nd->retry_at_ns);
+}
+
+bool kc_remote_usable(struct kc_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool ok = !r->activated || r->act_rc == 0;
+    if (ok && r->activated) {
+        ok = false;
+        for (int i = 0; i < r->n_nodes && !ok; i++)
+            ok = node_up(r->nodes[i]);
+        for (int i = 0; i < r->cl.n_nodes && !ok; i++)
+            ok = node_up(r->cl.nodes[i]);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+/* ---- ping --------------------------------------------------------------- */
+
+/* "field:value\r\n" of an INFO reply into out. */
+static void info_field(const redisReply *rep, const char *field, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (rep->type != REDIS_REPLY_STRING && rep->type != REDIS_REPLY_STATUS)
+        return;
+    size_t fl = strlen(field);
+    for (const char *p = rep->str; p != NULL && *p != '\0';) {
+        if (strncmp(p, field, fl) == 0 && p[fl] == ':') {
+            size_t n = strcspn(p + fl + 1, "\r\n");
+            snprintf(out, len, "%.*s", (int)n, p + fl + 1);
+            return;
+        }
+        p = strchr(p, '\n');
+        if (p != NULL)
+            p++;
+    }
+}
+
+static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote_ping_server *s)
+{
+    kc_remote_endpoint_display(&nd->ep, s->name, sizeof s->name);
+    struct kc__cmd cmd;
+    redisReply *rep = NULL;
+    kc__cmd_set(&cmd, 1, "PING");
+    /* Connected first, so the latency is one round trip. */
+    s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
+    if (s->rc != 0)
+        return;
+    r->hi->free_reply(rep);
+    uint64_t t0 = kc_mono_ns();
+    s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
+    if (s->rc != 0)
+        return;
+    s->latency_ms = (double)(kc_mono_ns() - t0) / 1e6;
+    bool pong = rep->type == REDIS_REPLY_STATUS && strcmp(rep->str, "PONG") == 0;
+    r->hi->free_reply(rep);
+    if (!pong) {
+        kc__node_fail(&r->rctx, nd, -EPROTO, "answered PING with something else than PONG");
+        s->rc = -EPROTO;
+        return;
+    }
+    kc__cmd_set(&cmd, 2, "INFO", "server");
+    if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
+        info_field(rep, "redis_version", s->version, sizeof s->version);
+        r->hi->free_reply(rep);
+    }
+    kc__cmd_set(&cmd, 2, "INFO", "replication");
+    if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
+        info_field(rep, "role", s->role, sizeof s->role);
+        r->hi->free_reply(rep);
+    }
+}
+
+int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0) {
+        if (r->keys.have_secret)
+            snprintf(rep->key_id, sizeof rep->key_id, "%016" PRIx64, r->keys.self.id);
+        rep->n_trusted = (int)r->keys.n_trusted + (r->keys.have_secret ? 1 : 0);
+        if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+            rc = kc__cluster_refresh(&r->rctx, &r->cl, NULL);
+            /* Every node that serves a slot (the primaries). */
+            for (int i = 0; rc == 0 && i < r->cl.n_nodes; i++) {
+                bool serves = false;
+                for (int s = 0; s < KC__SLOTS && !serves; s++)
+                    serves = r->cl.slot[s] == i;
+                if (serves && rep->n < KC_REMOTE_MAX_ENDPOINTS)
+                    ping_node(r, r->cl.nodes[i], &rep->server[rep->n++]);
+            }
+        } else {
+            for (int i = 0; i < r->n_nodes; i++)
+                ping_node(r, r->nodes[i], &rep->server[rep->n++]);
+        }
+        for (int i = 0; rc == 0 && i < rep->n; i++)
+            if (rep->server[i].rc != 0)
+                rc = rep->server[i].rc;
+    }
+    bool can_sign = r->keys.have_secret;
+    pthread_mutex_unlock(&r->mu);
+    if (rc != 0) {
+        rep->roundtrip_rc = rc;
+        return rc;
+    }
+
+    /* The signed round trip, through the tier's own paths. */
+    kc_key probe = {.build = 0};
+    if (getrandom(&probe.id, sizeof probe.id, GRND_NONBLOCK) != (ssize_t)sizeof probe.id)
+        probe.id = (kc_digest){.lo = kc_mono_ns(), .hi = (uint64_t)getpid()};
+    static const char ns[] = "kcache-ping";
+    char body[64];
+    int blen = snprintf(body, sizeof body, "kcache remote ping %016" PRIx64, probe.id.lo);
+    void *got = NULL;
+    size_t glen = 0;
+    if (!can_sign) {
+        int g = kc_remote_get(r, ns, &probe, &got, &glen, NULL);
+        free(got);
+        rep->roundtrip_rc = g == -ENOENT ? -EROFS : g;
+        return g == -ENOENT ? 0 : g;
+    }
+    rc = kc_remote_put(r, ns, &probe, NULL, KC_KIND_BLOB, body, (size_t)blen, 0);
+    if (rc == 0) {
+        rc = kc_remote_get(r, ns, &probe, &got, &glen, NULL);
+        if (rc == 0 && (glen != (size_t)blen || memcmp(got, body, glen) != 0))
+            rc = -EBADMSG;
+        free(got);
+        int p = kc_remote_purge(r, ns, &probe);
+        if (rc == 0)
+            rc = p;
+    }
+    rep->roundtrip_rc = rc;
+    return rc;
+}

@@ -1,0 +1,89 @@
+#!/bin/bash
+# The tool's remote commands against a private redis-server on a unix
+# socket in the test's directory (suite remote): `kcache keygen PATH`,
+# `kcache remote ping` (writer, read-only reader, server down), and
+# `kcache config` showing the remote variables with passwords redacted
+# and a malformed KCACHE_REMOTE as a warning.
+. "$(dirname "$0")/../tool/lib.sh"
+
+server=
+stop_server() {
+    if [ -n "$server" ]; then
+        kill -CONT "$server" 2>/dev/null
+        kill -KILL "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+        server=
+    fi
+}
+trap 'stop_server; rm -rf "$T"' EXIT
+
+sock="$T/redis.sock"
+redis-server --port 0 --bind 127.0.0.1 --unixsocket "$sock" --unixsocketperm 700 \
+    --dir "$T" --save '' --appendonly no --logfile "$T/redis.log" &
+server=$!
+for _ in $(seq 400); do
+    [ -S "$sock" ] && redis-cli -s "$sock" PING 2>/dev/null | grep -q PONG && break
+    sleep 0.025
+done
+
+# keygen: PATH 0600 and PATH.pub, one line as ssh-keygen writes it.
+run "$KC" keygen "$T/key"
+expect_rc 0 "keygen"
+expect_out_match 'key id [0-9a-f]{16}' "keygen prints the key id"
+[ "$(stat -c %a "$T/key")" = 600 ] && ok || fail "secret key mode $(stat -c %a "$T/key")"
+[ "$(wc -l <"$T/key.pub")" -eq 1 ] && ok || fail "PATH.pub is not one line"
+grep -Eq '^kcache-ed25519 [A-Za-z0-9+/]{43}= [^ ]+@[^ ]+$' "$T/key.pub" && ok ||
+    fail "PATH.pub: $(cat "$T/key.pub")"
+run "$KC" keygen "$T/key"
+expect_rc 1 "keygen over an existing key"
+expect_one_line_error "kcache: error:" "keygen over an existing key"
+run "$KC" keygen
+expect_rc 2 "keygen without PATH"
+cp "$T/key.pub" "$T/trusted"
+
+export KCACHE_REMOTE="redis+unix:$sock"
+# ping as a writer: latency, version, the signed round trip.
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote ping
+expect_rc 0 "remote ping"
+expect_out_match "^redis\+unix:$sock: [0-9.]+ ms, redis [0-9]+\.[0-9]+\.[0-9]+, master\$" \
+    "ping shows latency, version and role"
+expect_out_match '^signed entry: written, read back and verified, deleted' "ping round trip"
+[ "$(redis-cli -s "$sock" DBSIZE)" = 0 ] && ok || fail "ping left its probe behind"
+
+# ping as a read-only node.
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote ping
+expect_rc 0 "remote ping, read-only"
+expect_out_match '^signed entry: not written \(no signing key' "read-only ping"
+
+# A key readable by others is refused: ping says the node is read-only.
+chmod 644 "$T/key"
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote ping
+expect_err_match 'SIGNING_KEY .* refused' "a 0644 signing key is refused"
+expect_out_match '^signed entry: not written' "a 0644 key signs nothing"
+chmod 600 "$T/key"
+
+# config: the URL without its password; a malformed one is a warning.
+KCACHE_REMOTE="redis://bob:hunter2@127.0.0.1:1/2|read-only" KCACHE_REMOTE_TTL=60 run "$KC" config
+expect_rc 0 "config with a remote"
+expect_out_match '^KCACHE_REMOTE +environment +redis://bob:\*\*\*\*\*\*\*\*@127\.0\.0\.1:1/2\|read-only$' \
+    "config shows the URL redacted"
+expect_out_match '^KCACHE_REMOTE_TTL +environment +60$' "config shows the TTL"
+expect_out_no_match 'hunter2' "config never shows the password"
+KCACHE_REMOTE="redis://bob:hunter2@host:notaport" run "$KC" config
+expect_out_match '^warning: KCACHE_REMOTE: .*bad host or port.*remote is off' "malformed URL warns"
+expect_out_no_match 'hunter2' "the warning does not show the password"
+
+# ping without a remote, and with the server down.
+KCACHE_REMOTE= run "$KC" remote ping
+expect_rc 1 "ping without KCACHE_REMOTE"
+expect_one_line_error "kcache: error:" "ping without KCACHE_REMOTE"
+run "$KC" remote frobnicate
+expect_rc 2 "unknown remote subcommand"
+stop_server
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote ping
+expect_rc 1 "ping with the server down"
+expect_out_match "^redis\+unix:$sock: (cannot connect|Connection refused|No such)" "ping names the failure"
+
+finish
