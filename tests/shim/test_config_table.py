@@ -73,15 +73,22 @@ def mentioned(root):
     return names
 
 
-def table(tool, env=None):
+def run_table(tool, env=None):
+    """(AT_SECURE of the process, [(name, kind, value)])."""
     p = subprocess.run([tool], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        env=env, timeout=30)
     check(p.returncode == 0, f"kc-config-vars exited {p.returncode}: {p.stderr!r}")
+    lines = p.stdout.decode().splitlines()
+    secure = lines[0] == "secure 1" if lines else False
     rows = []
-    for line in p.stdout.decode().splitlines():
+    for line in lines[1:]:
         name, kind, value = line.split(" ", 2)
         rows.append((name, kind, value))
-    return rows
+    return secure, rows
+
+
+def table(tool, env=None):
+    return run_table(tool, env)[1]
 
 
 def known(rows, name):
@@ -147,8 +154,9 @@ def main():
                 shutil.copy(dump, prog)
                 os.chown(prog, nobody, -1)
                 os.chmod(prog, 0o4755)
-                sec = {n: v for n, _, v in table(prog, clean_env(**setting))}
-                if all(sec.get(n) == setting[n] for n in readable):
+                secure, rows_s = run_table(prog, clean_env(**setting))
+                sec = {n: v for n, _, v in rows_s}
+                if not secure:
                     print("skip (3, secure): the set-user-ID copy did not run "
                           "in secure-execution mode")
                 else:
