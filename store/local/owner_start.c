@@ -1,9 +1,10 @@
 /*
- * owner_start.c: starting the owner. Where the kcache tool is (beside the
- * calling library, $KCACHE_TOOL, $PATH), spawning `kcache owner` detached
- * when nobody holds DIR/owner.lock, and the kicker that does so at most
- * every 200 ms. libc only: compiled into the store and into the shim's
- * front (see local.h).
+ * owner_start.c: starting the owner. Where the calling library is
+ * (kc__object_path; the shim also finds the store library with it), where
+ * the kcache tool is (given, $KCACHE_TOOL, beside that library, $PATH),
+ * spawning `kcache owner` detached when nobody holds DIR/owner.lock, and
+ * the kicker that does so at most every 200 ms. libc only: compiled into
+ * the store and into the shim's front (see local.h).
  */
 #include "local.h"
 

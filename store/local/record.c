@@ -232,7 +232,6 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
 
 /* Put payload: ns_len u16, flags u16, pad u32, key 24, source 16 (zero
  * without KC__PF_SOURCE), ns, record. */
-
 static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *key,
                       const kc_digest *source, const struct kc__hdr *h, const void *bytes,
                       size_t len)

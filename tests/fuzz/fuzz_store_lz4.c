@@ -1,6 +1,6 @@
 /*
  * Fuzz target: the LZ4 block decoder the shim serves hot files through
- * (store/record.c kc__lz4_unpack) and the packed put files around it
+ * (store/local/lz4.c kc__lz4_unpack) and the packed put files around it
  * (kc__put_decode_any). A hot file is read by every host process that
  * hits, so the decoder must take any bytes.
  *

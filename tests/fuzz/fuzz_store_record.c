@@ -1,7 +1,7 @@
 /*
  * Fuzz target: the store's record parser (kc_store_api()->parse_record is
  * kc__parse_record), the record header decoder and the kernels-key splitter
- * (store/record.c). Every value read back from RocksDB goes through these.
+ * (store/local/record.c). Every value read back from RocksDB goes through these.
  *
  * The first input byte picks a mode. Even: the rest is parsed as is. Odd:
  * the target first writes the right header checksum and body digest into

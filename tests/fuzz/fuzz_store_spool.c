@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the store's spool-file decoders (store/record.c):
+ * Fuzz target: the store's spool-file decoders (store/local/record.c):
  * kc__spool_check, kc__spool_put_decode and kc__spool_item_next for purge,
  * hit and counter files. The owner reads every file another process left in
  * DIR/spool through these, so they must take any bytes.
