@@ -269,8 +269,8 @@ static void convert_put_file(const char *dir, const char *name)
         die("decoding a current put file", rc);
     struct kc__hdr h = sp.hdr;
     old_header(&h, &nb);
-    rc = kc__spool_put_encode(&file, sp.ns, &sp.key, sp.has_source ? &sp.source : NULL, &h,
-                              nb.p, nb.len);
+    rc = kc__spool_put_encode(&file, sp.ns, &sp.key, sp.has_source ? &sp.source : NULL, &h, nb.p,
+                              nb.len);
     if (rc == 0)
         rc = kc__spool_write(dir, name, file.p, file.len, true);
     if (rc < 0)

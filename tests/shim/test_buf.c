@@ -158,8 +158,7 @@ Test(codec_layout, replay_record_is_little_endian)
     cr_assert(memcmp(b.p + 20, "\x03\0\0\0\0\0\0\0", 8) == 0, "size");
     /* get_rc, size_null_rc, get_null_rc, then the blob: length, bytes. */
     cr_assert(memcmp(b.p + 40, "\x03\0\0\0\0\0\0\0abc", 11) == 0, "PTX blob");
-    cr_assert(memcmp(b.p + b.len - 8, "\x88\x77\x66\x55\x44\x33\x22\x11", 8) == 0,
-              "pch_required");
+    cr_assert(memcmp(b.p + b.len - 8, "\x88\x77\x66\x55\x44\x33\x22\x11", 8) == 0, "pch_required");
     struct kc__replay *back = kc__replay_decode(b.p, b.len);
     cr_assert_not_null(back);
     cr_assert_eq(back->compile_rc, -2);
@@ -171,24 +170,24 @@ Test(codec_layout, replay_record_is_little_endian)
 
 Test(codec_layout, manifest_is_little_endian)
 {
-    struct kc__dep dep = {.path = (char *)"a.h", .kind = KC_DEP_FILE,
+    struct kc__dep dep = {.path = (char *)"a.h",
+                          .kind = KC_DEP_FILE,
                           .digest = {0x0102030405060708ull, 0x1112131415161718ull},
                           .fp = {0x21}};
     kc_digest result = {0x3132333435363738ull, 0x4142434445464748ull};
     struct kc_buf b = {0};
     kc__manifest_encode(&b, &result, &dep, 1, NULL);
     cr_assert_eq(b.err, 0);
-    const unsigned char want[] =
-        "\x46\x4d\x43\x4b\x33\0\0\0"         /* "KCMF" 3 */
-        "\x01\0\0\0\0\0\0\0"                 /* one set */
-        "\x38\x37\x36\x35\x34\x33\x32\x31"   /* result.lo */
-        "\x48\x47\x46\x45\x44\x43\x42\x41"   /* result.hi */
-        "\x01\0\0\0\0\0\0\0"                 /* one dependency */
-        "\x01\0\0\0"                         /* KC_DEP_FILE */
-        "\x03\0\0\0\0\0\0\0a.h"              /* path */
-        "\x08\x07\x06\x05\x04\x03\x02\x01"   /* digest.lo */
-        "\x18\x17\x16\x15\x14\x13\x12\x11"   /* digest.hi */
-        "\x21\0\0\0\0\0\0\0";                /* fp[0], then four zeros */
+    const unsigned char want[] = "\x46\x4d\x43\x4b\x33\0\0\0"       /* "KCMF" 3 */
+                                 "\x01\0\0\0\0\0\0\0"               /* one set */
+                                 "\x38\x37\x36\x35\x34\x33\x32\x31" /* result.lo */
+                                 "\x48\x47\x46\x45\x44\x43\x42\x41" /* result.hi */
+                                 "\x01\0\0\0\0\0\0\0"               /* one dependency */
+                                 "\x01\0\0\0"                       /* KC_DEP_FILE */
+                                 "\x03\0\0\0\0\0\0\0a.h"            /* path */
+                                 "\x08\x07\x06\x05\x04\x03\x02\x01" /* digest.lo */
+                                 "\x18\x17\x16\x15\x14\x13\x12\x11" /* digest.hi */
+                                 "\x21\0\0\0\0\0\0\0";              /* fp[0], then four zeros */
     size_t n = sizeof want - 1;
     cr_assert_eq(b.len, n + 32, "length %zu", b.len);
     cr_assert(memcmp(b.p, want, n) == 0);
