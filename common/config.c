@@ -1,5 +1,6 @@
 /*
- * kcache configuration, read from the environment once. See config.h.
+ * kcache configuration: the table of every KCACHE_* variable, and the
+ * settings read from the environment once. See config.h.
  */
 #include "config.h"
 
@@ -14,55 +15,60 @@
 #include <sys/auxv.h>
 #include <unistd.h>
 
-enum {
-    V_DIR,
-    V_DISABLE,
-    V_READONLY,
-    V_RECACHE,
-    V_MAXSIZE,
-    V_LOG,
-    V_STATS,
-    V_NVRTC,
-    V_JIT,
-    V_MEMO,
-    V_ALLOC,
-    V_ALLOC_POOL,
-    V_ALLOC_FALLBACK,
-    V_LOCK_TIMEOUT,
-    V_SINGLE_FLIGHT,
-    V_REMOTE,
-    V_REMOTE_TTL,
-    V_REMOTE_MAX_ENTRY,
-    V_REMOTE_SIGNING_KEY,
-    V_REMOTE_TRUSTED_KEYS,
-    V_REMOTE_TRUST,
-    V_COUNT
-};
-
+/* Settings first (kind 0, KC_VAR_SETTING), in the order `kcache config`
+ * prints them. */
 const struct kc_config_var kc_config_vars[] = {
-    [V_DIR] = {"KCACHE_DIR", "cache directory"},
-    [V_DISABLE] = {"KCACHE_DISABLE", "turn every part of kcache off"},
-    [V_READONLY] = {"KCACHE_READONLY", "serve hits, store nothing"},
-    [V_RECACHE] = {"KCACHE_RECACHE", "compile and overwrite, never serve"},
-    [V_MAXSIZE] = {"KCACHE_MAXSIZE", "size limit of the store"},
-    [V_LOG] = {"KCACHE_LOG", "log level: error|warn|info|debug"},
-    [V_STATS] = {"KCACHE_STATS", "print a summary line at exit"},
-    [V_NVRTC] = {"KCACHE_NVRTC", "cache NVRTC compiles"},
-    [V_JIT] = {"KCACHE_JIT", "cache driver JIT of PTX and fatbinaries"},
-    [V_MEMO] = {"KCACHE_MEMO", "memoize function lookups per context"},
-    [V_ALLOC] = {"KCACHE_ALLOC", "pool freed device blocks per context"},
-    [V_ALLOC_POOL] = {"KCACHE_ALLOC_POOL", "pool bound per context"},
-    [V_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
-    [V_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
-    [V_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT", "one process compiles a missed key, the rest wait"},
-    [V_REMOTE] = {"KCACHE_REMOTE", "Redis URL(s) of the remote tier, shared by machines"},
-    [V_REMOTE_TTL] = {"KCACHE_REMOTE_TTL", "seconds a remote entry lives (EX); 0: no expiry"},
-    [V_REMOTE_MAX_ENTRY] = {"KCACHE_REMOTE_MAX_ENTRY", "larger entries are not uploaded"},
-    [V_REMOTE_SIGNING_KEY] = {"KCACHE_REMOTE_SIGNING_KEY", "secret key file (0600) uploads are signed with"},
-    [V_REMOTE_TRUSTED_KEYS] = {"KCACHE_REMOTE_TRUSTED_KEYS", "file of public keys remote entries must be signed by"},
-    [V_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST", "signed|any: whether unsigned remote entries are read"},
+    [KC_VAR_DIR] = {"KCACHE_DIR", "cache directory"},
+    [KC_VAR_DISABLE] = {"KCACHE_DISABLE", "turn every part of kcache off"},
+    [KC_VAR_READONLY] = {"KCACHE_READONLY", "serve hits, store nothing"},
+    [KC_VAR_RECACHE] = {"KCACHE_RECACHE", "compile and overwrite, never serve"},
+    [KC_VAR_MAXSIZE] = {"KCACHE_MAXSIZE", "size limit of the store"},
+    [KC_VAR_LOG] = {"KCACHE_LOG", "log level: error|warn|info|debug"},
+    [KC_VAR_STATS] = {"KCACHE_STATS", "print a summary line at exit"},
+    [KC_VAR_NVRTC] = {"KCACHE_NVRTC", "cache NVRTC compiles"},
+    [KC_VAR_JIT] = {"KCACHE_JIT", "cache driver JIT of PTX and fatbinaries"},
+    [KC_VAR_MEMO] = {"KCACHE_MEMO", "memoize function lookups per context"},
+    [KC_VAR_ALLOC] = {"KCACHE_ALLOC", "pool freed device blocks per context"},
+    [KC_VAR_ALLOC_POOL] = {"KCACHE_ALLOC_POOL", "pool bound per context"},
+    [KC_VAR_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
+    [KC_VAR_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
+    [KC_VAR_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT",
+                              "one process compiles a missed key, the rest wait"},
+    [KC_VAR_REMOTE] = {"KCACHE_REMOTE", "Redis URL(s) of the remote tier, shared by machines"},
+    [KC_VAR_REMOTE_TTL] = {"KCACHE_REMOTE_TTL", "seconds a remote entry lives (EX); 0: no expiry"},
+    [KC_VAR_REMOTE_MAX_ENTRY] = {"KCACHE_REMOTE_MAX_ENTRY", "larger entries are not uploaded"},
+    [KC_VAR_REMOTE_SIGNING_KEY] = {"KCACHE_REMOTE_SIGNING_KEY",
+                                   "secret key file (0600) uploads are signed with"},
+    [KC_VAR_REMOTE_TRUSTED_KEYS] = {"KCACHE_REMOTE_TRUSTED_KEYS",
+                                    "file of public keys remote entries must be signed by"},
+    [KC_VAR_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST",
+                             "signed|any: whether unsigned remote entries are read"},
+
+    /* Internal: read where needed, through kc_config_get. */
+    [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner",
+                     KC_VAR_INTERNAL},
+    [KC_VAR_STORE_LIB] = {"KCACHE_STORE_LIB", "the store library the shim loads",
+                          KC_VAR_INTERNAL},
+    [KC_VAR_OWNER_DETACH] = {"KCACHE_OWNER_DETACH",
+                             "1: an owner a store started (it leaves its starter's process tree)",
+                             KC_VAR_INTERNAL},
+    [KC_VAR_OWNER_IDLE_MS] = {"KCACHE_OWNER_IDLE_MS",
+                              "how long an owner waits idle before it exits, ms",
+                              KC_VAR_INTERNAL},
+
+    /* The harness's: scripts/ and tests/ read them, kcache never does. */
+    {"KCACHE_TEST_", "test programs and stand-ins", KC_VAR_HARNESS},
+    {"KCACHE_SHIM", "the shim the tests preload", KC_VAR_HARNESS},
+    {"KCACHE_SRC", "the source tree, for tests", KC_VAR_HARNESS},
+    {"KCACHE_BUILD", "the build tree, for tests", KC_VAR_HARNESS},
+    {"KCACHE_VENV", "the Python environment (scripts/setup-venv)", KC_VAR_HARNESS},
+    {"KCACHE_VENV_PYTHON", "its interpreter, for the client tests", KC_VAR_HARNESS},
+    {"KCACHE_DEMO_", "scripts/demo", KC_VAR_HARNESS},
+    {"KCACHE_BENCH_", "scripts/bench", KC_VAR_HARNESS},
+    {"KCACHE_GPU_BUILD", "scripts/gpu-check's build directory", KC_VAR_HARNESS},
+    {"KCACHE_FUZZ_FIXTURES", "the driver fuzz target's fixtures", KC_VAR_HARNESS},
 };
-const int kc_config_n_vars = V_COUNT;
+const int kc_config_n_vars = sizeof kc_config_vars / sizeof *kc_config_vars;
 
 static void warn(struct kc_config *cfg, const char *fmt, ...)
 {
@@ -150,9 +156,16 @@ const char *kc_log_level_name(int level)
     return level >= 0 && level <= 3 ? names[level] : "?";
 }
 
+const char *kc_config_get(enum kc_var var)
+{
+    if ((int)var < 0 || var >= KC_VAR_FIRST_HARNESS || getauxval(AT_SECURE) != 0)
+        return NULL;
+    return getenv(kc_config_vars[var].name);
+}
+
 static const char *env(struct kc_config *cfg, int var)
 {
-    const char *v = getenv(kc_config_vars[var].name);
+    const char *v = kc_config_get(var);
     if (v == NULL)
         return NULL;
     cfg->origin[var] = KC_FROM_ENV;
@@ -242,8 +255,8 @@ static char start_cwd[PATH_MAX];
 
 void kc_config_pin_cwd(void)
 {
-    const char *v = getenv(kc_config_vars[V_DIR].name);
-    if (getauxval(AT_SECURE) != 0 || v == NULL || v[0] == '\0' || v[0] == '/')
+    const char *v = kc_config_get(KC_VAR_DIR);
+    if (v == NULL || v[0] == '\0' || v[0] == '/')
         return;
     if (getcwd(start_cwd, sizeof start_cwd) == NULL)
         start_cwd[0] = '\0';
@@ -269,11 +282,11 @@ void kc_config_load(struct kc_config *cfg)
         return;
     }
 
-    const char *v = env(cfg, V_DIR);
+    const char *v = env(cfg, KC_VAR_DIR);
     if (v != NULL && v[0] != '\0') {
         if (strlen(v) >= sizeof cfg->dir - 64) {
             warn(cfg, "KCACHE_DIR is too long; using the default");
-            cfg->origin[V_DIR] = KC_FROM_DEFAULT;
+            cfg->origin[KC_VAR_DIR] = KC_FROM_DEFAULT;
             default_dir(cfg);
         } else if (v[0] != '/') {
             /* A relative directory is resolved against the working directory
@@ -297,30 +310,30 @@ void kc_config_load(struct kc_config *cfg)
             snprintf(cfg->dir, sizeof cfg->dir, "%s", v);
         }
     } else {
-        cfg->origin[V_DIR] = KC_FROM_DEFAULT;
+        cfg->origin[KC_VAR_DIR] = KC_FROM_DEFAULT;
         default_dir(cfg);
     }
 
-    load_bool(cfg, V_DISABLE, &cfg->disable);
-    load_bool(cfg, V_READONLY, &cfg->readonly);
-    load_bool(cfg, V_RECACHE, &cfg->recache);
-    load_size(cfg, V_MAXSIZE, &cfg->max_size);
+    load_bool(cfg, KC_VAR_DISABLE, &cfg->disable);
+    load_bool(cfg, KC_VAR_READONLY, &cfg->readonly);
+    load_bool(cfg, KC_VAR_RECACHE, &cfg->recache);
+    load_size(cfg, KC_VAR_MAXSIZE, &cfg->max_size);
     if (cfg->max_size == 0) {
         /* No limit is not a store: 0 means the default, with a warning. */
         warn(cfg, "KCACHE_MAXSIZE=%s is a limit of 0 bytes; using the default (5G)",
-             getenv("KCACHE_MAXSIZE"));
+             kc_config_get(KC_VAR_MAXSIZE));
         cfg->max_size = 5ull << 30;
-        cfg->origin[V_MAXSIZE] = KC_FROM_DEFAULT;
+        cfg->origin[KC_VAR_MAXSIZE] = KC_FROM_DEFAULT;
     }
-    load_bool(cfg, V_STATS, &cfg->stats);
-    load_bool(cfg, V_NVRTC, &cfg->nvrtc);
-    load_bool(cfg, V_JIT, &cfg->jit);
-    load_bool(cfg, V_MEMO, &cfg->memo);
-    load_bool(cfg, V_ALLOC, &cfg->alloc);
-    load_size(cfg, V_ALLOC_POOL, &cfg->alloc_pool);
-    load_bool(cfg, V_SINGLE_FLIGHT, &cfg->single_flight);
+    load_bool(cfg, KC_VAR_STATS, &cfg->stats);
+    load_bool(cfg, KC_VAR_NVRTC, &cfg->nvrtc);
+    load_bool(cfg, KC_VAR_JIT, &cfg->jit);
+    load_bool(cfg, KC_VAR_MEMO, &cfg->memo);
+    load_bool(cfg, KC_VAR_ALLOC, &cfg->alloc);
+    load_size(cfg, KC_VAR_ALLOC_POOL, &cfg->alloc_pool);
+    load_bool(cfg, KC_VAR_SINGLE_FLIGHT, &cfg->single_flight);
 
-    v = env(cfg, V_LOG);
+    v = env(cfg, KC_VAR_LOG);
     if (v != NULL) {
         int found = -1;
         for (int i = 0; i <= KC_LOG_DEBUG; i++)
@@ -330,13 +343,13 @@ void kc_config_load(struct kc_config *cfg)
             found = KC_LOG_WARN;
         if (found < 0) {
             warn(cfg, "KCACHE_LOG=%s is not one of error|warn|info|debug; using warn", v);
-            cfg->origin[V_LOG] = KC_FROM_DEFAULT;
+            cfg->origin[KC_VAR_LOG] = KC_FROM_DEFAULT;
         } else {
             cfg->log_level = found;
         }
     }
 
-    v = env(cfg, V_ALLOC_FALLBACK);
+    v = env(cfg, KC_VAR_ALLOC_FALLBACK);
     if (v != NULL) {
         if (strcasecmp(v, "managed") == 0)
             cfg->alloc_fallback = KC_ALLOC_FALLBACK_MANAGED;
@@ -344,18 +357,18 @@ void kc_config_load(struct kc_config *cfg)
             cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
         else {
             warn(cfg, "KCACHE_ALLOC_FALLBACK=%s is not one of none|managed; using none", v);
-            cfg->origin[V_ALLOC_FALLBACK] = KC_FROM_DEFAULT;
+            cfg->origin[KC_VAR_ALLOC_FALLBACK] = KC_FROM_DEFAULT;
         }
     }
 
-    v = env(cfg, V_LOCK_TIMEOUT);
+    v = env(cfg, KC_VAR_LOCK_TIMEOUT);
     if (v != NULL) {
         char *end;
         long ms = strtol(v, &end, 10);
         if (end == v || *end != '\0' || ms < 0 || ms > 3600000) {
             warn(cfg, "KCACHE_LOCK_TIMEOUT=%s is not a number of milliseconds; using %d", v,
                  cfg->lock_timeout_ms);
-            cfg->origin[V_LOCK_TIMEOUT] = KC_FROM_DEFAULT;
+            cfg->origin[KC_VAR_LOCK_TIMEOUT] = KC_FROM_DEFAULT;
         } else {
             cfg->lock_timeout_ms = (int)ms;
         }
@@ -363,14 +376,14 @@ void kc_config_load(struct kc_config *cfg)
 
     /* The remote tier's settings, kept as given: store/remote parses them
      * (a malformed one is its warning, and the remote stays off). */
-    load_text(cfg, V_REMOTE, cfg->remote, sizeof cfg->remote);
-    load_text(cfg, V_REMOTE_TTL, cfg->remote_ttl, sizeof cfg->remote_ttl);
-    load_text(cfg, V_REMOTE_MAX_ENTRY, cfg->remote_max_entry, sizeof cfg->remote_max_entry);
-    load_text(cfg, V_REMOTE_SIGNING_KEY, cfg->remote_signing_key,
+    load_text(cfg, KC_VAR_REMOTE, cfg->remote, sizeof cfg->remote);
+    load_text(cfg, KC_VAR_REMOTE_TTL, cfg->remote_ttl, sizeof cfg->remote_ttl);
+    load_text(cfg, KC_VAR_REMOTE_MAX_ENTRY, cfg->remote_max_entry, sizeof cfg->remote_max_entry);
+    load_text(cfg, KC_VAR_REMOTE_SIGNING_KEY, cfg->remote_signing_key,
               sizeof cfg->remote_signing_key);
-    load_text(cfg, V_REMOTE_TRUSTED_KEYS, cfg->remote_trusted_keys,
+    load_text(cfg, KC_VAR_REMOTE_TRUSTED_KEYS, cfg->remote_trusted_keys,
               sizeof cfg->remote_trusted_keys);
-    load_text(cfg, V_REMOTE_TRUST, cfg->remote_trust, sizeof cfg->remote_trust);
+    load_text(cfg, KC_VAR_REMOTE_TRUST, cfg->remote_trust, sizeof cfg->remote_trust);
 
     /* A misspelt switch must not be silently ignored. */
     extern char **environ;
@@ -379,16 +392,14 @@ void kc_config_load(struct kc_config *cfg)
             continue;
         size_t n = strcspn(*e, "=");
         bool known = false;
-        for (int i = 0; i < V_COUNT && !known; i++)
-            known = strlen(kc_config_vars[i].name) == n &&
-                    strncmp(kc_config_vars[i].name, *e, n) == 0;
-        /* Internal variables of the store, the launcher, the scripts and
-         * the test harness. */
-        static const char *internal[] = {
-            "KCACHE_TOOL=",  "KCACHE_STORE_LIB=", "KCACHE_OWNER_", "KCACHE_TEST_", "KCACHE_SHIM=",
-            "KCACHE_SRC=",   "KCACHE_BUILD=",     "KCACHE_VENV",   "KCACHE_DEMO_", "KCACHE_BENCH_"};
-        for (size_t i = 0; i < sizeof internal / sizeof *internal && !known; i++)
-            known = strncmp(*e, internal[i], strlen(internal[i])) == 0;
+        for (int i = 0; i < kc_config_n_vars && !known; i++) {
+            const char *name = kc_config_vars[i].name;
+            size_t len = strlen(name);
+            if (name[len - 1] == '_') /* a prefix */
+                known = n >= len && strncmp(name, *e, len) == 0;
+            else
+                known = len == n && strncmp(name, *e, n) == 0;
+        }
         if (!known)
             warn(cfg, "unknown variable %.*s ignored (see `kcache config`)", (int)n, *e);
     }
@@ -401,72 +412,72 @@ void kc_config_load(struct kc_config *cfg)
 void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
 {
     switch (i) {
-    case V_DIR:
+    case KC_VAR_DIR:
         snprintf(buf, len, "%s", cfg->dir[0] ? cfg->dir : "(none)");
         break;
-    case V_DISABLE:
+    case KC_VAR_DISABLE:
         snprintf(buf, len, "%d", cfg->disable);
         break;
-    case V_READONLY:
+    case KC_VAR_READONLY:
         snprintf(buf, len, "%d", cfg->readonly);
         break;
-    case V_RECACHE:
+    case KC_VAR_RECACHE:
         snprintf(buf, len, "%d", cfg->recache);
         break;
-    case V_MAXSIZE:
+    case KC_VAR_MAXSIZE:
         snprintf(buf, len, "%llu", (unsigned long long)cfg->max_size);
         break;
-    case V_LOG:
+    case KC_VAR_LOG:
         snprintf(buf, len, "%s", kc_log_level_name(cfg->log_level));
         break;
-    case V_STATS:
+    case KC_VAR_STATS:
         snprintf(buf, len, "%d", cfg->stats);
         break;
-    case V_NVRTC:
+    case KC_VAR_NVRTC:
         snprintf(buf, len, "%d", cfg->nvrtc);
         break;
-    case V_JIT:
+    case KC_VAR_JIT:
         snprintf(buf, len, "%d", cfg->jit);
         break;
-    case V_MEMO:
+    case KC_VAR_MEMO:
         snprintf(buf, len, "%d", cfg->memo);
         break;
-    case V_ALLOC:
+    case KC_VAR_ALLOC:
         snprintf(buf, len, "%d", cfg->alloc);
         break;
-    case V_ALLOC_POOL:
+    case KC_VAR_ALLOC_POOL:
         snprintf(buf, len, "%llu", (unsigned long long)cfg->alloc_pool);
         break;
-    case V_ALLOC_FALLBACK:
+    case KC_VAR_ALLOC_FALLBACK:
         snprintf(buf, len, "%s",
                  cfg->alloc_fallback == KC_ALLOC_FALLBACK_MANAGED ? "managed" : "none");
         break;
-    case V_LOCK_TIMEOUT:
+    case KC_VAR_LOCK_TIMEOUT:
         snprintf(buf, len, "%d", cfg->lock_timeout_ms);
         break;
-    case V_SINGLE_FLIGHT:
+    case KC_VAR_SINGLE_FLIGHT:
         snprintf(buf, len, "%d", cfg->single_flight);
         break;
-    case V_REMOTE:
+    case KC_VAR_REMOTE:
         if (cfg->remote[0] == '\0')
             snprintf(buf, len, "(none)");
         else
             kc_config_redact_url(cfg->remote, buf, len > 0 ? (size_t)len : 0);
         break;
-    case V_REMOTE_TTL:
+    case KC_VAR_REMOTE_TTL:
         snprintf(buf, len, "%s", cfg->remote_ttl[0] ? cfg->remote_ttl : "0");
         break;
-    case V_REMOTE_MAX_ENTRY:
+    case KC_VAR_REMOTE_MAX_ENTRY:
         snprintf(buf, len, "%s", cfg->remote_max_entry[0] ? cfg->remote_max_entry : "64M");
         break;
-    case V_REMOTE_SIGNING_KEY:
+    case KC_VAR_REMOTE_SIGNING_KEY:
         snprintf(buf, len, "%s", cfg->remote_signing_key[0] ? cfg->remote_signing_key : "(none)");
         break;
-    case V_REMOTE_TRUSTED_KEYS:
+    case KC_VAR_REMOTE_TRUSTED_KEYS:
         snprintf(buf, len, "%s",
                  cfg->remote_trusted_keys[0] ? cfg->remote_trusted_keys : "(none)");
         break;
-    case V_REMOTE_TRUST:
+    case KC_VAR_REMOTE_TRUST:
         snprintf(buf, len, "%s", cfg->remote_trust[0] ? cfg->remote_trust : "signed");
         break;
     default:

@@ -1,5 +1,6 @@
 /*
- * kcache configuration: every KCACHE_* variable, read once.
+ * kcache configuration: every KCACHE_* variable the project reads, in one
+ * table (kc_config_vars), read through one function (kc_config_get).
  *
  * Compiled into the shim (libc only), the store and the kcache tool, so the
  * three agree on every default. Unknown or malformed values produce one
@@ -31,6 +32,37 @@ enum kc_alloc_fallback {
     KC_ALLOC_FALLBACK_MANAGED = 1,
 };
 
+/* The index of each setting and internal variable in kc_config_vars. */
+enum kc_var {
+    KC_VAR_DIR,
+    KC_VAR_DISABLE,
+    KC_VAR_READONLY,
+    KC_VAR_RECACHE,
+    KC_VAR_MAXSIZE,
+    KC_VAR_LOG,
+    KC_VAR_STATS,
+    KC_VAR_NVRTC,
+    KC_VAR_JIT,
+    KC_VAR_MEMO,
+    KC_VAR_ALLOC,
+    KC_VAR_ALLOC_POOL,
+    KC_VAR_ALLOC_FALLBACK,
+    KC_VAR_LOCK_TIMEOUT,
+    KC_VAR_SINGLE_FLIGHT,
+    KC_VAR_REMOTE,
+    KC_VAR_REMOTE_TTL,
+    KC_VAR_REMOTE_MAX_ENTRY,
+    KC_VAR_REMOTE_SIGNING_KEY,
+    KC_VAR_REMOTE_TRUSTED_KEYS,
+    KC_VAR_REMOTE_TRUST,
+    KC_N_SETTINGS, /* the settings come first; internal variables follow */
+    KC_VAR_TOOL = KC_N_SETTINGS,
+    KC_VAR_STORE_LIB,
+    KC_VAR_OWNER_DETACH,
+    KC_VAR_OWNER_IDLE_MS,
+    KC_VAR_FIRST_HARNESS /* harness entries follow, without names here */
+};
+
 #define KC_CONFIG_MAX_WARNINGS 16
 
 struct kc_config {
@@ -58,21 +90,45 @@ struct kc_config {
     char remote_trusted_keys[PATH_MAX]; /* KCACHE_REMOTE_TRUSTED_KEYS */
     char remote_trust[16];          /* KCACHE_REMOTE_TRUST */
 
-    /* Provenance, for `kcache config`: KC_FROM_* per variable, indexed as
-     * kc_config_vars[]. */
-    unsigned char origin[24];
+    /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
+     * kc_config_vars[] (enum kc_var). */
+    unsigned char origin[KC_N_SETTINGS];
 
     int n_warnings;
     char warnings[KC_CONFIG_MAX_WARNINGS][160];
 };
 
-/* One entry per variable, in the order `kcache config` prints them. */
+/* What a variable is for, which says where `kcache config` shows it. */
+enum kc_var_kind {
+    /* A user's setting, loaded into struct kc_config: listed by `kcache
+     * config` with its value and where it came from. */
+    KC_VAR_SETTING = 0,
+    /* Set by kcache for its own processes (the owner it starts) or by tests
+     * and packagers to point kcache at a program or library: read where it
+     * is needed (kc_config_get), listed apart by `kcache config` when set. */
+    KC_VAR_INTERNAL = 1,
+    /* Read only by the project's scripts and tests, never by kcache; a name
+     * ending in '_' stands for every name it begins. Known, so never warned
+     * about as unknown; not listed. */
+    KC_VAR_HARNESS = 2,
+};
+
+/* Every KCACHE_* variable the project reads: settings (in the order `kcache
+ * config` prints them), then internal variables, then the harness's. */
 struct kc_config_var {
     const char *name;
     const char *help;
+    int kind; /* enum kc_var_kind */
 };
 extern const struct kc_config_var kc_config_vars[];
 extern const int kc_config_n_vars;
+
+/* The value of a setting or internal variable in the environment, or NULL
+ * when it is unset; always NULL in a secure-execution process (AT_SECURE:
+ * set-user-ID, set-group-ID, file capabilities), whose caller's environment
+ * kcache never obeys. The one way kcache reads a KCACHE_* variable. The
+ * string is the environment's: valid until the variable is changed. */
+const char *kc_config_get(enum kc_var var);
 
 /* Fills *cfg from the environment (getenv) and the defaults. Never fails:
  * a malformed value keeps the default and adds a warning. In a
@@ -85,7 +141,7 @@ void kc_config_load(struct kc_config *cfg);
  * started in, not one it changed to. The shim calls it before main. */
 void kc_config_pin_cwd(void);
 
-/* Formats variable i's effective value into buf. */
+/* Formats setting i's effective value into buf (i < KC_N_SETTINGS). */
 void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len);
 
 /* Parses a size: digits with an optional K/M/G/T suffix (powers of 1024,

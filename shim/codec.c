@@ -1,5 +1,5 @@
 /*
- * Record formats of the shim. See codec.h.
+ * Record formats of the shim, every integer little-endian. See codec.h.
  */
 #include "codec.h"
 
@@ -8,10 +8,6 @@
 #include <string.h>
 
 /* ---- the replay record ----------------------------------------------------- */
-
-
-
-
 
 void kc__replay_free(struct kc__replay *r)
 {
@@ -27,117 +23,84 @@ void kc__replay_free(struct kc__replay *r)
     free(r);
 }
 
-/* A growable byte buffer for serializing. */
+/* The codec's fields on common/buf.h: an int as a little-endian i32, a blob
+ * as its u64 length then its bytes, a digest as lo then hi. */
 
-static void put(struct kc__wbuf *b, const void *p, size_t n)
+static void put_i32(struct kc_buf *b, int v)
 {
-    if (b->failed)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (q == NULL) {
-            b->failed = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    if (n > 0) /* p may be NULL for an empty blob: memcpy(dst, NULL, 0) is undefined */
-        memcpy(b->p + b->n, p, n);
-    b->n += n;
+    kc_buf_put_u32(b, (uint32_t)(int32_t)v);
 }
 
-static void put_u64(struct kc__wbuf *b, uint64_t v)
+static void put_blob(struct kc_buf *b, const void *p, uint64_t n)
 {
-    put(b, &v, sizeof v);
+    kc_buf_put_u64(b, n);
+    kc_buf_add(b, p, n);
 }
 
-static void put_i32(struct kc__wbuf *b, int v)
+static void put_digest(struct kc_buf *b, const kc_digest *d)
 {
-    int32_t x = v;
-    put(b, &x, sizeof x);
+    kc_buf_put_u64(b, d->lo);
+    kc_buf_put_u64(b, d->hi);
 }
 
-static void put_blob(struct kc__wbuf *b, const void *p, uint64_t n)
+static int get_i32(struct kc_rd *r)
 {
-    put_u64(b, n);
-    put(b, p, n);
+    return (int32_t)kc_rd_get_u32(r);
 }
 
-/* A bounds-checked reader. */
-struct rd {
-    const char *p;
-    size_t n, off;
-    int bad;
-};
-
-static int get(struct rd *r, void *out, size_t n)
+static void get_digest(struct kc_rd *r, kc_digest *d)
 {
-    if (r->bad || r->n - r->off < n) {
-        r->bad = 1;
-        memset(out, 0, n);
-        return -1;
-    }
-    memcpy(out, r->p + r->off, n);
-    r->off += n;
-    return 0;
+    d->lo = kc_rd_get_u64(r);
+    d->hi = kc_rd_get_u64(r);
 }
 
-static uint64_t get_u64(struct rd *r)
+/* A malloc'd copy of a blob, NUL-terminated (for strings); NULL (and the
+ * reader bad) when it does not fit. */
+static char *get_blob(struct kc_rd *r, uint64_t *len)
 {
-    uint64_t v;
-    get(r, &v, sizeof v);
-    return v;
-}
-
-static int get_i32(struct rd *r)
-{
-    int32_t v;
-    get(r, &v, sizeof v);
-    return v;
-}
-
-/* A malloc'd copy of a blob, NUL-terminated (for strings). */
-static char *get_blob(struct rd *r, uint64_t *len)
-{
-    uint64_t n = get_u64(r);
-    if (r->bad || n > r->n - r->off) {
+    uint64_t n = kc_rd_get_u64(r);
+    if (n > kc_rd_left(r)) {
         r->bad = 1;
         return NULL;
     }
-    char *s = malloc(n + 1);
+    const unsigned char *q = kc_rd_take(r, (size_t)n);
+    char *s = q != NULL ? malloc(n + 1) : NULL;
     if (s == NULL) {
         r->bad = 1;
         return NULL;
     }
-    memcpy(s, r->p + r->off, n);
+    memcpy(s, q, n);
     s[n] = '\0';
-    r->off += n;
     if (len != NULL)
         *len = n;
     return s;
 }
 
-#define REPLAY_MAGIC 0x324b434e56ull /* "KCNV" 2 */
+/* A replay record: u64 magic, i32 compile_rc, per output (PTX, CUBIN,
+ * LTO-IR, OptiX-IR, log): i32 size_rc, i32 size_set, u64 size, i32 get_rc,
+ * i32 size_null_rc, i32 get_null_rc, blob bytes; u64 n_names, per name:
+ * blob expr, i32 rc, i32 is_null, blob name; then i32 lowered_unknown_rc,
+ * lowered_null_name_rc, lowered_null_out_rc, add_after_rc, pch_status_rc,
+ * pch_required_rc, pch_required_set, pch_required_null_rc, u64
+ * pch_required. The magic's last byte counts layouts: 2 was written in the
+ * host's byte order (format 1), 3 is little-endian. */
+#define REPLAY_MAGIC 0x334b434e56ull /* "KCNV" 3 */
 
-int kc__replay_encode(const struct kc__replay *r, struct kc__wbuf *b)
+int kc__replay_encode(const struct kc__replay *r, struct kc_buf *b)
 {
-    put_u64(b, REPLAY_MAGIC);
+    kc_buf_put_u64(b, REPLAY_MAGIC);
     put_i32(b, r->compile_rc);
     for (int i = 0; i < N_OUT; i++) {
         const struct kc__output *o = &r->out[i];
         put_i32(b, o->size_rc);
         put_i32(b, o->size_set);
-        put_u64(b, o->size);
+        kc_buf_put_u64(b, o->size);
         put_i32(b, o->get_rc);
         put_i32(b, o->size_null_rc);
         put_i32(b, o->get_null_rc);
         put_blob(b, o->bytes, o->nbytes);
     }
-    put_u64(b, r->n_names);
+    kc_buf_put_u64(b, r->n_names);
     for (uint32_t i = 0; i < r->n_names; i++) {
         const struct kc__lowered *l = &r->names[i];
         put_blob(b, l->expr, strlen(l->expr));
@@ -153,14 +116,15 @@ int kc__replay_encode(const struct kc__replay *r, struct kc__wbuf *b)
     put_i32(b, r->pch_required_rc);
     put_i32(b, r->pch_required_set);
     put_i32(b, r->pch_required_null_rc);
-    put_u64(b, r->pch_required);
-    return b->failed ? -ENOMEM : 0;
+    kc_buf_put_u64(b, r->pch_required);
+    return b->err ? -ENOMEM : 0;
 }
 
 struct kc__replay *kc__replay_decode(const void *p, size_t n)
 {
-    struct rd r = {.p = p, .n = n};
-    if (get_u64(&r) != REPLAY_MAGIC)
+    struct kc_rd r;
+    kc_rd_init(&r, p, n);
+    if (kc_rd_get_u64(&r) != REPLAY_MAGIC)
         return NULL;
     struct kc__replay *x = calloc(1, sizeof *x);
     if (x == NULL)
@@ -170,7 +134,7 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
         struct kc__output *o = &x->out[i];
         o->size_rc = get_i32(&r);
         o->size_set = get_i32(&r);
-        o->size = get_u64(&r);
+        o->size = kc_rd_get_u64(&r);
         o->get_rc = get_i32(&r);
         o->size_null_rc = get_i32(&r);
         o->get_null_rc = get_i32(&r);
@@ -184,8 +148,8 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
         if (o->nbytes > 64 && !(o->size_rc == 0 && o->size_set && o->nbytes == o->size))
             r.bad = 1;
     }
-    uint64_t names = get_u64(&r);
-    if (!r.bad && names <= (r.n - r.off) / 8) {
+    uint64_t names = kc_rd_get_u64(&r);
+    if (!r.bad && names <= kc_rd_left(&r) / 8) {
         x->names = calloc(names ? names : 1, sizeof *x->names);
         if (x->names == NULL)
             r.bad = 1;
@@ -208,8 +172,8 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
     x->pch_required_rc = get_i32(&r);
     x->pch_required_set = get_i32(&r);
     x->pch_required_null_rc = get_i32(&r);
-    x->pch_required = get_u64(&r);
-    if (r.bad || r.off != r.n) {
+    x->pch_required = kc_rd_get_u64(&r);
+    if (kc_rd_end(&r) != 0) {
         kc__replay_free(x);
         return NULL;
     }
@@ -219,11 +183,11 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
 /* ---- manifests ----------------------------------------------------------------------- */
 
 /* A manifest body: u64 magic, u64 n_sets, then per set: the result id
- * (16 bytes), u64 n_deps, per dep: i32 kind, blob path, 16 bytes digest. */
-#define MANIFEST_MAGIC 0x324b434d46ull /* "KCMF" 2 */
+ * (digest: u64 lo, u64 hi), u64 n_deps, per dep: i32 kind, blob path,
+ * digest, 5 u64 fingerprint. The magic's last byte counts layouts as the
+ * replay record's does. */
+#define MANIFEST_MAGIC 0x334b434d46ull /* "KCMF" 3 */
 #define MANIFEST_MAX_SETS 16
-
-
 
 void kc__manifest_free(struct kc__manifest *m)
 {
@@ -240,13 +204,14 @@ void kc__manifest_free(struct kc__manifest *m)
 
 struct kc__manifest *kc__manifest_decode(const void *p, size_t n)
 {
-    struct rd r = {.p = p, .n = n};
-    if (get_u64(&r) != MANIFEST_MAGIC)
+    struct kc_rd r;
+    kc_rd_init(&r, p, n);
+    if (kc_rd_get_u64(&r) != MANIFEST_MAGIC)
         return NULL;
     struct kc__manifest *m = calloc(1, sizeof *m);
     if (m == NULL)
         return NULL;
-    uint64_t sets = get_u64(&r);
+    uint64_t sets = kc_rd_get_u64(&r);
     if (r.bad || sets > MANIFEST_MAX_SETS * 4)
         goto bad;
     m->sets = calloc(sets ? sets : 1, sizeof *m->sets);
@@ -255,9 +220,9 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n)
     for (uint64_t i = 0; i < sets; i++) {
         struct kc__dep_set *s = &m->sets[i];
         m->n++;
-        get(&r, &s->result, sizeof s->result);
-        uint64_t deps = get_u64(&r);
-        if (r.bad || deps > (r.n - r.off) / 68)
+        get_digest(&r, &s->result);
+        uint64_t deps = kc_rd_get_u64(&r);
+        if (r.bad || deps > kc_rd_left(&r) / 68)
             goto bad;
         s->deps = calloc(deps ? deps : 1, sizeof *s->deps);
         if (s->deps == NULL)
@@ -267,14 +232,14 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n)
             s->n++;
             d->kind = get_i32(&r);
             d->path = get_blob(&r, NULL);
-            get(&r, &d->digest, sizeof d->digest);
+            get_digest(&r, &d->digest);
             for (int f = 0; f < 5; f++)
-                d->fp[f] = get_u64(&r);
+                d->fp[f] = kc_rd_get_u64(&r);
             if (r.bad)
                 goto bad;
         }
     }
-    if (r.off != r.n)
+    if (kc_rd_end(&r) != 0)
         goto bad;
     return m;
 bad:
@@ -282,21 +247,21 @@ bad:
     return NULL;
 }
 
-static void encode_set(struct kc__wbuf *b, const kc_digest *result, const struct kc__dep *deps,
+static void encode_set(struct kc_buf *b, const kc_digest *result, const struct kc__dep *deps,
                        uint64_t n)
 {
-    put(b, result, sizeof *result);
-    put_u64(b, n);
+    put_digest(b, result);
+    kc_buf_put_u64(b, n);
     for (uint64_t j = 0; j < n; j++) {
         put_i32(b, deps[j].kind);
         put_blob(b, deps[j].path, strlen(deps[j].path));
-        put(b, &deps[j].digest, sizeof deps[j].digest);
+        put_digest(b, &deps[j].digest);
         for (int f = 0; f < 5; f++)
-            put_u64(b, deps[j].fp[f]);
+            kc_buf_put_u64(b, deps[j].fp[f]);
     }
 }
 
-void kc__manifest_encode(struct kc__wbuf *b, const kc_digest *result, const struct kc__dep *deps,
+void kc__manifest_encode(struct kc_buf *b, const kc_digest *result, const struct kc__dep *deps,
                          uint64_t n_deps, const struct kc__manifest *old)
 {
     uint64_t n = 1;
@@ -304,8 +269,8 @@ void kc__manifest_encode(struct kc__wbuf *b, const kc_digest *result, const stru
         for (uint64_t i = 0; i < old->n && n < MANIFEST_MAX_SETS; i++)
             if (!(old->sets[i].result.lo == result->lo && old->sets[i].result.hi == result->hi))
                 n++;
-    put_u64(b, MANIFEST_MAGIC);
-    put_u64(b, n);
+    kc_buf_put_u64(b, MANIFEST_MAGIC);
+    kc_buf_put_u64(b, n);
     encode_set(b, result, deps, n_deps);
     if (old != NULL)
         for (uint64_t i = 0, k = 1; i < old->n && k < n; i++)

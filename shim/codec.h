@@ -2,8 +2,9 @@
  * The shim's two record formats, kept apart from the hooks so they can be
  * fuzzed: the NVRTC replay record (what every getter of a compiled program
  * returned) and the manifest (the header files a request read, per
- * dependency set). Decoders accept any bytes: a record that does not parse
- * is NULL, never a crash.
+ * dependency set). Both are written with common/buf.h, so every integer is
+ * little-endian whatever the host. Decoders accept any bytes: a record that
+ * does not parse is NULL, never a crash.
  */
 #ifndef KCACHE_CODEC_H
 #define KCACHE_CODEC_H
@@ -11,14 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/buf.h"
 #include "deps.h"
-
-/* A growable byte buffer; `failed` once an allocation failed. Free p. */
-struct kc__wbuf {
-    char *p;
-    size_t n, cap;
-    int failed;
-};
 
 enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, N_OUT };
 
@@ -67,7 +62,7 @@ struct kc__manifest {
 void kc__replay_free(struct kc__replay *r);
 
 /* Appends the encoding of r to b. 0 or -ENOMEM. */
-int kc__replay_encode(const struct kc__replay *r, struct kc__wbuf *b);
+int kc__replay_encode(const struct kc__replay *r, struct kc_buf *b);
 
 /* Decodes a record (malloc'd, release with kc__replay_free), or NULL when
  * the bytes are not exactly one well-formed record. */
@@ -80,8 +75,8 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n);
 
 /* Encodes a manifest whose newest set is (result, deps), followed by the
  * sets of `old` (may be NULL) with another result, MANIFEST_MAX_SETS in
- * all. Check b->failed. */
-void kc__manifest_encode(struct kc__wbuf *b, const kc_digest *result, const struct kc__dep *deps,
+ * all. Check b->err. */
+void kc__manifest_encode(struct kc_buf *b, const kc_digest *result, const struct kc__dep *deps,
                          uint64_t n_deps, const struct kc__manifest *old);
 
 #endif

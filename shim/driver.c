@@ -36,6 +36,7 @@
  */
 #include "driver.h"
 #include "flight.h"
+#include "../common/buf.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -429,8 +430,10 @@ static int device_of(bool library, struct device_id *d)
 
 /* ---- the stored record --------------------------------------------------------- */
 
-/* body: "KCJ1", u32 info_len, u64 cubin_len, info bytes, cubin bytes. */
-#define JIT_MAGIC 0x314a434bu
+/* body: u32 magic "KCJ2", u32 info_len, u64 cubin_len (little-endian),
+ * info bytes, cubin bytes. "KCJ1" was the same in the host's byte order
+ * (record format 1). */
+#define JIT_MAGIC 0x324a434bu
 
 static void *record_make(const char *info, size_t info_len, const void *cubin, size_t cubin_len, size_t *len)
 {
@@ -438,11 +441,9 @@ static void *record_make(const char *info, size_t info_len, const void *cubin, s
     unsigned char *b = malloc(*len);
     if (!b)
         return NULL;
-    uint32_t m = JIT_MAGIC, il = (uint32_t)info_len;
-    uint64_t cl = cubin_len;
-    memcpy(b, &m, 4);
-    memcpy(b + 4, &il, 4);
-    memcpy(b + 8, &cl, 8);
+    kc_le_put_u32(b, JIT_MAGIC);
+    kc_le_put_u32(b + 4, (uint32_t)info_len);
+    kc_le_put_u64(b + 8, cubin_len);
     memcpy(b + 16, info, info_len);
     memcpy(b + 16 + info_len, cubin, cubin_len);
     return b;
@@ -451,13 +452,10 @@ static void *record_make(const char *info, size_t info_len, const void *cubin, s
 static int record_parse(const unsigned char *b, size_t len, const char **info, size_t *info_len,
                         const void **cubin, size_t *cubin_len)
 {
-    uint32_t m, il;
-    uint64_t cl;
     if (len < 16)
         return -EBADMSG;
-    memcpy(&m, b, 4);
-    memcpy(&il, b + 4, 4);
-    memcpy(&cl, b + 8, 8);
+    uint32_t m = kc_le_get_u32(b), il = kc_le_get_u32(b + 4);
+    uint64_t cl = kc_le_get_u64(b + 8);
     if (m != JIT_MAGIC || il > len - 16 || cl != len - 16 - il || cl < 64 || memcmp(b + 16 + il, "\177ELF", 4))
         return -EBADMSG;
     *info = (const char *)b + 16;

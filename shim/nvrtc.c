@@ -373,12 +373,11 @@ static int manifest_add(struct kc_store *st, const struct kc_store_api *api, con
         old = kc__manifest_decode(body, len);
         api->free(body);
     }
-    struct kc__wbuf b = {0};
+    struct kc_buf b = {0};
     kc__manifest_encode(&b, result, d->v, d->n, old);
     kc__manifest_free(old);
-    int rc = b.failed ? -ENOMEM
-                      : api->put(st, ns, &mk, NULL, KC_KIND_MANIFEST, b.p, b.n, 0);
-    free(b.p);
+    int rc = b.err ? b.err : api->put(st, ns, &mk, NULL, KC_KIND_MANIFEST, b.p, b.len, 0);
+    kc_buf_free(&b);
     return rc;
 }
 
@@ -813,11 +812,11 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             p = find_locked(prog);
             struct kc__replay *r = p ? capture(p, rc) : NULL;
             pthread_mutex_unlock(&progs_lock);
-            struct kc__wbuf b = {0};
+            struct kc_buf b = {0};
             if (r != NULL && kc__replay_encode(r, &b) == 0) {
                 kc_digest result = result_id(&base, deps.v, deps.n);
                 kc_key key = {.id = result, .build = build};
-                int prc = api->put(st, ns, &key, &result, KC_KIND_NVRTC, b.p, b.n, took);
+                int prc = api->put(st, ns, &key, &result, KC_KIND_NVRTC, b.p, b.len, took);
                 if (prc == 0)
                     prc = manifest_add(st, api, ns, &base, &result, &deps);
                 if (prc == 0) {
@@ -832,7 +831,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                 c.errors = 1;
                 kc_log_once(KC_LOG_WARN, "cannot capture an NVRTC result; continuing uncached");
             }
-            free(b.p);
+            kc_buf_free(&b);
             kc__replay_free(r);
         }
     }

@@ -95,7 +95,7 @@ const char *kc__self_path(void)
 
 static void *load_store_lib(void)
 {
-    const char *env = getenv("KCACHE_STORE_LIB");
+    const char *env = kc_config_get(KC_VAR_STORE_LIB);
     if (env != NULL && env[0] != '\0')
         return dlopen(env, RTLD_NOW | RTLD_LOCAL);
     const char *self = kc__self_path();

@@ -28,8 +28,10 @@ extern "C" {
 
 /* Version of the record layout. Part of every record header and of every
  * namespace fingerprint the shim builds, so a new layout never reads an old
- * one. */
-#define KC_FORMAT_VERSION 1
+ * one: an entry of another version is a miss. 2: every integer of every
+ * layout little-endian, the NVRTC replay record, manifests and JIT records
+ * included (1 wrote those three in the host's byte order). */
+#define KC_FORMAT_VERSION 2
 
 /* Default size limit, bytes (KCACHE_MAXSIZE). */
 #define KC_DEFAULT_MAX_SIZE (5ull << 30)

@@ -668,10 +668,10 @@ static int cmd_clear(struct ctx *c)
 static int cmd_config(struct ctx *c)
 {
     printf("%-22s %-12s %s\n", "VARIABLE", "FROM", "VALUE");
-    for (int i = 0; i < kc_config_n_vars; i++) {
+    for (int i = 0; i < KC_N_SETTINGS; i++) {
         char val[PATH_MAX + 32];
         const char *from;
-        bool is_dir = strcmp(kc_config_vars[i].name, "KCACHE_DIR") == 0;
+        bool is_dir = i == KC_VAR_DIR;
         if (is_dir && c->dir_from_cli) {
             snprintf(val, sizeof val, "%s", c->dir);
             from = "command-line";
@@ -680,13 +680,25 @@ static int cmd_config(struct ctx *c)
             from = c->cfg.origin[i] == KC_FROM_ENV ? "environment" : "default";
         }
         /* A value the environment set but that was rejected: say so. */
-        const char *raw = getenv(kc_config_vars[i].name);
+        const char *raw = kc_config_get(i);
         if (!(is_dir && c->dir_from_cli) && c->cfg.origin[i] != KC_FROM_ENV && raw != NULL &&
             raw[0] != '\0')
             printf("%-22s %-12s %s (environment value '%s' ignored)\n", kc_config_vars[i].name,
                    from, val, raw);
         else
             printf("%-22s %-12s %s\n", kc_config_vars[i].name, from, val);
+    }
+    /* Internal variables: not settings, but they change what kcache runs
+     * or loads, so those set are shown, apart. */
+    bool heading = false;
+    for (int i = KC_N_SETTINGS; i < KC_VAR_FIRST_HARNESS; i++) {
+        const char *raw = kc_config_get(i);
+        if (raw == NULL)
+            continue;
+        if (!heading)
+            printf("internal (set for kcache's own processes, tests and packaging):\n");
+        heading = true;
+        printf("%-22s %-12s %s\n", kc_config_vars[i].name, "environment", raw);
     }
     for (int i = 0; i < c->cfg.n_warnings; i++)
         printf("warning: %s\n", c->cfg.warnings[i]);
@@ -998,7 +1010,7 @@ int main(int argc, char **argv)
         return cmd_clear(&c);
     if (strcmp(cmd, "owner") == 0) {
         long idle_ms = 5000;
-        const char *env_idle = getenv("KCACHE_OWNER_IDLE_MS");
+        const char *env_idle = kc_config_get(KC_VAR_OWNER_IDLE_MS);
         if (idle_s == NULL && env_idle != NULL && env_idle[0] != '\0')
             idle_s = env_idle;
         if (idle_s != NULL) {

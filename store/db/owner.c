@@ -261,9 +261,8 @@ void kc__owner_end(struct kc__owner *o)
 
 static uint64_t env_max_size(void)
 {
-    const char *s = getenv("KCACHE_MAXSIZE");
+    const char *s = kc_config_get(KC_VAR_MAXSIZE);
     uint64_t v = 0;
-    extern int kc_parse_size(const char *s, uint64_t *out);
     if (s != NULL && s[0] != 0 && kc_parse_size(s, &v) == 0)
         return v;
     return 0;
@@ -275,7 +274,7 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
         return -EINVAL;
     if (opts->readonly)
         return -EROFS;
-    const char *det = getenv("KCACHE_OWNER_DETACH");
+    const char *det = kc_config_get(KC_VAR_OWNER_DETACH);
     bool spawned = det != NULL && strcmp(det, "1") == 0;
     if (spawned) {
         /* Started by a store: leave its process tree so the host never

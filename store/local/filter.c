@@ -57,11 +57,11 @@ struct kc__fhash kc__fhash_source(const char *ns, const kc_digest *src)
 /* Checks a header against the file length; nblocks or 0. */
 static uint64_t hdr_ok(const unsigned char *m, size_t len)
 {
-    if (len < F_HDR || kc__get_u32(m) != F_MAGIC || kc__get_u32(m + 4) != F_VERSION ||
-        kc__get_u32(m + 16) != F_K || kc__get_u32(m + 20) != 0 ||
-        kc__get_u64(m + 56) != XXH3_64bits(m, 32))
+    if (len < F_HDR || kc_le_get_u32(m) != F_MAGIC || kc_le_get_u32(m + 4) != F_VERSION ||
+        kc_le_get_u32(m + 16) != F_K || kc_le_get_u32(m + 20) != 0 ||
+        kc_le_get_u64(m + 56) != XXH3_64bits(m, 32))
         return 0;
-    uint64_t nb = kc__get_u64(m + 8);
+    uint64_t nb = kc_le_get_u64(m + 8);
     if (nb == 0 || nb > (len - F_HDR) / F_BLOCK || F_HDR + nb * F_BLOCK != len)
         return 0;
     return nb;
@@ -185,7 +185,7 @@ int kc__filter_open_rw(struct kc__filter_rw *f, const char *path, uint64_t *stam
         memset(f, 0, sizeof *f);
         return rc == -ENOENT ? -ENOENT : -EBADMSG;
     }
-    f->cap = kc__get_u64(f->map + 24);
+    f->cap = kc_le_get_u64(f->map + 24);
     *stamp = __atomic_load_n((uint64_t *)(f->map + 48), __ATOMIC_ACQUIRE);
     return 0;
 }
@@ -219,14 +219,14 @@ int kc__filter_create(struct kc__filter_rw *f, const char *path, uint64_t cap)
         return -ENOMEM;
     }
     unsigned char *h = m;
-    kc__put_u32(h, F_MAGIC);
-    kc__put_u32(h + 4, F_VERSION);
-    kc__put_u64(h + 8, nb);
-    kc__put_u32(h + 16, F_K);
-    kc__put_u32(h + 20, 0);
-    kc__put_u64(h + 24, cap);
-    kc__put_u64(h + 48, F_STAMP_LIVE);
-    kc__put_u64(h + 56, XXH3_64bits(h, 32));
+    kc_le_put_u32(h, F_MAGIC);
+    kc_le_put_u32(h + 4, F_VERSION);
+    kc_le_put_u64(h + 8, nb);
+    kc_le_put_u32(h + 16, F_K);
+    kc_le_put_u32(h + 20, 0);
+    kc_le_put_u64(h + 24, cap);
+    kc_le_put_u64(h + 48, F_STAMP_LIVE);
+    kc_le_put_u64(h + 56, XXH3_64bits(h, 32));
     f->map = m;
     f->len = len;
     f->cap = cap;

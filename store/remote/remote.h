@@ -91,8 +91,6 @@ struct kc_remote_settings {
     const char *trust;        /* KCACHE_REMOTE_TRUST: signed|any */
 };
 
-/* Fills *s from getenv(). The pointers are the environment's. */
-void kc_remote_settings_from_env(struct kc_remote_settings *s);
 
 /* Fills *s from the configuration kc_config_load() read (empty strings
  * for unset variables; nothing at all in a secure-execution process). The

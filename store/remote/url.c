@@ -1,6 +1,6 @@
 /*
  * The remote tier's configuration: KCACHE_REMOTE (ccache's URL syntax) and
- * the KCACHE_REMOTE_* variables beside it. libc only. See remote.h.
+ * the KCACHE_REMOTE_TTL, _MAX_ENTRY, _SIGNING_KEY, _TRUSTED_KEYS and _TRUST variables. libc only. See remote.h.
  */
 #include "remote.h"
 
@@ -13,16 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-void kc_remote_settings_from_env(struct kc_remote_settings *s)
-{
-    s->remote = getenv("KCACHE_REMOTE");
-    s->ttl = getenv("KCACHE_REMOTE_TTL");
-    s->max_entry = getenv("KCACHE_REMOTE_MAX_ENTRY");
-    s->signing_key = getenv("KCACHE_REMOTE_SIGNING_KEY");
-    s->trusted_keys = getenv("KCACHE_REMOTE_TRUSTED_KEYS");
-    s->trust = getenv("KCACHE_REMOTE_TRUST");
-}
 
 void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remote_settings *s)
 {

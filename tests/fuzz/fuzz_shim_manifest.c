@@ -22,13 +22,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 KC_FUZZ_ASSERT(m->sets[i].deps[j].path != NULL);
         kc_digest result = {1, 2};
         struct kc__dep dep = {.path = (char *)"/usr/include/x.h", .kind = KC_DEP_FILE};
-        struct kc__wbuf b = {0};
+        struct kc_buf b = {0};
         kc__manifest_encode(&b, &result, &dep, 1, m);
-        KC_FUZZ_ASSERT(!b.failed);
-        struct kc__manifest *again = kc__manifest_decode(b.p, b.n);
+        KC_FUZZ_ASSERT(!b.err);
+        struct kc__manifest *again = kc__manifest_decode(b.p, b.len);
         KC_FUZZ_ASSERT(again != NULL && again->n >= 1 && again->n <= 16);
         kc__manifest_free(again);
-        free(b.p);
+        kc_buf_free(&b);
         kc__manifest_free(m);
     }
     free(p);
@@ -43,20 +43,20 @@ int kc_fuzz_seeds(const char *dir)
         {.path = (char *)"/usr/local/cuda/include", .kind = KC_DEP_DIR},
     };
     kc_digest r1 = {11, 12}, r2 = {21, 22};
-    struct kc__wbuf b = {0};
+    struct kc_buf b = {0};
     kc__manifest_encode(&b, &r1, deps, 3, NULL);
-    if (b.failed)
+    if (b.err)
         return -ENOMEM;
     int count = 0;
-    if (kc_fuzz_write_seed(dir, "manifest-1", b.p, b.n) == 0)
+    if (kc_fuzz_write_seed(dir, "manifest-1", b.p, b.len) == 0)
         count++;
-    struct kc__manifest *old = kc__manifest_decode(b.p, b.n);
-    struct kc__wbuf b2 = {0};
+    struct kc__manifest *old = kc__manifest_decode(b.p, b.len);
+    struct kc_buf b2 = {0};
     kc__manifest_encode(&b2, &r2, deps + 1, 2, old);
     kc__manifest_free(old);
-    if (!b2.failed && kc_fuzz_write_seed(dir, "manifest-2", b2.p, b2.n) == 0)
+    if (!b2.err && kc_fuzz_write_seed(dir, "manifest-2", b2.p, b2.len) == 0)
         count++;
-    free(b.p);
-    free(b2.p);
+    kc_buf_free(&b);
+    kc_buf_free(&b2);
     return count;
 }

@@ -35,12 +35,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         for (uint32_t i = 0; i < r->n_names; i++)
             KC_FUZZ_ASSERT(r->names[i].expr != NULL);
-        struct kc__wbuf b = {0};
+        struct kc_buf b = {0};
         KC_FUZZ_ASSERT(kc__replay_encode(r, &b) == 0);
-        struct kc__replay *again = kc__replay_decode(b.p, b.n);
+        struct kc__replay *again = kc__replay_decode(b.p, b.len);
         KC_FUZZ_ASSERT(again != NULL);
         kc__replay_free(again);
-        free(b.p);
+        kc_buf_free(&b);
         kc__replay_free(r);
     }
     free(p);
@@ -80,14 +80,14 @@ int kc_fuzz_seeds(const char *dir)
         }
         r.lowered_unknown_rc = 1;
         r.pch_required = 12345;
-        struct kc__wbuf b = {0};
+        struct kc_buf b = {0};
         if (kc__replay_encode(&r, &b) != 0)
             return -ENOMEM;
         char name[32];
         snprintf(name, sizeof name, "replay-%d", variant);
-        if (kc_fuzz_write_seed(dir, name, b.p, b.n) == 0)
+        if (kc_fuzz_write_seed(dir, name, b.p, b.len) == 0)
             count++;
-        free(b.p);
+        kc_buf_free(&b);
     }
     return count;
 }

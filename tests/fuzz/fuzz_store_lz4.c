@@ -1,6 +1,6 @@
 /*
  * Fuzz target: the LZ4 block decoder the shim serves hot files through
- * (store/local/record.c kc__lz4_unpack) and the packed put files around it
+ * (store/local/lz4.c kc__lz4_unpack) and the packed put files around it
  * (kc__put_decode_any). A hot file is read by every host process that
  * hits, so the decoder must take any bytes.
  *
@@ -67,8 +67,8 @@ static void put_file(const uint8_t *d, size_t n)
 {
     unsigned char *f = kc_fuzz_dup(d, n);
     if (n >= KC__SPOOL_HDR) {
-        kc__put_u64(f + 8, n - KC__SPOOL_HDR);
-        kc__put_u64(f + 16, XXH3_64bits(f + KC__SPOOL_HDR, n - KC__SPOOL_HDR));
+        kc_le_put_u64(f + 8, n - KC__SPOOL_HDR);
+        kc_le_put_u64(f + 16, XXH3_64bits(f + KC__SPOOL_HDR, n - KC__SPOOL_HDR));
     }
     size_t len = n;
     struct kc__sp_put sp;
@@ -135,12 +135,12 @@ int kc_fuzz_seeds(const char *dir)
     sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = n,
                               .created_ns = 1700000000000000000ull, .saved_ns = 5000000,
                               .body_xxh = kc__body_xxh(ptx, n)};
-    struct kc__buf f = {0};
+    struct kc_buf f = {0};
     kc__spool_put_pack(&f, &sp, z, (size_t)zn);
     count += seed(dir, "put-packed", 2, f.p, f.len) == 0;
-    kc__buf_free(&f);
+    kc_buf_free(&f);
     kc__spool_put_encode(&f, sp.ns, &key, NULL, &sp.hdr, ptx, n);
     count += seed(dir, "put-plain", 2, f.p, f.len) == 0;
-    kc__buf_free(&f);
+    kc_buf_free(&f);
     return count;
 }

@@ -56,8 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     unsigned char *p = kc_fuzz_dup(data + 1, n);
     if (fix && n >= KC__HDR_LEN) {
-        kc__put_u64(p + 56, XXH3_64bits(p + KC__HDR_LEN, n - KC__HDR_LEN));
-        kc__put_u64(p + 64, XXH3_64bits(p, 64));
+        kc_le_put_u64(p + 56, XXH3_64bits(p + KC__HDR_LEN, n - KC__HDR_LEN));
+        kc_le_put_u64(p + 64, XXH3_64bits(p, 64));
     }
     check_record(p, n);
     free(p);

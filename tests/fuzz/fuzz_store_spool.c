@@ -28,16 +28,16 @@ static void fix_checksums(unsigned char *p, size_t n)
     size_t plen = n - KC__SPOOL_HDR;
     unsigned char *pl = p + KC__SPOOL_HDR;
     if (p[4] == KC__SP_PUT && plen >= PUT_FIXED) {
-        size_t nslen = kc__get_u16(pl);
+        size_t nslen = kc_le_get_u16(pl);
         if (nslen <= plen - PUT_FIXED && plen - PUT_FIXED - nslen >= KC__HDR_LEN) {
             unsigned char *rec = pl + PUT_FIXED + nslen;
             size_t rlen = plen - PUT_FIXED - nslen;
-            kc__put_u64(rec + 56, XXH3_64bits(rec + KC__HDR_LEN, rlen - KC__HDR_LEN));
-            kc__put_u64(rec + 64, XXH3_64bits(rec, 64));
+            kc_le_put_u64(rec + 56, XXH3_64bits(rec + KC__HDR_LEN, rlen - KC__HDR_LEN));
+            kc_le_put_u64(rec + 64, XXH3_64bits(rec, 64));
         }
     }
-    kc__put_u64(p + 8, plen);
-    kc__put_u64(p + 16, XXH3_64bits(pl, plen));
+    kc_le_put_u64(p + 8, plen);
+    kc_le_put_u64(p + 16, XXH3_64bits(pl, plen));
 }
 
 static void walk_items(int type, const unsigned char *p, const unsigned char *end)
@@ -78,13 +78,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         KC_FUZZ_ASSERT(put.hdr.body_size == put.body_len && kc__ns_ok(put.ns));
         /* Re-encoding what was decoded gives the same file (the source
          * bytes of a put without one are not canonical: skip those). */
-        struct kc__buf b = {0};
+        struct kc_buf b = {0};
         if (!put.has_source && (put.source.lo || put.source.hi))
             goto items;
         kc__spool_put_encode(&b, put.ns, &put.key, put.has_source ? &put.source : NULL, &put.hdr,
                              put.body, put.body_len);
         KC_FUZZ_ASSERT(b.err == 0 && b.len == n && memcmp(b.p, p, n) == 0);
-        kc__buf_free(&b);
+        kc_buf_free(&b);
     }
 items:;
     /* The item decoders on the raw bytes too (the owner calls them only
@@ -95,14 +95,14 @@ items:;
     return 0;
 }
 
-static int seed(const char *dir, const char *name, unsigned mode, struct kc__buf *b)
+static int seed(const char *dir, const char *name, unsigned mode, struct kc_buf *b)
 {
     unsigned char *f = malloc(b->len + 1);
     f[0] = (unsigned char)mode;
     memcpy(f + 1, b->p, b->len);
     int rc = kc_fuzz_write_seed(dir, name, f, b->len + 1);
     free(f);
-    kc__buf_free(b);
+    kc_buf_free(b);
     return rc;
 }
 
@@ -115,7 +115,7 @@ int kc_fuzz_seeds(const char *dir)
     struct kc__hdr h = {.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION,
                         .body_size = sizeof body - 1, .created_ns = 1700000000000000000ull,
                         .saved_ns = 5000000, .body_xxh = kc__body_xxh(body, sizeof body - 1)};
-    struct kc__buf b = {0};
+    struct kc_buf b = {0};
     kc__spool_put_encode(&b, "nvrtc:13.0-abcdef0123456789-f1", &key, &src, &h, body, sizeof body - 1);
     if (seed(dir, "put-source", 0, &b) == 0)
         count++;

@@ -1,0 +1,323 @@
+/*
+ * owner_start.c: starting the owner. Where the calling library is
+ * (kc__object_path; the shim also finds the store library with it), where
+ * the kcache tool is (given, $KCACHE_TOOL, beside that library, $PATH),
+ * spawning `kcache owner` detached when nobody holds DIR/owner.lock, and
+ * the kicker that does so at most every 200 ms. libc only: compiled into
+ * the store and into the shim's front (see local.h).
+ */
+#include "local.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define KICK_INTERVAL_NS 200000000ull
+
+/* The path of the file mapped at address a, from /proc/self/maps. */
+static int mapped_path(uintptr_t a, char *buf, size_t len)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    size_t cap = 64 << 10, n = 0;
+    char *text = malloc(cap);
+    int rc = text != NULL ? 0 : -ENOMEM;
+    while (rc == 0) {
+        if (n + 1 == cap) {
+            char *t = cap < (16u << 20) ? realloc(text, cap * 2) : NULL;
+            if (t == NULL) {
+                rc = -ENOMEM;
+                break;
+            }
+            text = t;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, text + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = -errno;
+        else if (r == 0)
+            break;
+        else
+            n += (size_t)r;
+    }
+    close(fd);
+    if (rc != 0) {
+        free(text);
+        return rc;
+    }
+    text[n] = 0;
+    rc = -ENOENT;
+    for (char *line = text; *line != 0;) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = 0;
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+            /* "lo-hi perms offset dev inode   /path"; a file deleted or
+             * replaced since it was mapped is no guide to its neighbours. */
+            static const char deleted[] = " (deleted)";
+            const char *path = strchr(line, '/');
+            size_t pn = path != NULL ? strlen(path) : 0, dn = sizeof deleted - 1;
+            if (pn == 0 || (pn > dn && strcmp(path + pn - dn, deleted) == 0))
+                rc = -ENOENT;
+            else if (pn >= len)
+                rc = -ENAMETOOLONG;
+            else {
+                memcpy(buf, path, pn + 1);
+                rc = 0;
+            }
+            break;
+        }
+        if (nl == NULL)
+            break;
+        line = nl + 1;
+    }
+    free(text);
+    return rc;
+}
+
+int kc__object_path(const void *addr, char *buf, size_t len)
+{
+    Dl_info di;
+    if (dladdr(addr, &di) == 0 || di.dli_fname == NULL || di.dli_fname[0] == 0)
+        return -ENOENT;
+    if (di.dli_fname[0] != '/') {
+        /* Loaded by a relative name, which the loader resolved against the
+         * working directory of that moment; the host may have changed it
+         * since. The kernel's view of the mapping is absolute. */
+        return mapped_path((uintptr_t)addr, buf, len);
+    }
+    size_t n = strlen(di.dli_fname);
+    if (n >= len)
+        return -ENAMETOOLONG;
+    memcpy(buf, di.dli_fname, n + 1);
+    return 0;
+}
+
+/* An executable regular file at path. */
+static bool executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* `name` (no '/') on the absolute entries of $PATH; an empty, "." or other
+ * relative entry names the working directory, which the host may have
+ * changed to one another user controls, and is skipped. */
+static char *search_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p != 0;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && p[0] == '/' && n < PATH_MAX) {
+            char cand[PATH_MAX + 64];
+            snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, name);
+            if (executable_file(cand))
+                return strdup(cand);
+        }
+        p += n;
+        if (*p == ':')
+            p++;
+    }
+    return NULL;
+}
+
+/* A tool named by the caller or KCACHE_TOOL: an absolute path as it is, a
+ * bare name on $PATH's absolute entries, a relative path never (it would
+ * mean a different program after every chdir). */
+static char *named_tool(const char *name)
+{
+    if (name[0] == '/')
+        return strdup(name);
+    if (strchr(name, '/') == NULL)
+        return search_path(name);
+    return NULL;
+}
+
+char *kc__find_tool(const char *given, const char *lib)
+{
+    /* A secure-execution process (set-user-ID, capabilities) starts
+     * nothing its caller's environment could name. */
+    if (getauxval(AT_SECURE) != 0)
+        return NULL;
+    if (given != NULL && given[0] != 0)
+        return named_tool(given);
+    const char *env = kc_config_get(KC_VAR_TOOL);
+    if (env != NULL && env[0] != 0)
+        return named_tool(env);
+    char real[PATH_MAX];
+    if (lib != NULL && lib[0] == '/' && realpath(lib, real) != NULL) {
+        char *slash = strrchr(real, '/');
+        *slash = 0;
+        static const char *const rel[] = {"/../tools/kcache", "/../../tools/kcache", "/../bin/kcache",
+                                          "/../../bin/kcache"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            char cand[PATH_MAX + 32];
+            snprintf(cand, sizeof cand, "%s%s", real, rel[i]);
+            if (executable_file(cand))
+                return strdup(cand);
+        }
+    }
+    return search_path("kcache");
+}
+
+/* Starts `tool owner --dir DIR` detached. tool is an absolute path (from
+ * kc__find_tool); a relative dir is made absolute against the working
+ * directory now, as the caller's own accesses see it. */
+static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
+{
+    char absdir[PATH_MAX];
+    if (dir[0] != '/') {
+        if (realpath(dir, absdir) == NULL)
+            return -errno;
+        dir = absdir;
+    }
+    size_t n = 0;
+    while (environ != NULL && environ[n] != NULL)
+        n++;
+    char **env = calloc(n + 3, sizeof *env);
+    if (env == NULL)
+        return -ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = environ[i];
+        if (strncmp(e, "KCACHE_OWNER_DETACH=", 20) == 0)
+            continue;
+        if (max_size != 0 && strncmp(e, "KCACHE_MAXSIZE=", 15) == 0)
+            continue;
+        /* The owner needs no interposer. */
+        if (strncmp(e, "LD_PRELOAD=", 11) == 0 && strstr(e, "libkcache") != NULL)
+            continue;
+        env[m++] = (char *)e;
+    }
+    char detach[] = "KCACHE_OWNER_DETACH=1";
+    char maxs[64];
+    env[m++] = detach;
+    if (max_size != 0) {
+        snprintf(maxs, sizeof maxs, "KCACHE_MAXSIZE=%llu", (unsigned long long)max_size);
+        env[m++] = maxs;
+    }
+    env[m] = NULL;
+    char *argv[] = {(char *)tool, "owner", "--dir", (char *)dir, NULL};
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_init(&at);
+    posix_spawn_file_actions_init(&fa);
+    sigset_t none, dfl;
+    sigemptyset(&none);
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGPIPE);
+    sigaddset(&dfl, SIGTERM);
+    sigaddset(&dfl, SIGINT);
+    sigaddset(&dfl, SIGHUP);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &dfl);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
+                                      POSIX_SPAWN_SETSIGDEF);
+    /* The owner outlives the host: it gets none of the host's files (a
+     * pipe it held would keep the host's reader waiting for its idle exit)
+     * and does not pin the host's working directory. */
+    for (int fd = 0; fd < 3; fd++)
+        posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawn_file_actions_addchdir_np(&fa, "/");
+    int rc = posix_spawn(pid, tool, &fa, &at, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    free(env);
+    return -rc;
+}
+
+void kc__kicker_init(struct kc__kicker *k, char *tool)
+{
+    memset(k, 0, sizeof *k);
+    k->lockfd = -1;
+    k->tool = tool;
+}
+
+void kc__kicker_reap(struct kc__kicker *k, int wait_ms)
+{
+    if (k->spawned <= 0)
+        return;
+    for (int i = 0;; i++) {
+        pid_t r = waitpid(k->spawned, NULL, WNOHANG);
+        if (r == k->spawned || (r < 0 && errno != EINTR)) {
+            k->spawned = 0;
+            return;
+        }
+        if (i * 5 >= wait_ms)
+            return;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t max_size)
+{
+    kc__kicker_reap(k, 0);
+    uint64_t now = kc_mono_ns();
+    if (k->lockfd < 0)
+        k->lockfd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (k->lockfd < 0 || flock(k->lockfd, LOCK_EX | LOCK_NB) != 0)
+        return;
+    flock(k->lockfd, LOCK_UN);
+    if (k->last_kick_ns != 0 && now - k->last_kick_ns <= KICK_INTERVAL_NS)
+        return;
+    k->last_kick_ns = now;
+    if (k->tool == NULL || k->tool[0] != '/') {
+        if (!k->warned) {
+            k->warned = true;
+            fprintf(stderr, "kcache: warning: cannot start the store owner: no kcache tool "
+                            "beside the library or on an absolute $PATH entry (KCACHE_TOOL: an "
+                            "absolute path or a bare name); writes stay in the spool\n");
+        }
+        return;
+    }
+    pid_t pid;
+    int rc = spawn_owner(k->tool, p->dir, max_size, &pid);
+    if (rc == 0)
+        k->spawned = pid;
+    else if (!k->warned) {
+        k->warned = true;
+        fprintf(stderr, "kcache: warning: cannot start the store owner %s: %s\n", k->tool,
+                strerror(-rc));
+    }
+}
+
+void kc__kicker_after_fork(struct kc__kicker *k)
+{
+    if (k->lockfd >= 0)
+        close(k->lockfd);
+    k->lockfd = -1;
+    k->spawned = 0;
+    k->last_kick_ns = 0;
+}
+
+void kc__kicker_free(struct kc__kicker *k)
+{
+    if (k->lockfd >= 0)
+        close(k->lockfd);
+    k->lockfd = -1;
+    free(k->tool);
+    k->tool = NULL;
+}
