@@ -55,8 +55,10 @@ static struct kc_tier *real(struct proxy *px)
             bool entered = kc__guard_enter();
             void *h = px->load ? px->load() : NULL;
             if (h == NULL) {
-                kc_log(KC_LOG_WARN, "cannot load the store (%s); the cache serves only what "
-                                    "needs no database", dlerror());
+                kc_log(KC_LOG_WARN,
+                       "cannot load the store (%s); the cache serves only what "
+                       "needs no database",
+                       dlerror());
             } else {
                 const struct kc_store_api *(*get)(void) =
                     (const struct kc_store_api *(*)(void))kc__real_dlsym(h, "kc_store_api");
@@ -161,7 +163,7 @@ static void px_close(struct kc_tier *t)
     kc__filter_ro_drop(&px->filter);
     pthread_mutex_destroy(&px->mu);
     pthread_mutex_destroy(&px->real_mu);
-    free(px);
+    /* px is the chain's (kc__chain_extra): freed with it. */
 }
 
 static const struct kc_tier_ops proxy_ops = {
@@ -175,18 +177,14 @@ static const struct kc_tier_ops proxy_ops = {
 
 /* ---- opening ------------------------------------------------------------ */
 
-int kc__front_open(const struct kc_store_options *opts, void *(*load)(void),
-                   struct kc_store **out)
+int kc__front_open(const struct kc_store_options *opts, void *(*load)(void), struct kc_store **out)
 {
+    /* The proxy lives in the chain's allocation: one malloc for both. */
     struct kc_store *st;
-    int rc = kc__chain_open(opts, kc__self_path(), &st);
+    int rc = kc__chain_open(opts, kc__self_path(), sizeof(struct proxy), &st);
     if (rc < 0)
         return rc;
-    struct proxy *px = calloc(1, sizeof *px);
-    if (px == NULL) {
-        kc__chain_close(st);
-        return -ENOMEM;
-    }
+    struct proxy *px = kc__chain_extra(st);
     px->base.ops = &proxy_ops;
     px->p = &st->p;
     px->readonly = st->readonly;

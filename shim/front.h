@@ -20,7 +20,6 @@
  * directory) with the database tier's proxy behind the local tier. `load`
  * dlopen()s the store library when a request needs it (NULL on failure).
  * 0 with *out (use it through kc__chain_ops), or negative errno. */
-int kc__front_open(const struct kc_store_options *opts, void *(*load)(void),
-                   struct kc_store **out);
+int kc__front_open(const struct kc_store_options *opts, void *(*load)(void), struct kc_store **out);
 
 #endif

@@ -132,9 +132,7 @@ static void dbt_postfork_child(void)
     kc__db_after_fork_child();
 }
 
-static void dbt_postfork_parent(void)
-{
-}
+static void dbt_postfork_parent(void) {}
 
 static void hooks_once(void)
 {
@@ -205,8 +203,7 @@ static void sec_remove(char secpath[PATH_MAX], int *secfd)
         char *slash = strrchr(secpath, '/'), mine[32];
         snprintf(mine, sizeof mine, "/kcache-%u", (unsigned)geteuid());
         size_t ml = strlen(mine);
-        if (slash != NULL && (size_t)(slash - secpath) >= ml &&
-            memcmp(slash - ml, mine, ml) == 0) {
+        if (slash != NULL && (size_t)(slash - secpath) >= ml && memcmp(slash - ml, mine, ml) == 0) {
             *slash = 0;
             rmdir(secpath); /* fails while other readers' are there */
         }
@@ -297,8 +294,8 @@ static int sec_dir(struct kc__dbt *st, char secpath[PATH_MAX], int *secfd)
 /* Opens a secondary into d, in a new directory (secpath). Touches no
  * state of st but constants and the gen mapping, so it may run on any
  * thread. */
-static int secondary_open(struct kc__dbt *st, struct kc__db *d, char secpath[PATH_MAX],
-                          int *secfd, uint64_t *epoch)
+static int secondary_open(struct kc__dbt *st, struct kc__db *d, char secpath[PATH_MAX], int *secfd,
+                          uint64_t *epoch)
 {
     *secfd = -1;
     char cur[PATH_MAX];
@@ -501,7 +498,7 @@ bool kc__dbt_refresh(struct kc__dbt *st, uint64_t g, bool force)
         uint64_t epoch = epoch_read(st);
         if (epoch != st->rd_epoch)
             reopen_wait(st); /* a replacement being opened: take it, catch it up */
-        int rc = -ESTALE; /* still a reader of an earlier owner session */
+        int rc = -ESTALE;    /* still a reader of an earlier owner session */
         if (epoch == st->rd_epoch) {
             pthread_rwlock_rdlock(&st->rdlk);
             rc = kc__db_catch_up(&st->rd);
@@ -531,7 +528,6 @@ static int reader_lookup(struct kc__dbt *st, const char *ns, const kc_key *key, 
     pthread_rwlock_unlock(&st->rdlk);
     return rc;
 }
-
 
 /* ---- the tier ------------------------------------------------------------ */
 

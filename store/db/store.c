@@ -37,7 +37,7 @@ static int st_open(const struct kc_store_options *opts, struct kc_store **out)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, lib_locate);
     struct kc_store *st;
-    int rc = kc__chain_open(opts, lib_path[0] != 0 ? lib_path : NULL, &st);
+    int rc = kc__chain_open(opts, lib_path[0] != 0 ? lib_path : NULL, 0, &st);
     if (rc < 0)
         return rc;
     struct kc_tier *db;

@@ -39,16 +39,21 @@ static int dir_check(const struct kc__paths *p, bool readonly)
     return rc;
 }
 
-int kc__chain_open(const struct kc_store_options *opts, const char *lib, struct kc_store **out)
+/* Where the extra bytes start: after the chain, aligned for any type. */
+#define EXTRA_AT ((sizeof(struct kc_store) + 63) & ~(size_t)63)
+
+int kc__chain_open(const struct kc_store_options *opts, const char *lib, size_t extra,
+                   struct kc_store **out)
 {
     if (opts == NULL || opts->dir == NULL || opts->dir[0] == 0 || out == NULL)
         return -EINVAL;
     *out = NULL;
     if (strlen(opts->dir) >= 4000)
         return -ENAMETOOLONG;
-    struct kc_store *st = calloc(1, sizeof *st);
+    struct kc_store *st = calloc(1, EXTRA_AT + extra);
     if (st == NULL)
         return -ENOMEM;
+    st->extra = extra ? (char *)st + EXTRA_AT : NULL;
     kc__paths_init(&st->p, opts->dir);
     st->readonly = opts->readonly != 0;
     st->max_size = opts->max_size;
@@ -63,6 +68,11 @@ int kc__chain_open(const struct kc_store_options *opts, const char *lib, struct 
     st->n = 1;
     *out = st;
     return 0;
+}
+
+void *kc__chain_extra(struct kc_store *st)
+{
+    return st->extra;
 }
 
 int kc__chain_add(struct kc_store *st, struct kc_tier *t, unsigned flags)
@@ -114,8 +124,8 @@ static void fill_back(struct kc_store *st, const char *ns, const kc_key *key,
  * A tier's record that fails its checks is a miss there and a purge
  * request: the owner removes it where it is still bad (and the entry only
  * if it is bad in the database too). */
-static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body,
-                  size_t *len, struct kc_record_info *info)
+static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void **body, size_t *len,
+                  struct kc_record_info *info)
 {
     if (kc__pending_dead(&st->pd, ns, key))
         return -ENOENT;

@@ -46,8 +46,8 @@ struct kc__local {
     const struct kc__paths *p;
     bool readonly;
     uint64_t max_size;
-    const char *lib;        /* the calling library's absolute path, or NULL */
-    pthread_mutex_t mu;     /* guards everything below */
+    const char *lib;    /* the calling library's absolute path, or NULL */
+    pthread_mutex_t mu; /* guards everything below */
     bool tool_ready;
     struct kc__kicker kick;
     /* The spool's bound (local_tier.c spool_room): its bytes when last
@@ -63,8 +63,8 @@ void kc__local_init(struct kc__local *l, const struct kc__paths *p, bool readonl
                     uint64_t max_size, const char *tool, const char *lib);
 /* Writes a purge request (KC__PF_* flags; key or src may be NULL) and
  * starts the owner. Nothing when read-only. */
-void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key,
-                       const kc_digest *src, uint32_t flags);
+void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *src,
+                       uint32_t flags);
 /* Writes a spool log of `type` (KC__SP_HITS, KC__SP_COUNT, KC__SP_PURGE)
  * holding the n items of b (begun with kc__spool_begin). None, or
  * read-only: nothing. 0 or negative errno. */
@@ -79,11 +79,12 @@ enum { KC__CHAIN_MAX = 4 };
 #define KC__CHAIN_FILL_BACK 1u
 
 struct kc_store {
-    struct kc__paths p;    /* the cache directory's layout */
+    struct kc__paths p; /* the cache directory's layout */
     bool readonly;
-    uint64_t max_size;     /* bytes; 0: KC_DEFAULT_MAX_SIZE */
+    uint64_t max_size;      /* bytes; 0: KC_DEFAULT_MAX_SIZE */
     struct kc__local local; /* tier[0] */
     struct kc__pending pd;  /* tombstones, hits, counters, own puts' sources */
+    void *extra;            /* kc__chain_extra */
     size_t n;               /* tiers, in the order get tries them */
     struct kc_tier *tier[KC__CHAIN_MAX];
     unsigned flags[KC__CHAIN_MAX];
@@ -94,11 +95,17 @@ struct kc_store {
  * (created 0700 with spool/ and sec/ unless read-only; missing and
  * read-only: every get misses), spool/ and hot/ private directories when
  * present, no symlink. `lib`: the calling library's absolute path (kept;
- * NULL: unknown), beside which the kcache tool is looked for. 0 with *out
- * (close it with kc__chain_close); -EINVAL, -ENAMETOOLONG, -ENOMEM, -EPERM
- * (another user's or writable by others), -ENOTDIR, -ENOTEMPTY (not a
- * store) or another negative errno. */
-int kc__chain_open(const struct kc_store_options *opts, const char *lib, struct kc_store **out);
+ * NULL: unknown), beside which the kcache tool is looked for. `extra`:
+ * bytes the caller wants in the chain's own allocation (zeroed, aligned;
+ * kc__chain_extra), for a tier of its own: the shim's front costs one
+ * allocation. 0 with *out (close it with kc__chain_close); -EINVAL,
+ * -ENAMETOOLONG, -ENOMEM, -EPERM (another user's or writable by others),
+ * -ENOTDIR, -ENOTEMPTY (not a store) or another negative errno. */
+int kc__chain_open(const struct kc_store_options *opts, const char *lib, size_t extra,
+                   struct kc_store **out);
+/* The `extra` bytes of kc__chain_open, freed with the chain (a tier kept
+ * there must not free itself at close). */
+void *kc__chain_extra(struct kc_store *st);
 /* Appends tier t (owned by the chain from now on: closed with it) with
  * KC__CHAIN_* flags. Before the chain is shared. 0, or -ENOSPC when full
  * (t is closed). */

@@ -55,15 +55,16 @@ int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n)
     if (b->err)
         return b->err;
     char name[64];
-    snprintf(name, sizeof name, "%c-%d-%016llx", type == KC__SP_PURGE ? 'x'
-                                                 : type == KC__SP_HITS ? 'h'
-                                                                       : 'c',
+    snprintf(name, sizeof name, "%c-%d-%016llx",
+             type == KC__SP_PURGE  ? 'x'
+             : type == KC__SP_HITS ? 'h'
+                                   : 'c',
              (int)getpid(), (unsigned long long)kc__rand64());
     return kc__spool_write(l->p->spool, name, b->p, b->len, type == KC__SP_PURGE);
 }
 
-void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key,
-                       const kc_digest *src, uint32_t flags)
+void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *src,
+                       uint32_t flags)
 {
     if (l->readonly)
         return;
@@ -116,8 +117,8 @@ int kc__files_lookup(const struct kc__paths *p, const char *ns, const kc_key *ke
     return bad;
 }
 
-static int local_get(struct kc_tier *t, const char *ns, const kc_key *key, void **body,
-                     size_t *len, struct kc_record_info *info)
+static int local_get(struct kc_tier *t, const char *ns, const kc_key *key, void **body, size_t *len,
+                     struct kc_record_info *info)
 {
     struct kc__hdr h;
     int rc = kc__files_lookup(L(t)->p, ns, key, body, len, &h);
@@ -144,9 +145,8 @@ static bool spool_room(struct kc__local *l, size_t n)
 {
     uint64_t limit = l->max_size ? l->max_size : KC_DEFAULT_MAX_SIZE;
     uint64_t now = kc_mono_ns() | 1;
-    if (l->spool_count_ns == 0 ||
-        (l->spool_seen + l->spool_added + n > limit &&
-         (!l->spool_full || now - l->spool_count_ns >= 1000000000ull))) {
+    if (l->spool_count_ns == 0 || (l->spool_seen + l->spool_added + n > limit &&
+                                   (!l->spool_full || now - l->spool_count_ns >= 1000000000ull))) {
         l->spool_seen = kc__spool_bytes(l->p->spool, limit);
         l->spool_added = 0;
         l->spool_count_ns = now;
@@ -163,9 +163,8 @@ static bool spool_room(struct kc__local *l, size_t n)
  * spool would hold more than the size limit (an owner that does not drain
  * it: nothing written, one warning per process), or the write's error. The
  * chain checked the arguments. */
-static int local_put(struct kc_tier *t, const char *ns, const kc_key *key,
-                     const kc_digest *source, uint32_t kind, const void *body, size_t len,
-                     uint64_t saved_ns)
+static int local_put(struct kc_tier *t, const char *ns, const kc_key *key, const kc_digest *source,
+                     uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
 {
     struct kc__local *l = L(t);
     if (l->readonly)
@@ -192,9 +191,11 @@ static int local_put(struct kc_tier *t, const char *ns, const kc_key *key,
             l->spool_warned = true;
         pthread_mutex_unlock(&l->mu);
         if (warn)
-            kc_log(KC_LOG_WARN, "the spool of %s holds more than KCACHE_MAXSIZE "
-                                "(%llu bytes) waiting for the owner; results are not "
-                                "stored until it drains", l->p->dir,
+            kc_log(KC_LOG_WARN,
+                   "the spool of %s holds more than KCACHE_MAXSIZE "
+                   "(%llu bytes) waiting for the owner; results are not "
+                   "stored until it drains",
+                   l->p->dir,
                    (unsigned long long)(l->max_size ? l->max_size : KC_DEFAULT_MAX_SIZE));
         if (!room) {
             kc__buf_free(&b);

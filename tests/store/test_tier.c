@@ -76,8 +76,8 @@ static int fake_get(struct kc_tier *t, const char *ns, const kc_key *k, void **b
     *len = strlen(f->body);
     *body = strdup(f->body);
     if (info != NULL)
-        *info = (struct kc_record_info){.kind = KC_KIND_BLOB, .format = KC_FORMAT_VERSION,
-                                        .body_size = *len, .saved_ns = 7};
+        *info = (struct kc_record_info){
+            .kind = KC_KIND_BLOB, .format = KC_FORMAT_VERSION, .body_size = *len, .saved_ns = 7};
     return 0;
 }
 
@@ -127,7 +127,7 @@ static struct kc_store *chain(void)
 {
     struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
     struct kc_store *st = NULL;
-    cr_assert_eq(kc__chain_open(&o, NULL, &st), 0);
+    cr_assert_eq(kc__chain_open(&o, NULL, 0, &st), 0);
     cr_assert_eq(st->n, 1, "the local tier alone");
     return st;
 }
@@ -412,7 +412,6 @@ Test(tier, the_store_reports_a_damaged_hot_file_as_the_shim_does)
     buf = NULL;
     int rc = kc__hot_file_read(hot, name, &buf, &sp);
     free(buf);
-    cr_assert(rc == 0 || rc == -ENOENT, "the damaged hot file is still there: %s",
-              strerror(-rc));
+    cr_assert(rc == 0 || rc == -ENOENT, "the damaged hot file is still there: %s", strerror(-rc));
     api->close(st);
 }
