@@ -652,7 +652,7 @@ static void jit_ctx_leave(struct jit_ctx *j)
  * true when the call was answered (*rc set, the guard left, counted): a
  * hit, or a stored cubin the driver refused, when the driver answers the
  * host's own call. False on a miss, or after purging a bad record. */
-static bool serve_stored(struct load_call *c, struct kc_store *st, const struct kc_store_api *api, const char *ns,
+static bool serve_stored(struct load_call *c, struct kc_store *st, const struct kc_store_ops *api, const char *ns,
                          const kc_key *key, const struct jit_req *r, uint64_t t0, bool entered, CUresult *rc)
 {
     void *body = NULL;
@@ -765,7 +765,7 @@ static CUresult jit_load(struct load_call *c)
     snprintf(ns, sizeof ns, "jit:%.16s", hex);
 
     bool entered = kc__guard_enter();
-    const struct kc_store_api *api = NULL;
+    const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     CUresult rc;
 

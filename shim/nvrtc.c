@@ -312,7 +312,7 @@ static int manifest_match(const struct kc__manifest *m, kc_digest *result)
 }
 
 /* Looks the base up: memo first, then the store. 0 with *result set. */
-static int lookup_result(struct kc_store *st, const struct kc_store_api *api, const char *ns,
+static int lookup_result(struct kc_store *st, const struct kc_store_ops *api, const char *ns,
                          const kc_digest *base, kc_digest *result)
 {
     size_t b = (base->lo ^ base->hi) % MMEMO_BUCKETS;
@@ -362,7 +362,7 @@ from_store:;
 
 /* Adds a dependency set to the manifest of `base` (newest first, bounded)
  * and stores it. A race with another writer loses one set: a recompile. */
-static int manifest_add(struct kc_store *st, const struct kc_store_api *api, const char *ns,
+static int manifest_add(struct kc_store *st, const struct kc_store_ops *api, const char *ns,
                         const kc_digest *base, const kc_digest *result, const struct kc__deps *d)
 {
     kc_key mk = manifest_key(base);
@@ -670,7 +670,7 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
 
 /* Looks the request up; on a hit marks the program served, sets *rc to the
  * compile's recorded result and counts the hit. Returns whether it hit. */
-static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_api *api,
+static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
                       const char *ns, uint64_t build, const kc_digest *base, nvrtcResult *rc,
                       struct kc_counters *c)
 {
@@ -757,7 +757,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         goto out;
     }
 
-    const struct kc_store_api *api = NULL;
+    const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     const struct identity *id = nvrtc_identity();
     const char *ns = id->ns;

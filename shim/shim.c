@@ -6,7 +6,7 @@
 #include "shim.h"
 #include "front.h"
 #include "flight.h"
-#include "../store/local/local.h"
+#include "../store/local/chain.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -65,7 +65,6 @@ bool kc__guard_held(void)
 static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
 static int store_state; /* 0 untried, 1 open, -1 unusable */
 static struct kc_store *store;
-static const struct kc_store_api *store_api;
 
 /* libkcache.so's absolute path, found before main (self_locate): the kcache
  * tool and the store library are looked for beside it, never relative to
@@ -116,11 +115,11 @@ static void *load_store_lib(void)
     return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
 }
 
-/* The store as hooks see it is the front (front.c): hits from the spool and
- * DIR/hot, misses told by DIR/filter and writes to the spool, all without
- * RocksDB; it loads libkcache-store.so (load_store_lib) only for a lookup
- * the filter cannot answer. */
-struct kc_store *kc__store(const struct kc_store_api **api)
+/* The store as hooks see it is the front (front.c), the chain of tiers:
+ * hits from the spool and DIR/hot, misses told by DIR/filter and writes to
+ * the spool, all without RocksDB; it loads libkcache-store.so
+ * (load_store_lib) only for a lookup the filter cannot answer. */
+struct kc_store *kc__store(const struct kc_store_ops **api)
 {
     int state = __atomic_load_n(&store_state, __ATOMIC_ACQUIRE);
     if (state == 0) {
@@ -135,13 +134,11 @@ struct kc_store *kc__store(const struct kc_store_api **api)
             /* No directory (no home): the configuration warned already. */
             int rc = cfg->dir[0] == 0 ? -ENOENT : kc__front_open(&opts, load_store_lib, &store);
             if (rc == 0 && !cfg->readonly && kc__flight_prepare() != 0) {
-                kc__front_api()->close(store);
+                kc__chain_close(store);
                 store = NULL;
                 rc = -EPERM;
             }
-            if (rc == 0)
-                store_api = kc__front_api();
-            else if (cfg->dir[0] != 0)
+            if (rc != 0 && cfg->dir[0] != 0)
                 kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
                        cfg->dir,
                        rc == -EPERM ? "it, a directory or link on the way to it, or one in it, is "
@@ -156,7 +153,7 @@ struct kc_store *kc__store(const struct kc_store_api **api)
     if (state != 1)
         return NULL;
     if (api != NULL)
-        *api = store_api;
+        *api = &kc__chain_ops;
     return store;
 }
 
@@ -195,7 +192,7 @@ __attribute__((destructor)) static void shim_fini(void)
             dst[k] = __atomic_load_n(&src[k], __ATOMIC_RELAXED);
     }
 
-    const struct kc_store_api *api;
+    const struct kc_store_ops *api;
     struct kc_store *st =
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? kc__store(&api) : NULL;
     if (st != NULL && !config.readonly) {
@@ -246,8 +243,8 @@ static void atfork_child(void)
     pthread_mutex_init(&store_lock, NULL);
     /* The child reports only what it does itself. */
     memset(counters, 0, sizeof counters);
-    if (store_state == 1 && store_api->after_fork_child != NULL)
-        store_api->after_fork_child(store);
+    if (store_state == 1)
+        kc__chain_after_fork_child(store);
 }
 
 __attribute__((constructor)) static void shim_init(void)

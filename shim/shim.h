@@ -24,10 +24,10 @@
 /* The configuration, read once on first use (thread-safe). */
 const struct kc_config *kc__config(void);
 
-/* The store, opened (dlopen of libkcache-store.so + open) on first call.
- * Returns NULL when the cache is off or the store cannot be used (one
- * warning was logged); *api is set when non-NULL is returned. */
-struct kc_store *kc__store(const struct kc_store_api **api);
+/* The store (the front, front.h), opened on first call. Returns NULL when
+ * the cache is off or the store cannot be used (one warning was logged);
+ * *api, the operations on it, is set when non-NULL is returned. */
+struct kc_store *kc__store(const struct kc_store_ops **api);
 
 /* Adds to this process's counters of `backend` (printed by KCACHE_STATS and
  * handed to the store at exit). Thread-safe. */

@@ -1,18 +1,25 @@
 /*
  * kcache artifact store: the one public header of libkcache-store.so.
  *
- * The store keeps compiled artifacts for many processes at once. Every
- * process reads through a RocksDB secondary instance and the spool; writes go
- * to the spool (temp file, rename) and one owner process, started on
- * demand, drains them into the primary. See ARCHITECTURE.md.
+ * The store keeps compiled artifacts for many processes at once. It is a
+ * chain of tiers (tier.h): the local files first (the spool, where every
+ * write goes, and the hot files the owner keeps of drained entries), then
+ * the RocksDB database, read through a secondary instance. One owner
+ * process, started on demand, drains the spool into the database. See
+ * ARCHITECTURE.md.
  *
  * Conventions: functions return 0 or a negative errno. Nothing here blocks
  * the caller for long: lock waits are bounded. Memory returned through a
- * `void **` is malloc'd and released with kc_store_free().
+ * `void **` is malloc'd (release it with free(), or the table's free).
  *
- * The preloaded shim never links this library; it dlopen()s it on first use
- * and reaches every function through the table kc_store_api() returns, so
- * the table is the ABI. Bump KC_STORE_ABI when it changes.
+ * Two function tables: kc_store_api(), the data path (open, then get, put,
+ * ... through its ops; and the database tier alone, which the preloaded
+ * shim's front adds to its own chain), and kc_store_admin(),
+ * administration (statistics, listing, verify, gc, clear, the owner),
+ * which only the tool uses. The shim never
+ * links this library; it dlopen()s it when its key filter cannot rule the
+ * database out and reaches it through kc_store_api(), so the tables are the
+ * ABI. Bump KC_STORE_ABI when they change.
  */
 #ifndef KCACHE_STORE_H
 #define KCACHE_STORE_H
@@ -24,7 +31,7 @@
 extern "C" {
 #endif
 
-#define KC_STORE_ABI 1
+#define KC_STORE_ABI 2
 
 /* Version of the record layout. Part of every record header and of every
  * namespace fingerprint the shim builds, so a new layout never reads an old
@@ -124,7 +131,8 @@ static inline void kc_counters_from_array(struct kc_counters *c, const uint64_t 
 #undef KC__COUNTER_SET
 }
 
-/* One entry as kc_store_foreach() reports it. Valid during the callback. */
+/* One entry as the administration's foreach reports it. Valid during the
+ * callback. */
 struct kc_entry {
     const char *ns;
     kc_key key;
@@ -177,16 +185,12 @@ struct kc_gc_report {
 typedef void (*kc_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
 struct kc_store;
+struct kc_tier; /* tier.h */
 
-struct kc_store_api {
-    int abi; /* KC_STORE_ABI */
-
-    /* Opens the store in opts->dir (copied). Reading is lazy: no RocksDB
-     * instance is opened until the first get. Fails with -ENOTDIR, -EACCES,
-     * -EPERM (directory owned by someone else or writable by group/others).
-     * On success *out is owned by the caller; close it with close(). */
-    int (*open)(const struct kc_store_options *opts, struct kc_store **out);
-
+/* The data path on an open store: the chain of tiers (local first, then
+ * the database). One table, the same code in this library and in the
+ * preloaded shim, whose front is such a chain. */
+struct kc_store_ops {
     /* Flushes pending hit and counter logs (see flush) and releases
      * everything. NULL is a no-op. */
     void (*close)(struct kc_store *st);
@@ -232,8 +236,37 @@ struct kc_store_api {
     void (*after_fork_child)(struct kc_store *st);
 
     void (*free)(void *p);
+};
 
-    /* --- tool operations (may wait, bounded, for the owner lock) --- */
+/* The data path's entry points. */
+struct kc_store_api {
+    int abi; /* KC_STORE_ABI */
+
+    /* Opens the store in opts->dir (copied): checks the directory (private,
+     * ours; created 0700 unless read-only, with its spool) and chains the
+     * local tier and the database tier. Reading is lazy: no RocksDB instance
+     * is opened until a get needs the database. Fails with -ENOTDIR,
+     * -EACCES, -EPERM (directory owned by someone else or writable by
+     * group/others). On success *out is owned by the caller; use it through
+     * ops, and release it with ops->close. */
+    int (*open)(const struct kc_store_options *opts, struct kc_store **out);
+
+    /* The operations on an open store. */
+    const struct kc_store_ops *ops;
+
+    /* Opens the database tier alone (tier.h: get, take_by_source) on
+     * opts->dir, for a chain built elsewhere: the shim's front chains it
+     * behind its own local tier. Checks nothing of the directory (the
+     * chain's open did) and opens no RocksDB instance until a get needs
+     * one. 0 with *out, released with (*out)->ops->close; or -ENOMEM. */
+    int (*db_tier_open)(const struct kc_store_options *opts, struct kc_tier **out);
+};
+
+/* Administration: only the tool (and tests) use it. Operations may wait,
+ * bounded, for the owner lock. Each takes a store from kc_store_api()'s
+ * open. */
+struct kc_store_admin {
+    int abi; /* KC_STORE_ABI */
 
     /* Calls cb for every entry (drained and pending) of `ns`, or of all
      * namespaces when ns is NULL. A non-zero return from cb stops the walk
@@ -258,6 +291,14 @@ struct kc_store_api {
     /* Removes every entry. */
     int (*clear)(struct kc_store *st);
 
+    /* Flushes this handle's logs, then becomes the owner long enough to
+     * drain everything in the spool into the database: afterwards every put
+     * acknowledged before the call is in the database and visible to a
+     * fresh reader. Asks a running owner to exit and waits for its lock at
+     * most `timeout_ms`. 0; -EBUSY when the lock stayed held; -EROFS on a
+     * read-only store; other negative errno. For tests and `kcache`. */
+    int (*drain)(struct kc_store *st, int timeout_ms);
+
     /* Runs the owner: holds the primary, drains the spool, folds hit logs,
      * evicts past the size limit, compacts; returns after `idle_ms` without
      * work, or -EBUSY at once if another owner holds the lock. */
@@ -267,20 +308,13 @@ struct kc_store_api {
      * *body pointing inside `rec`, or -EBADMSG. Exposed for the fuzzers. */
     int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info,
                         const void **body, size_t *body_len);
-
-    /* --- added after ABI 1 was drafted; members only ever appended --- */
-
-    /* Flushes this handle's logs, then becomes the owner long enough to
-     * drain everything in the spool into the database: afterwards every put
-     * acknowledged before the call is in the database and visible to a
-     * fresh reader. Asks a running owner to exit and waits for its lock at
-     * most `timeout_ms`. 0; -EBUSY when the lock stayed held; -EROFS on a
-     * read-only store; other negative errno. For tests and `kcache`. */
-    int (*drain)(struct kc_store *st, int timeout_ms);
 };
 
-/* The function table. The shim finds this one symbol with dlsym(). */
+/* The data path's table. The shim finds this one symbol with dlsym(). */
 const struct kc_store_api *kc_store_api(void);
+
+/* The administration's table. */
+const struct kc_store_admin *kc_store_admin(void);
 
 #ifdef __cplusplus
 }

@@ -75,7 +75,8 @@ struct ctx {
     char dir[PATH_MAX];   /* effective cache directory */
     bool dir_from_cli;
     struct kc_config cfg;
-    const struct kc_store_api *api;
+    const struct kc_store_api *api;    /* the data path: open, close */
+    const struct kc_store_admin *adm; /* everything else */
     bool progress; /* stderr is a terminal */
 };
 
@@ -263,7 +264,7 @@ static int probe_dir(struct ctx *c)
                          open_error(rc < 0 ? rc : -EIO));
                 return -1;
             }
-            c->api->close(st);
+            c->api->ops->close(st);
             return 0;
         }
         err_line("cannot use cache directory %s: %s", c->dir, strerror(errno));
@@ -287,7 +288,7 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
     if (p <= 0)
         return p;
     if (!need(c, (const void *)c->api->open, "open") ||
-        !need(c, (const void *)c->api->close, "close"))
+        !need(c, (const void *)c->api->ops->close, "close"))
         return -1;
     struct kc_store_options o;
     fill_options(c, &o, readonly);
@@ -336,15 +337,15 @@ static int cmd_stats(struct ctx *c, bool json)
     memset(&empty, 0, sizeof empty);
     empty.max_size = c->cfg.max_size;
     if (st != NULL) {
-        if (!need(c, (const void *)c->api->stats, "stats") ||
-            !need(c, (const void *)c->api->stats_free, "stats_free")) {
-            c->api->close(st);
+        if (!need(c, (const void *)c->adm->stats, "stats") ||
+            !need(c, (const void *)c->adm->stats_free, "stats_free")) {
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
-        int rc = c->api->stats(st, &s);
+        int rc = c->adm->stats(st, &s);
         if (rc < 0 || s == NULL) {
             err_line("cannot read statistics of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
-            c->api->close(st);
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
     }
@@ -430,9 +431,9 @@ static int cmd_stats(struct ctx *c, bool json)
         }
     }
     if (s != NULL)
-        c->api->stats_free(s);
+        c->adm->stats_free(s);
     if (st != NULL)
-        c->api->close(st);
+        c->api->ops->close(st);
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
 }
 
@@ -463,12 +464,12 @@ static int cmd_ls(struct ctx *c, const char *ns)
         return EXIT_RUNTIME;
     if (st == NULL)
         return 0;
-    if (!need(c, (const void *)c->api->foreach, "foreach")) {
-        c->api->close(st);
+    if (!need(c, (const void *)c->adm->foreach, "foreach")) {
+        c->api->ops->close(st);
         return EXIT_RUNTIME;
     }
-    int rc = c->api->foreach (st, ns, ls_cb, NULL);
-    c->api->close(st);
+    int rc = c->adm->foreach (st, ns, ls_cb, NULL);
+    c->api->ops->close(st);
     if (rc != 0)
         return walk_error(c, rc);
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
@@ -535,12 +536,12 @@ static int cmd_show(struct ctx *c, const char *key)
         return EXIT_RUNTIME;
     struct show_state s = {.prefix = prefix};
     if (st != NULL) {
-        if (!need(c, (const void *)c->api->foreach, "foreach")) {
-            c->api->close(st);
+        if (!need(c, (const void *)c->adm->foreach, "foreach")) {
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
-        int rc = c->api->foreach (st, NULL, show_cb, &s);
-        c->api->close(st);
+        int rc = c->adm->foreach (st, NULL, show_cb, &s);
+        c->api->ops->close(st);
         if (rc != 0) {
             free(s.m);
             return walk_error(c, rc);
@@ -593,14 +594,14 @@ static int cmd_verify(struct ctx *c)
     struct kc_verify_report r;
     memset(&r, 0, sizeof r);
     if (st != NULL) {
-        if (!need(c, (const void *)c->api->verify, "verify")) {
-            c->api->close(st);
+        if (!need(c, (const void *)c->adm->verify, "verify")) {
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
         struct progress p = {.what = "verify"};
-        int rc = c->api->verify(st, 1, &r, c->progress ? progress_cb : NULL, &p);
+        int rc = c->adm->verify(st, 1, &r, c->progress ? progress_cb : NULL, &p);
         progress_end(&p);
-        c->api->close(st);
+        c->api->ops->close(st);
         if (rc < 0) {
             err_line("verify of %s failed: %s", c->dir, strerror(-rc));
             return EXIT_RUNTIME;
@@ -621,14 +622,14 @@ static int cmd_gc(struct ctx *c, uint64_t max_size)
     struct kc_gc_report r;
     memset(&r, 0, sizeof r);
     if (st != NULL) {
-        if (!need(c, (const void *)c->api->gc, "gc")) {
-            c->api->close(st);
+        if (!need(c, (const void *)c->adm->gc, "gc")) {
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
         struct progress p = {.what = "gc"};
-        int rc = c->api->gc(st, max_size, &r, c->progress ? progress_cb : NULL, &p);
+        int rc = c->adm->gc(st, max_size, &r, c->progress ? progress_cb : NULL, &p);
         progress_end(&p);
-        c->api->close(st);
+        c->api->ops->close(st);
         if (rc < 0) {
             err_line("gc of %s failed: %s", c->dir, strerror(-rc));
             return EXIT_RUNTIME;
@@ -648,12 +649,12 @@ static int cmd_clear(struct ctx *c)
     if (o < 0)
         return EXIT_RUNTIME;
     if (st != NULL) {
-        if (!need(c, (const void *)c->api->clear, "clear")) {
-            c->api->close(st);
+        if (!need(c, (const void *)c->adm->clear, "clear")) {
+            c->api->ops->close(st);
             return EXIT_RUNTIME;
         }
-        int rc = c->api->clear(st);
-        c->api->close(st);
+        int rc = c->adm->clear(st);
+        c->api->ops->close(st);
         if (rc < 0) {
             err_line("clear of %s failed: %s", c->dir, strerror(-rc));
             return EXIT_RUNTIME;
@@ -804,11 +805,11 @@ static void owner_detach(struct ctx *c)
 static int cmd_owner(struct ctx *c, int idle_ms)
 {
     owner_detach(c);
-    if (!need(c, (const void *)c->api->owner_run, "owner_run"))
+    if (!need(c, (const void *)c->adm->owner_run, "owner_run"))
         return EXIT_RUNTIME;
     struct kc_store_options o;
     fill_options(c, &o, false);
-    int rc = c->api->owner_run(&o, idle_ms);
+    int rc = c->adm->owner_run(&o, idle_ms);
     if (rc == -EBUSY) {
         kc_log(KC_LOG_INFO, "another owner holds %s; nothing to do", c->dir);
         return 0;
@@ -983,7 +984,9 @@ int main(int argc, char **argv)
     }
 
     c.api = kc_store_api();
-    if (c.api == NULL || c.api->abi != KC_STORE_ABI) {
+    c.adm = kc_store_admin();
+    if (c.api == NULL || c.api->abi != KC_STORE_ABI || c.api->ops == NULL || c.adm == NULL ||
+        c.adm->abi != KC_STORE_ABI) {
         err_line("the store library has ABI %d, this tool needs %d",
                  c.api != NULL ? c.api->abi : -1, KC_STORE_ABI);
         return EXIT_RUNTIME;

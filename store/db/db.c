@@ -413,6 +413,13 @@ int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val,
     return 0;
 }
 
+int kc__db_catch_up(struct kc__db *d)
+{
+    char *err = NULL;
+    rocksdb_try_catch_up_with_primary(d->db, &err);
+    return kc__db_err(err, "catch up");
+}
+
 int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body, size_t *len,
                struct kc__hdr *h)
 {

@@ -1,15 +1,17 @@
 /*
  * Internals of libkcache-store.so, shared by its source files and by the
  * store's white-box tests. Nothing here is part of the ABI (store.h is).
- * The libc-only part (layouts, files, directory layout, filter, hot files)
- * is ../local/local.h, which the shim's front compiles too; the database's
- * byte layout is meta.h; what the owner's files share is owner.h.
+ * The libc-only part (layouts, files, directory layout, filter, hot files,
+ * the chain of tiers) is store/local/, which the preloaded shim compiles
+ * too; the database's byte layout is meta.h; what the owner's files share
+ * is owner.h.
  */
 #ifndef KCACHE_STORE_INTERNAL_H
 #define KCACHE_STORE_INTERNAL_H
 
-#include "../local/local.h"
+#include "../local/chain.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <rocksdb/c.h>
 
@@ -62,11 +64,61 @@ int kc__db_iter_err(struct kc__db *d, rocksdb_iterator_t *it);
 /* Reads a value: 0 with *val malloc'd, -ENOENT, -EBADMSG (RocksDB reports a
  * corruption; sets d->corrupt) or another negative errno. */
 int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val, size_t *vlen);
+/* Catches a secondary up with what the primary has committed: 0, or a
+ * negative errno when it cannot follow (replace it). */
+int kc__db_catch_up(struct kc__db *d);
 
 /* Looks up an entry in a db: 0 with body (malloc'd), -ENOENT, -EBADMSG
  * (present but fails its checks), -EIO. */
 int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body, size_t *len,
                struct kc__hdr *h);
+
+/* ---- the database tier (db_tier.c) ---------------------------------------- */
+
+/* The database as one process reads it (tier.h; db_tier.c's comment). */
+struct kc__reopen;
+struct kc__dbt {
+    struct kc_tier base;
+    struct kc__paths p;
+    bool readonly;
+    uint64_t max_size;
+
+    /* The reader. mu serialises opening, catching up and replacing it;
+     * rdlk is held shared by every use of rd and exclusively to replace
+     * it; rd_ready is published with release. */
+    pthread_mutex_t mu;
+    pthread_rwlock_t rdlk;
+    struct kc__db rd;
+    int rd_ready;
+    char secpath[PATH_MAX];
+    int secfd; /* holds secpath (kc__dir_hold), -1 without one */
+    /* A replacement reader being opened in the background after a new
+     * owner session began (guarded by mu). */
+    struct kc__reopen *ro_done; /* finished, not yet installed */
+    pthread_cond_t ro_cv;       /* signalled when ro_done is set */
+    pthread_t ro_thr;
+    bool ro_live;          /* ro_thr started and not joined */
+    bool ro_finished;      /* ro_thr returned from opening (guarded by mu) */
+    bool exiting;          /* the process exits: RocksDB is not used again */
+    struct kc__dbt *next;  /* every open database tier (all_mu) */
+    uint64_t ro_seq;       /* bumped to disown an in-flight reopen */
+    uint64_t caught_gen;
+    uint64_t rd_epoch;
+    uint64_t next_open_ns;
+    volatile uint64_t *gen;
+};
+
+/* Opens the database tier on opts->dir (store.h, db_tier_open): no RocksDB
+ * instance until a get needs one. 0 with *out, -EINVAL or -ENOMEM. */
+int kc__dbt_open(const struct kc_store_options *opts, struct kc_tier **out);
+/* The database tier of a store this library opened, or NULL. */
+struct kc__dbt *kc__dbt_of(struct kc_store *st);
+/* The owner's generation (DIR/gen): read after looking in the spool. */
+uint64_t kc__dbt_gen(struct kc__dbt *st);
+/* Brings the reader up to what the owner has committed as of generation g
+ * (force: even if it did not move), opening it if need be. Whether the
+ * reader is usable; use it holding rdlk shared, while rd_ready. */
+bool kc__dbt_refresh(struct kc__dbt *st, uint64_t g, bool force);
 
 /* ---- the owner (owner.c; its jobs in the files owner.h lists) ---------- */
 

@@ -20,7 +20,7 @@
  * store: a second at most) is compacted into one. An owner asked to stop
  * by a tool operation skips all this (the tool's own session settles).
  * Never in a host process: only the owner, the tool and
- * kc_store_api()->drain end sessions. */
+ * kc_store_admin()->drain end sessions. */
 #define KC__SETTLE_MS 120000
 
 void kc__compact(struct kc__owner *o)

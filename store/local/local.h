@@ -2,10 +2,11 @@
  * The libc-only internals of the store: record and spool file layouts
  * (record.c), the LZ4 block decoder (lz4.c), the file helpers (fs.c), the
  * directory layout, spool and hot file reads (spool.c), starting the owner
- * (owner_start.c), the key filter (filter.c) and a process's pending state
- * (pending.c).
- * Compiled into libkcache-store.so and into the preloaded shim's front
- * (shim/front.c), which must not link RocksDB; so nothing here may need
+ * (owner_start.c), the key filter (filter.c), a process's pending state
+ * (pending.c), the local tier (local_tier.c) and the chain of tiers
+ * (chain.h).
+ * Compiled into libkcache-store.so and into the preloaded shim (its front
+ * is the chain), which must not link RocksDB; so nothing here may need
  * RocksDB or anything above common/.
  *
  * On-disk layout of a cache directory DIR:
@@ -299,12 +300,13 @@ void kc__kicker_free(struct kc__kicker *k);
 
 /* ---- this process's pending state (pending.c) ------------------------- */
 
-/* What a process using the store (store.c, or the shim's front) keeps until
+/* What a process using the store (the chain, chain.h) keeps in memory until
  * it writes it to the spool: hits it served, counters, tombstones of keys
  * and sources it purged or moved (not served again until it puts them
- * again), and the source -> key of its own puts. It writes the spool files
- * (puts, purge requests, hit and counter logs) in the store's formats and
- * starts the owner. Every function is thread-safe (mu). */
+ * again), and the source -> key of its own puts. Its hit and counter logs
+ * are written through the local tier (chain.h). Every function is
+ * thread-safe (mu). */
+struct kc__local;
 struct kc__pment;
 struct kc__pmap {
     struct kc__pment *e;
@@ -316,32 +318,21 @@ struct kc__counter {
 };
 struct kc__pending {
     pthread_mutex_t mu; /* guards everything below but the constants */
-    const struct kc__paths *p;
+    struct kc__local *log;
     bool readonly;
-    uint64_t max_size;
     struct kc__pmap m; /* hits, tombstones, sources */
     size_t n_hits, n_tombs;
     char **nss;
     size_t n_nss;
     struct kc__counter *ctr;
     size_t n_ctr;
-    uint64_t last_created;
-    struct kc__kicker kick;
-    /* The spool's bound (pending.c spool_room): its bytes when last
-     * counted, this process's puts since, when; whether it was full. */
-    uint64_t spool_seen, spool_added, spool_count_ns;
-    bool spool_full, spool_warned;
 };
-/* p must outlive pd; tool (malloc'd, may be NULL) is the kicker's. */
-void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
-                      uint64_t max_size, char *tool);
-/* Frees it (reaping the last owner spawned, 200 ms at most); writes
- * nothing: flush first. */
+/* `log` (which must outlive pd) writes the hit and counter logs. */
+void kc__pending_init(struct kc__pending *pd, struct kc__local *log, bool readonly);
+/* Frees it; writes nothing: flush first. */
 void kc__pending_free(struct kc__pending *pd);
 /* In a forked child: hits and counters so far are the parent's to report. */
 void kc__pending_after_fork_child(struct kc__pending *pd);
-/* Starts the owner unless one holds the lock. Never waits for it. */
-void kc__pending_kick(struct kc__pending *pd);
 /* Notes a hit served (nothing when read-only); written at flush, or when
  * many are noted. */
 void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key);
@@ -351,19 +342,11 @@ void kc__pending_count(struct kc__pending *pd, const char *backend,
 /* Writes the hit and counter logs (read-only: drops them) and starts the
  * owner if it wrote any. 0 or negative errno. */
 int kc__pending_flush(struct kc__pending *pd);
-/* Writes a purge request (KC__PF_* flags; nothing when read-only) and
- * starts the owner. */
-void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_key *key,
-                               const kc_digest *src, uint32_t flags);
-/* store.h's put: a spool put file (renamed into place, not fsynced: the owner
- * syncs it into the database); lifts this process's tombstones
- * of key and source, notes source -> key, starts the owner. -EINVAL,
- * -EROFS, -EDQUOT when the spool would hold more than the size limit (an
- * owner that does not drain it: nothing written, one warning per
- * process), or the write's error. */
-int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
-                    const kc_digest *source, uint32_t kind, const void *body, size_t len,
-                    uint64_t saved_ns);
+/* After a put of key (and source, may be NULL): what this process just
+ * wrote wins over what it purged before (their tombstones are lifted), and
+ * source -> key is noted. */
+void kc__pending_note_put(struct kc__pending *pd, const char *ns, const kc_key *key,
+                          const kc_digest *source);
 /* Tombstones key and/or src (either may be NULL). */
 void kc__pending_tombstone(struct kc__pending *pd, const char *ns, const kc_key *key,
                            const kc_digest *src);
@@ -377,7 +360,7 @@ int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *
 void kc__pending_forget_source(struct kc__pending *pd, const char *ns, const kc_digest *src);
 /* Looks (ns, key) up in the spool (p-, d- put files) and DIR/hot: 0 with the
  * body (malloc'd) and header; -ENOENT; -EBADMSG when only a hot file that
- * fails its checks was found; -ENOMEM. */
+ * fails its checks was found; -ENOMEM. The local tier's get (local_tier.c). */
 int kc__files_lookup(const struct kc__paths *p, const char *ns, const kc_key *key, void **body,
                      size_t *len, struct kc__hdr *h);
 

@@ -1,13 +1,11 @@
 /*
  * pending.c: what one process keeps of its own store use until it writes
- * it to the spool (base.h, "this process's pending state"): noted hits,
+ * it to the spool (local.h, "this process's pending state"): noted hits,
  * counters, tombstones of what it purged or moved, the sources of its own
- * puts; and the spool files it writes (puts, purge requests, hit and
- * counter logs). Shared by the store (store.c) and the shim's front
- * (shim/front.c), so libc only.
+ * puts. The chain's state (chain.c), in the shim and in the store alike, so
+ * libc only; its logs are written through the local tier.
  */
-#include "local.h"
-#include "../../common/log.h"
+#include "chain.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -148,21 +146,16 @@ static void src_k(const kc_digest *src, unsigned char k[KC__KEY_LEN])
 
 /* ---- the state ---------------------------------------------------------- */
 
-void kc__pending_init(struct kc__pending *pd, const struct kc__paths *p, bool readonly,
-                      uint64_t max_size, char *tool)
+void kc__pending_init(struct kc__pending *pd, struct kc__local *log, bool readonly)
 {
     memset(pd, 0, sizeof *pd);
     pthread_mutex_init(&pd->mu, NULL);
-    pd->p = p;
+    pd->log = log;
     pd->readonly = readonly;
-    pd->max_size = max_size;
-    kc__kicker_init(&pd->kick, tool);
 }
 
 void kc__pending_free(struct kc__pending *pd)
 {
-    kc__kicker_reap(&pd->kick, 200);
-    kc__kicker_free(&pd->kick);
     free(pd->m.e);
     for (size_t i = 0; i < pd->n_nss; i++)
         free(pd->nss[i]);
@@ -179,33 +172,9 @@ void kc__pending_after_fork_child(struct kc__pending *pd)
     map_del_type(&pd->m, M_HIT);
     pd->n_hits = 0;
     pd->n_ctr = 0;
-    kc__kicker_after_fork(&pd->kick);
-}
-
-void kc__pending_kick(struct kc__pending *pd)
-{
-    pthread_mutex_lock(&pd->mu);
-    kc__kicker_kick(&pd->kick, pd->p, pd->max_size);
-    pthread_mutex_unlock(&pd->mu);
 }
 
 /* ---- spool files -------------------------------------------------------- */
-
-/* Writes a purge, hit or counter log of n items (none: nothing). */
-static int write_items(struct kc__pending *pd, int type, struct kc__buf *b, size_t n)
-{
-    if (n == 0 || pd->readonly)
-        return 0;
-    kc__spool_end(b);
-    if (b->err)
-        return b->err;
-    char name[64];
-    snprintf(name, sizeof name, "%c-%d-%016llx", type == KC__SP_PURGE ? 'x'
-                                                 : type == KC__SP_HITS ? 'h'
-                                                                       : 'c',
-             (int)getpid(), (unsigned long long)kc__rand64());
-    return kc__spool_write(pd->p->spool, name, b->p, b->len, type == KC__SP_PURGE);
-}
 
 /* Writes the hit log; mu held. */
 static int flush_hits_locked(struct kc__pending *pd)
@@ -229,7 +198,7 @@ static int flush_hits_locked(struct kc__pending *pd)
         n++;
     }
     pd->n_hits = 0;
-    int rc = write_items(pd, KC__SP_HITS, &b, n);
+    int rc = kc__local_log(pd->log, KC__SP_HITS, &b, n);
     kc__buf_free(&b);
     return rc;
 }
@@ -298,7 +267,7 @@ int kc__pending_flush(struct kc__pending *pd)
                 n++;
             }
         }
-        int r = write_items(pd, KC__SP_COUNT, &b, n);
+        int r = kc__local_log(pd->log, KC__SP_COUNT, &b, n);
         kc__buf_free(&b);
         if (r < 0 && rc == 0)
             rc = r;
@@ -307,111 +276,13 @@ int kc__pending_flush(struct kc__pending *pd)
     }
     pthread_mutex_unlock(&pd->mu);
     if (wrote && !pd->readonly)
-        kc__pending_kick(pd);
+        kc__local_kick(pd->log);
     return rc;
 }
 
-void kc__pending_purge_request(struct kc__pending *pd, const char *ns, const kc_key *key,
-                               const kc_digest *src, uint32_t flags)
+void kc__pending_note_put(struct kc__pending *pd, const char *ns, const kc_key *key,
+                          const kc_digest *source)
 {
-    if (pd->readonly)
-        return;
-    struct kc__sp_item it = {0};
-    snprintf(it.ns, sizeof it.ns, "%s", ns);
-    it.flags = flags;
-    if (key != NULL)
-        it.key = *key;
-    if (src != NULL)
-        it.source = *src;
-    it.a = kc_wall_ns();
-    struct kc__buf b = {0};
-    kc__spool_begin(&b, KC__SP_PURGE);
-    kc__spool_item_add(&b, KC__SP_PURGE, &it);
-    write_items(pd, KC__SP_PURGE, &b, 1);
-    kc__buf_free(&b);
-    kc__pending_kick(pd);
-}
-
-/* Whether the spool has room for a put file of n bytes: it may not hold
- * more than the size limit, or an owner that cannot start (or drain) would
- * let it grow without bound. The spool is counted (a readdir, stopping past
- * the limit) at this process's first put, when its own puts since the last
- * count would take it past the limit, and while it is full at most once a
- * second; a spool an owner drains stays small, and so does the count.
- * mu held. */
-static bool spool_room(struct kc__pending *pd, size_t n)
-{
-    uint64_t limit = pd->max_size ? pd->max_size : KC_DEFAULT_MAX_SIZE;
-    uint64_t now = kc_mono_ns() | 1;
-    if (pd->spool_count_ns == 0 ||
-        (pd->spool_seen + pd->spool_added + n > limit &&
-         (!pd->spool_full || now - pd->spool_count_ns >= 1000000000ull))) {
-        pd->spool_seen = kc__spool_bytes(pd->p->spool, limit);
-        pd->spool_added = 0;
-        pd->spool_count_ns = now;
-    }
-    pd->spool_full = pd->spool_seen + pd->spool_added + n > limit;
-    if (pd->spool_full)
-        return false;
-    pd->spool_added += n;
-    return true;
-}
-
-int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
-                    const kc_digest *source, uint32_t kind, const void *body, size_t len,
-                    uint64_t saved_ns)
-{
-    if (!kc__ns_ok(ns) || key == NULL || (body == NULL && len > 0) || kind < KC_KIND_NVRTC ||
-        kind > KC_KIND_BLOB)
-        return -EINVAL;
-    if (pd->readonly)
-        return -EROFS;
-    struct kc__hdr h = {0};
-    h.kind = kind;
-    h.format = KC_FORMAT_VERSION;
-    h.body_size = len;
-    h.saved_ns = saved_ns;
-    h.body_xxh = kc__body_xxh(body, len);
-    uint64_t now = kc_wall_ns();
-    pthread_mutex_lock(&pd->mu);
-    if (now <= pd->last_created)
-        now = pd->last_created + 1;
-    pd->last_created = now;
-    pthread_mutex_unlock(&pd->mu);
-    h.created_ns = now;
-    struct kc__buf b = {0};
-    int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
-    if (rc == 0) {
-        pthread_mutex_lock(&pd->mu);
-        bool room = spool_room(pd, b.len), warn = !room && !pd->spool_warned;
-        if (warn)
-            pd->spool_warned = true;
-        pthread_mutex_unlock(&pd->mu);
-        if (warn)
-            kc_log(KC_LOG_WARN, "the spool of %s holds more than KCACHE_MAXSIZE "
-                                "(%llu bytes) waiting for the owner; results are not "
-                                "stored until it drains", pd->p->dir,
-                   (unsigned long long)(pd->max_size ? pd->max_size : KC_DEFAULT_MAX_SIZE));
-        if (!room) {
-            kc__buf_free(&b);
-            kc__pending_kick(pd); /* an owner that can start drains it */
-            return -EDQUOT;
-        }
-    }
-    char name[40];
-    kc__spool_name(ns, key, 'p', name);
-    /* Not fsynced here: the rename makes the file whole or absent for
-     * every process, whichever dies when, and the owner's synced write
-     * batch makes it durable before the file leaves the spool. Only an OS
-     * crash in between can lose it (or leave it torn: a checksum miss),
-     * and then the kernel is compiled again. An fsync here put the disk's
-     * journal commit, 2 to 12 ms, on every miss of the host program. */
-    if (rc == 0)
-        rc = kc__spool_write(pd->p->spool, name, b.p, b.len, false);
-    kc__buf_free(&b);
-    if (rc < 0)
-        return rc;
-    /* What this process just wrote wins over what it purged before. */
     unsigned char k[KC__KEY_LEN];
     key_k(key, k);
     pthread_mutex_lock(&pd->mu);
@@ -436,8 +307,6 @@ int kc__pending_put(struct kc__pending *pd, const char *ns, const kc_key *key,
         }
     }
     pthread_mutex_unlock(&pd->mu);
-    kc__pending_kick(pd);
-    return 0;
 }
 
 /* ---- tombstones and sources ---------------------------------------------- */
@@ -515,37 +384,4 @@ void kc__pending_forget_source(struct kc__pending *pd, const char *ns, const kc_
             map_del(&pd->m, map_find(&pd->m, M_SRC, nsi, sk));
     }
     pthread_mutex_unlock(&pd->mu);
-}
-
-/* ---- put files ------------------------------------------------------------ */
-
-int kc__files_lookup(const struct kc__paths *p, const char *ns, const kc_key *key, void **body,
-                     size_t *len, struct kc__hdr *h)
-{
-    char hex[40];
-    kc__spool_name(ns, key, 0, hex);
-    int bad = -ENOENT;
-    for (int i = 0; i < 3; i++) {
-        char path[4400];
-        if (i < 2)
-            snprintf(path, sizeof path, "%s/%c-%s", p->spool, i == 0 ? 'p' : 'd', hex);
-        else
-            snprintf(path, sizeof path, "%s/%s", p->hot, hex);
-        unsigned char *buf;
-        struct kc__sp_put sp;
-        int rc = kc__put_file_read(path, ns, key, &buf, &sp);
-        if (rc == -EBADMSG && i == 2)
-            bad = -EBADMSG;
-        if (rc != 0)
-            continue;
-        /* The body moves to the front of the buffer it was read into:
-         * no second allocation (a 164 KB record's fresh pages faulted in
-         * again) and no second copy. */
-        memmove(buf, sp.body, sp.body_len);
-        *body = buf;
-        *len = sp.body_len;
-        *h = sp.hdr;
-        return 0;
-    }
-    return bad;
 }

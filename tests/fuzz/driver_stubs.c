@@ -13,7 +13,7 @@ const struct kc_config *kc__config(void)
     return &cfg;
 }
 
-struct kc_store *kc__store(const struct kc_store_api **api)
+struct kc_store *kc__store(const struct kc_store_ops **api)
 {
     *api = NULL;
     return NULL;

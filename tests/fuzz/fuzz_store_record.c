@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the store's record parser (kc_store_api()->parse_record is
+ * Fuzz target: the store's record parser (kc_store_admin()->parse_record is
  * kc__parse_record), the record header decoder and the kernels-key splitter
  * (store/local/record.c). Every value read back from RocksDB goes through these.
  *

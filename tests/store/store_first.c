@@ -1,6 +1,7 @@
 /*
- * store-first: the cost of a fresh process's first hit, as the shim pays it:
- * dlopen() the store library, open the store, get one key.
+ * store-first: the cost of a fresh process's first hit through RocksDB, as
+ * the shim pays it when its key filter says "maybe": dlopen() the store
+ * library, open its database tier, get one key.
  *
  *   store-first LIB DIR NS ID_LO ID_HI BUILD
  *
@@ -8,6 +9,7 @@
  * exits 0 on a hit. store-bench runs it (it is not a test).
  */
 #include "store.h"
+#include "tier.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -42,17 +44,17 @@ int main(int argc, char **argv)
     const struct kc_store_api *api = fn();
     uint64_t t1 = now_ns();
     struct kc_store_options o = {.dir = argv[2], .tool = "/bin/true"};
-    struct kc_store *st;
-    if (api->open(&o, &st) < 0)
+    struct kc_tier *db;
+    if (api->db_tier_open(&o, &db) < 0)
         return 1;
     uint64_t t2 = now_ns();
     kc_key k = {.id = {.lo = strtoull(argv[4], NULL, 0), .hi = strtoull(argv[5], NULL, 0)},
                 .build = strtoull(argv[6], NULL, 0)};
     void *b = NULL;
     size_t n = 0;
-    int rc = api->get(st, argv[3], &k, &b, &n, NULL);
+    int rc = db->ops->get(db, argv[3], &k, &b, &n, NULL);
     uint64_t t3 = now_ns();
-    api->free(b);
+    free(b);
     printf("first dlopen_us=%.1f open_us=%.1f get_us=%.1f total_us=%.1f rc=%d\n",
            (t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, (t3 - t0) / 1e3, rc);
     /* Exit without closing, as a short-lived process does. */

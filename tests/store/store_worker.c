@@ -24,7 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static const struct kc_store_api *api;
+/* Opening, the data path on an open store, and the administration. */
+static const struct kc_store_api *S;
+static const struct kc_store_ops *api;
+static const struct kc_store_admin *adm;
 static const char *NS = "test/multiproc";
 
 static uint64_t mono_us(void)
@@ -63,7 +66,7 @@ static const char *arg(int argc, char **argv, const char *name, const char *def)
 static int open_store(const char *dir, struct kc_store **st)
 {
     struct kc_store_options o = {.dir = dir, .tool = getenv("STORE_WORKER_TOOL")};
-    int rc = api->open(&o, st);
+    int rc = S->open(&o, st);
     if (rc < 0)
         fprintf(stderr, "store_worker: open %s: %s\n", dir, strerror(-rc));
     return rc;
@@ -218,7 +221,9 @@ static int cmd_checklog(const char *dir, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    api = kc_store_api();
+    S = kc_store_api();
+    api = S->ops;
+    adm = kc_store_admin();
     if (argc < 2)
         return 2;
     const char *cmd = argv[1];
@@ -227,7 +232,7 @@ int main(int argc, char **argv)
         return 2;
     if (strcmp(cmd, "owner") == 0) {
         struct kc_store_options o = {.dir = dir};
-        int rc = api->owner_run(&o, atoi(arg(argc, argv, "--idle-ms", "1000")));
+        int rc = adm->owner_run(&o, atoi(arg(argc, argv, "--idle-ms", "1000")));
         return rc < 0 && rc != -EBUSY ? 1 : 0;
     }
     if (strcmp(cmd, "work") == 0)

@@ -157,7 +157,7 @@ static int put(struct kc_store *st, const char *ns, uint64_t id, const char *src
 {
     kc_key k = mkkey(id);
     kc_digest s = kc_digest_of(src, strlen(src));
-    return kc_store_api()->put(st, ns, &k, &s, KC_KIND_BLOB, body, strlen(body), 1);
+    return kc_store_api()->ops->put(st, ns, &k, &s, KC_KIND_BLOB, body, strlen(body), 1);
 }
 
 struct seen {
@@ -214,14 +214,16 @@ static void check_meta_entry(const unsigned char *k, size_t kl, const unsigned c
 
 Test(meta, every_key_a_session_writes_has_its_documented_layout)
 {
-    const struct kc_store_api *api = kc_store_api();
+    const struct kc_store_api *S = kc_store_api();
+    const struct kc_store_ops *api = S->ops;
+    const struct kc_store_admin *adm = kc_store_admin();
     struct kc_store_options opts = {.dir = tmp, .tool = "/bin/true"};
     struct kc_store *st = NULL;
-    cr_assert_eq(api->open(&opts, &st), 0);
+    cr_assert_eq(S->open(&opts, &st), 0);
     cr_assert_eq(put(st, NS_A, 1, "s1", "shared"), 0);
     cr_assert_eq(put(st, NS_A, 2, "s2", "shared"), 0); /* the same body: stored once */
     cr_assert_eq(put(st, NS_B, 3, "s3", "other"), 0);
-    cr_assert_eq(api->drain(st, 5000), 0);
+    cr_assert_eq(adm->drain(st, 5000), 0);
     kc_key k1 = mkkey(1);
     for (int i = 0; i < 2; i++) {
         void *b = NULL;
@@ -233,14 +235,14 @@ Test(meta, every_key_a_session_writes_has_its_documented_layout)
     api->count(st, "nvrtc", &c);
     api->count(st, "jit", &c);
     cr_assert_eq(api->flush(st), 0);
-    cr_assert_eq(api->drain(st, 5000), 0);
+    cr_assert_eq(adm->drain(st, 5000), 0);
     struct kc_store_stats *stats = NULL;
-    cr_assert_eq(api->stats(st, &stats), 0);
+    cr_assert_eq(adm->stats(st, &stats), 0);
     uint64_t stats_unique = stats->unique_bytes, stats_nvrtc_hits = 0;
     for (size_t i = 0; i < stats->n_backends; i++)
         if (strcmp(stats->backends[i].backend, "nvrtc") == 0)
             stats_nvrtc_hits = stats->backends[i].c.hits;
-    api->stats_free(stats);
+    adm->stats_free(stats);
     api->close(st);
 
     struct kc__owner *o = NULL;

@@ -19,7 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static const struct kc_store_api *api;
+/* Opening, the data path on an open store, and the administration. */
+static const struct kc_store_api *S;
+static const struct kc_store_ops *api;
+static const struct kc_store_admin *adm;
 static char dir[256];
 static const char *worker;
 
@@ -35,7 +38,9 @@ static void stop_owner(void);
 
 static void setup(void)
 {
-    api = kc_store_api();
+    S = kc_store_api();
+    api = S->ops;
+    adm = kc_store_admin();
     worker = getenv("STORE_WORKER");
     cr_assert_not_null(worker, "STORE_WORKER is not set (run through meson test)");
     setenv("STORE_WORKER_TOOL", worker, 1);
@@ -136,8 +141,8 @@ static void drain_all(void)
 {
     struct kc_store_options o = {.dir = dir, .tool = worker};
     struct kc_store *st;
-    cr_assert_eq(api->open(&o, &st), 0);
-    int rc = api->drain(st, 20000);
+    cr_assert_eq(S->open(&o, &st), 0);
+    int rc = adm->drain(st, 20000);
     cr_assert_eq(rc, 0, "drain: %s", strerror(-rc));
     api->close(st);
 }
@@ -146,9 +151,9 @@ static void verify_clean(void)
 {
     struct kc_store_options o = {.dir = dir, .tool = worker};
     struct kc_store *st;
-    cr_assert_eq(api->open(&o, &st), 0);
+    cr_assert_eq(S->open(&o, &st), 0);
     struct kc_verify_report r;
-    cr_assert_eq(api->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->verify(st, 0, &r, NULL, NULL), 0);
     printf("verify: checked=%" PRIu64 " bad=%" PRIu64 " spool_bad=%" PRIu64 "\n", r.checked,
            r.bad, r.spool_bad);
     cr_assert_eq(r.bad, 0, "unreadable records");

@@ -3,7 +3,7 @@
  *
  * Each test has its own cache directory. The store is opened with a tool
  * that does nothing (/bin/true), so no background owner runs; tests drain
- * the spool explicitly with api->drain(), which makes every step
+ * the spool explicitly with adm->drain(), which makes every step
  * deterministic. The multi-process behaviour is in test_multiproc.c.
  */
 #include "internal.h"
@@ -23,12 +23,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const struct kc_store_api *api;
+/* Opening, the data path on an open store, and the administration. */
+static const struct kc_store_api *S;
+static const struct kc_store_ops *api;
+static const struct kc_store_admin *adm;
 static char dir[256];
 
 static void setup(void)
 {
-    api = kc_store_api();
+    S = kc_store_api();
+    api = S->ops;
+    adm = kc_store_admin();
     const char *t = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/kc-store-XXXXXX", t && t[0] ? t : "/tmp");
     cr_assert_not_null(mkdtemp(dir));
@@ -47,7 +52,7 @@ static struct kc_store *open_at(const char *d, int readonly, uint64_t max)
     struct kc_store_options o = {.dir = d, .readonly = readonly, .max_size = max,
                                  .tool = "/bin/true"};
     struct kc_store *st = NULL;
-    int rc = api->open(&o, &st);
+    int rc = S->open(&o, &st);
     cr_assert_eq(rc, 0, "open %s: %s", d, strerror(-rc));
     return st;
 }
@@ -89,7 +94,7 @@ static char *get_str(struct kc_store *st, const kc_key *k)
 
 static void drain(struct kc_store *st)
 {
-    int rc = api->drain(st, 5000);
+    int rc = adm->drain(st, 5000);
     cr_assert_eq(rc, 0, "drain: %s", strerror(-rc));
 }
 
@@ -107,6 +112,20 @@ static void expect_miss(struct kc_store *st, const kc_key *k, const char *why)
     cr_assert_null(got, "%s: got \"%s\"", why, got ? got : "");
 }
 
+static void unlink_one(const char *path, void *arg)
+{
+    unlink(path);
+}
+
+/* Removes the hot files a drain made, so the next get of a drained entry
+ * reads the database (the local tier, hot files included, comes first). */
+static void drop_hot(void)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/hot", dir);
+    kc__each_child(p, unlink_one, NULL);
+}
+
 Test(store, put_then_get_pending_drained_and_fresh)
 {
     struct kc_store *st = open_at(dir, 0, 0);
@@ -114,6 +133,7 @@ Test(store, put_then_get_pending_drained_and_fresh)
     put_str(st, &k, NULL, "artifact one");
     expect_body(st, &k, "artifact one"); /* from the spool */
     drain(st);
+    drop_hot();
     expect_body(st, &k, "artifact one"); /* from the database */
     api->close(st);
     st = open_at(dir, 0, 0);
@@ -215,23 +235,23 @@ Test(store, identical_bodies_are_stored_once)
     cr_assert_eq(api->put(st, "jit/sm_90", &k3, NULL, KC_KIND_JIT, other, 10000, 0), 0);
     drain(st);
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 4);
     cr_assert_eq(s->raw_bytes, 70000);
     cr_assert_eq(s->unique_bytes, 30000, "unique %llu", (unsigned long long)s->unique_bytes);
     cr_assert_eq(s->n_ns, 2);
     cr_assert_eq(s->spool_entries, 0);
-    api->stats_free(s);
+    adm->stats_free(s);
     /* Dropping two of the three keeps the body for the third. */
     for (uint64_t i = 0; i < 2; i++) {
         kc_key k = key(i, 1);
         cr_assert_eq(api->purge(st, NS, &k), 0);
     }
     drain(st);
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 2);
     cr_assert_eq(s->unique_bytes, 30000);
-    api->stats_free(s);
+    adm->stats_free(s);
     kc_key k2 = key(2, 1);
     void *b;
     size_t n;
@@ -291,14 +311,14 @@ Test(store, a_record_failing_its_checksum_is_a_miss_and_purged)
     drain(st); /* applies the purge the miss requested */
 
     struct kc_verify_report r;
-    cr_assert_eq(api->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->verify(st, 0, &r, NULL, NULL), 0);
     cr_assert_eq(r.bad, 0, "purged: nothing bad left");
     cr_assert_eq(r.checked, 1);
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 1);
     cr_assert_eq(s->unique_bytes, 4, "the bad body went with its only entry");
-    api->stats_free(s);
+    adm->stats_free(s);
 
     /* Compiled again, it is stored whole again. */
     cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, 12000, 0), 0);
@@ -331,21 +351,21 @@ Test(store, verify_repairs_what_it_finds)
 
     st = open_at(dir, 0, 0);
     struct kc_verify_report r;
-    cr_assert_eq(api->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->verify(st, 0, &r, NULL, NULL), 0);
     cr_assert_eq(r.checked, 1);
     cr_assert_eq(r.bad, 1);
     cr_assert_eq(r.spool_bad, 1);
-    cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->verify(st, 1, &r, NULL, NULL), 0);
     cr_assert_eq(r.bad, 1);
     cr_assert_eq(r.purged, 1);
     cr_assert_eq(r.spool_bad, 1);
-    cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->verify(st, 1, &r, NULL, NULL), 0);
     cr_assert_eq(r.bad + r.spool_bad, 0, "all repaired");
     cr_assert_eq(r.checked, 0);
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->unique_bytes, 0);
-    api->stats_free(s);
+    adm->stats_free(s);
     api->close(st);
     free(body);
 }
@@ -390,7 +410,7 @@ Test(store, readonly_reads_and_writes_nothing)
     struct kc_counters c = {.hits = 1};
     api->count(st, "nvrtc", &c);
     cr_assert_eq(api->flush(st), 0);
-    cr_assert_eq(api->gc(st, 0, NULL, NULL, NULL), -EROFS);
+    cr_assert_eq(adm->gc(st, 0, NULL, NULL, NULL), -EROFS);
     api->close(st);
     cr_assert_eq(count_files(dir), before, "a read-only store wrote into the cache directory");
 
@@ -400,12 +420,37 @@ Test(store, readonly_reads_and_writes_nothing)
     st = open_at(missing, 1, 0);
     expect_miss(st, &k, "empty");
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 0);
-    api->stats_free(s);
+    adm->stats_free(s);
     api->close(st);
     struct stat sb;
     cr_assert_neq(stat(missing, &sb), 0);
+}
+
+struct find {
+    kc_key key;
+    struct kc_record_info info;
+    int found;
+};
+
+static int find_cb(const struct kc_entry *e, void *arg)
+{
+    struct find *f = arg;
+    if (strcmp(e->ns, NS) == 0 && memcmp(&e->key, &f->key, sizeof f->key) == 0) {
+        f->info = e->info;
+        f->found++;
+    }
+    return 0;
+}
+
+/* The header of k's record as the store lists it. */
+static void entry_info(struct kc_store *st, const kc_key *k, struct kc_record_info *info)
+{
+    struct find f = {.key = *k};
+    cr_assert_eq(adm->foreach(st, NS, find_cb, &f), 0);
+    cr_assert_eq(f.found, 1, "listed once");
+    *info = f.info;
 }
 
 Test(store, eviction_removes_the_least_recently_hit)
@@ -424,7 +469,7 @@ Test(store, eviction_removes_the_least_recently_hit)
     api->free(p);
     drain(st); /* flushes the hit log and folds it in */
     struct kc_gc_report r;
-    cr_assert_eq(api->gc(st, 25000, &r, NULL, NULL), 0);
+    cr_assert_eq(adm->gc(st, 25000, &r, NULL, NULL), 0);
     cr_assert_eq(r.evicted, 1);
     cr_assert_eq(r.bytes_before, 30000);
     cr_assert_eq(r.bytes_after, 20000);
@@ -435,9 +480,10 @@ Test(store, eviction_removes_the_least_recently_hit)
     cr_assert_eq(api->get(st, NS, &b, &p, &n, NULL), -ENOENT, "least recently hit");
     cr_assert_eq(api->get(st, NS, &c, &p, &n, NULL), 0);
     api->free(p);
+    /* The hit is in the entry's record (the database's: a hot file keeps
+     * the header it was written with). */
     struct kc_record_info info;
-    cr_assert_eq(api->get(st, NS, &a, &p, &n, &info), 0);
-    api->free(p);
+    entry_info(st, &a, &info);
     cr_assert_eq(info.hits, 1);
     cr_assert(info.last_hit >= info.created);
     api->close(st);
@@ -446,9 +492,9 @@ Test(store, eviction_removes_the_least_recently_hit)
     st = open_at(dir, 0, 15000);
     drain(st);
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert(s->unique_bytes <= 15000, "unique %llu", (unsigned long long)s->unique_bytes);
-    api->stats_free(s);
+    adm->stats_free(s);
     api->close(st);
     free(ba);
     free(bb);
@@ -460,40 +506,40 @@ Test(store, a_directory_others_can_write_is_refused)
     struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
     struct kc_store *st = NULL;
     chmod(dir, 0777);
-    cr_assert_eq(api->open(&o, &st), -EPERM);
+    cr_assert_eq(S->open(&o, &st), -EPERM);
     chmod(dir, 0770);
-    cr_assert_eq(api->open(&o, &st), -EPERM);
+    cr_assert_eq(S->open(&o, &st), -EPERM);
     o.readonly = 1;
-    cr_assert_eq(api->open(&o, &st), -EPERM, "read-only too: it would read planted kernels");
+    cr_assert_eq(S->open(&o, &st), -EPERM, "read-only too: it would read planted kernels");
     o.readonly = 0;
     chmod(dir, 0700);
-    cr_assert_eq(api->open(&o, &st), 0);
+    cr_assert_eq(S->open(&o, &st), 0);
     api->close(st);
     /* A spool others can write is refused too. */
     char spool[300];
     snprintf(spool, sizeof spool, "%s/spool", dir);
     chmod(spool, 0733);
-    cr_assert_eq(api->open(&o, &st), -EPERM);
+    cr_assert_eq(S->open(&o, &st), -EPERM);
     chmod(spool, 0700);
     /* A file where the directory should be. */
     char file[300];
     snprintf(file, sizeof file, "%s/file", dir);
     close(open(file, O_CREAT | O_WRONLY, 0600));
     o.dir = file;
-    cr_assert_eq(api->open(&o, &st), -ENOTDIR);
+    cr_assert_eq(S->open(&o, &st), -ENOTDIR);
     if (geteuid() == 0) {
         char theirs[300];
         snprintf(theirs, sizeof theirs, "%s/theirs", dir);
         cr_assert_eq(mkdir(theirs, 0700), 0);
         cr_assert_eq(chown(theirs, 65534, 65534), 0);
         o.dir = theirs;
-        cr_assert_eq(api->open(&o, &st), -EPERM, "owned by another user");
+        cr_assert_eq(S->open(&o, &st), -EPERM, "owned by another user");
     }
     /* A new directory is created private. */
     char fresh[300];
     snprintf(fresh, sizeof fresh, "%s/a/b", dir);
     o.dir = fresh;
-    cr_assert_eq(api->open(&o, &st), 0);
+    cr_assert_eq(S->open(&o, &st), 0);
     api->close(st);
     struct stat sb;
     cr_assert_eq(stat(fresh, &sb), 0);
@@ -545,20 +591,20 @@ Test(store, tool_operations_work_on_an_empty_or_missing_directory)
     for (int i = 0; i < 2; i++) {
         struct kc_store *st = open_at(i == 0 ? dir : missing, 0, 0);
         struct kc_store_stats *s;
-        cr_assert_eq(api->stats(st, &s), 0);
+        cr_assert_eq(adm->stats(st, &s), 0);
         cr_assert_eq(s->entries + s->raw_bytes + s->unique_bytes + s->spool_entries, 0);
         cr_assert_eq(s->max_size, KC_DEFAULT_MAX_SIZE);
-        api->stats_free(s);
+        adm->stats_free(s);
         int n = 0;
-        cr_assert_eq(api->foreach(st, NULL, count_cb, &n), 0);
+        cr_assert_eq(adm->foreach(st, NULL, count_cb, &n), 0);
         cr_assert_eq(n, 0);
         struct kc_verify_report r;
-        cr_assert_eq(api->verify(st, 1, &r, NULL, NULL), 0);
+        cr_assert_eq(adm->verify(st, 1, &r, NULL, NULL), 0);
         cr_assert_eq(r.checked, 0);
         struct kc_gc_report g;
-        cr_assert_eq(api->gc(st, 0, &g, NULL, NULL), 0);
+        cr_assert_eq(adm->gc(st, 0, &g, NULL, NULL), 0);
         cr_assert_eq(g.evicted, 0);
-        cr_assert_eq(api->clear(st), 0);
+        cr_assert_eq(adm->clear(st), 0);
         api->close(st);
     }
 }
@@ -579,13 +625,13 @@ Test(store, foreach_stats_and_clear)
     api->count(st, "jit", &c);
     cr_assert_eq(api->flush(st), 0);
     int n = 0;
-    cr_assert_eq(api->foreach(st, NS, count_cb, &n), 0);
+    cr_assert_eq(adm->foreach(st, NS, count_cb, &n), 0);
     cr_assert_eq(n, 6);
     n = 0;
-    cr_assert_eq(api->foreach(st, "other", count_cb, &n), 0);
+    cr_assert_eq(adm->foreach(st, "other", count_cb, &n), 0);
     cr_assert_eq(n, 0);
     struct kc_store_stats *s;
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 5);
     cr_assert_eq(s->spool_entries, 1);
     cr_assert_eq(s->unique_bytes, 7);
@@ -597,18 +643,18 @@ Test(store, foreach_stats_and_clear)
             seen = 1;
         }
     cr_assert(seen, "counters not reported before the drain");
-    api->stats_free(s);
+    adm->stats_free(s);
     drain(st);
-    cr_assert_eq(api->stats(st, &s), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries, 6);
     for (size_t i = 0; i < s->n_backends; i++)
         if (strcmp(s->backends[i].backend, "jit") == 0)
             cr_assert_eq(s->backends[i].c.hits, 3);
-    api->stats_free(s);
-    cr_assert_eq(api->clear(st), 0);
-    cr_assert_eq(api->stats(st, &s), 0);
+    adm->stats_free(s);
+    cr_assert_eq(adm->clear(st), 0);
+    cr_assert_eq(adm->stats(st, &s), 0);
     cr_assert_eq(s->entries + s->unique_bytes, 0);
-    api->stats_free(s);
+    adm->stats_free(s);
     kc_key k0 = key(0, 1);
     expect_miss(st, &k0, "cleared");
     api->close(st);
@@ -620,6 +666,7 @@ Test(store, a_forked_child_reopens_its_own_handles)
     kc_key k = key(1, 1), k2 = key(2, 1);
     put_str(st, &k, NULL, "before fork");
     drain(st);
+    drop_hot();
     expect_body(st, &k, "before fork"); /* the parent's secondary is open */
     pid_t pid = fork();
     if (pid == 0) {
@@ -666,7 +713,7 @@ static void reader_child(const kc_key *k, int how)
         struct kc_store *st = NULL;
         void *b = NULL;
         size_t n = 0;
-        int ok = api->open(&o, &st) == 0 && api->get(st, NS, k, &b, &n, NULL) == 0;
+        int ok = S->open(&o, &st) == 0 && api->get(st, NS, k, &b, &n, NULL) == 0;
         if (how == 2)
             api->close(st);
         if (how == 1)
@@ -685,6 +732,7 @@ Test(store, reader_directories_of_gone_processes_are_swept)
     put_str(st, &k, NULL, "swept");
     drain(st);
     api->close(st);
+    drop_hot(); /* each child reads k through a reader */
     cr_assert_eq(sec_entries(), 0);
     reader_child(&k, 0); /* killed: its directory stays */
     cr_assert_eq(sec_entries(), 1);
@@ -744,27 +792,27 @@ Test(store, parse_record_takes_any_bytes)
     struct kc_record_info info;
     const void *body;
     size_t blen;
-    cr_assert_eq(api->parse_record(rec, sizeof rec, &info, &body, &blen), 0);
+    cr_assert_eq(adm->parse_record(rec, sizeof rec, &info, &body, &blen), 0);
     cr_assert_eq(blen, 100);
     cr_assert_eq(body, rec + KC__HDR_LEN);
     for (size_t i = 0; i < sizeof rec; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
             rec[i] ^= (unsigned char)(1 << bit);
-            cr_assert_eq(api->parse_record(rec, sizeof rec, &info, &body, &blen), -EBADMSG,
+            cr_assert_eq(adm->parse_record(rec, sizeof rec, &info, &body, &blen), -EBADMSG,
                          "flipped byte %zu accepted", i);
             rec[i] ^= (unsigned char)(1 << bit);
         }
     }
     for (size_t n = 0; n < sizeof rec; n++)
-        cr_assert_eq(api->parse_record(rec, n, &info, &body, &blen), -EBADMSG);
-    cr_assert_eq(api->parse_record(NULL, 0, &info, &body, &blen), -EBADMSG);
+        cr_assert_eq(adm->parse_record(rec, n, &info, &body, &blen), -EBADMSG);
+    cr_assert_eq(adm->parse_record(NULL, 0, &info, &body, &blen), -EBADMSG);
     uint64_t s = 1;
     unsigned char junk[512];
     for (int t = 0; t < 2000; t++) {
         size_t n = ptxgen_next(&s) % sizeof junk;
         for (size_t i = 0; i < n; i++)
             junk[i] = (unsigned char)ptxgen_next(&s);
-        cr_assert_eq(api->parse_record(junk, n, &info, &body, &blen), -EBADMSG);
+        cr_assert_eq(adm->parse_record(junk, n, &info, &body, &blen), -EBADMSG);
     }
 }
 
@@ -872,7 +920,7 @@ Test(store, drained_puts_become_hot_files_and_leave_with_their_entry)
     struct kc__filter_ro ro = {0};
     cr_assert_eq(kc__filter_maybe(&ro, fpath, kc__fhash_kernel(NS, &k)), 1);
     kc__filter_ro_drop(&ro);
-    cr_assert_eq(api->clear(st), 0);
+    cr_assert_eq(adm->clear(st), 0);
     cr_assert_neq(access(hk, F_OK), 0, "clear removes hot files");
     cr_assert_eq(kc__filter_maybe(&ro, fpath, kc__fhash_kernel(NS, &k)), 0, "filter rebuilt");
     kc__filter_ro_drop(&ro);
@@ -1157,7 +1205,7 @@ Test(store, a_symlinked_subdirectory_is_refused)
     cr_assert_eq(mkdir(spool, 0700), 0);
     struct kc_store_options o = {.dir = dir, .tool = "/bin/true"};
     struct kc_store *st = NULL;
-    cr_assert_eq(api->open(&o, &st), -ENOTDIR);
+    cr_assert_eq(S->open(&o, &st), -ENOTDIR);
     cr_assert_eq(kc__private_subdir(hot, true), -ENOTDIR);
     cr_assert_eq(kc__private_dir(hot, true), 0, "the cache directory itself may be a link");
 }

@@ -41,14 +41,16 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    const struct kc_store_api *api = kc_store_api();
-    if (api == NULL || api->open == NULL || api->put == NULL || api->close == NULL) {
+    const struct kc_store_api *S = kc_store_api();
+    const struct kc_store_ops *api = S->ops;
+    const struct kc_store_admin *adm = kc_store_admin();
+    if (api == NULL || S->open == NULL || api->put == NULL || api->close == NULL) {
         fprintf(stderr, "kc-populate: the store library is a stub\n");
         return 77;
     }
     struct kc_store_options o = {.dir = dir, .readonly = 0, .max_size = 0, .tool = tool};
     struct kc_store *st = NULL;
-    int rc = api->open(&o, &st);
+    int rc = S->open(&o, &st);
     if (rc < 0) {
         fprintf(stderr, "kc-populate: open %s: %s\n", dir, strerror(-rc));
         return 1;
@@ -98,9 +100,9 @@ int main(int argc, char **argv)
     }
     api->close(st);
     if (drain) {
-        if (api->owner_run == NULL)
+        if (adm->owner_run == NULL)
             return 77;
-        rc = api->owner_run(&o, 0);
+        rc = adm->owner_run(&o, 0);
         if (rc < 0 && rc != -EBUSY) {
             fprintf(stderr, "kc-populate: owner: %s\n", strerror(-rc));
             return 1;
