@@ -30,6 +30,7 @@ enum {
     V_ALLOC_FALLBACK,
     V_LOCK_TIMEOUT,
     V_SINGLE_FLIGHT,
+    V_LINK,
     V_COUNT
 };
 
@@ -49,6 +50,7 @@ const struct kc_config_var kc_config_vars[] = {
     [V_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
     [V_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
     [V_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT", "one process compiles a missed key, the rest wait"},
+    [V_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
 };
 const int kc_config_n_vars = V_COUNT;
 
@@ -230,6 +232,7 @@ void kc_config_load(struct kc_config *cfg)
     cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
     cfg->lock_timeout_ms = 30000;
     cfg->single_flight = true;
+    cfg->link = true;
 
     /* A secure-execution process (set-user-ID or set-group-ID, file
      * capabilities) must not obey its caller's environment, which could
@@ -290,6 +293,7 @@ void kc_config_load(struct kc_config *cfg)
     load_bool(cfg, V_ALLOC, &cfg->alloc);
     load_size(cfg, V_ALLOC_POOL, &cfg->alloc_pool);
     load_bool(cfg, V_SINGLE_FLIGHT, &cfg->single_flight);
+    load_bool(cfg, V_LINK, &cfg->link);
 
     v = env(cfg, V_LOG);
     if (v != NULL) {
@@ -406,6 +410,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case V_SINGLE_FLIGHT:
         snprintf(buf, len, "%d", cfg->single_flight);
+        break;
+    case V_LINK:
+        snprintf(buf, len, "%d", cfg->link);
         break;
     default:
         snprintf(buf, len, "?");

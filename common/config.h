@@ -48,6 +48,7 @@ struct kc_config {
     int alloc_fallback;      /* KCACHE_ALLOC_FALLBACK: enum kc_alloc_fallback */
     int lock_timeout_ms;     /* KCACHE_LOCK_TIMEOUT: single-flight wait bound */
     bool single_flight;      /* KCACHE_SINGLE_FLIGHT */
+    bool link;               /* KCACHE_LINK: nvJitLink and cuLink* links */
 
     /* Provenance, for `kcache config`: KC_FROM_* per variable, indexed as
      * kc_config_vars[]. */
