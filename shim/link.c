@@ -484,11 +484,16 @@ static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
     if (in->name != NULL && (c.name = strdup(in->name)) == NULL)
         failed = 1;
     if (!in->by_file) {
-        void *d = malloc(in->size ? in->size : 1);
-        if (d != NULL)
+        /* A NUL after the bytes: nvJitLink reads PTX given without one as a
+         * string, up to the first NUL (in the host's buffer, one past its
+         * end, which a host that passes PTX so has made a NUL). */
+        char *d = malloc(in->size + 1);
+        if (d != NULL) {
             memcpy(d, in->data, in->size);
-        else
+            d[in->size] = 0;
+        } else {
             failed = 1;
+        }
         c.data = d;
     }
     if (in->n_opt > 0) {
