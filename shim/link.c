@@ -106,6 +106,14 @@ static void st_purge(const char *ns, const kc_key *k)
         api->purge(st, ns, k);
 }
 
+/* Whether the store is usable (single flight only then: DIR/locks was
+ * checked when it was opened). */
+static bool store_ok(void)
+{
+    struct kc_store *st;
+    return store(&st) != NULL;
+}
+
 static void st_free(void *p)
 {
     struct kc_store *st;
@@ -523,22 +531,28 @@ static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *b
     if (cfg->recache)
         return false;
     for (int attempt = 0; attempt < 2; attempt++) {
+        bool known = false;
         if (by_file) {
-            if (file_known(s->ns, base, p) == 0)
-                return true;
+            known = file_known(s->ns, base, p) == 0;
         } else {
             kc_key k = marker_key(p);
             void *body = NULL;
             size_t len = 0;
             if (st_get(s->ns, &k, &body, &len, NULL) == 0) {
-                bool ok = len == strlen(MARKER) && memcmp(body, MARKER, len) == 0;
+                known = len == strlen(MARKER) && memcmp(body, MARKER, len) == 0;
                 st_free(body);
-                if (ok)
-                    return true;
-                st_purge(s->ns, &k);
+                if (!known)
+                    st_purge(s->ns, &k);
             }
         }
-        if (attempt > 0 || s->lock_fd >= 0 || __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) > 0)
+        if (known) {
+            /* Served by the holder we waited for: its lock is not needed. */
+            if (attempt > 0)
+                release_locks(s);
+            return true;
+        }
+        if (attempt > 0 || s->lock_fd >= 0 || __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) > 0 ||
+            !store_ok())
             return false;
         bool waited = false;
         kc_digest id = derive(by_file ? base : p, "link-lock");
@@ -704,7 +718,8 @@ bool kc__link_complete_begin(struct kc__link_sess *s, uint64_t t_enter)
     struct kc__lrec *r = NULL;
     if (!cfg->recache) {
         r = lookup_record(s, &saved);
-        if (r == NULL && s->lock_fd < 0 && __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) == 0) {
+        if (r == NULL && s->lock_fd < 0 && __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) == 0 &&
+            store_ok()) {
             bool waited = false;
             kc_digest id = derive(&s->prefix, "link-final-lock");
             s->final_fd = kc__flight_acquire(&id, &waited);
