@@ -303,7 +303,7 @@ static CUresult do_add(add_fn real, CUlinkState state, CUjitInputType type, void
 {
     if (real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state, &cl_ops);
     if (s == NULL)
         return real(state, type, data, size, name, n, opt, val);
     kc__guard_enter();
@@ -337,7 +337,7 @@ static CUresult do_add_file(add_file_fn real, CUlinkState state, CUjitInputType 
 {
     if (real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state, &cl_ops);
     if (s == NULL)
         return real(state, type, path, n, opt, val);
     kc__guard_enter();
@@ -437,7 +437,7 @@ KC_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *si
     complete_fn real = (complete_fn)REAL(real_complete, "cuLinkComplete");
     if (real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(state, &cl_ops);
     if (s == NULL)
         return real(state, cubinOut, sizeOut);
     kc__guard_enter();
@@ -490,7 +490,7 @@ KC_EXPORT CUresult cuLinkDestroy(CUlinkState state)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (kc__guard_held())
         return real(state);
-    struct kc__link_sess *s = kc__link_take(state);
+    struct kc__link_sess *s = kc__link_take(state, &cl_ops);
     kc__guard_enter();
     CUresult rc = real(state);
     kc__guard_exit();

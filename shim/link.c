@@ -371,13 +371,13 @@ int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const 
     return 0;
 }
 
-struct kc__link_sess *kc__link_get(void *h)
+struct kc__link_sess *kc__link_get(void *h, const struct kc__link_ops *ops)
 {
     if (h == NULL)
         return NULL;
     pthread_mutex_lock(&sess_lock);
     struct kc__link_sess *s = sessions[bucket(h)];
-    while (s != NULL && s->h != h)
+    while (s != NULL && !(s->h == h && s->ops == ops))
         s = s->next;
     if (s != NULL)
         s->refs++;
@@ -399,13 +399,13 @@ void kc__link_put(struct kc__link_sess *s)
         sess_free(s);
 }
 
-struct kc__link_sess *kc__link_take(void *h)
+struct kc__link_sess *kc__link_take(void *h, const struct kc__link_ops *ops)
 {
     if (h == NULL)
         return NULL;
     pthread_mutex_lock(&sess_lock);
     struct kc__link_sess **pp = &sessions[bucket(h)];
-    while (*pp != NULL && (*pp)->h != h)
+    while (*pp != NULL && !((*pp)->h == h && (*pp)->ops == ops))
         pp = &(*pp)->next;
     struct kc__link_sess *s = *pp;
     if (s != NULL) {
@@ -1168,7 +1168,7 @@ static nvJitLinkResult do_destroy(int v, nvJitLinkHandle *handle)
         return NVJITLINK_ERROR_INTERNAL;
     if (kc__guard_held())
         return real(handle);
-    struct kc__link_sess *s = handle != NULL ? kc__link_take(*handle) : NULL;
+    struct kc__link_sess *s = handle != NULL ? kc__link_take(*handle, &jl_ops) : NULL;
     kc__guard_enter();
     nvJitLinkResult rc = real(handle);
     kc__guard_exit();
@@ -1192,7 +1192,7 @@ static nvJitLinkResult do_add(int v, nvJitLinkHandle handle, nvJitLinkInputType 
     add_data_fn real = (add_data_fn)jl_fn_get(F_ADD_DATA, v);
     if (real == NULL)
         return NVJITLINK_ERROR_INTERNAL;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
     if (s == NULL)
         return real(handle, type, data, size, name);
     kc__guard_enter();
@@ -1208,7 +1208,7 @@ static nvJitLinkResult do_complete(int v, nvJitLinkHandle handle)
     complete_fn real = (complete_fn)jl_fn_get(F_COMPLETE, v);
     if (real == NULL)
         return NVJITLINK_ERROR_INTERNAL;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
     if (s == NULL)
         return real(handle);
     kc__guard_enter();
@@ -1238,7 +1238,7 @@ static nvJitLinkResult serve_size(int f, int v, int which, nvJitLinkHandle handl
     size_fn real = (size_fn)jl_fn_get(f, v);
     if (real == NULL)
         return NVJITLINK_ERROR_INTERNAL;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
     if (s == NULL)
         return real(handle, ret);
     nvJitLinkResult rc;
@@ -1263,7 +1263,7 @@ static nvJitLinkResult serve_get(int f, int v, int which, nvJitLinkHandle handle
     get_fn real = (get_fn)jl_fn_get(f, v);
     if (real == NULL)
         return NVJITLINK_ERROR_INTERNAL;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
     if (s == NULL)
         return real(handle, dst);
     nvJitLinkResult rc;
@@ -1314,7 +1314,7 @@ static nvJitLinkResult do_add_file(int v, nvJitLinkHandle handle, nvJitLinkInput
     add_file_fn real = (add_file_fn)jl_fn_get(F_ADD_FILE, v);
     if (real == NULL)
         return NVJITLINK_ERROR_INTERNAL;
-    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle);
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
     if (s == NULL)
         return real(handle, type, path);
     kc__guard_enter();

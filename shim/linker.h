@@ -114,15 +114,16 @@ bool kc__link_enabled(void);
 int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const kc_digest *p0,
                  bool cacheable, void *priv);
 
-/* The session of h, referenced and locked; NULL when h has none. Release
- * with kc__link_put. */
-struct kc__link_sess *kc__link_get(void *h);
+/* The session of h made by `ops`' API, referenced and locked; NULL when h
+ * has none (a handle of the other API is none: the library answers).
+ * Release with kc__link_put. */
+struct kc__link_sess *kc__link_get(void *h, const struct kc__link_ops *ops);
 void kc__link_put(struct kc__link_sess *s);
 
 /* Removes h's session from the table (the host destroys h) and returns it
  * referenced and locked, or NULL. After the real destroy: kc__link_put
  * frees it, or kc__link_restore puts it back when the destroy failed. */
-struct kc__link_sess *kc__link_take(void *h);
+struct kc__link_sess *kc__link_take(void *h, const struct kc__link_ops *ops);
 void kc__link_restore(struct kc__link_sess *s);
 
 /* An add on a session (locked, guard held). `usual` false: arguments the
