@@ -43,6 +43,7 @@ const struct kc_config_var kc_config_vars[] = {
                                     "file of public keys remote entries must be signed by"},
     [KC_VAR_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST",
                              "signed|any: whether unsigned remote entries are read"},
+    [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner",
@@ -272,6 +273,7 @@ void kc_config_load(struct kc_config *cfg)
     cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
     cfg->lock_timeout_ms = 30000;
     cfg->single_flight = true;
+    cfg->link = true;
 
     /* A secure-execution process (set-user-ID or set-group-ID, file
      * capabilities) must not obey its caller's environment, which could
@@ -332,6 +334,7 @@ void kc_config_load(struct kc_config *cfg)
     load_bool(cfg, KC_VAR_ALLOC, &cfg->alloc);
     load_size(cfg, KC_VAR_ALLOC_POOL, &cfg->alloc_pool);
     load_bool(cfg, KC_VAR_SINGLE_FLIGHT, &cfg->single_flight);
+    load_bool(cfg, KC_VAR_LINK, &cfg->link);
 
     v = env(cfg, KC_VAR_LOG);
     if (v != NULL) {
@@ -479,6 +482,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case KC_VAR_REMOTE_TRUST:
         snprintf(buf, len, "%s", cfg->remote_trust[0] ? cfg->remote_trust : "signed");
+        break;
+    case KC_VAR_LINK:
+        snprintf(buf, len, "%d", cfg->link);
         break;
     default:
         snprintf(buf, len, "?");

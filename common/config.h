@@ -55,6 +55,7 @@ enum kc_var {
     KC_VAR_REMOTE_SIGNING_KEY,
     KC_VAR_REMOTE_TRUSTED_KEYS,
     KC_VAR_REMOTE_TRUST,
+    KC_VAR_LINK,
     KC_N_SETTINGS, /* the settings come first; internal variables follow */
     KC_VAR_TOOL = KC_N_SETTINGS,
     KC_VAR_STORE_LIB,
@@ -89,6 +90,7 @@ struct kc_config {
     char remote_signing_key[PATH_MAX];  /* KCACHE_REMOTE_SIGNING_KEY */
     char remote_trusted_keys[PATH_MAX]; /* KCACHE_REMOTE_TRUSTED_KEYS */
     char remote_trust[16];          /* KCACHE_REMOTE_TRUST */
+    bool link;               /* KCACHE_LINK: nvJitLink and cuLink* links */
 
     /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
      * kc_config_vars[] (enum kc_var). */

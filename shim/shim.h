@@ -57,11 +57,13 @@ struct kc__hook {
     int lib;            /* KC_LIB_* the real one must come from */
 };
 
-enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2 };
+enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2, KC_LIB_NVJITLINK = 3 };
 
 /* Each part registers its table (NULL-name terminated). */
 extern const struct kc__hook kc__nvrtc_hooks[];
 extern const struct kc__hook kc__driver_hooks[];
+extern const struct kc__hook kc__link_hooks[];   /* link.c: nvJitLink */
+extern const struct kc__hook kc__culink_hooks[]; /* culink.c: the driver's cuLink* */
 
 /* Finds the hook for `name` in library `lib` (0: any), or NULL. */
 const struct kc__hook *kc__hook_find(const char *name, int lib);

@@ -11,13 +11,16 @@
  * itself; it is not run unless --crashers is given, and then only to check
  * that the reason still holds (the test runs those without the shim).
  *
- * NVRTC comes from libnvrtc.so.13 and the driver from libcuda.so.1 (the
- * stand-in, first on LD_LIBRARY_PATH), both dlopen()ed with every entry
+ * NVRTC comes from libnvrtc.so.13, nvJitLink from libnvJitLink.so.13 (both
+ * names of each function: the unversioned one and the one nvJitLink.h's
+ * inline functions call) and the driver from libcuda.so.1 (the stand-in,
+ * first on LD_LIBRARY_PATH), all dlopen()ed with every entry
  * point found by dlsym, as PyTorch and CuPy do, so the shim's dlsym hands
  * out its wrappers. Nothing printed depends on addresses or timing.
  */
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+#include <nvJitLink.h>
 #include <nvrtc.h>
 
 #include <dlfcn.h>
@@ -34,7 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void *nv, *cu;
+static void *nv, *cu, *jl;
 static const char *ptx_path;
 static char *ptx; /* the PTX file's text, NUL-terminated */
 static size_t ptx_len;
@@ -794,6 +797,375 @@ CASE(cuPointerSetAttribute, hostile)
     SAY("after free rc=%d", CU(cuPointerGetAttribute)(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
 }
 
+/* ---- nvJitLink: every function under both its names (v 0: unversioned, as
+ * cuda.bindings resolves it; v 1: the versioned export the header calls) ---- */
+static const char *jl_names[][2] = {
+    {"nvJitLinkCreate", "__nvJitLinkCreate_13_0"},
+    {"nvJitLinkDestroy", "__nvJitLinkDestroy_13_0"},
+    {"nvJitLinkAddData", "__nvJitLinkAddData_13_0"},
+    {"nvJitLinkAddFile", "__nvJitLinkAddFile_13_0"},
+    {"nvJitLinkComplete", "__nvJitLinkComplete_13_0"},
+    {"nvJitLinkGetLinkedCubinSize", "__nvJitLinkGetLinkedCubinSize_13_0"},
+    {"nvJitLinkGetLinkedCubin", "__nvJitLinkGetLinkedCubin_13_0"},
+    {"nvJitLinkGetLinkedPtxSize", "__nvJitLinkGetLinkedPtxSize_13_0"},
+    {"nvJitLinkGetLinkedPtx", "__nvJitLinkGetLinkedPtx_13_0"},
+    {"nvJitLinkGetErrorLogSize", "__nvJitLinkGetErrorLogSize_13_0"},
+    {"nvJitLinkGetErrorLog", "__nvJitLinkGetErrorLog_13_0"},
+    {"nvJitLinkGetInfoLogSize", "__nvJitLinkGetInfoLogSize_13_0"},
+    {"nvJitLinkGetInfoLog", "__nvJitLinkGetInfoLog_13_0"},
+};
+enum { J_CREATE, J_DESTROY, J_ADD_DATA, J_ADD_FILE, J_COMPLETE, J_CUBIN_SIZE, J_CUBIN, J_PTX_SIZE, J_PTX,
+       J_ERR_SIZE, J_ERR, J_INFO_SIZE, J_INFO };
+static int jv; /* the name variant the running case uses */
+typedef nvJitLinkResult (*jl_create_t)(nvJitLinkHandle *, uint32_t, const char **);
+typedef nvJitLinkResult (*jl_destroy_t)(nvJitLinkHandle *);
+typedef nvJitLinkResult (*jl_add_t)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t, const char *);
+typedef nvJitLinkResult (*jl_file_t)(nvJitLinkHandle, nvJitLinkInputType, const char *);
+typedef nvJitLinkResult (*jl_complete_t)(nvJitLinkHandle);
+typedef nvJitLinkResult (*jl_size_t)(nvJitLinkHandle, size_t *);
+typedef nvJitLinkResult (*jl_get_t)(nvJitLinkHandle, void *);
+#define JF(t, f) ((t)sym(jl, jl_names[f][jv]))
+
+/* PTX whose link fails: it calls a function nobody defines. */
+static char *undefined_ptx(void)
+{
+    static const char *s = "extern __device__ float nowhere(float);\n"
+                           "extern \"C\" __global__ void ku(float *x) { x[0] = nowhere(x[1]); }\n";
+    nvrtcProgram p = NULL;
+    static const char *o[] = {"-arch=compute_90", "-rdc=true"};
+    size_t n = 0;
+    if (NV(nvrtcCreateProgram)(&p, s, "u.cu", 0, NULL, NULL) || NV(nvrtcCompileProgram)(p, 2, o) ||
+        NV(nvrtcGetPTXSize)(p, &n))
+        _exit(5);
+    char *b = malloc(n);
+    NV(nvrtcGetPTX)(p, b);
+    return b;
+}
+
+static nvJitLinkHandle jl_created(void)
+{
+    nvJitLinkHandle h = NULL;
+    const char *o[] = {"-arch=sm_90"};
+    if (JF(jl_create_t, J_CREATE)(&h, 1, o) != NVJITLINK_SUCCESS)
+        _exit(8);
+    return h;
+}
+
+/* A handle linked from the PTX file (good) or the undefined call (bad). */
+static nvJitLinkHandle jl_linked(int bad)
+{
+    nvJitLinkHandle h = jl_created();
+    const char *p = bad ? undefined_ptx() : ptx;
+    SAY("  add rc=%d", JF(jl_add_t, J_ADD_DATA)(h, NVJITLINK_INPUT_PTX, p, strlen(p) + 1, "p"));
+    SAY("  complete rc=%d", JF(jl_complete_t, J_COMPLETE)(h));
+    return h;
+}
+
+static void jl_getters(nvJitLinkHandle h, const char *what)
+{
+    for (int g = J_CUBIN_SIZE; g <= J_INFO_SIZE; g += 2) {
+        size_t n = 777;
+        nvJitLinkResult rc = JF(jl_size_t, g)(h, &n);
+        SAY("  %s %s rc=%d size=%zu null rc=%d", what, jl_names[g][0], rc, n, JF(jl_size_t, g)(h, NULL));
+        size_t cap = rc == NVJITLINK_SUCCESS && n != 777 && n < (1u << 26) ? n : 64;
+        char *buf = edge((char[1]){0}, 1);
+        if (cap > 1) {
+            buf = malloc(cap);
+            memset(buf, 0x5a, cap);
+        }
+        rc = JF(jl_get_t, g + 1)(h, buf);
+        unsigned long sum = 5381;
+        for (size_t i = 0; i < cap; i++)
+            sum = sum * 33 + (unsigned char)buf[i];
+        SAY("  %s %s rc=%d hash=%lu null rc=%d", what, jl_names[g + 1][0], rc, sum, JF(jl_get_t, g + 1)(h, NULL));
+    }
+}
+
+#define JL_BOTH(fn, label, ...)                                                                    \
+    static void fn##_##label##_impl(void) __VA_ARGS__                                              \
+    static void fn##__##label(void) { jv = 0; fn##_##label##_impl(); }                            \
+    static void __##fn##_13_0__##label(void) { jv = 1; fn##_##label##_impl(); }
+
+JL_BOTH(nvJitLinkCreate, hostile, {
+    nvJitLinkHandle h = SENTINEL;
+    const char *o[] = {"-arch=sm_90"}, *bad[] = {"--no-such-option"}, *nul[] = {"-arch=sm_90", NULL};
+    jl_create_t c = JF(jl_create_t, J_CREATE);
+    SAY("NULL handle rc=%d", c(NULL, 1, o));
+    SAY("no options rc=%d out=%s", c(&h, 0, NULL), hstate(h));
+    h = SENTINEL;
+    SAY("count, NULL array rc=%d out=%s", c(&h, 2, NULL), hstate(h));
+    h = SENTINEL;
+    SAY("bad option rc=%d out=%s", c(&h, 1, bad), hstate(h));
+    (void)nul;
+    h = SENTINEL;
+    const char *timed[] = {"-arch=sm_90", "-time"};
+    SAY("-time rc=%d out=%s", c(&h, 2, timed), hstate(h));
+})
+CASE(nvJitLinkCreate, null_option_entry)
+{
+    nvJitLinkHandle h = SENTINEL;
+    const char *o[] = {"-arch=sm_90", NULL};
+    jv = 0;
+    SAY("rc=%d out=%s", JF(jl_create_t, J_CREATE)(&h, 2, o), hstate(h));
+}
+JL_BOTH(nvJitLinkDestroy, hostile, {
+    jl_destroy_t d = JF(jl_destroy_t, J_DESTROY);
+    SAY("NULL rc=%d", d(NULL));
+    nvJitLinkHandle h = NULL;
+    SAY("NULL handle rc=%d", d(&h));
+    h = jl_created();
+    SAY("created rc=%d after=%s", d(&h), hstate(h));
+    SAY("again rc=%d", d(&h));
+    h = jl_linked(0);
+    SAY("linked rc=%d after=%s", d(&h), hstate(h));
+})
+JL_BOTH(nvJitLinkAddData, hostile, {
+    jl_add_t a = JF(jl_add_t, J_ADD_DATA);
+    SAY("NULL handle rc=%d", a(NULL, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, "p"));
+    nvJitLinkHandle h = jl_created();
+    SAY("NULL data rc=%d", a(h, NVJITLINK_INPUT_LTOIR, NULL, 10, "p"));
+    SAY("size 0 rc=%d", a(h, NVJITLINK_INPUT_PTX, ptx, 0, "p"));
+    SAY("bad type rc=%d", a(h, (nvJitLinkInputType)99, ptx, ptx_len + 1, "p"));
+    SAY("type NONE rc=%d", a(h, NVJITLINK_INPUT_NONE, ptx, ptx_len + 1, "p"));
+    SAY("garbage LTO-IR rc=%d", a(h, NVJITLINK_INPUT_LTOIR, "garbage", 8, "g"));
+    SAY("NULL name rc=%d", a(h, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, NULL));
+    SAY("complete rc=%d", JF(jl_complete_t, J_COMPLETE)(h));
+    jl_getters(h, "after bad adds");
+    h = jl_linked(0);
+    SAY("after complete rc=%d", a(h, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, "again"));
+    SAY("complete again rc=%d", JF(jl_complete_t, J_COMPLETE)(h));
+    jl_getters(h, "after an add past completion");
+})
+JL_BOTH(nvJitLinkAddFile, hostile, {
+    jl_file_t f = JF(jl_file_t, J_ADD_FILE);
+    SAY("NULL handle rc=%d", f(NULL, NVJITLINK_INPUT_PTX, ptx_path));
+    nvJitLinkHandle h = jl_created();
+    SAY("NULL path rc=%d", f(h, NVJITLINK_INPUT_PTX, NULL));
+    SAY("empty path rc=%d", f(h, NVJITLINK_INPUT_PTX, ""));
+    SAY("missing rc=%d", f(h, NVJITLINK_INPUT_PTX, "/nonexistent/k.ptx"));
+    SAY("directory rc=%d", f(h, NVJITLINK_INPUT_PTX, "/"));
+    SAY("bad type rc=%d", f(h, (nvJitLinkInputType)99, ptx_path));
+    SAY("ok rc=%d", f(h, NVJITLINK_INPUT_PTX, ptx_path));
+    SAY("ANY rc=%d", f(h, NVJITLINK_INPUT_ANY, ptx_path));
+    SAY("complete rc=%d", JF(jl_complete_t, J_COMPLETE)(h));
+    jl_getters(h, "after file adds");
+    h = jl_created();
+    SAY("alone rc=%d", f(h, NVJITLINK_INPUT_PTX, ptx_path));
+    SAY("complete rc=%d", JF(jl_complete_t, J_COMPLETE)(h));
+    jl_getters(h, "file only");
+})
+JL_BOTH(nvJitLinkComplete, hostile, {
+    jl_complete_t c = JF(jl_complete_t, J_COMPLETE);
+    SAY("NULL handle rc=%d", c(NULL));
+    nvJitLinkHandle h = jl_created();
+    SAY("no inputs rc=%d", c(h));
+    SAY("again rc=%d", c(h));
+    jl_getters(h, "no inputs");
+    h = jl_linked(1);
+    jl_getters(h, "undefined symbol");
+    SAY("again rc=%d", c(h));
+    SAY("add after failure rc=%d", JF(jl_add_t, J_ADD_DATA)(h, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, "p"));
+    SAY("again rc=%d", c(h));
+    jl_getters(h, "completed three times");
+})
+#define JL_GETTER_CASES(S, G)                                                                      \
+    JL_BOTH(S, hostile, {                                                                          \
+        size_t n = 777;                                                                            \
+        SAY("NULL handle rc=%d size=%zu", ((jl_size_t)sym(jl, jv ? "__" #S "_13_0" : #S))(NULL, &n), n); \
+        nvJitLinkHandle h = jl_created();                                                          \
+        jl_getters(h, "created");                                                                  \
+        h = jl_linked(0);                                                                          \
+        jl_getters(h, "linked");                                                                   \
+    })                                                                                             \
+    JL_BOTH(G, hostile, {                                                                          \
+        SAY("NULL handle rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(NULL, (char[8]){0})); \
+        nvJitLinkHandle h = jl_linked(0);                                                          \
+        SAY("NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));           \
+        h = jl_linked(1);                                                                          \
+        SAY("failed, NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));   \
+    })
+#define JL_GETTERS(X)                                                                              \
+    X(nvJitLinkGetLinkedCubinSize, nvJitLinkGetLinkedCubin)                                        \
+    X(nvJitLinkGetLinkedPtxSize, nvJitLinkGetLinkedPtx)                                            \
+    X(nvJitLinkGetErrorLogSize, nvJitLinkGetErrorLog)                                              \
+    X(nvJitLinkGetInfoLogSize, nvJitLinkGetInfoLog)
+JL_GETTERS(JL_GETTER_CASES)
+/* Newer nvJitLink's getters, hooked for a served handle's sake: absent
+ * from this library, so dlsym must find nothing. */
+CASE(nvJitLinkGetLinkedLTOIRSize, absent)
+{
+    SAY("dlsym: %s", dlsym(jl, "nvJitLinkGetLinkedLTOIRSize") ? "found" : "NULL");
+    SAY("RTLD_DEFAULT: %s", dlsym(RTLD_DEFAULT, "nvJitLinkGetLinkedLTOIRSize") ? "found" : "NULL");
+}
+CASE(nvJitLinkGetLinkedLTOIR, absent)
+{
+    SAY("dlsym: %s", dlsym(jl, "nvJitLinkGetLinkedLTOIR") ? "found" : "NULL");
+}
+CASE(nvJitLinkVersion, null_args)
+{
+    unsigned a = 7, b = 7;
+    nvJitLinkResult (*v)(unsigned *, unsigned *) = (nvJitLinkResult(*)(unsigned *, unsigned *))sym(jl, "nvJitLinkVersion");
+    SAY("ok rc=%d", v(&a, &b));
+}
+
+/* ---- the driver's linker (the stand-in) ---- */
+static CUlinkState cu_link_created(char *info, char *err)
+{
+    CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    static void *v[4];
+    v[0] = info, v[1] = (void *)(uintptr_t)256, v[2] = err, v[3] = (void *)(uintptr_t)256;
+    CUlinkState s = NULL;
+    if (CU(cuLinkCreate_v2)(info ? 4 : 0, o, v, &s) != CUDA_SUCCESS)
+        _exit(9);
+    return s;
+}
+
+static void cu_complete(CUlinkState s, const char *what, const char *info, const char *err)
+{
+    void *c = SENTINEL;
+    size_t n = 777;
+    CUresult rc = CU(cuLinkComplete)(s, &c, &n);
+    SAY("  %s complete rc=%d out=%s size=%zu", what, rc, hstate(c), n);
+    if (info)
+        SAY("  info [%s] error [%s]", info, err);
+}
+
+static void culink_create_cases(CUresult (*create)(unsigned, CUjit_option *, void **, CUlinkState *))
+{
+    CUlinkState s = SENTINEL;
+    SAY("before init rc=%d out=%s", create(0, NULL, NULL, &s), hstate(s));
+    CU(cuInit)(0);
+    s = SENTINEL;
+    SAY("no context rc=%d out=%s", create(0, NULL, NULL, &s), hstate(s));
+    ctx_setup();
+    SAY("NULL out rc=%d", create(0, NULL, NULL, NULL));
+    s = SENTINEL;
+    SAY("count, NULL arrays rc=%d out=%s", create(3, NULL, NULL, &s), hstate(s));
+    CUjit_option bad[] = {(CUjit_option)9999};
+    void *bv[] = {NULL};
+    s = SENTINEL;
+    SAY("unknown option rc=%d out=%s", create(1, bad, bv, &s), hstate(s));
+    CUjit_option ol[] = {CU_JIT_OPTIMIZATION_LEVEL};
+    void *olv[] = {(void *)(uintptr_t)99};
+    s = SENTINEL;
+    SAY("optimization level 99 rc=%d out=%s", create(1, ol, olv, &s), hstate(s));
+    CUjit_option lo[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
+    void *lv[] = {NULL, (void *)(uintptr_t)4096};
+    s = SENTINEL;
+    CUresult rc = create(2, lo, lv, &s);
+    SAY("NULL log buffer with a size rc=%d out=%s", rc, hstate(s));
+    if (rc == CUDA_SUCCESS) {
+        SAY("  add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+        cu_complete(s, "NULL log buffer", NULL, NULL);
+        SAY("  written=%zu", (size_t)(uintptr_t)lv[1]);
+    }
+    char *one = edge("", 1);
+    void *lv1[] = {one, (void *)(uintptr_t)1};
+    s = SENTINEL;
+    rc = create(2, lo, lv1, &s);
+    SAY("one-byte log at a page edge rc=%d", rc);
+    if (rc == CUDA_SUCCESS) {
+        SAY("  add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+        cu_complete(s, "one-byte log", NULL, NULL);
+        SAY("  buf0=%d written=%zu", one[0], (size_t)(uintptr_t)lv1[1]);
+    }
+}
+CASE(cuLinkCreate, hostile) { culink_create_cases(CU(cuLinkCreate)); }
+CASE(cuLinkCreate_v2, hostile) { culink_create_cases(CU(cuLinkCreate_v2)); }
+
+static void culink_add_cases(CUresult (*add)(CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned,
+                                             CUjit_option *, void **))
+{
+    SAY("before init rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    ctx_setup();
+    SAY("NULL state rc=%d", add(NULL, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("garbage state rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    char info[256] = "", err[256] = "";
+    CUlinkState s = cu_link_created(info, err);
+    SAY("NULL data rc=%d", add(s, CU_JIT_INPUT_PTX, NULL, 10, "p", 0, NULL, NULL));
+    SAY("size 0 rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, 0, "p", 0, NULL, NULL));
+    SAY("bad type rc=%d", add(s, (CUjitInputType)99, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("not PTX rc=%d", add(s, CU_JIT_INPUT_PTX, "hello", 6, "p", 0, NULL, NULL));
+    SAY("  info [%s] error [%s]", info, err);
+    SAY("options, NULL arrays rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 2, NULL, NULL));
+    CUjit_option bad[] = {(CUjit_option)9999};
+    void *bv[] = {NULL};
+    SAY("unknown option rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 1, bad, bv));
+    SAY("NULL name rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, NULL, 0, NULL, NULL));
+    cu_complete(s, "after bad adds", info, err);
+    SAY("after complete rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p2", 0, NULL, NULL));
+    cu_complete(s, "again", info, err);
+    SAY("destroy rc=%d", CU(cuLinkDestroy)(s));
+    SAY("destroyed state rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+}
+CASE(cuLinkAddData, hostile) { culink_add_cases(CU(cuLinkAddData)); }
+CASE(cuLinkAddData_v2, hostile) { culink_add_cases(CU(cuLinkAddData_v2)); }
+
+static void culink_file_cases(CUresult (*add)(CUlinkState, CUjitInputType, const char *, unsigned, CUjit_option *,
+                                              void **))
+{
+    SAY("before init rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
+    ctx_setup();
+    SAY("garbage state rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
+    char info[256] = "", err[256] = "";
+    CUlinkState s = cu_link_created(info, err);
+    SAY("NULL path rc=%d", add(s, CU_JIT_INPUT_PTX, NULL, 0, NULL, NULL));
+    SAY("empty path rc=%d", add(s, CU_JIT_INPUT_PTX, "", 0, NULL, NULL));
+    SAY("missing rc=%d", add(s, CU_JIT_INPUT_PTX, "/nonexistent/k.ptx", 0, NULL, NULL));
+    SAY("bad type rc=%d", add(s, (CUjitInputType)99, ptx_path, 0, NULL, NULL));
+    SAY("ok rc=%d", add(s, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
+    cu_complete(s, "file", info, err);
+    SAY("destroy rc=%d", CU(cuLinkDestroy)(s));
+    s = cu_link_created(info, err);
+    SAY("alone rc=%d", add(s, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
+    cu_complete(s, "file alone", info, err);
+}
+CASE(cuLinkAddFile, hostile) { culink_file_cases(CU(cuLinkAddFile)); }
+CASE(cuLinkAddFile_v2, hostile) { culink_file_cases(CU(cuLinkAddFile_v2)); }
+
+CASE(cuLinkComplete, hostile)
+{
+    void *c = SENTINEL;
+    size_t n = 777;
+    SAY("before init rc=%d", CU(cuLinkComplete)(GARBAGE, &c, &n));
+    ctx_setup();
+    SAY("NULL state rc=%d", CU(cuLinkComplete)(NULL, &c, &n));
+    char info[256] = "", err[256] = "";
+    CUlinkState s = cu_link_created(info, err);
+    SAY("NULL outs rc=%d", CU(cuLinkComplete)(s, NULL, NULL));
+    cu_complete(s, "no inputs", info, err);
+    s = cu_link_created(info, err);
+    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("NULL size out rc=%d", CU(cuLinkComplete)(s, &c, NULL));
+    cu_complete(s, "after a NULL out", info, err);
+    s = cu_link_created(info, err);
+    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    cu_complete(s, "linked", info, err);
+    cu_complete(s, "twice", info, err);
+    s = cu_link_created(info, err);
+    char *u = undefined_ptx();
+    SAY("add undefined rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, u, strlen(u) + 1, "u", 0, NULL, NULL));
+    cu_complete(s, "undefined", info, err);
+    cu_complete(s, "undefined twice", info, err);
+    SAY("destroy rc=%d", CU(cuLinkDestroy)(s));
+}
+CASE(cuLinkDestroy, hostile)
+{
+    SAY("before init rc=%d", CU(cuLinkDestroy)(GARBAGE));
+    ctx_setup();
+    SAY("NULL rc=%d", CU(cuLinkDestroy)(NULL));
+    SAY("garbage rc=%d", CU(cuLinkDestroy)(GARBAGE));
+    CUlinkState s = cu_link_created(NULL, NULL);
+    SAY("created rc=%d", CU(cuLinkDestroy)(s));
+    SAY("twice rc=%d", CU(cuLinkDestroy)(s));
+    s = cu_link_created(NULL, NULL);
+    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    cu_complete(s, "linked", NULL, NULL);
+    SAY("linked rc=%d", CU(cuLinkDestroy)(s));
+    SAY("complete after destroy rc=%d", CU(cuLinkComplete)(s, &(void *){0}, &(size_t){0}));
+}
+
 /* ---- libc: the header-tracking wrappers (shim/deps.c) and dlsym ---- */
 static char longpath[PATH_MAX * 2];
 static const char *lp(void)
@@ -963,6 +1335,26 @@ static const struct hcase cases[] = {
     C(cuPointerGetAttribute, hostile, NULL)
     C(cuPointerGetAttributes, hostile, NULL)
     C(cuPointerSetAttribute, hostile, NULL)
+#define JL_ENTRY(fn) C(fn, hostile, NULL) C(__##fn##_13_0, hostile, NULL)
+    JL_ENTRY(nvJitLinkCreate)
+    C(nvJitLinkCreate, null_option_entry, "nvJitLink dereferences a NULL option")
+    JL_ENTRY(nvJitLinkDestroy)
+    JL_ENTRY(nvJitLinkAddData)
+    JL_ENTRY(nvJitLinkAddFile)
+    JL_ENTRY(nvJitLinkComplete)
+#define JL_GETTER_ENTRIES(S, G) JL_ENTRY(S) JL_ENTRY(G)
+    JL_GETTERS(JL_GETTER_ENTRIES)
+    C(nvJitLinkGetLinkedLTOIRSize, absent, NULL)
+    C(nvJitLinkGetLinkedLTOIR, absent, NULL)
+    C(nvJitLinkVersion, null_args, NULL)
+    C(cuLinkCreate, hostile, NULL)
+    C(cuLinkCreate_v2, hostile, NULL)
+    C(cuLinkAddData, hostile, NULL)
+    C(cuLinkAddData_v2, hostile, NULL)
+    C(cuLinkAddFile, hostile, NULL)
+    C(cuLinkAddFile_v2, hostile, NULL)
+    C(cuLinkComplete, hostile, NULL)
+    C(cuLinkDestroy, hostile, NULL)
     C(open, hostile, NULL)
     C(open64, hostile, NULL)
     C(openat, hostile, NULL)
@@ -1046,7 +1438,8 @@ int main(int argc, char **argv)
     fclose(f);
     nv = dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
     cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!nv || !cu) {
+    jl = dlopen("libnvJitLink.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!nv || !cu || !jl) {
         fprintf(stderr, "hostile: dlopen: %s\n", dlerror());
         return 2;
     }

@@ -8,6 +8,7 @@ bytes written, crashes. Also checks that
 
   - the table covers every hook: each name in kc__nvrtc_hooks[] (shim/nvrtc.c),
     kc__driver_hooks[] (shim/driver.c and KC_MEMO_WRAPPERS in shim/driver.h),
+    kc__link_hooks[] (shim/link.c), kc__culink_hooks[] (shim/culink.c),
     the libc wrappers of shim/deps.c and dlsym has at least one case;
   - every case the table excludes as crashing the real library really does
     crash it without the shim (so the exclusion list stays honest);
@@ -51,7 +52,7 @@ def check(cond, what):
 def hooks_in_source():
     """Every intercepted name, read from the shim's sources."""
     names = set()
-    for f in ("shim/nvrtc.c", "shim/driver.c"):
+    for f in ("shim/nvrtc.c", "shim/driver.c", "shim/link.c", "shim/culink.c"):
         text = open(os.path.join(SRC, f)).read()
         names.update(re.findall(r"^\s*HOOK\((\w+),", text, re.M))
         names.update(re.findall(r'^\s*\{"(\w+)", NULL,', text, re.M))

@@ -36,7 +36,22 @@
  */
 #define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
+/* nvJitLink is this driver's private JIT, as the real driver's linker is
+ * its own: its functions are reached through pointers found with dlvsym
+ * (never interposed), so a preloaded shim's nvJitLink hooks never see the
+ * stand-in's JIT, as they never see the real driver's. */
+#define __nvJitLinkCreate_13_0 (*si_jl_create)
+#define __nvJitLinkDestroy_13_0 (*si_jl_destroy)
+#define __nvJitLinkAddData_13_0 (*si_jl_add_data)
+#define __nvJitLinkComplete_13_0 (*si_jl_complete)
+#define __nvJitLinkGetLinkedCubinSize_13_0 (*si_jl_cubin_size)
+#define __nvJitLinkGetLinkedCubin_13_0 (*si_jl_cubin)
+#define __nvJitLinkGetErrorLogSize_13_0 (*si_jl_error_size)
+#define __nvJitLinkGetErrorLog_13_0 (*si_jl_error)
+#define __nvJitLinkGetInfoLogSize_13_0 (*si_jl_info_size)
+#define __nvJitLinkGetInfoLog_13_0 (*si_jl_info)
 #include <nvJitLink.h>
+#include <dlfcn.h>
 
 #include <ctype.h>
 #include <elf.h>
@@ -72,7 +87,7 @@
     X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction)           \
     X(cuKernelGetName) X(cuKernelGetLibrary) X(cuFuncGetName) X(cuFuncGetModule)                   \
     X(cuLinkCreate) X(cuLinkCreate_v2) X(cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)      \
-    X(cuLinkDestroy) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo)   \
+    X(cuLinkAddFile) X(cuLinkAddFile_v2) X(cuLinkDestroy) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo)   \
     X(cuMemGetInfo_v2) X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
     X(cuPointerGetAttributes) X(cuPointerSetAttribute)                                             \
     X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)          \
@@ -162,8 +177,45 @@ static void counts_write(void)
     free(line);
 }
 
+__typeof__(si_jl_create) si_jl_create;
+__typeof__(si_jl_destroy) si_jl_destroy;
+__typeof__(si_jl_add_data) si_jl_add_data;
+__typeof__(si_jl_complete) si_jl_complete;
+__typeof__(si_jl_cubin_size) si_jl_cubin_size;
+__typeof__(si_jl_cubin) si_jl_cubin;
+__typeof__(si_jl_error_size) si_jl_error_size;
+__typeof__(si_jl_error) si_jl_error;
+__typeof__(si_jl_info_size) si_jl_info_size;
+__typeof__(si_jl_info) si_jl_info;
+
+static void *jl_sym(void *lib, const char *name)
+{
+    void *p = lib ? dlvsym(lib, name, "libnvJitLink.so.13") : NULL;
+    if (!p) {
+        fprintf(stderr, "standin: %s not found in libnvJitLink.so.13\n", name);
+        abort();
+    }
+    return p;
+}
+
+static void jl_resolve(void)
+{
+    void *lib = dlopen("libnvJitLink.so.13", RTLD_NOW | RTLD_LOCAL);
+    si_jl_create = jl_sym(lib, "__nvJitLinkCreate_13_0");
+    si_jl_destroy = jl_sym(lib, "__nvJitLinkDestroy_13_0");
+    si_jl_add_data = jl_sym(lib, "__nvJitLinkAddData_13_0");
+    si_jl_complete = jl_sym(lib, "__nvJitLinkComplete_13_0");
+    si_jl_cubin_size = jl_sym(lib, "__nvJitLinkGetLinkedCubinSize_13_0");
+    si_jl_cubin = jl_sym(lib, "__nvJitLinkGetLinkedCubin_13_0");
+    si_jl_error_size = jl_sym(lib, "__nvJitLinkGetErrorLogSize_13_0");
+    si_jl_error = jl_sym(lib, "__nvJitLinkGetErrorLog_13_0");
+    si_jl_info_size = jl_sym(lib, "__nvJitLinkGetInfoLogSize_13_0");
+    si_jl_info = jl_sym(lib, "__nvJitLinkGetInfoLog_13_0");
+}
+
 __attribute__((constructor)) static void si_load(void)
 {
+    jl_resolve();
     const char *cc = getenv("KCACHE_TEST_STANDIN_CC");
     if (cc && *cc) {
         int a = 0, b = 0;
@@ -1917,6 +1969,67 @@ SI_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
     return link_add(state, type, data, size, name, n, options, values);
 }
 
+/* cuLinkAddFile: the file's bytes added as cuLinkAddData adds them, named
+ * by the path (the real driver reads the file the same way). */
+static CUresult link_add_file(CUlinkState state, CUjitInputType type, const char *path, unsigned n,
+                              CUjit_option *opt, void **val)
+{
+    INIT_CHECK();
+    LOCK();
+    struct link *l = link_get(state);
+    UNLOCK();
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!path)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (!buf) {
+            close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0) {
+            free(buf);
+            close(fd);
+            return CUDA_ERROR_FILE_NOT_FOUND;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+        if (len == cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb)
+                free(buf);
+            buf = nb;
+        }
+    }
+    close(fd);
+    buf[len] = 0; /* PTX read from a file is text: NUL-terminated */
+    CUresult rc = link_add(state, type, buf, type == CU_JIT_INPUT_PTX ? len + 1 : len, path, n, opt, val);
+    free(buf);
+    return rc;
+}
+
+SI_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path, unsigned int n,
+                                 CUjit_option *options, void **values)
+{
+    COUNT(cuLinkAddFile);
+    return link_add_file(state, type, path, n, options, values);
+}
+
+SI_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int n,
+                                    CUjit_option *options, void **values)
+{
+    COUNT(cuLinkAddFile_v2);
+    return link_add_file(state, type, path, n, options, values);
+}
+
 SI_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
 {
     COUNT(cuLinkComplete);
@@ -2448,6 +2561,8 @@ static const struct proc si_procs[] = {
     PROC(cuLinkCreate, cuLinkCreate_v2, 6050),
     PROC(cuLinkAddData, cuLinkAddData, 5050),
     PROC(cuLinkAddData, cuLinkAddData_v2, 6050),
+    PROC(cuLinkAddFile, cuLinkAddFile, 5050),
+    PROC(cuLinkAddFile, cuLinkAddFile_v2, 6050),
     PROC(cuLinkComplete, cuLinkComplete, 5050),
     PROC(cuLinkDestroy, cuLinkDestroy, 5050),
     PROC(cuMemAlloc, cuMemAlloc, 2000),

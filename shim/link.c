@@ -1,0 +1,1393 @@
+/*
+ * The link cache: the engine (linker.h) and the nvJitLink hooks.
+ *
+ * nvJitLink is reached by direct linking (the header's inline functions
+ * call the versioned exports, __nvJitLinkCreate_13_0 and so on) and by
+ * dlopen + dlsym of the unversioned names (cuda.bindings); both sets are
+ * hooked, as libnvJitLink.so.13 exports them. A handle's session keys the
+ * link (linker.h); on a hit every getter answers from the replay record
+ * (linkrec.h), which holds exactly what nvJitLink's getters returned:
+ * codes, sizes, bytes, logs. Handles the shim does not know go to the real
+ * nvJitLink untouched, so bad input gets nvJitLink's own answer.
+ *
+ * Namespace: link:<version>-<identity>-<arch>-f<format>, identity a digest
+ * of libnvJitLink's GNU build-id (content hash without one) and version,
+ * arch the -arch option's value.
+ */
+#include "linker.h"
+
+#include "codec.h"
+#include "flight.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* nvJitLink.h defines the unversioned names as inline functions; this file
+ * defines them as exports instead. */
+#define nvJitLinkCreate kc__hdr_nvJitLinkCreate
+#define nvJitLinkDestroy kc__hdr_nvJitLinkDestroy
+#define nvJitLinkAddData kc__hdr_nvJitLinkAddData
+#define nvJitLinkAddFile kc__hdr_nvJitLinkAddFile
+#define nvJitLinkComplete kc__hdr_nvJitLinkComplete
+#define nvJitLinkGetLinkedCubinSize kc__hdr_nvJitLinkGetLinkedCubinSize
+#define nvJitLinkGetLinkedCubin kc__hdr_nvJitLinkGetLinkedCubin
+#define nvJitLinkGetLinkedPtxSize kc__hdr_nvJitLinkGetLinkedPtxSize
+#define nvJitLinkGetLinkedPtx kc__hdr_nvJitLinkGetLinkedPtx
+#define nvJitLinkGetErrorLogSize kc__hdr_nvJitLinkGetErrorLogSize
+#define nvJitLinkGetErrorLog kc__hdr_nvJitLinkGetErrorLog
+#define nvJitLinkGetInfoLogSize kc__hdr_nvJitLinkGetInfoLogSize
+#define nvJitLinkGetInfoLog kc__hdr_nvJitLinkGetInfoLog
+#include <nvJitLink.h>
+#undef nvJitLinkCreate
+#undef nvJitLinkDestroy
+#undef nvJitLinkAddData
+#undef nvJitLinkAddFile
+#undef nvJitLinkComplete
+#undef nvJitLinkGetLinkedCubinSize
+#undef nvJitLinkGetLinkedCubin
+#undef nvJitLinkGetLinkedPtxSize
+#undef nvJitLinkGetLinkedPtx
+#undef nvJitLinkGetErrorLogSize
+#undef nvJitLinkGetErrorLog
+#undef nvJitLinkGetInfoLogSize
+#undef nvJitLinkGetInfoLog
+
+#define BACKEND "link"
+
+/* Inputs larger than this pass through (a copy is kept while deferred). */
+#define KC_LINK_MAX_INPUT (1ull << 32)
+
+bool kc__link_enabled(void)
+{
+    const struct kc_config *cfg = kc__config();
+    return !cfg->disable && cfg->link;
+}
+
+static void count(struct kc_counters c)
+{
+    kc__count(BACKEND, &c);
+}
+
+/* ---- the store: every access of this file goes through these ------------- */
+
+static const struct kc_store_ops *store(struct kc_store **st)
+{
+    const struct kc_store_ops *api = NULL;
+    *st = kc__store(&api);
+    return *st != NULL ? api : NULL;
+}
+
+/* A get: 0 with *body (release with st_free), or a negative errno. */
+static int st_get(const char *ns, const kc_key *k, void **body, size_t *len,
+                  struct kc_record_info *info)
+{
+    struct kc_store *st;
+    const struct kc_store_ops *api = store(&st);
+    return api != NULL ? api->get(st, ns, k, body, len, info) : -ENOENT;
+}
+
+static int st_put(const char *ns, const kc_key *k, uint32_t kind, const void *body, size_t len,
+                  uint64_t saved_ns)
+{
+    struct kc_store *st;
+    const struct kc_store_ops *api = store(&st);
+    return api != NULL ? api->put(st, ns, k, NULL, kind, body, len, saved_ns) : -ENOENT;
+}
+
+static void st_purge(const char *ns, const kc_key *k)
+{
+    struct kc_store *st;
+    const struct kc_store_ops *api = store(&st);
+    if (api != NULL)
+        api->purge(st, ns, k);
+}
+
+/* Whether the store is usable (single flight only then: DIR/locks was
+ * checked when it was opened). */
+static bool store_ok(void)
+{
+    struct kc_store *st;
+    return store(&st) != NULL;
+}
+
+static void st_free(void *p)
+{
+    struct kc_store *st;
+    const struct kc_store_ops *api = store(&st);
+    if (api != NULL)
+        api->free(p);
+}
+
+/* ---- keys ------------------------------------------------------------------ */
+
+struct kc__hasher *kc__link_hasher(const char *api)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h != NULL) {
+        kc__hash_str(h, "kcache-link");
+        kc__hash_u64(h, KC_FORMAT_VERSION);
+        kc__hash_str(h, api);
+    }
+    return h;
+}
+
+/* A digest derived from d for one use (tag), so the keys of a chain's
+ * marker, record and lock never collide. */
+static kc_digest derive(const kc_digest *d, const char *tag)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL) {
+        kc_digest x = *d;
+        x.lo ^= 0x9e3779b97f4a7c15ull * (unsigned char)tag[0];
+        return x;
+    }
+    kc__hash_str(h, tag);
+    kc__hash_bytes(h, d, sizeof *d);
+    kc_digest x = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return x;
+}
+
+static void hash_opts(struct kc__hasher *h, const struct kc__link_input *in)
+{
+    kc__hash_u64(h, in->n_opt);
+    for (unsigned i = 0; i < in->n_opt; i++) {
+        kc__hash_u64(h, (uint64_t)(uint32_t)in->opt[i]);
+        kc__hash_u64(h, (uint64_t)(uint32_t)(uintptr_t)in->val[i]);
+    }
+}
+
+/* The chain after a data input. */
+static int data_step(const kc_digest *p, const struct kc__link_input *in, kc_digest *out)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return -ENOMEM;
+    kc_digest c = kc_digest_of(in->data, in->size);
+    kc__hash_str(h, "data");
+    kc__hash_bytes(h, p, sizeof *p);
+    kc__hash_u64(h, (uint64_t)in->type);
+    kc__hash_str(h, in->name);
+    kc__hash_u64(h, in->size);
+    kc__hash_bytes(h, &c, sizeof c);
+    hash_opts(h, in);
+    *out = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return 0;
+}
+
+/* The step of a file input without the file's content (the manifest's
+ * base), and the chain once its content is known. */
+static int file_base(const kc_digest *p, const struct kc__link_input *in, kc_digest *out)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return -ENOMEM;
+    kc__hash_str(h, "file");
+    kc__hash_bytes(h, p, sizeof *p);
+    kc__hash_u64(h, (uint64_t)in->type);
+    kc__hash_str(h, in->name);
+    hash_opts(h, in);
+    *out = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return 0;
+}
+
+static kc_digest file_result(const kc_digest *base, const kc_digest *content)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return derive(base, "file-result");
+    kc__hash_str(h, "file-result");
+    kc__hash_bytes(h, base, sizeof *base);
+    kc__hash_bytes(h, content, sizeof *content);
+    kc_digest d = kc__hash_digest(h);
+    kc__hasher_free(h);
+    return d;
+}
+
+static kc_key marker_key(const kc_digest *p)
+{
+    return (kc_key){.id = derive(p, "link-step"), .build = kc__self_build()};
+}
+
+static kc_key record_key(const kc_digest *p)
+{
+    return (kc_key){.id = derive(p, "link-record"), .build = kc__self_build()};
+}
+
+static kc_key manifest_key(const kc_digest *base)
+{
+    return (kc_key){.id = derive(base, "link-manifest"), .build = 0};
+}
+
+#define MARKER "KCLSTEP1"
+
+/* ---- file steps: manifests as for headers (codec.h, deps.h) ----------------- */
+
+/* The chain after a file step the store knows: the result of the first
+ * set of the base's manifest whose file still holds. 0 or -ENOENT. */
+static int file_known(const char *ns, const kc_digest *base, kc_digest *result)
+{
+    kc_key mk = manifest_key(base);
+    void *body = NULL;
+    size_t len = 0;
+    int rc = st_get(ns, &mk, &body, &len, NULL);
+    if (rc != 0)
+        return rc;
+    struct kc__manifest *m = kc__manifest_decode(body, len);
+    st_free(body);
+    if (m == NULL) {
+        st_purge(ns, &mk);
+        return -ENOENT;
+    }
+    struct kc__dirs dirs = {0};
+    rc = -ENOENT;
+    for (uint64_t i = 0; i < m->n && rc != 0; i++) {
+        const struct kc__dep_set *set = &m->sets[i];
+        uint64_t j = 0;
+        while (j < set->n && kc__dep_holds(&set->deps[j], &dirs))
+            j++;
+        if (j == set->n) {
+            *result = set->result;
+            rc = 0;
+        }
+    }
+    kc__dirs_close(&dirs);
+    kc__manifest_free(m);
+    return rc;
+}
+
+/* Adds (result, dep) to the manifest of base, newest first. */
+static int file_manifest_add(const char *ns, const kc_digest *base, const kc_digest *result,
+                             const struct kc__dep *dep)
+{
+    kc_key mk = manifest_key(base);
+    void *body = NULL;
+    size_t len = 0;
+    struct kc__manifest *old = NULL;
+    if (st_get(ns, &mk, &body, &len, NULL) == 0) {
+        old = kc__manifest_decode(body, len);
+        st_free(body);
+    }
+    struct kc_buf b = {0};
+    kc__manifest_encode(&b, result, dep, 1, old);
+    kc__manifest_free(old);
+    int rc = b.err ? b.err : st_put(ns, &mk, KC_KIND_MANIFEST, b.p, b.len, 0);
+    kc_buf_free(&b);
+    return rc;
+}
+
+/* ---- sessions ------------------------------------------------------------------ */
+
+#define SESS_BUCKETS 256
+static struct kc__link_sess *sessions[SESS_BUCKETS];
+static pthread_mutex_t sess_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Step locks held by this process: while any is, no lock is waited for. */
+static int held_steps;
+
+static size_t bucket(const void *h)
+{
+    return ((uintptr_t)h >> 4) % SESS_BUCKETS;
+}
+
+static void input_free(struct kc__link_input *in)
+{
+    free(in->name);
+    free((void *)in->data);
+    free(in->opt);
+    free(in->val);
+    memset(in, 0, sizeof *in);
+}
+
+static void release_locks(struct kc__link_sess *s)
+{
+    if (s->lock_fd >= 0) {
+        kc__flight_release(s->lock_fd);
+        s->lock_fd = -1;
+        __atomic_fetch_sub(&held_steps, 1, __ATOMIC_ACQ_REL);
+    }
+    kc__flight_release(s->final_fd);
+    s->final_fd = -1;
+}
+
+static void sess_free(struct kc__link_sess *s)
+{
+    if (s == NULL)
+        return;
+    release_locks(s);
+    for (size_t i = 0; i < s->n_def; i++)
+        input_free(&s->def[i]);
+    free(s->def);
+    free(s->steps);
+    kc__deps_free(&s->files);
+    kc__lrec_free(s->served);
+    free(s->priv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const kc_digest *p0,
+                 bool cacheable, void *priv)
+{
+    struct kc__link_sess *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        free(priv);
+        kc_log_once(KC_LOG_WARN, "out of memory; links pass through uncached");
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    s->h = h;
+    s->ops = ops;
+    s->lock_fd = s->final_fd = -1;
+    snprintf(s->ns, sizeof s->ns, "%s", ns);
+    s->prefix = *p0;
+    s->priv = priv;
+    /* KCACHE_RECACHE: never served, so nothing is deferred. */
+    s->state = !cacheable ? KC_LINK_PASS : kc__config()->recache ? KC_LINK_LIVE : KC_LINK_DEFER;
+    pthread_mutex_lock(&sess_lock);
+    struct kc__link_sess **pp = &sessions[bucket(h)], *stale = NULL;
+    while (*pp != NULL && (*pp)->h != h)
+        pp = &(*pp)->next;
+    if (*pp != NULL) {
+        /* A handle the library reused after a destroy we did not see. */
+        stale = *pp;
+        *pp = stale->next;
+        stale->gone = true;
+        stale->refs++;
+    }
+    s->next = sessions[bucket(h)];
+    sessions[bucket(h)] = s;
+    pthread_mutex_unlock(&sess_lock);
+    if (stale != NULL) {
+        pthread_mutex_lock(&stale->mu);
+        kc__link_put(stale);
+    }
+    return 0;
+}
+
+struct kc__link_sess *kc__link_get(void *h, const struct kc__link_ops *ops)
+{
+    if (h == NULL)
+        return NULL;
+    pthread_mutex_lock(&sess_lock);
+    struct kc__link_sess *s = sessions[bucket(h)];
+    while (s != NULL && !(s->h == h && s->ops == ops))
+        s = s->next;
+    if (s != NULL)
+        s->refs++;
+    pthread_mutex_unlock(&sess_lock);
+    if (s != NULL)
+        pthread_mutex_lock(&s->mu);
+    return s;
+}
+
+void kc__link_put(struct kc__link_sess *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&sess_lock);
+    bool last = --s->refs == 0 && s->gone;
+    pthread_mutex_unlock(&sess_lock);
+    if (last)
+        sess_free(s);
+}
+
+struct kc__link_sess *kc__link_take(void *h, const struct kc__link_ops *ops)
+{
+    if (h == NULL)
+        return NULL;
+    pthread_mutex_lock(&sess_lock);
+    struct kc__link_sess **pp = &sessions[bucket(h)];
+    while (*pp != NULL && !((*pp)->h == h && (*pp)->ops == ops))
+        pp = &(*pp)->next;
+    struct kc__link_sess *s = *pp;
+    if (s != NULL) {
+        *pp = s->next;
+        s->gone = true;
+        s->refs++;
+    }
+    pthread_mutex_unlock(&sess_lock);
+    if (s != NULL)
+        pthread_mutex_lock(&s->mu);
+    return s;
+}
+
+void kc__link_restore(struct kc__link_sess *s)
+{
+    pthread_mutex_lock(&sess_lock);
+    struct kc__link_sess *cur = sessions[bucket(s->h)];
+    while (cur != NULL && cur->h != s->h)
+        cur = cur->next;
+    if (cur == NULL) {
+        s->gone = false;
+        s->next = sessions[bucket(s->h)];
+        sessions[bucket(s->h)] = s;
+    }
+    pthread_mutex_unlock(&sess_lock);
+    kc__link_put(s);
+}
+
+/* ---- steps ------------------------------------------------------------------------ */
+
+static int push_step(struct kc__link_sess *s, const struct kc__link_step *st)
+{
+    if (s->n_steps == s->cap_steps) {
+        size_t cap = s->cap_steps ? s->cap_steps * 2 : 8;
+        struct kc__link_step *v = realloc(s->steps, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        s->steps = v;
+        s->cap_steps = cap;
+    }
+    s->steps[s->n_steps++] = *st;
+    return 0;
+}
+
+/* Records a file input in s->files (its stat now); its index in *idx. */
+static int push_file(struct kc__link_sess *s, const char *path, const struct stat *st, size_t *idx)
+{
+    struct kc__deps *d = &s->files;
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 4;
+        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        d->v = v;
+        d->cap = cap;
+    }
+    struct kc__dep *e = &d->v[d->n];
+    memset(e, 0, sizeof *e);
+    e->path = strdup(path);
+    if (e->path == NULL)
+        return -ENOMEM;
+    e->kind = KC_DEP_FILE;
+    e->st = *st;
+    *idx = d->n++;
+    return 0;
+}
+
+static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
+{
+    if (s->n_def == s->cap_def) {
+        size_t cap = s->cap_def ? s->cap_def * 2 : 8;
+        struct kc__link_input *v = realloc(s->def, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        s->def = v;
+        s->cap_def = cap;
+    }
+    struct kc__link_input c = *in;
+    c.name = NULL;
+    c.data = NULL;
+    c.opt = NULL;
+    c.val = NULL;
+    int failed = 0;
+    if (in->name != NULL && (c.name = strdup(in->name)) == NULL)
+        failed = 1;
+    if (!in->by_file) {
+        /* A NUL after the bytes: nvJitLink reads PTX given without one as a
+         * string, up to the first NUL (in the host's buffer, one past its
+         * end, which a host that passes PTX so has made a NUL). */
+        char *d = malloc(in->size + 1);
+        if (d != NULL) {
+            memcpy(d, in->data, in->size);
+            d[in->size] = 0;
+        } else {
+            failed = 1;
+        }
+        c.data = d;
+    }
+    if (in->n_opt > 0) {
+        c.opt = malloc(in->n_opt * sizeof *c.opt);
+        c.val = malloc(in->n_opt * sizeof *c.val);
+        if (c.opt != NULL && c.val != NULL) {
+            memcpy(c.opt, in->opt, in->n_opt * sizeof *c.opt);
+            memcpy(c.val, in->val, in->n_opt * sizeof *c.val);
+        } else {
+            failed = 1;
+        }
+    }
+    if (failed) {
+        input_free(&c);
+        return -ENOMEM;
+    }
+    s->def[s->n_def++] = c;
+    return 0;
+}
+
+/* Whether the step whose marker (data) or manifest (file) the store holds
+ * is known. Takes the step's lock when it is not (waiting for a holder,
+ * then looking again). For a file step, *p is set from the manifest. */
+static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *base, kc_digest *p)
+{
+    const struct kc_config *cfg = kc__config();
+    if (cfg->recache)
+        return false;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool known = false;
+        if (by_file) {
+            known = file_known(s->ns, base, p) == 0;
+        } else {
+            kc_key k = marker_key(p);
+            void *body = NULL;
+            size_t len = 0;
+            if (st_get(s->ns, &k, &body, &len, NULL) == 0) {
+                known = len == strlen(MARKER) && memcmp(body, MARKER, len) == 0;
+                st_free(body);
+                if (!known)
+                    st_purge(s->ns, &k);
+            }
+        }
+        if (known) {
+            /* Served by the holder we waited for: its lock is not needed. */
+            if (attempt > 0)
+                release_locks(s);
+            return true;
+        }
+        if (attempt > 0 || s->lock_fd >= 0 || __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) > 0 ||
+            !store_ok())
+            return false;
+        bool waited = false;
+        kc_digest id = derive(by_file ? base : p, "link-lock");
+        int fd = kc__flight_acquire(&id, &waited);
+        if (fd >= 0) {
+            s->lock_fd = fd;
+            __atomic_fetch_add(&held_steps, 1, __ATOMIC_ACQ_REL);
+        }
+        if (!waited)
+            return false;
+    }
+    return false;
+}
+
+/* Gives the deferred inputs to the real handle, in order. */
+static void give_deferred(struct kc__link_sess *s)
+{
+    if (s->def_given)
+        return;
+    s->def_given = true;
+    uint64_t t0 = kc_mono_ns();
+    for (size_t i = 0; i < s->n_def; i++) {
+        int rc = s->ops->add(s, &s->def[i]);
+        if (rc != s->ops->success && s->state != KC_LINK_PASS) {
+            /* The library refuses now what it took when the step was
+             * stored (a file changed meanwhile, no memory): the host had
+             * its success; from here on the library answers. */
+            kc_log(KC_LOG_INFO, "%s: a deferred input was refused on replay (%d); "
+                                "the link passes through", s->ops->what, rc);
+            s->state = KC_LINK_PASS;
+        }
+    }
+    s->work_ns += kc_mono_ns() - t0;
+}
+
+void kc__link_materialize(struct kc__link_sess *s, bool for_good)
+{
+    if (s->state == KC_LINK_SERVED) {
+        give_deferred(s);
+        s->ops->complete_quietly(s);
+        s->state = KC_LINK_PASS;
+        return;
+    }
+    if (s->state == KC_LINK_DEFER) {
+        give_deferred(s);
+        if (s->state == KC_LINK_DEFER)
+            s->state = KC_LINK_LIVE;
+    }
+    if (for_good && s->state == KC_LINK_LIVE)
+        s->state = KC_LINK_PASS;
+    if (s->state == KC_LINK_PASS)
+        release_locks(s);
+}
+
+int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool usual)
+{
+    if (s->state == KC_LINK_SERVED || !usual || in->size > KC_LINK_MAX_INPUT)
+        kc__link_materialize(s, true);
+    if (s->state == KC_LINK_PASS)
+        return s->ops->add(s, in);
+
+    struct kc__link_step step = {.by_file = in->by_file};
+    struct stat fst;
+    if (in->by_file) {
+        if (file_base(&s->prefix, in, &step.base) != 0 || stat(in->name, &fst) != 0 ||
+            !S_ISREG(fst.st_mode)) {
+            /* Not a regular file we can track: the library answers. */
+            kc__link_materialize(s, true);
+            return s->ops->add(s, in);
+        }
+    } else if (data_step(&s->prefix, in, &step.p) != 0) {
+        kc__link_materialize(s, true);
+        return s->ops->add(s, in);
+    }
+
+    if (s->state == KC_LINK_DEFER) {
+        if (step_known(s, in->by_file, &step.base, &step.p)) {
+            step.known = 1;
+            struct stat now;
+            /* The file as it is now: what a later miss would store. */
+            if (in->by_file && (stat(in->name, &now) != 0 ||
+                                push_file(s, in->name, &now, &step.dep) != 0)) {
+                kc__link_materialize(s, true);
+                return s->ops->add(s, in);
+            }
+            if (defer(s, in) == 0 && push_step(s, &step) == 0) {
+                s->prefix = step.p;
+                return s->ops->success;
+            }
+            kc__link_materialize(s, true);
+            return s->ops->add(s, in);
+        }
+        kc__link_materialize(s, false);
+        if (s->state == KC_LINK_PASS)
+            return s->ops->add(s, in);
+    }
+
+    /* LIVE: the library adds, and the chain follows. */
+    uint64_t t0 = kc_mono_ns();
+    int rc = s->ops->add(s, in);
+    s->work_ns += kc_mono_ns() - t0;
+    if (rc != s->ops->success) {
+        /* A failed add is not cached: the link passes through. */
+        s->state = KC_LINK_PASS;
+        release_locks(s);
+        return rc;
+    }
+    if (in->by_file) {
+        /* The content the library read: the file as stat saw it before the
+         * add, unchanged after (checked again before anything is stored). */
+        if (kc__file_digest(in->name, &fst, &step.content) != 0 ||
+            push_file(s, in->name, &fst, &step.dep) != 0) {
+            s->state = KC_LINK_PASS;
+            release_locks(s);
+            return rc;
+        }
+        step.p = file_result(&step.base, &step.content);
+    }
+    if (push_step(s, &step) != 0) {
+        s->state = KC_LINK_PASS;
+        release_locks(s);
+        return rc;
+    }
+    s->prefix = step.p;
+    return rc;
+}
+
+/* ---- completion ------------------------------------------------------------------- */
+
+static struct kc__lrec *lookup_record(struct kc__link_sess *s, uint64_t *saved_ns)
+{
+    kc_key k = record_key(&s->prefix);
+    void *body = NULL;
+    size_t len = 0;
+    struct kc_record_info info = {0};
+    if (st_get(s->ns, &k, &body, &len, &info) != 0)
+        return NULL;
+    struct kc__lrec *r = kc__lrec_decode(body, len);
+    st_free(body);
+    if (r == NULL || (r->api != KC_LREC_NVJITLINK && r->api != KC_LREC_CULINK)) {
+        kc_log(KC_LOG_WARN, "a cached %s result could not be read; linking", s->ops->what);
+        st_purge(s->ns, &k);
+        kc__lrec_free(r);
+        count((struct kc_counters){.errors = 1});
+        return NULL;
+    }
+    *saved_ns = info.saved_ns;
+    return r;
+}
+
+bool kc__link_complete_begin(struct kc__link_sess *s, uint64_t t_enter)
+{
+    (void)t_enter;
+    if (s->state == KC_LINK_SERVED) {
+        /* Completed again: the library's own answer for a second call. */
+        kc__link_materialize(s, true);
+        return false;
+    }
+    if (s->state == KC_LINK_PASS)
+        return false;
+    const struct kc_config *cfg = kc__config();
+    uint64_t saved = 0;
+    struct kc__lrec *r = NULL;
+    if (!cfg->recache) {
+        r = lookup_record(s, &saved);
+        if (r == NULL && s->lock_fd < 0 && __atomic_load_n(&held_steps, __ATOMIC_ACQUIRE) == 0 &&
+            store_ok()) {
+            bool waited = false;
+            kc_digest id = derive(&s->prefix, "link-final-lock");
+            s->final_fd = kc__flight_acquire(&id, &waited);
+            if (s->final_fd >= 0 || waited)
+                r = lookup_record(s, &saved);
+        }
+    }
+    if (r != NULL) {
+        kc__lrec_free(s->served);
+        s->served = r;
+        s->state = KC_LINK_SERVED;
+        release_locks(s);
+        count((struct kc_counters){.hits = 1, .saved_ns = saved});
+        return true;
+    }
+    kc__link_materialize(s, false);
+    return false;
+}
+
+/* Whether the files added are those the chain hashed, unchanged. */
+static bool files_hold(struct kc__link_sess *s)
+{
+    if (s->files.n == 0)
+        return true;
+    if (kc__deps_finish(&s->files) != 0)
+        return false;
+    for (size_t i = 0; i < s->n_steps; i++) {
+        const struct kc__link_step *st = &s->steps[i];
+        if (!st->by_file)
+            continue;
+        kc_digest p = file_result(&st->base, &s->files.v[st->dep].digest);
+        if (p.lo != st->p.lo || p.hi != st->p.hi)
+            return false;
+    }
+    return true;
+}
+
+static int store_all(struct kc__link_sess *s, const struct kc__lrec *rec, uint64_t work_ns)
+{
+    void *body = NULL;
+    size_t len = 0;
+    if (kc__lrec_encode(rec, &body, &len) != 0)
+        return -ENOMEM;
+    /* The record first: a process that sees the steps finds it. */
+    kc_key k = record_key(&s->prefix);
+    int rc = st_put(s->ns, &k, KC_KIND_JIT, body, len, work_ns);
+    free(body);
+    for (size_t i = 0; i < s->n_steps && rc == 0; i++) {
+        const struct kc__link_step *st = &s->steps[i];
+        if (st->by_file) {
+            /* Known ones too: the file's fingerprint is refreshed. */
+            rc = file_manifest_add(s->ns, &st->base, &st->p, &s->files.v[st->dep]);
+        } else if (!st->known) {
+            kc_key mk = marker_key(&st->p);
+            rc = st_put(s->ns, &mk, KC_KIND_BLOB, MARKER, strlen(MARKER), 0);
+        }
+    }
+    return rc;
+}
+
+void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec, bool cacheable,
+                           uint64_t took_ns)
+{
+    if (s->state != KC_LINK_LIVE) {
+        count((struct kc_counters){.passthrough = 1});
+        kc__lrec_free(rec);
+        release_locks(s);
+        return;
+    }
+    const struct kc_config *cfg = kc__config();
+    struct kc_counters c = {.misses = 1, .compile_ns = s->work_ns + took_ns};
+    struct kc_store *st;
+    if (cacheable && !cfg->readonly && store(&st) != NULL) {
+        if (rec == NULL) {
+            c.errors = 1;
+            kc_log_once(KC_LOG_WARN, "cannot capture a %s result; continuing uncached",
+                        s->ops->what);
+        } else if (!files_hold(s)) {
+            kc_log(KC_LOG_DEBUG, "%s: an input file changed during the link; not cached",
+                   s->ops->what);
+        } else {
+            int prc = store_all(s, rec, s->work_ns + took_ns);
+            if (prc == 0) {
+                c.stores = 1;
+            } else {
+                c.errors = 1;
+                if (prc != -EDQUOT)
+                    kc_log_once(KC_LOG_WARN, "cannot store a %s result (%s); continuing uncached",
+                                s->ops->what, strerror(-prc));
+            }
+        }
+    }
+    (void)rc;
+    kc__lrec_free(rec);
+    count(c);
+    /* After the puts: waiters find them. The session stays LIVE for the
+     * library's answers; nothing more is stored for it. */
+    release_locks(s);
+    s->state = KC_LINK_PASS;
+}
+
+/* ---- nvJitLink: the real functions ---------------------------------------------------- */
+
+enum jl_fn {
+    F_CREATE,
+    F_DESTROY,
+    F_ADD_DATA,
+    F_ADD_FILE,
+    F_COMPLETE,
+    F_CUBIN_SIZE,
+    F_CUBIN,
+    F_PTX_SIZE,
+    F_PTX,
+    F_LTOIR_SIZE,
+    F_LTOIR,
+    F_ERR_SIZE,
+    F_ERR,
+    F_INFO_SIZE,
+    F_INFO,
+    F_VERSION,
+    N_F
+};
+
+/* [function][0: unversioned name, 1: the versioned one]. */
+static void *jl_real[N_F][2];
+static const char *const jl_names[N_F][2] = {
+    [F_CREATE] = {"nvJitLinkCreate", "__nvJitLinkCreate_13_0"},
+    [F_DESTROY] = {"nvJitLinkDestroy", "__nvJitLinkDestroy_13_0"},
+    [F_ADD_DATA] = {"nvJitLinkAddData", "__nvJitLinkAddData_13_0"},
+    [F_ADD_FILE] = {"nvJitLinkAddFile", "__nvJitLinkAddFile_13_0"},
+    [F_COMPLETE] = {"nvJitLinkComplete", "__nvJitLinkComplete_13_0"},
+    [F_CUBIN_SIZE] = {"nvJitLinkGetLinkedCubinSize", "__nvJitLinkGetLinkedCubinSize_13_0"},
+    [F_CUBIN] = {"nvJitLinkGetLinkedCubin", "__nvJitLinkGetLinkedCubin_13_0"},
+    [F_PTX_SIZE] = {"nvJitLinkGetLinkedPtxSize", "__nvJitLinkGetLinkedPtxSize_13_0"},
+    [F_PTX] = {"nvJitLinkGetLinkedPtx", "__nvJitLinkGetLinkedPtx_13_0"},
+    [F_LTOIR_SIZE] = {"nvJitLinkGetLinkedLTOIRSize", NULL},
+    [F_LTOIR] = {"nvJitLinkGetLinkedLTOIR", NULL},
+    [F_ERR_SIZE] = {"nvJitLinkGetErrorLogSize", "__nvJitLinkGetErrorLogSize_13_0"},
+    [F_ERR] = {"nvJitLinkGetErrorLog", "__nvJitLinkGetErrorLog_13_0"},
+    [F_INFO_SIZE] = {"nvJitLinkGetInfoLogSize", "__nvJitLinkGetInfoLogSize_13_0"},
+    [F_INFO] = {"nvJitLinkGetInfoLog", "__nvJitLinkGetInfoLog_13_0"},
+    [F_VERSION] = {"nvJitLinkVersion", NULL},
+};
+
+typedef nvJitLinkResult (*create_fn)(nvJitLinkHandle *, uint32_t, const char *const *);
+typedef nvJitLinkResult (*destroy_fn)(nvJitLinkHandle *);
+typedef nvJitLinkResult (*add_data_fn)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t,
+                                       const char *);
+typedef nvJitLinkResult (*add_file_fn)(nvJitLinkHandle, nvJitLinkInputType, const char *);
+typedef nvJitLinkResult (*complete_fn)(nvJitLinkHandle);
+typedef nvJitLinkResult (*size_fn)(nvJitLinkHandle, size_t *);
+typedef nvJitLinkResult (*get_fn)(nvJitLinkHandle, void *);
+typedef nvJitLinkResult (*version_fn)(unsigned *, unsigned *);
+
+/* The real function `f` under the name variant v: found when the host got
+ * our wrapper through dlsym, else the next definition after us. */
+static void *jl_fn_get(enum jl_fn f, int v)
+{
+    void *p = __atomic_load_n(&jl_real[f][v], __ATOMIC_ACQUIRE);
+    if (p != NULL || jl_names[f][v] == NULL)
+        return p;
+    const struct kc__hook *h = kc__hook_find(jl_names[f][v], KC_LIB_NVJITLINK);
+    return h != NULL ? kc__hook_real(h) : NULL;
+}
+
+/* Function f of the nvJitLink the host uses, by either name, found even
+ * when the host dlopen'd it privately and never asked for this one. */
+static void *jl_any(enum jl_fn f)
+{
+    void *p = jl_fn_get(f, 0);
+    if (p == NULL && jl_names[f][1] != NULL)
+        p = jl_fn_get(f, 1);
+    if (p != NULL)
+        return p;
+    void *known = NULL;
+    for (int g = 0; g < N_F && known == NULL; g++)
+        for (int v = 0; v < 2 && known == NULL; v++)
+            known = __atomic_load_n(&jl_real[g][v], __ATOMIC_ACQUIRE);
+    Dl_info info;
+    if (known == NULL || dladdr(known, &info) == 0 || info.dli_fname == NULL)
+        return NULL;
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == NULL)
+        return NULL;
+    p = kc__real_dlsym(lib, jl_names[f][0]);
+    dlclose(lib);
+    if (p != NULL) {
+        void *expected = NULL;
+        __atomic_compare_exchange_n(&jl_real[f][0], &expected, p, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    }
+    return p;
+}
+
+/* ---- nvJitLink: identity, options --------------------------------------------------- */
+
+struct jl_identity {
+    int state; /* 0 unknown, 1 known, -1 failed */
+    kc_digest digest;
+    char tag[64]; /* "<major>.<minor>-<16 hex>" */
+};
+static struct jl_identity jl_ident;
+static pthread_mutex_t jl_ident_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const struct jl_identity *jl_identity(void *real_create)
+{
+    if (__atomic_load_n(&jl_ident.state, __ATOMIC_ACQUIRE) != 0)
+        return jl_ident.state > 0 ? &jl_ident : NULL;
+    pthread_mutex_lock(&jl_ident_lock);
+    if (jl_ident.state == 0) {
+        unsigned major = 0, minor = 0;
+        version_fn ver = (version_fn)jl_any(F_VERSION);
+        if (ver != NULL)
+            ver(&major, &minor);
+        kc_digest lib;
+        struct kc__hasher *h = kc__hasher_new();
+        int state = -1;
+        if (h != NULL && kc__loaded_identity(real_create, &lib) == 0) {
+            kc__hash_str(h, "nvjitlink-identity");
+            kc__hash_u64(h, (uint64_t)major << 32 | minor);
+            kc__hash_bytes(h, &lib, sizeof lib);
+            jl_ident.digest = kc__hash_digest(h);
+            snprintf(jl_ident.tag, sizeof jl_ident.tag, "%u.%u-%016llx", major, minor,
+                     (unsigned long long)jl_ident.digest.lo);
+            state = 1;
+        } else {
+            kc_log(KC_LOG_WARN, "cannot identify the nvJitLink library; its links are not cached");
+        }
+        kc__hasher_free(h);
+        __atomic_store_n(&jl_ident.state, state, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&jl_ident_lock);
+    return jl_ident.state > 0 ? &jl_ident : NULL;
+}
+
+/* Options whose effect is not only the output: -time puts timings in the
+ * info log. Such links pass through. */
+static bool jl_side_effect(const char *o)
+{
+    return strcmp(o, "-time") == 0 || strcmp(o, "--time") == 0;
+}
+
+/* The -arch value (the last one), as a namespace-safe tag. */
+static void jl_arch(uint32_t n, const char *const *opts, char *out, size_t len)
+{
+    snprintf(out, len, "noarch");
+    for (uint32_t i = 0; i < n; i++) {
+        const char *o = opts[i];
+        const char *v = NULL;
+        if (strncmp(o, "-arch=", 6) == 0)
+            v = o + 6;
+        else if (strncmp(o, "--arch=", 7) == 0)
+            v = o + 7;
+        if (v == NULL)
+            continue;
+        size_t k = 0;
+        for (; v[k] != 0 && k + 1 < len && k < 24; k++) {
+            char c = v[k];
+            out[k] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
+                         ? c
+                         : '_';
+        }
+        out[k] = 0;
+    }
+}
+
+/* ---- nvJitLink: the engine's operations --------------------------------------------- */
+
+static int jl_add(struct kc__link_sess *s, const struct kc__link_input *in)
+{
+    if (in->by_file) {
+        add_file_fn f = (add_file_fn)jl_any(F_ADD_FILE);
+        return f ? f(s->h, in->type, in->name) : NVJITLINK_ERROR_INTERNAL;
+    }
+    add_data_fn f = (add_data_fn)jl_any(F_ADD_DATA);
+    return f ? f(s->h, in->type, in->data, in->size, in->name) : NVJITLINK_ERROR_INTERNAL;
+}
+
+static void jl_complete_quietly(struct kc__link_sess *s)
+{
+    complete_fn f = (complete_fn)jl_any(F_COMPLETE);
+    if (f != NULL)
+        f(s->h);
+}
+
+static const struct kc__link_ops jl_ops = {
+    .what = "nvJitLink",
+    .success = NVJITLINK_SUCCESS,
+    .add = jl_add,
+    .complete_quietly = jl_complete_quietly,
+};
+
+/* Codes worth replaying: success and the link's own verdicts on its
+ * inputs; never an internal error, a thread-pool failure or memory. */
+static bool jl_cacheable(int rc)
+{
+    switch (rc) {
+    case NVJITLINK_SUCCESS:
+    case NVJITLINK_ERROR_INVALID_INPUT:
+    case NVJITLINK_ERROR_PTX_COMPILE:
+    case NVJITLINK_ERROR_NVVM_COMPILE:
+    case NVJITLINK_ERROR_UNRECOGNIZED_INPUT:
+    case NVJITLINK_ERROR_FINALIZE:
+    case NVJITLINK_ERROR_INCOMPATIBLE_OPTIONS:
+    case NVJITLINK_ERROR_INCORRECT_INPUT_TYPE:
+    case NVJITLINK_ERROR_ARCH_MISMATCH:
+    case NVJITLINK_ERROR_OUTDATED_LIBRARY:
+    case NVJITLINK_ERROR_MISSING_FATBIN:
+    case NVJITLINK_ERROR_UNRECOGNIZED_ARCH:
+    case NVJITLINK_ERROR_UNSUPPORTED_ARCH:
+    case NVJITLINK_ERROR_LTO_NOT_ENABLED:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* What one getter pair returns on the completed handle: with NULL, the
+ * size (and whether it was written), the bytes. */
+static int capture_output(nvJitLinkHandle h, size_fn sz, get_fn g, struct kc__lout *o)
+{
+    if (sz == NULL || g == NULL) {
+        /* Not in this nvJitLink: a host cannot call it either. */
+        o->size_rc = o->get_rc = o->size_null_rc = o->get_null_rc = NVJITLINK_ERROR_INTERNAL;
+        return 0;
+    }
+    const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
+    o->size_null_rc = sz(h, NULL);
+    o->get_null_rc = g(h, NULL);
+    size_t n = s1;
+    o->size_rc = sz(h, &n);
+    o->size_set = 1;
+    if (n == s1) {
+        n = s2;
+        sz(h, &n);
+        o->size_set = n != s2;
+        if (!o->size_set)
+            n = 0;
+    }
+    o->size = n;
+    if (o->size_rc == NVJITLINK_SUCCESS && o->size_set && n > 0 && n < (1ull << 34)) {
+        o->bytes = malloc(n + 1);
+        if (o->bytes == NULL)
+            return -ENOMEM;
+        o->get_rc = g(h, o->bytes);
+        o->nbytes = n;
+        return 0;
+    }
+    /* No usable size: what the getter writes into a small buffer, found
+     * with two fill patterns. */
+    unsigned char a[64], b[64];
+    memset(a, 0x5a, sizeof a);
+    memset(b, 0xa5, sizeof b);
+    o->get_rc = g(h, a);
+    g(h, b);
+    size_t w = 0;
+    for (size_t i = 0; i < sizeof a; i++)
+        if (a[i] != 0x5a || b[i] != 0xa5)
+            w = i + 1;
+    if (w > 0) {
+        if ((o->bytes = malloc(w + 1)) == NULL)
+            return -ENOMEM;
+        memcpy(o->bytes, a, w);
+        o->nbytes = w;
+    }
+    return 0;
+}
+
+static struct kc__lrec *jl_capture(nvJitLinkHandle h, int rc)
+{
+    struct kc__lrec *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->api = KC_LREC_NVJITLINK;
+    r->complete_rc = rc;
+    static const enum jl_fn pairs[N_LOUT][2] = {
+        [LOUT_CUBIN] = {F_CUBIN_SIZE, F_CUBIN},   [LOUT_PTX] = {F_PTX_SIZE, F_PTX},
+        [LOUT_LTOIR] = {F_LTOIR_SIZE, F_LTOIR},   [LOUT_ERROR_LOG] = {F_ERR_SIZE, F_ERR},
+        [LOUT_INFO_LOG] = {F_INFO_SIZE, F_INFO},
+    };
+    for (int i = 0; i < N_LOUT; i++) {
+        if (capture_output(h, (size_fn)jl_any(pairs[i][0]), (get_fn)jl_any(pairs[i][1]),
+                           &r->out[i]) != 0) {
+            kc__lrec_free(r);
+            return NULL;
+        }
+    }
+    /* The record must decode: it is checked as it will be on a hit. */
+    void *body = NULL;
+    size_t len = 0;
+    struct kc__lrec *back = NULL;
+    if (kc__lrec_encode(r, &body, &len) == 0)
+        back = kc__lrec_decode(body, len);
+    free(body);
+    if (back == NULL) {
+        kc__lrec_free(r);
+        return NULL;
+    }
+    kc__lrec_free(back);
+    return r;
+}
+
+/* ---- nvJitLink: the hooks ------------------------------------------------------------ */
+
+static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
+                                 const char *const *opts)
+{
+    create_fn real = (create_fn)jl_fn_get(F_CREATE, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    if (kc__guard_held() || !kc__link_enabled())
+        return real(handle, n, opts);
+    kc__guard_enter();
+    nvJitLinkResult rc = real(handle, n, opts);
+    if (rc != NVJITLINK_SUCCESS || handle == NULL || *handle == NULL)
+        goto out;
+    const struct jl_identity *id = jl_identity((void *)real);
+    if (id == NULL)
+        goto out;
+    bool cacheable = n == 0 || opts != NULL;
+    for (uint32_t i = 0; cacheable && i < n; i++)
+        if (opts[i] == NULL || jl_side_effect(opts[i]))
+            cacheable = false;
+    struct kc__hasher *h = kc__link_hasher("nvJitLink");
+    if (h == NULL)
+        goto out;
+    kc__hash_bytes(h, &id->digest, sizeof id->digest);
+    kc__hash_u64(h, n);
+    for (uint32_t i = 0; cacheable && i < n; i++)
+        kc__hash_str(h, opts[i]);
+    kc_digest p0 = kc__hash_digest(h);
+    kc__hasher_free(h);
+    char arch[32], ns[128];
+    jl_arch(cacheable ? n : 0, opts, arch, sizeof arch);
+    snprintf(ns, sizeof ns, "link:%s-%s-f%d", id->tag, arch, KC_FORMAT_VERSION);
+    kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, NULL);
+out:
+    kc__guard_exit();
+    return rc;
+}
+
+static nvJitLinkResult do_destroy(int v, nvJitLinkHandle *handle)
+{
+    destroy_fn real = (destroy_fn)jl_fn_get(F_DESTROY, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    if (kc__guard_held())
+        return real(handle);
+    struct kc__link_sess *s = handle != NULL ? kc__link_take(*handle, &jl_ops) : NULL;
+    kc__guard_enter();
+    nvJitLinkResult rc = real(handle);
+    kc__guard_exit();
+    if (s != NULL) {
+        if (rc != NVJITLINK_SUCCESS)
+            kc__link_restore(s);
+        else
+            kc__link_put(s);
+    }
+    return rc;
+}
+
+static bool jl_type_usual(int t)
+{
+    return t >= NVJITLINK_INPUT_CUBIN && t <= NVJITLINK_INPUT_INDEX;
+}
+
+static nvJitLinkResult do_add(int v, nvJitLinkHandle handle, nvJitLinkInputType type,
+                              const void *data, size_t size, const char *name)
+{
+    add_data_fn real = (add_data_fn)jl_fn_get(F_ADD_DATA, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
+    if (s == NULL)
+        return real(handle, type, data, size, name);
+    kc__guard_enter();
+    struct kc__link_input in = {.type = type, .name = (char *)name, .data = data, .size = size};
+    nvJitLinkResult rc = kc__link_add(s, &in, data != NULL && size > 0 && jl_type_usual(type));
+    kc__guard_exit();
+    kc__link_put(s);
+    return rc;
+}
+
+static nvJitLinkResult do_complete(int v, nvJitLinkHandle handle)
+{
+    complete_fn real = (complete_fn)jl_fn_get(F_COMPLETE, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
+    if (s == NULL)
+        return real(handle);
+    kc__guard_enter();
+    uint64_t t0 = kc_mono_ns();
+    nvJitLinkResult rc;
+    if (kc__link_complete_begin(s, t0)) {
+        rc = s->served->complete_rc;
+    } else {
+        bool live = s->state == KC_LINK_LIVE;
+        uint64_t c0 = kc_mono_ns();
+        rc = real(handle);
+        uint64_t took = kc_mono_ns() - c0;
+        bool cacheable = live && jl_cacheable(rc);
+        struct kc__lrec *rec = cacheable ? jl_capture(handle, rc) : NULL;
+        kc__link_complete_end(s, rc, rec, cacheable, took);
+    }
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        kc_log(KC_LOG_DEBUG, "nvJitLink complete: %.3f ms in the hook (%s)",
+               (kc_mono_ns() - t0) / 1e6, s->state == KC_LINK_SERVED ? "hit" : "linked");
+    kc__guard_exit();
+    kc__link_put(s);
+    return rc;
+}
+
+static nvJitLinkResult serve_size(int f, int v, int which, nvJitLinkHandle handle, size_t *ret)
+{
+    size_fn real = (size_fn)jl_fn_get(f, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
+    if (s == NULL)
+        return real(handle, ret);
+    nvJitLinkResult rc;
+    if (s->state == KC_LINK_SERVED) {
+        const struct kc__lout *o = &s->served->out[which];
+        rc = ret == NULL ? o->size_null_rc : o->size_rc;
+        if (ret != NULL && o->size_set)
+            *ret = o->size;
+    } else {
+        kc__guard_enter();
+        if (s->state == KC_LINK_DEFER && s->n_def > 0)
+            kc__link_materialize(s, false);
+        rc = real(handle, ret);
+        kc__guard_exit();
+    }
+    kc__link_put(s);
+    return rc;
+}
+
+static nvJitLinkResult serve_get(int f, int v, int which, nvJitLinkHandle handle, void *dst)
+{
+    get_fn real = (get_fn)jl_fn_get(f, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
+    if (s == NULL)
+        return real(handle, dst);
+    nvJitLinkResult rc;
+    if (s->state == KC_LINK_SERVED) {
+        const struct kc__lout *o = &s->served->out[which];
+        if (dst == NULL) {
+            rc = o->get_null_rc;
+        } else {
+            if (o->nbytes > 0)
+                memcpy(dst, o->bytes, o->nbytes);
+            rc = o->get_rc;
+        }
+    } else {
+        kc__guard_enter();
+        if (s->state == KC_LINK_DEFER && s->n_def > 0)
+            kc__link_materialize(s, false);
+        rc = real(handle, dst);
+        kc__guard_exit();
+    }
+    kc__link_put(s);
+    return rc;
+}
+
+/* Both names of every function: the unversioned one (v 0), which
+ * cuda.bindings resolves with dlsym, and the versioned one (v 1), which
+ * nvJitLink.h's inline functions call. */
+#define BOTH(name, vname, ret, params, call0, call1)                                               \
+    KC_EXPORT ret name params { return call0; }                                                    \
+    KC_EXPORT ret vname params { return call1; }
+
+BOTH(nvJitLinkCreate, __nvJitLinkCreate_13_0, nvJitLinkResult,
+     (nvJitLinkHandle * handle, uint32_t numOptions, const char *const *options),
+     do_create(0, handle, numOptions, options), do_create(1, handle, numOptions, options))
+BOTH(nvJitLinkDestroy, __nvJitLinkDestroy_13_0, nvJitLinkResult, (nvJitLinkHandle * handle),
+     do_destroy(0, handle), do_destroy(1, handle))
+BOTH(nvJitLinkAddData, __nvJitLinkAddData_13_0, nvJitLinkResult,
+     (nvJitLinkHandle handle, nvJitLinkInputType inputType, const void *data, size_t size,
+      const char *name),
+     do_add(0, handle, inputType, data, size, name),
+     do_add(1, handle, inputType, data, size, name))
+BOTH(nvJitLinkComplete, __nvJitLinkComplete_13_0, nvJitLinkResult, (nvJitLinkHandle handle),
+     do_complete(0, handle), do_complete(1, handle))
+
+/* AddFile is spelled out: a NULL path must reach the real AddFile. */
+static nvJitLinkResult do_add_file(int v, nvJitLinkHandle handle, nvJitLinkInputType type,
+                                   const char *path)
+{
+    add_file_fn real = (add_file_fn)jl_fn_get(F_ADD_FILE, v);
+    if (real == NULL)
+        return NVJITLINK_ERROR_INTERNAL;
+    struct kc__link_sess *s = kc__guard_held() ? NULL : kc__link_get(handle, &jl_ops);
+    if (s == NULL)
+        return real(handle, type, path);
+    kc__guard_enter();
+    struct kc__link_input in = {.by_file = 1, .type = type, .name = (char *)path};
+    nvJitLinkResult rc = kc__link_add(s, &in, path != NULL && path[0] != 0 && jl_type_usual(type));
+    kc__guard_exit();
+    kc__link_put(s);
+    return rc;
+}
+
+BOTH(nvJitLinkAddFile, __nvJitLinkAddFile_13_0, nvJitLinkResult,
+     (nvJitLinkHandle handle, nvJitLinkInputType inputType, const char *fileName),
+     do_add_file(0, handle, inputType, fileName), do_add_file(1, handle, inputType, fileName))
+
+#define GETTER_PAIR(Size, VSize, Get, VGet, GetT, fs, fg, which)                                   \
+    BOTH(Size, VSize, nvJitLinkResult, (nvJitLinkHandle handle, size_t * size),                    \
+         serve_size(fs, 0, which, handle, size), serve_size(fs, 1, which, handle, size))           \
+    BOTH(Get, VGet, nvJitLinkResult, (nvJitLinkHandle handle, GetT out),                           \
+         serve_get(fg, 0, which, handle, out), serve_get(fg, 1, which, handle, out))
+
+GETTER_PAIR(nvJitLinkGetLinkedCubinSize, __nvJitLinkGetLinkedCubinSize_13_0,
+            nvJitLinkGetLinkedCubin, __nvJitLinkGetLinkedCubin_13_0, void *, F_CUBIN_SIZE, F_CUBIN,
+            LOUT_CUBIN)
+GETTER_PAIR(nvJitLinkGetLinkedPtxSize, __nvJitLinkGetLinkedPtxSize_13_0, nvJitLinkGetLinkedPtx,
+            __nvJitLinkGetLinkedPtx_13_0, char *, F_PTX_SIZE, F_PTX, LOUT_PTX)
+GETTER_PAIR(nvJitLinkGetErrorLogSize, __nvJitLinkGetErrorLogSize_13_0, nvJitLinkGetErrorLog,
+            __nvJitLinkGetErrorLog_13_0, char *, F_ERR_SIZE, F_ERR, LOUT_ERROR_LOG)
+GETTER_PAIR(nvJitLinkGetInfoLogSize, __nvJitLinkGetInfoLogSize_13_0, nvJitLinkGetInfoLog,
+            __nvJitLinkGetInfoLog_13_0, char *, F_INFO_SIZE, F_INFO, LOUT_INFO_LOG)
+
+/* Newer nvJitLink (cuda.bindings resolves them by name): a served handle
+ * must answer these too. Absent from this library, they are never handed
+ * out (dlsym finds no real one). */
+KC_EXPORT nvJitLinkResult nvJitLinkGetLinkedLTOIRSize(nvJitLinkHandle handle, size_t *size)
+{
+    return serve_size(F_LTOIR_SIZE, 0, LOUT_LTOIR, handle, size);
+}
+
+KC_EXPORT nvJitLinkResult nvJitLinkGetLinkedLTOIR(nvJitLinkHandle handle, void *ltoir)
+{
+    return serve_get(F_LTOIR, 0, LOUT_LTOIR, handle, ltoir);
+}
+
+#define HOOK(name, f, v) {#name, (void *)name, &jl_real[f][v], KC_LIB_NVJITLINK}
+const struct kc__hook kc__link_hooks[] = {
+    HOOK(nvJitLinkCreate, F_CREATE, 0),
+    HOOK(__nvJitLinkCreate_13_0, F_CREATE, 1),
+    HOOK(nvJitLinkDestroy, F_DESTROY, 0),
+    HOOK(__nvJitLinkDestroy_13_0, F_DESTROY, 1),
+    HOOK(nvJitLinkAddData, F_ADD_DATA, 0),
+    HOOK(__nvJitLinkAddData_13_0, F_ADD_DATA, 1),
+    HOOK(nvJitLinkAddFile, F_ADD_FILE, 0),
+    HOOK(__nvJitLinkAddFile_13_0, F_ADD_FILE, 1),
+    HOOK(nvJitLinkComplete, F_COMPLETE, 0),
+    HOOK(__nvJitLinkComplete_13_0, F_COMPLETE, 1),
+    HOOK(nvJitLinkGetLinkedCubinSize, F_CUBIN_SIZE, 0),
+    HOOK(__nvJitLinkGetLinkedCubinSize_13_0, F_CUBIN_SIZE, 1),
+    HOOK(nvJitLinkGetLinkedCubin, F_CUBIN, 0),
+    HOOK(__nvJitLinkGetLinkedCubin_13_0, F_CUBIN, 1),
+    HOOK(nvJitLinkGetLinkedPtxSize, F_PTX_SIZE, 0),
+    HOOK(__nvJitLinkGetLinkedPtxSize_13_0, F_PTX_SIZE, 1),
+    HOOK(nvJitLinkGetLinkedPtx, F_PTX, 0),
+    HOOK(__nvJitLinkGetLinkedPtx_13_0, F_PTX, 1),
+    HOOK(nvJitLinkGetLinkedLTOIRSize, F_LTOIR_SIZE, 0),
+    HOOK(nvJitLinkGetLinkedLTOIR, F_LTOIR, 0),
+    HOOK(nvJitLinkGetErrorLogSize, F_ERR_SIZE, 0),
+    HOOK(__nvJitLinkGetErrorLogSize_13_0, F_ERR_SIZE, 1),
+    HOOK(nvJitLinkGetErrorLog, F_ERR, 0),
+    HOOK(__nvJitLinkGetErrorLog_13_0, F_ERR, 1),
+    HOOK(nvJitLinkGetInfoLogSize, F_INFO_SIZE, 0),
+    HOOK(__nvJitLinkGetInfoLogSize_13_0, F_INFO_SIZE, 1),
+    HOOK(nvJitLinkGetInfoLog, F_INFO, 0),
+    HOOK(__nvJitLinkGetInfoLog_13_0, F_INFO, 1),
+    {"nvJitLinkVersion", NULL, &jl_real[F_VERSION][0], KC_LIB_NVJITLINK},
+    {NULL, NULL, NULL, 0},
+};
