@@ -192,18 +192,9 @@ static int device_identity(char *ns, size_t len, struct kc__hasher *h)
         cl.driver_version(&version) != CUDA_SUCCESS ||
         kc__loaded_identity(cl.link_create, &lib) != 0)
         return -1;
-    struct kc__hasher *fh = kc__hasher_new();
-    if (fh == NULL)
+    kc_digest fp;
+    if (kc__jit_namespace(major, minor, version, &lib, ns, len, &fp) != 0)
         return -1;
-    kc__hash_u64(fh, (uint64_t)major);
-    kc__hash_u64(fh, (uint64_t)minor);
-    kc__hash_u64(fh, (uint64_t)version);
-    kc__hash_bytes(fh, &lib, sizeof lib);
-    kc_digest fp = kc__hash_digest(fh);
-    kc__hasher_free(fh);
-    char hex[33];
-    kc__digest_hex(&fp, hex);
-    snprintf(ns, len, "jit:%.16s", hex);
     kc__hash_bytes(h, &fp, sizeof fp);
     return 0;
 }

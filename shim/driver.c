@@ -318,6 +318,26 @@ static bool jit_req_parse(unsigned n, CUjit_option *opt, void **val, struct jit_
     return true;
 }
 
+int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
+                      size_t len, kc_digest *fp)
+{
+    struct kc__hasher *fh = kc__hasher_new();
+    if (fh == NULL)
+        return -ENOMEM;
+    kc__hash_u64(fh, (uint64_t)major);
+    kc__hash_u64(fh, (uint64_t)minor);
+    kc__hash_u64(fh, (uint64_t)version);
+    kc__hash_bytes(fh, lib, sizeof *lib);
+    kc_digest d = kc__hash_digest(fh);
+    kc__hasher_free(fh);
+    char hex[33];
+    kc__digest_hex(&d, hex);
+    snprintf(ns, len, "jit:%.16s", hex);
+    if (fp != NULL)
+        *fp = d;
+    return 0;
+}
+
 /* Fills a host log buffer as the driver does: at most size-1 characters and
  * a NUL, the size option overwritten with the characters written. This is
  * the rule the stand-in implements; scripts/gpu-check compares it with the
@@ -751,18 +771,9 @@ static CUresult jit_load(struct load_call *c)
     kc_key key = {kc__hash_digest(h), kc__self_build()};
     kc__hasher_free(h);
     /* The namespace: an entry for one device and driver never serves another. */
-    struct kc__hasher *fh = kc__hasher_new();
-    if (!fh)
+    char ns[64];
+    if (kc__jit_namespace(d.major, d.minor, d.version, &d.lib, ns, sizeof ns, NULL) != 0)
         return count((struct kc_counters){.errors = 1}), call_real(c);
-    kc__hash_u64(fh, (uint64_t)d.major);
-    kc__hash_u64(fh, (uint64_t)d.minor);
-    kc__hash_u64(fh, (uint64_t)d.version);
-    kc__hash_bytes(fh, &d.lib, sizeof d.lib);
-    kc_digest fp = kc__hash_digest(fh);
-    kc__hasher_free(fh);
-    char hex[33], ns[64];
-    kc__digest_hex(&fp, hex);
-    snprintf(ns, sizeof ns, "jit:%.16s", hex);
 
     bool entered = kc__guard_enter();
     const struct kc_store_ops *api = NULL;
