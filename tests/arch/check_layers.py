@@ -109,8 +109,11 @@ def check(root, arch):
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         if rel_dir == ".":
+            # Not hidden folders, not build directories (any name: meson's
+            # has meson-private/), not caches.
             dirnames[:] = [x for x in dirnames if not x.startswith(".") and
-                           not x.startswith("build") and x != "__pycache__"]
+                           not os.path.isdir(os.path.join(dirpath, x, "meson-private")) and
+                           x != "__pycache__"]
             continue
         for fn in filenames:
             rel = os.path.normpath(os.path.join(rel_dir, fn))
