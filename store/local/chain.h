@@ -71,11 +71,19 @@ void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, c
 int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n);
 /* Starts the owner unless one holds its lock. Never waits for it. */
 void kc__local_kick(struct kc__local *l);
+/* The local tier's put (a spool put file, then the owner is started) with
+ * put flags: KC__PUT_FROM_REMOTE marks an entry the remote tier served, so
+ * the owner does not upload it again. 0, -EROFS, -EDQUOT (the spool is
+ * full) or the write's negative errno. */
+int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags);
 
 /* ---- the chain (chain.c) ------------------------------------------------ */
 
 enum { KC__CHAIN_MAX = 4 };
-/* kc__chain_add flag: a hit in this tier is also put into the local one. */
+/* kc__chain_add flag: a hit in this tier is also put into the local one,
+ * marked as coming from that tier (KC__PUT_FROM_REMOTE), so the owner does
+ * not upload it again. */
 #define KC__CHAIN_FILL_BACK 1u
 
 struct kc_store {

@@ -562,6 +562,11 @@ out:
     return rc;
 }
 
+uint64_t kc_remote_max_entry(struct kc_remote *r)
+{
+    return r->cfg.max_entry; /* constant once opened */
+}
+
 void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
 {
     pthread_mutex_lock(&r->mu);
