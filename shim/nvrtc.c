@@ -19,6 +19,8 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "../store/local/chain.h"
+#include "../store/remote/remote.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -311,6 +313,31 @@ static int manifest_match(const struct kc__manifest *m, kc_digest *result)
     return rc;
 }
 
+/* The remote's manifest of mk (KCACHE_REMOTE), when the one found here
+ * lists no set that holds: another node may have compiled these headers
+ * since. Returns it decoded when one of its sets holds (*result set), and
+ * keeps it locally in place of the stale one, marked as the remote's; else
+ * NULL. */
+static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns, const kc_key *mk,
+                                            kc_digest *result)
+{
+    struct kc_remote *r = kc__remote();
+    void *body = NULL;
+    size_t len = 0;
+    struct kc_record_info info;
+    if (r == NULL || kc_remote_get(r, ns, mk, &body, &len, &info) != 0)
+        return NULL;
+    struct kc__manifest *m = kc__manifest_decode(body, len);
+    if (m != NULL && manifest_match(m, result) == 0) {
+        kc__chain_fill_back(st, ns, mk, &info, body, len);
+    } else {
+        kc__manifest_free(m);
+        m = NULL;
+    }
+    free(body);
+    return m;
+}
+
 /* Looks the base up: memo first, then the store. 0 with *result set;
  * -ESTALE when the store has a manifest but none of its dependency sets
  * holds here (these headers differ from every compile it lists); else the
@@ -344,6 +371,14 @@ from_store:;
         return -ENOENT;
     }
     rc = manifest_match(m, result) == 0 ? 0 : -ESTALE;
+    if (rc == -ESTALE) {
+        struct kc__manifest *rm = remote_manifest(st, ns, &mk, result);
+        if (rm != NULL) {
+            kc__manifest_free(m);
+            m = rm;
+            rc = 0;
+        }
+    }
     pthread_mutex_lock(&mmemo_lock);
     struct mmemo *e = mmemo[b];
     while (e != NULL && !(e->base.lo == base->lo && e->base.hi == base->hi))

@@ -28,8 +28,9 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
     if (rc != -EBUSY)
         return 0; /* read-only node, or the remote failed: compile */
     /* Another node compiles it: its owner uploads the result after its
-     * synced batch. Poll with a backoff until it is there, the lock is
-     * free again (the holder died, or gave up), or the bound. */
+     * synced batch, then deletes the lock. Poll with a backoff until the
+     * result is there, the lock is free again (published, or the holder
+     * died or gave up), or the bound. */
     uint64_t deadline = kc_mono_ns() + (uint64_t)cfg->lock_timeout_ms * 1000000ull;
     long sleep_us = 2000;
     while (kc_mono_ns() < deadline) {
@@ -37,13 +38,25 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
         nanosleep(&ts, NULL);
         if (sleep_us < 100000)
             sleep_us += sleep_us / 2;
+        struct kc_remote_counters before = {0}, after = {0};
+        kc_remote_counters(r, &before);
         int p = poll(arg);
         if (p > 0)
             return 1;
-        if (p < 0 || !kc_remote_usable(r))
+        kc_remote_counters(r, &after);
+        /* The holder's result is there but refused here (damaged, or not
+         * signed by a key this node trusts): nothing to wait for. */
+        if (p < 0 || after.bad != before.bad || !kc_remote_usable(r))
             return 0;
         rc = kc_remote_lock(r, ns, key, ttl);
         if (rc == 0) {
+            /* Free again: the holder died or gave up, or its result went
+             * up just after the poll (its owner deletes the lock then).
+             * One more look before compiling. */
+            if (poll(arg) > 0) {
+                kc_remote_unlock(r, ns, key);
+                return 1;
+            }
             *held = true;
             return 0;
         }

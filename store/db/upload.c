@@ -7,7 +7,8 @@
  * files' retirement), so no host waits on the network to store. Entries
  * a host was served by the remote (put files marked KC__PUT_FROM_REMOTE)
  * are not uploaded back. Within a round, manifests go last: a node that
- * finds a manifest then finds what it names.
+ * finds a manifest then finds what it names. Once a manifest (or a JIT
+ * entry) is up, the cluster-wide lock guarding it is deleted.
  *
  * The remote is opened once per process (an owner runs several sessions)
  * with retry_ms: a server that failed is tried again after a second,
@@ -115,6 +116,15 @@ static void report(struct kc__owner *o, struct kc_remote *r)
         up_reported = now;
 }
 
+/* An entry the cluster-wide single flight's waiters poll for is up (an
+ * NVRTC manifest, whose key names the lock, or a JIT entry): its lock
+ * goes, so they are served it now and later misses do not wait on it. */
+static void published(struct kc_remote *r, const char *ns, const kc_key *key, uint32_t kind)
+{
+    if (kind == KC_KIND_MANIFEST || kind == KC_KIND_JIT)
+        kc_remote_lock_clear(r, ns, key);
+}
+
 /* Uploads one put file of the spool; -ENOENT when there is nothing to
  * upload (gone, damaged, or it came from the remote). */
 static int upload_file(struct kc_remote *r, int dfd, const char *name, int pass)
@@ -129,7 +139,9 @@ static int upload_file(struct kc_remote *r, int dfd, const char *name, int pass)
         (sp.hdr.kind == KC_KIND_MANIFEST) == (pass == 1)) {
         rc = kc_remote_put(r, sp.ns, &sp.key, NULL, sp.hdr.kind, sp.body, sp.body_len,
                            sp.hdr.saved_ns);
-        if (transient(rc))
+        if (rc == 0)
+            published(r, sp.ns, &sp.key, sp.hdr.kind);
+        else if (transient(rc))
             remember(sp.ns, &sp.key);
     }
     free(buf);
@@ -178,7 +190,9 @@ void kc__upload_retry(struct kc__owner *o)
                 continue; /* gone meanwhile: nothing to upload */
             if ((h.kind == KC_KIND_MANIFEST) == (pass == 1)) {
                 int rc = kc_remote_put(r, v[i].ns, &v[i].key, NULL, h.kind, body, len, h.saved_ns);
-                if (transient(rc))
+                if (rc == 0)
+                    published(r, v[i].ns, &v[i].key, h.kind);
+                else if (transient(rc))
                     remember(v[i].ns, &v[i].key);
             }
             free(body);

@@ -8,9 +8,9 @@
  *   get    tombstoned: a miss. Else each tier in order (local first); the
  *          first hit is noted for recency and, when it came from a tier
  *          added with KC__CHAIN_FILL_BACK, also put into the local tier. A
- *          record that fails its checks (-EBADMSG) is a miss there and a
- *          purge request (KC__PF_IFBAD): the owner removes it where it is
- *          still bad.
+ *          record that fails its checks (-EBADMSG) is a miss there and, in
+ *          a tier of this machine, a purge request (KC__PF_IFBAD): the
+ *          owner removes it where it is still bad.
  *   put    every tier that takes puts: the local one writes a spool file
  *          (the owner drains it into the database); this process's
  *          tombstones of key and source are lifted and source -> key noted.
@@ -133,6 +133,12 @@ int kc__chain_take_by_source(struct kc_store *st, const char *ns, const kc_diges
                              uint64_t build, void **body, size_t *len, kc_key *found);
 int kc__chain_purge(struct kc_store *st, const char *ns, const kc_key *key);
 void kc__chain_count(struct kc_store *st, const char *backend, const struct kc_counters *c);
+/* Keeps locally an entry a tier behind the local one served (the chain
+ * does so itself for a tier added with KC__CHAIN_FILL_BACK; a caller that
+ * asked such a tier directly does it with this): a spool put marked
+ * KC__PUT_FROM_REMOTE. Nothing on a read-only chain. */
+void kc__chain_fill_back(struct kc_store *st, const char *ns, const kc_key *key,
+                         const struct kc_record_info *info, const void *body, size_t len);
 /* Writes the noted hits and counters, then flushes every tier. */
 int kc__chain_flush(struct kc_store *st);
 void kc__chain_after_fork_child(struct kc_store *st);

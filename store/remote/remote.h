@@ -229,6 +229,15 @@ int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key);
 /* KCACHE_REMOTE_MAX_ENTRY: larger entries are never uploaded. */
 uint64_t kc_remote_max_entry(struct kc_remote *r);
 
+/* Deletes the lock guarding (ns, key), whoever holds it: the owner calls
+ * it once it has uploaded the entry the lock's waiters poll for (an NVRTC
+ * manifest, a JIT entry), so they are served it now and later misses of
+ * the key do not wait for a lock whose compile is published. A holder of
+ * a newer compile that loses its lock so costs a duplicate compile at
+ * worst. 0 (also when there was none), -EROFS (this node does not write),
+ * other negatives as get. */
+int kc_remote_lock_clear(struct kc_remote *r, const char *ns, const kc_key *key);
+
 /* Adds this remote's counters into *out. */
 void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out);
 
