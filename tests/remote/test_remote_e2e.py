@@ -5,7 +5,7 @@ against private redis-servers this script starts in its own temporary
 directory and stops at the end, also on failure (and they die with it:
 PR_SET_PDEATHSIG).
 
-    test_remote_e2e.py MODE NVRTC_BENCH KC_REMOTE_FORGE
+    test_remote_e2e.py MODE NVRTC_BENCH KC_REMOTE_FORGE [DRVCLIENT STANDIN_DIR PTX]
 
 MODE:
   trial    4 nodes x 4 processes, cold, one Redis: compiles = distinct
@@ -24,6 +24,9 @@ MODE:
   cluster  a three-primary Redis Cluster: the 4 x 4 trial through it; a
            slot half-migrated (ASK) and migrated during a run; a primary
            killed mid-run
+  jit      the driver JIT path (drvclient on the stand-in driver): 2 nodes x
+           2 processes load one PTX image: one JIT in all; a fresh node loads
+           the remote's cubin with the driver's own log
 
 Compiles are counted from KCACHE_STATS lines (nvrtc misses). No timing is
 asserted: every run must end (bounded waits), with NVRTC's own bytes.
@@ -437,6 +440,56 @@ def maps_probe(ctx, node, kernel, extra=None):
     return r.stdout.split(), r.stderr
 
 
+# ---- jit --------------------------------------------------------------------
+
+
+def jit(ctx):
+    client, standin, ptx = sys.argv[4], sys.argv[5], sys.argv[6]
+    rs = ctx.redis()
+    jstats = re.compile(r'jit hits=(\d+) misses=(\d+)')
+
+    def start(node, i, preload=True):
+        env = node.environ({'LD_LIBRARY_PATH': standin + ':' + os.environ.get('LD_LIBRARY_PATH', ''),
+                            'KCACHE_TEST_STANDIN_COUNTS': os.path.join(node.root, 'counts%d' % i)})
+        if preload:
+            env['LD_PRELOAD'] = SHIM
+        return subprocess.Popen([client, 'load', ptx, 'ex', '4096', 'add1'], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(p):
+        o, e = p.communicate(timeout=RUN_TIMEOUT)
+        m = jstats.search(e)
+        return p.returncode, re.sub(r'Compile time = [0-9.]+ ms', 'T', re.sub(
+            r'info log \((\d+)\)', 'info log (N)', o)), (tuple(map(int, m.groups())) if m else None)
+
+    def jits(node):
+        n = 0
+        for f in os.listdir(node.root):
+            if f.startswith('counts'):
+                n += sum(int(v) for v in re.findall(r'jit=(\d+)', open(os.path.join(node.root, f)).read()))
+                os.unlink(os.path.join(node.root, f))
+        return n
+
+    plain = ctx.node(rs.url)
+    rc, ref, _ = finish(start(plain, 0, preload=False))
+    jits(plain)
+    check(rc == 0 and 'CUDA_SUCCESS' in ref, 'the stand-in loads the PTX without the shim')
+    nodes = [ctx.node(rs.url) for _ in range(2)]
+    procs = [start(n, i) for n in nodes for i in range(2)]
+    res = [finish(p) for p in procs]
+    check(all(r[0] == 0 and r[1] == ref for r in res),
+          'JIT: 2 nodes x 2 processes see what the driver alone gives')
+    misses = sum(r[2][1] for r in res)
+    check(misses == 1 and sum(jits(n) for n in nodes) == 1,
+          'JIT: one compile for the cluster (%d misses)' % misses)
+    for n in nodes:
+        n.settle()
+    fresh = ctx.node(rs.url)
+    rc, out, st = finish(start(fresh, 0))
+    check(rc == 0 and out == ref, 'JIT: a fresh node, the remote\'s cubin, the driver\'s log')
+    check(st == (1, 0) and jits(fresh) == 0, 'JIT: a fresh node compiles nothing (%s)' % (st,))
+
+
 def trial(ctx):
     rs = ctx.redis()
     nodes = [ctx.node(rs.url) for _ in range(4)]
@@ -799,7 +852,8 @@ def main():
     ctx = None
     try:
         ctx = Ctx(root)
-        {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster}[MODE](ctx)
+        {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
+         'jit': jit}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()
