@@ -16,8 +16,7 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
     *held = false;
     const struct kc_config *cfg = kc__config();
     struct kc_remote *r = kc__remote();
-    if (r == NULL || !cfg->single_flight || cfg->readonly || cfg->recache ||
-        !kc_remote_usable(r))
+    if (r == NULL || !cfg->single_flight || cfg->readonly || cfg->recache || !kc_remote_usable(r))
         return 0;
     int ttl = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 1;
     int rc = kc_remote_lock(r, ns, key, ttl);

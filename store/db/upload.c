@@ -62,8 +62,8 @@ static struct kc_remote *remote_get(void)
                 if (kc_remote_config_parse(&s, &rc, why, sizeof why) != 0)
                     kc_log(KC_LOG_WARN, "KCACHE_REMOTE: %s; nothing is uploaded", why);
                 else if (rc.mode != KC_REMOTE_NONE &&
-                         kc_remote_open(&rc, &(struct kc_remote_options){.retry_ms = 1000},
-                                        &up) != 0)
+                         kc_remote_open(&rc, &(struct kc_remote_options){.retry_ms = 1000}, &up) !=
+                             0)
                     up = NULL;
                 kc_remote_config_free(&rc);
             }

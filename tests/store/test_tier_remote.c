@@ -153,8 +153,7 @@ static void fake_close(struct kc_tier *t)
     (void)t;
 }
 
-static const struct kc_tier_ops fake_ops = {.name = "remote", .get = fake_get,
-                                            .close = fake_close};
+static const struct kc_tier_ops fake_ops = {.name = "remote", .get = fake_get, .close = fake_close};
 
 static struct kc_store *chain_with(struct fake *f, unsigned flags)
 {
