@@ -719,6 +719,26 @@ static bool serve_stored(struct load_call *c, struct kc_store *st, const struct 
     return true;
 }
 
+/* serve_stored's arguments, for the cluster-wide wait's polls. */
+struct serve_poll {
+    struct load_call *c;
+    struct kc_store *st;
+    const struct kc_store_ops *api;
+    const char *ns;
+    const kc_key *key;
+    const struct jit_req *r;
+    uint64_t t0;
+    bool entered;
+    CUresult *rc;
+};
+
+/* kc__flight_remote's poll: 1 when the call was answered, else 0. */
+static int serve_poll(void *arg)
+{
+    struct serve_poll *a = arg;
+    return serve_stored(a->c, a->st, a->api, a->ns, a->key, a->r, a->t0, a->entered, a->rc);
+}
+
 static CUresult jit_load(struct load_call *c)
 {
     const struct kc_config *cfg = kc__config();
@@ -788,11 +808,19 @@ static CUresult jit_load(struct load_call *c)
      * it and load its result. Look again once the lock is held: the holder
      * may have finished just before. */
     int flight = -1;
+    bool rheld = false;
     if (st) {
         bool waited = false;
         flight = kc__flight_acquire(&key.id, &waited);
         if ((flight >= 0 || waited) && !cfg->recache &&
             serve_stored(c, st, api, ns, &key, &r, t0, entered, &rc)) {
+            kc__flight_release(flight);
+            return rc;
+        }
+        /* Cluster-wide: one node compiles, the others load its cubin
+         * through the remote. */
+        struct serve_poll sp = {c, st, api, ns, &key, &r, t0, entered, &rc};
+        if (kc__flight_remote(ns, &key, serve_poll, &sp, &rheld) == 1) {
             kc__flight_release(flight);
             return rc;
         }
@@ -819,6 +847,7 @@ static CUresult jit_load(struct load_call *c)
         req_fail(&r, c->val, ilog, elog, t0);
         free(ilog);
         free(elog);
+        kc__flight_remote_release(ns, &key, rheld, false, 0);
         kc__flight_release(flight);
         if (entered)
             kc__guard_exit();
@@ -832,6 +861,7 @@ static CUresult jit_load(struct load_call *c)
          * answers the host's own call, logs and all. */
         free(cubin);
         free(ilog);
+        kc__flight_remote_release(ns, &key, rheld, false, 0);
         kc__flight_release(flight);
         if (entered)
             kc__guard_exit();
@@ -841,13 +871,14 @@ static CUresult jit_load(struct load_call *c)
     size_t ilen = strlen(ilog);
     req_finish(&r, c->val, ilog, ilen, t0);
     uint64_t stores = 0;
+    size_t blen = 0;
     if (st && !cfg->readonly) {
-        size_t blen;
         void *body = record_make(ilog, ilen, cubin, clen, &blen);
         if (body && api->put(st, ns, &key, NULL, KC_KIND_JIT, body, blen, compile_ns) == 0)
             stores = 1;
         free(body);
     }
+    kc__flight_remote_release(ns, &key, rheld, stores != 0, blen);
     kc__flight_release(flight); /* after the put: waiters find it */
     free(cubin);
     free(ilog);

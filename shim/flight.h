@@ -12,6 +12,8 @@
 
 #include "../store/store.h"
 
+#include <stddef.h>
+
 /* Creates DIR/locks (0700) or checks it: a directory of this user that
  * nobody else can write. 0, or a negative errno when it is not (the caller
  * then turns the cache off: another user could stall or steer compiles). */
@@ -26,5 +28,32 @@ int kc__flight_prepare(void);
 int kc__flight_acquire(const kc_digest *id, bool *waited);
 
 void kc__flight_release(int fd);
+
+/* ---- cluster-wide (rflight.c) ---------------------------------------------
+ *
+ * Cluster-wide single flight (KCACHE_REMOTE set), after the local lock
+ * and a miss: one node compiles a request, the others are served its
+ * result through the remote. Takes the remote lock of (ns, key) (the
+ * manifest's key for NVRTC, the JIT key for the driver; it expires after
+ * KCACHE_LOCK_TIMEOUT, so a holder that dies frees it). When another node
+ * holds it, polls with a backoff, bounded by KCACHE_LOCK_TIMEOUT: `poll`
+ * looks the request up again (the chain, so the remote too) and returns 1
+ * when it served it, 0 to keep waiting, -1 to stop (the remote holds
+ * another node's result that does not fit this one: its headers differ);
+ * between polls the lock is asked for again, so a lock that expired is
+ * taken. Returns 1: served by a poll. 0: compile; *held says whether this
+ * process holds the lock (release it with kc__flight_remote_release).
+ * Never fails otherwise: no remote, a read-only node (it must not make
+ * others wait for it), or a remote that fails: compile. */
+int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg), void *arg,
+                      bool *held);
+
+/* After the compile: a lock this process holds is released only when the
+ * result will not reach the remote (not `stored`, or its largest entry,
+ * `len` bytes, is past KCACHE_REMOTE_MAX_ENTRY): else the owner uploads it
+ * after its synced batch, waiters are served that, and the lock expires by
+ * itself. */
+void kc__flight_remote_release(const char *ns, const kc_key *key, bool held, bool stored,
+                               size_t len);
 
 #endif

@@ -19,6 +19,8 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "../store/local/chain.h"
+#include "../store/remote/remote.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -311,7 +313,35 @@ static int manifest_match(const struct kc__manifest *m, kc_digest *result)
     return rc;
 }
 
-/* Looks the base up: memo first, then the store. 0 with *result set. */
+/* The remote's manifest of mk (KCACHE_REMOTE), when the one found here
+ * lists no set that holds: another node may have compiled these headers
+ * since. Returns it decoded when one of its sets holds (*result set), and
+ * keeps it locally in place of the stale one, marked as the remote's; else
+ * NULL. */
+static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns, const kc_key *mk,
+                                            kc_digest *result)
+{
+    struct kc_remote *r = kc__remote();
+    void *body = NULL;
+    size_t len = 0;
+    struct kc_record_info info;
+    if (r == NULL || kc_remote_get(r, ns, mk, &body, &len, &info) != 0)
+        return NULL;
+    struct kc__manifest *m = kc__manifest_decode(body, len);
+    if (m != NULL && manifest_match(m, result) == 0) {
+        kc__chain_fill_back(st, ns, mk, &info, body, len);
+    } else {
+        kc__manifest_free(m);
+        m = NULL;
+    }
+    free(body);
+    return m;
+}
+
+/* Looks the base up: memo first, then the store. 0 with *result set;
+ * -ESTALE when the store has a manifest but none of its dependency sets
+ * holds here (these headers differ from every compile it lists); else the
+ * store's miss or error. */
 static int lookup_result(struct kc_store *st, const struct kc_store_ops *api, const char *ns,
                          const kc_digest *base, kc_digest *result)
 {
@@ -340,7 +370,15 @@ from_store:;
         api->purge(st, ns, &mk);
         return -ENOENT;
     }
-    rc = manifest_match(m, result);
+    rc = manifest_match(m, result) == 0 ? 0 : -ESTALE;
+    if (rc == -ESTALE) {
+        struct kc__manifest *rm = remote_manifest(st, ns, &mk, result);
+        if (rm != NULL) {
+            kc__manifest_free(m);
+            m = rm;
+            rc = 0;
+        }
+    }
     pthread_mutex_lock(&mmemo_lock);
     struct mmemo *e = mmemo[b];
     while (e != NULL && !(e->base.lo == base->lo && e->base.hi == base->hi))
@@ -669,14 +707,19 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
 }
 
 /* Looks the request up; on a hit marks the program served, sets *rc to the
- * compile's recorded result and counts the hit. Returns whether it hit. */
+ * compile's recorded result and counts the hit. Returns whether it hit;
+ * *stale (may be NULL): on a miss, whether a manifest was found that lists
+ * no dependency set holding here. */
 static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
                       const char *ns, uint64_t build, const kc_digest *base, nvrtcResult *rc,
-                      struct kc_counters *c)
+                      struct kc_counters *c, bool *stale)
 {
     const struct kc_config *cfg = kc__config();
     kc_digest result;
-    if (lookup_result(st, api, ns, base, &result) != 0)
+    int lrc = lookup_result(st, api, ns, base, &result);
+    if (stale != NULL)
+        *stale = lrc == -ESTALE;
+    if (lrc != 0)
         return false;
     kc_key key = {.id = result, .build = build};
     void *body = NULL;
@@ -718,6 +761,29 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     c->hits = 1;
     c->saved_ns = info.saved_ns;
     return true;
+}
+
+/* try_serve's arguments, for the cluster-wide wait's polls. */
+struct serve_poll {
+    nvrtcProgram prog;
+    struct kc_store *st;
+    const struct kc_store_ops *api;
+    const char *ns;
+    uint64_t build;
+    const kc_digest *base;
+    nvrtcResult *rc;
+    struct kc_counters *c;
+};
+
+/* kc__flight_remote's poll: 1 served; -1 when the manifest now found
+ * lists only other headers (stop waiting: compile); 0 not yet. */
+static int serve_poll(void *arg)
+{
+    struct serve_poll *a = arg;
+    bool stale = false;
+    if (try_serve(a->prog, a->st, a->api, a->ns, a->build, a->base, a->rc, a->c, &stale))
+        return 1;
+    return stale ? -1 : 0;
 }
 
 KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
@@ -763,18 +829,29 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
 
-    if (st != NULL && !cfg->recache && try_serve(prog, st, api, ns, build, &base, &rc, &c))
+    if (st != NULL && !cfg->recache && try_serve(prog, st, api, ns, build, &base, &rc, &c, NULL))
         goto out;
 
     /* Single flight: one process compiles a missed request, the others
      * wait for it and are served its result. Look again once the lock is
      * held: the holder may have finished just before. */
     int flight = -1;
+    bool rheld = false, stale = false;
+    kc_key mk = manifest_key(&base);
     if (st != NULL) {
         bool waited = false;
         flight = kc__flight_acquire(&base, &waited);
         if ((flight >= 0 || waited) && !cfg->recache &&
-            try_serve(prog, st, api, ns, build, &base, &rc, &c)) {
+            try_serve(prog, st, api, ns, build, &base, &rc, &c, &stale)) {
+            kc__flight_release(flight);
+            goto out;
+        }
+        /* Cluster-wide: one node compiles, the others are served its
+         * result through the remote (its manifest's key names the lock).
+         * A manifest none of whose sets holds here came from a node whose
+         * headers differ: nothing to wait for. */
+        struct serve_poll sp = {prog, st, api, ns, build, &base, &rc, &c};
+        if (!stale && kc__flight_remote(ns, &mk, serve_poll, &sp, &rheld) == 1) {
             kc__flight_release(flight);
             goto out;
         }
@@ -791,6 +868,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
 
     struct kc__deps deps = {0};
     uint64_t took = 0;
+    bool stored = false;
+    size_t stored_len = 0;
     rc = compile_tracked(prog, numOptions, options, &deps, &took);
     c.misses = 1;
     c.compile_ns = took;
@@ -821,6 +900,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                     prc = manifest_add(st, api, ns, &base, &result, &deps);
                 if (prc == 0) {
                     c.stores = 1;
+                    stored = true;
+                    stored_len = b.len;
                 } else {
                     c.errors = 1;
                     if (prc != -EDQUOT) /* a full spool: the store has warned */
@@ -836,6 +917,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         }
     }
     kc__deps_free(&deps);
+    kc__flight_remote_release(ns, &mk, rheld, stored, stored_len);
     kc__flight_release(flight);
 out:
     kc__count(BACKEND, &c);

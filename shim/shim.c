@@ -7,6 +7,7 @@
 #include "front.h"
 #include "flight.h"
 #include "../store/local/chain.h"
+#include "../store/remote/remote.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -115,6 +116,49 @@ static void *load_store_lib(void)
     return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);
 }
 
+/* The remote tier (KCACHE_REMOTE): read by the chain after the local
+ * tiers, its hits kept locally (fill-back); its counters at fork. */
+static struct kc_remote *remote;
+static struct kc_remote_counters remote_base; /* a forked child's start */
+
+struct kc_remote *kc__remote(void)
+{
+    return __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? remote : NULL;
+}
+
+/* Chains the remote behind the local tiers when KCACHE_REMOTE names one:
+ * reads only (the owner uploads what this process stores). Nothing is
+ * loaded or connected until a lookup misses locally. A malformed value is
+ * one warning, and no remote. */
+static void remote_attach(struct kc_store *st, const struct kc_config *cfg)
+{
+    struct kc_remote_settings s;
+    kc_remote_settings_from_config(cfg, &s);
+    if (s.remote == NULL || s.remote[0] == '\0')
+        return;
+    struct kc_remote_config rc;
+    char why[256];
+    if (kc_remote_config_parse(&s, &rc, why, sizeof why) != 0) {
+        kc_log(KC_LOG_WARN, "KCACHE_REMOTE: %s; the remote is off", why);
+        kc_remote_config_free(&rc);
+        return;
+    }
+    for (int i = 0; i < rc.n_warnings; i++)
+        kc_log(KC_LOG_WARN, "%s", rc.warnings[i]);
+    struct kc_remote *r = NULL;
+    struct kc_tier *t = NULL;
+    if (rc.mode != KC_REMOTE_NONE && kc_remote_open(&rc, NULL, &r) == 0) {
+        if (kc_remote_tier(r, false, &t) != 0) {
+            kc_remote_close(r);
+            r = NULL;
+        } else if (kc__chain_add(st, t, KC__CHAIN_FILL_BACK) != 0) {
+            r = NULL; /* closed by the chain */
+        }
+    }
+    kc_remote_config_free(&rc);
+    remote = r;
+}
+
 /* The store as hooks see it is the front (front.c), the chain of tiers:
  * hits from the spool and DIR/hot, misses told by DIR/filter and writes to
  * the spool, all without RocksDB; it loads libkcache-store.so
@@ -138,6 +182,8 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
                 store = NULL;
                 rc = -EPERM;
             }
+            if (rc == 0)
+                remote_attach(store, cfg);
             if (rc != 0 && cfg->dir[0] != 0)
                 kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
                        cfg->dir,
@@ -195,10 +241,21 @@ __attribute__((destructor)) static void shim_fini(void)
     const struct kc_store_ops *api;
     struct kc_store *st =
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? kc__store(&api) : NULL;
+    struct kc_remote *rem = st != NULL ? remote : NULL;
+    struct kc_remote_counters rsnap = {0};
+    if (rem != NULL) {
+        kc_remote_counters(rem, &rsnap);
+        kc_remote_counters_sub(&rsnap, &remote_base);
+    }
     if (st != NULL && !config.readonly) {
         for (int i = 0; i < N_BACKENDS; i++)
             if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) != 0)
                 api->count(st, backend_names[i], &snap[i]);
+        struct kc_counters packed[KC_REMOTE_STAT_BACKENDS];
+        kc_remote_counters_pack(&rsnap, packed);
+        for (int i = 0; rem != NULL && i < KC_REMOTE_STAT_BACKENDS; i++)
+            if (memcmp(&packed[i], &(struct kc_counters){0}, sizeof packed[i]) != 0)
+                api->count(st, kc_remote_stat_backend(i), &packed[i]);
     }
     /* Flush, not close: other threads may still be inside a hook while the
      * process exits, and the kernel releases everything anyway. */
@@ -218,6 +275,15 @@ __attribute__((destructor)) static void shim_fini(void)
                           (unsigned long long)c->stores, (unsigned long long)c->errors,
                           c->saved_ns / 1e9);
         }
+        /* The remote's part only when one is configured: the line is
+         * otherwise exactly what it always was. */
+        if (rem != NULL && n > 0 && (size_t)n < sizeof line)
+            n += snprintf(line + n, sizeof line - n,
+                          "; remote hits=%llu misses=%llu errors=%llu timeouts=%llu bad=%llu "
+                          "saved=%.3fs",
+                          (unsigned long long)rsnap.hits, (unsigned long long)rsnap.misses,
+                          (unsigned long long)rsnap.errors, (unsigned long long)rsnap.timeouts,
+                          (unsigned long long)rsnap.bad, rsnap.saved_ns / 1e9);
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
             ssize_t w = write(STDERR_FILENO, line, (size_t)n);
@@ -245,6 +311,11 @@ static void atfork_child(void)
     memset(counters, 0, sizeof counters);
     if (store_state == 1)
         kc__chain_after_fork_child(store);
+    /* The remote's counters so far are the parent's to report. */
+    if (store_state == 1 && remote != NULL) {
+        memset(&remote_base, 0, sizeof remote_base);
+        kc_remote_counters(remote, &remote_base);
+    }
 }
 
 __attribute__((constructor)) static void shim_init(void)

@@ -29,6 +29,12 @@ const struct kc_config *kc__config(void);
  * *api, the operations on it, is set when non-NULL is returned. */
 struct kc_store *kc__store(const struct kc_store_ops **api);
 
+/* The remote tier's handle (KCACHE_REMOTE), set up with the store; NULL
+ * when none is configured or the store is not open. Hosts only read it
+ * (the chain's remote tier) and take its cluster-wide locks (flight.h). */
+struct kc_remote;
+struct kc_remote *kc__remote(void);
+
 /* Adds to this process's counters of `backend` (printed by KCACHE_STATS and
  * handed to the store at exit). Thread-safe. */
 void kc__count(const char *backend, const struct kc_counters *c);

@@ -43,7 +43,9 @@ static const char usage_text[] =
     "Commands:\n"
     "  stats [--json]         entries and bytes per namespace; hits, misses,\n"
     "                         pass-throughs and stores per backend; compile time\n"
-    "                         saved; size on disk vs raw vs unique bytes\n"
+    "                         saved; size on disk vs raw vs unique bytes; the\n"
+    "                         remote's hits, misses, uploads, errors, timeouts\n"
+    "                         and bad signatures when one is used\n"
     "  ls [--namespace NS]    list entries, one per line:\n"
     "                         KEY NAMESPACE KIND SIZE STORED HITS LAST-HIT [pending]\n"
     "  show KEY               one entry's header; KEY is the hex key as ls prints\n"
@@ -60,6 +62,8 @@ static const char usage_text[] =
     "                         key in PATH (0600), the public key in PATH.pub\n"
     "  remote ping            reach every KCACHE_REMOTE server: latency, version,\n"
     "                         and a signed entry written, read back, deleted\n"
+    "  push [--namespace NS]  upload this store's entries to KCACHE_REMOTE, signed\n"
+    "                         with this node's key (backfill)\n"
     "\n"
     "Options:\n"
     "  --dir DIR              cache directory (overrides KCACHE_DIR)\n"
@@ -320,10 +324,31 @@ static size_t backend_list(const struct kc_store_stats *s, const char **names, s
     names[n++] = "jit";
     for (size_t i = 0; s != NULL && i < s->n_backends && n < max; i++) {
         const char *b = s->backends[i].backend;
-        if (strcmp(b, "nvrtc") != 0 && strcmp(b, "jit") != 0)
+        if (strcmp(b, "nvrtc") != 0 && strcmp(b, "jit") != 0 && !kc_remote_is_stat_backend(b))
             names[n++] = b;
     }
     return n;
+}
+
+/* The remote section of `kcache stats`: what this node's processes (hosts,
+ * owner, push) counted. */
+static void print_remote(const struct kc_remote_counters *r)
+{
+    char b1[32], b2[32];
+    uint64_t lookups = r->hits + r->misses;
+    printf("Remote:\n");
+    printf("  hits %" PRIu64 " (%s)  misses %" PRIu64, r->hits,
+           human_size(r->download_bytes, b1, sizeof b1), r->misses);
+    if (lookups > 0)
+        printf("  hit rate %.1f%%", 100.0 * (double)r->hits / (double)lookups);
+    printf("  saved %.3fs\n", r->saved_ns / 1e9);
+    printf("  uploads %" PRIu64 " (%s)  kept local (past KCACHE_REMOTE_MAX_ENTRY) %" PRIu64 "\n",
+           r->uploads, human_size(r->upload_bytes, b2, sizeof b2), r->skipped);
+    printf("  errors %" PRIu64 "  timeouts %" PRIu64 "  bad signatures %" PRIu64 "\n", r->errors,
+           r->timeouts, r->bad);
+    printf("  locks %" PRIu64 " taken, %" PRIu64 " held by another node  connections %" PRIu64
+           "  MOVED %" PRIu64 "  ASK %" PRIu64 "\n",
+           r->locks, r->lock_busy, r->connects, r->moved, r->asks);
 }
 
 static int cmd_stats(struct ctx *c, bool json)
@@ -355,8 +380,19 @@ static int cmd_stats(struct ctx *c, bool json)
     const char *names[64];
     size_t nb = backend_list(s, names, 64);
     uint64_t saved_ns = 0;
-    for (size_t i = 0; s != NULL && i < s->n_backends; i++)
-        saved_ns += s->backends[i].c.saved_ns;
+    struct kc_remote_counters rc;
+    memset(&rc, 0, sizeof rc);
+    for (size_t i = 0; s != NULL && i < s->n_backends; i++) {
+        /* The remote's counters are kept as pseudo-backends (remote.h);
+         * its time saved is in the NVRTC and JIT hits already. */
+        for (int k = 0; k < KC_REMOTE_STAT_BACKENDS; k++)
+            if (strcmp(s->backends[i].backend, kc_remote_stat_backend(k)) == 0)
+                kc_remote_counters_unpack(&s->backends[i].c, k, &rc);
+        if (!kc_remote_is_stat_backend(s->backends[i].backend))
+            saved_ns += s->backends[i].c.saved_ns;
+    }
+    bool show_remote = c->cfg.remote[0] != '\0' ||
+                       memcmp(&rc, &(struct kc_remote_counters){0}, sizeof rc) != 0;
 
     if (json) {
         printf("{\"dir\": ");
@@ -390,7 +426,11 @@ static int cmd_stats(struct ctx *c, bool json)
                    k->hits, k->misses, k->passthrough, k->stores, k->errors, k->saved_ns / 1e9,
                    k->compile_ns / 1e9);
         }
-        printf("]}\n");
+        printf("], \"remote\": {\"configured\": %s", c->cfg.remote[0] != '\0' ? "true" : "false");
+#define KC__JSON_REMOTE(name, what) printf(", \"" #name "\": %" PRIu64, rc.name);
+        KC_REMOTE_COUNTERS(KC__JSON_REMOTE)
+#undef KC__JSON_REMOTE
+        printf("}}\n");
     } else {
         char b1[32], b2[32], b3[32], b4[32];
         printf("Cache directory:      %s%s\n", c->dir, o == 1 ? "" : " (does not exist yet)");
@@ -429,6 +469,8 @@ static int cmd_stats(struct ctx *c, bool json)
                 printf("  hit rate %.1f%%", 100.0 * (double)k->hits / (double)lookups);
             printf("  saved %.3fs  compiled %.3fs\n", k->saved_ns / 1e9, k->compile_ns / 1e9);
         }
+        if (show_remote)
+            print_remote(&rc);
     }
     if (s != NULL)
         c->adm->stats_free(s);
@@ -786,6 +828,151 @@ static int cmd_remote_ping(struct ctx *c)
     return rc == 0 ? 0 : EXIT_RUNTIME;
 }
 
+/* ---- push -------------------------------------------------------------- */
+
+struct push_item {
+    char ns[128];
+    kc_key key;
+    uint32_t kind;
+};
+
+struct push_list {
+    struct push_item *v;
+    size_t n, cap;
+};
+
+static int push_cb(const struct kc_entry *e, void *arg)
+{
+    struct push_list *l = arg;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        struct push_item *v = realloc(l->v, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    struct push_item *it = &l->v[l->n++];
+    snprintf(it->ns, sizeof it->ns, "%s", e->ns);
+    it->key = e->key;
+    it->kind = e->info.kind;
+    return 0;
+}
+
+/* Opens the remote of KCACHE_REMOTE for the tool; NULL after an error
+ * line. */
+static struct kc_remote *tool_remote(struct ctx *c)
+{
+    struct kc_remote_settings rs;
+    struct kc_remote_config cfg;
+    char why[400];
+    kc_remote_settings_from_config(&c->cfg, &rs);
+    int rc = kc_remote_config_parse(&rs, &cfg, why, sizeof why);
+    for (int i = 0; i < cfg.n_warnings; i++)
+        kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
+    if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
+        err_line("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
+        kc_remote_config_free(&cfg);
+        return NULL;
+    }
+    struct kc_remote *r = NULL;
+    rc = kc_remote_open(&cfg, NULL, &r);
+    kc_remote_config_free(&cfg);
+    if (rc != 0)
+        err_line("remote: %s", strerror(-rc));
+    return rc == 0 ? r : NULL;
+}
+
+/* `kcache push`: uploads this store's entries (of one namespace, or all)
+ * to the remote, entries before manifests: the backfill of what was
+ * compiled before the remote was configured, or while it was down. Signed
+ * with this node's key; an entry the remote already holds is written
+ * again. */
+static int cmd_push(struct ctx *c, const char *ns)
+{
+    struct kc_remote *r = tool_remote(c);
+    if (r == NULL)
+        return EXIT_RUNTIME;
+    struct kc_store *st = NULL;
+    int o = open_store(c, true, &st);
+    if (o < 0 || (st != NULL && !need(c, (const void *)c->adm->foreach, "foreach"))) {
+        if (st != NULL)
+            c->api->ops->close(st);
+        kc_remote_close(r);
+        return EXIT_RUNTIME;
+    }
+    struct push_list l = {0};
+    int rc = st != NULL ? c->adm->foreach (st, ns, push_cb, &l) : 0;
+    if (rc != 0) {
+        c->api->ops->close(st);
+        kc_remote_close(r);
+        free(l.v);
+        return walk_error(c, rc);
+    }
+    uint64_t pushed = 0, bytes = 0, large = 0, failed = 0, gone = 0;
+    int stop = 0;
+    for (int pass = 0; pass < 2 && stop == 0; pass++) {
+        for (size_t i = 0; i < l.n && stop == 0; i++) {
+            if ((l.v[i].kind == KC_KIND_MANIFEST) != (pass == 1))
+                continue;
+            void *body = NULL;
+            size_t len = 0;
+            struct kc_record_info info;
+            if (c->api->ops->get(st, l.v[i].ns, &l.v[i].key, &body, &len, &info) != 0) {
+                gone++; /* evicted or purged meanwhile */
+                continue;
+            }
+            int p = kc_remote_put(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len,
+                                  info.saved_ns);
+            free(body);
+            if (p == 0) {
+                pushed++;
+                bytes += len;
+            } else if (p == -EFBIG) {
+                large++;
+            } else if (p == -EROFS || p == -ENOSPC || !kc_remote_usable(r)) {
+                stop = p;
+            } else {
+                failed++;
+            }
+        }
+    }
+    c->api->ops->close(st);
+    free(l.v);
+    /* The uploads count in this store's statistics, as the owner's do. */
+    struct kc_remote_counters ctr = {0};
+    kc_remote_counters(r, &ctr);
+    kc_remote_close(r);
+    struct kc_counters packed[KC_REMOTE_STAT_BACKENDS];
+    kc_remote_counters_pack(&ctr, packed);
+    if (open_store(c, false, &st) > 0 && st != NULL) {
+        for (int i = 0; i < KC_REMOTE_STAT_BACKENDS; i++)
+            if (memcmp(&packed[i], &(struct kc_counters){0}, sizeof packed[i]) != 0)
+                c->api->ops->count(st, kc_remote_stat_backend(i), &packed[i]);
+        c->api->ops->close(st);
+    }
+    char b[32];
+    printf("pushed %" PRIu64 " entries (%s)", pushed, human_size(bytes, b, sizeof b));
+    if (large > 0)
+        printf("; %" PRIu64 " kept local (larger than KCACHE_REMOTE_MAX_ENTRY)", large);
+    if (gone > 0)
+        printf("; %" PRIu64 " gone meanwhile", gone);
+    if (failed > 0)
+        printf("; %" PRIu64 " failed", failed);
+    printf("\n");
+    if (stop != 0) {
+        err_line("push stopped: %s",
+                 stop == -EROFS   ? "this node does not write to the remote (no usable "
+                                    "KCACHE_REMOTE_SIGNING_KEY, or read-only)"
+                 : stop == -ENOSPC ? "the remote is full (maxmemory)"
+                                   : "the remote failed; see the warning above");
+        return EXIT_RUNTIME;
+    }
+    if (fflush(stdout) != 0)
+        return EXIT_RUNTIME;
+    return failed == 0 ? 0 : EXIT_RUNTIME;
+}
+
 /* The owner outlives whoever started it: it keeps none of the starter's
  * files but 0-2 (an inherited pipe would keep the starter's reader waiting
  * for the owner's idle exit) and leaves its working directory for /; the
@@ -868,7 +1055,7 @@ static int opt_value(int argc, char **argv, int *i, const char *name, const char
 }
 
 static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc",    "clear",
-                                       "config", "owner", "help", "keygen", "remote"};
+                                       "config", "owner", "help", "keygen", "remote", "push"};
 
 int main(int argc, char **argv)
 {
@@ -912,7 +1099,7 @@ int main(int argc, char **argv)
             json = true;
             continue;
         }
-        if (cmd != NULL && strcmp(cmd, "ls") == 0 &&
+        if (cmd != NULL && (strcmp(cmd, "ls") == 0 || strcmp(cmd, "push") == 0) &&
             (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
                 return usage_error("--namespace needs a namespace");
@@ -994,6 +1181,8 @@ int main(int argc, char **argv)
 
     if (strcmp(cmd, "stats") == 0)
         return cmd_stats(&c, json);
+    if (strcmp(cmd, "push") == 0)
+        return cmd_push(&c, ns);
     if (strcmp(cmd, "ls") == 0)
         return cmd_ls(&c, ns);
     if (strcmp(cmd, "show") == 0) {

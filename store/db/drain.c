@@ -1,8 +1,9 @@
 /*
  * drain.c: draining the spool into the primary, in rounds of up to
  * ROUND_FILES put files: each file one write batch, then one synced write
- * and the generation bump readers watch (kc__owner_commit), then the put
- * files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into recency) and
+ * and the generation bump readers watch (kc__owner_commit), then the puts
+ * are uploaded to the remote when one is configured (upload.c), then the
+ * put files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into recency) and
  * counter logs follow, one commit for all of them. A database that reports
  * a corruption is recovered and the drain done again.
  */
@@ -309,6 +310,15 @@ static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
     return kc__db_err(err, "put");
 }
 
+int kc__owner_add_count(struct kc__owner *o, const char *backend, const struct kc_counters *c)
+{
+    struct kc__sp_item it;
+    memset(&it, 0, sizeof it);
+    snprintf(it.ns, sizeof it.ns, "%s", backend);
+    it.c = *c;
+    return apply_count(o, &it);
+}
+
 /* Applies a purge, hit or counter file; a bad one is counted and dropped. */
 static int apply_items_file(struct kc__owner *o, const char *name, int want)
 {
@@ -370,6 +380,7 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
         for (size_t j = i; rc == 0 && j < end; j++)
             rc = apply_put_file(o, l.drain.v[j], &keep[j - i], &size[j - i]);
         if (rc == 0 && (rc = kc__owner_commit(o)) == 0) {
+            kc__upload_round(o, l.drain.v + i, keep, end - i);
             kc__hot_retire_puts(o, l.drain.v + i, keep, size, end - i);
             done += end - i;
         }
@@ -395,6 +406,7 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
             claimed++;
         }
         if (rc == 0 && claimed > 0 && (rc = kc__owner_commit(o)) == 0) {
+            kc__upload_round(o, cl, keep, claimed);
             kc__hot_retire_puts(o, cl, keep, size, claimed);
             done += claimed;
         }
@@ -411,6 +423,8 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
         done += nrest;
     }
     listing_free(&l);
+    if (rc == 0)
+        kc__upload_retry(o); /* puts the remote could not take earlier */
     kc__hot_enforce(o); /* hit logs may have written hot files */
     if (rc == 0)
         kc__owner_filter_maybe_rebuild(o);

@@ -12,6 +12,7 @@
  *   recover.c      a corrupt database repaired, or replaced and salvaged
  *   settle.c       compactions, and settling them when a session ends
  *   admin.c        the tool's writing operations: gc, verify, clear
+ *   upload.c       drained puts uploaded to the remote (KCACHE_REMOTE)
  * Byte layouts of what they write to the database are meta.h's.
  */
 #ifndef KCACHE_STORE_OWNER_H
@@ -119,6 +120,22 @@ void kc__owner_filter_maybe_rebuild(struct kc__owner *o);
 /* Applies a put (not committed): 0 with *applied whether it is now the
  * entry (false: the database holds a newer one), or a negative errno. */
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied);
+
+/* Adds c to the statistics' counters of `backend` (not committed). 0 or a
+ * negative errno. */
+int kc__owner_add_count(struct kc__owner *o, const char *backend, const struct kc_counters *c);
+
+/* ---- uploads to the remote (upload.c) --------------------------------------- */
+
+/* After a round's commit, before its put files are retired: uploads the
+ * put files names[0..n) of DIR/spool that keep[i] says are now their entry
+ * (not those a host was served by the remote), entries before manifests,
+ * when KCACHE_REMOTE is set; puts the remote could not take now are
+ * remembered. Never fails: the entries stay local. */
+void kc__upload_round(struct kc__owner *o, char **names, const bool *keep, size_t n);
+/* Uploads the remembered puts again, from the database, once the remote
+ * can be tried again (its backoff). */
+void kc__upload_retry(struct kc__owner *o);
 
 /* ---- recency and eviction (evict.c) ---------------------------------------- */
 

@@ -109,14 +109,15 @@ void kc__chain_close(struct kc_store *st)
 /* ---- lookups ------------------------------------------------------------------ */
 
 /* A hit in a tier added with KC__CHAIN_FILL_BACK is kept locally too, so
- * the next process finds it without that tier. */
-static void fill_back(struct kc_store *st, const char *ns, const kc_key *key,
-                      const struct kc_record_info *info, const void *body, size_t len)
+ * the next process finds it without that tier; marked as coming from the
+ * remote, so the owner does not upload it back. */
+void kc__chain_fill_back(struct kc_store *st, const char *ns, const kc_key *key,
+                         const struct kc_record_info *info, const void *body, size_t len)
 {
     if (st->readonly || info->kind < KC_KIND_NVRTC || info->kind > KC_KIND_BLOB)
         return;
-    struct kc_tier *local = &st->local.base;
-    local->ops->put(local, ns, key, NULL, info->kind, body, len, info->saved_ns);
+    kc__local_put(&st->local, ns, key, NULL, info->kind, body, len, info->saved_ns,
+                  KC__PUT_FROM_REMOTE);
 }
 
 /* The lookup behind get, take_by_source and purge: a tombstoned key is a
@@ -140,11 +141,13 @@ static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void *
             if (fill) {
                 if (info != NULL)
                     *info = got;
-                fill_back(st, ns, key, &got, *body, *len);
+                kc__chain_fill_back(st, ns, key, &got, *body, *len);
             }
             return 0;
         }
-        if (rc == -EBADMSG)
+        /* A tier added with KC__CHAIN_FILL_BACK is another machine's:
+         * what fails its checks there is not this owner's to remove. */
+        if (rc == -EBADMSG && !fill)
             kc__local_request(&st->local, ns, key, NULL, KC__PF_KEY | KC__PF_IFBAD);
     }
     return -ENOENT;

@@ -8,9 +8,9 @@
  *   get    tombstoned: a miss. Else each tier in order (local first); the
  *          first hit is noted for recency and, when it came from a tier
  *          added with KC__CHAIN_FILL_BACK, also put into the local tier. A
- *          record that fails its checks (-EBADMSG) is a miss there and a
- *          purge request (KC__PF_IFBAD): the owner removes it where it is
- *          still bad.
+ *          record that fails its checks (-EBADMSG) is a miss there and, in
+ *          a tier of this machine, a purge request (KC__PF_IFBAD): the
+ *          owner removes it where it is still bad.
  *   put    every tier that takes puts: the local one writes a spool file
  *          (the owner drains it into the database); this process's
  *          tombstones of key and source are lifted and source -> key noted.
@@ -71,11 +71,19 @@ void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, c
 int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n);
 /* Starts the owner unless one holds its lock. Never waits for it. */
 void kc__local_kick(struct kc__local *l);
+/* The local tier's put (a spool put file, then the owner is started) with
+ * put flags: KC__PUT_FROM_REMOTE marks an entry the remote tier served, so
+ * the owner does not upload it again. 0, -EROFS, -EDQUOT (the spool is
+ * full) or the write's negative errno. */
+int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags);
 
 /* ---- the chain (chain.c) ------------------------------------------------ */
 
 enum { KC__CHAIN_MAX = 4 };
-/* kc__chain_add flag: a hit in this tier is also put into the local one. */
+/* kc__chain_add flag: a hit in this tier is also put into the local one,
+ * marked as coming from that tier (KC__PUT_FROM_REMOTE), so the owner does
+ * not upload it again. */
 #define KC__CHAIN_FILL_BACK 1u
 
 struct kc_store {
@@ -125,6 +133,12 @@ int kc__chain_take_by_source(struct kc_store *st, const char *ns, const kc_diges
                              uint64_t build, void **body, size_t *len, kc_key *found);
 int kc__chain_purge(struct kc_store *st, const char *ns, const kc_key *key);
 void kc__chain_count(struct kc_store *st, const char *backend, const struct kc_counters *c);
+/* Keeps locally an entry a tier behind the local one served (the chain
+ * does so itself for a tier added with KC__CHAIN_FILL_BACK; a caller that
+ * asked such a tier directly does it with this): a spool put marked
+ * KC__PUT_FROM_REMOTE. Nothing on a read-only chain. */
+void kc__chain_fill_back(struct kc_store *st, const char *ns, const kc_key *key,
+                         const struct kc_record_info *info, const void *body, size_t len);
 /* Writes the noted hits and counters, then flushes every tier. */
 int kc__chain_flush(struct kc_store *st);
 void kc__chain_after_fork_child(struct kc_store *st);

@@ -104,6 +104,9 @@ enum {
     KC__SP_COUNT = 'C'
 };
 enum { KC__PF_SOURCE = 1, KC__PF_KEY = 2, KC__PF_IFBAD = 4 };
+/* A put file's flag (beside KC__PF_SOURCE): the entry came from the remote
+ * tier (a fill-back), so the owner does not upload it again. */
+enum { KC__PUT_FROM_REMOTE = 8 };
 
 /* Former names of common/buf.h's buffer and little-endian helpers, kept
  * only while pending.c, store/db/ and the store's tests move to the new
@@ -131,6 +134,7 @@ struct kc__sp_put {
     char ns[KC__NS_MAX + 1];
     kc_key key;
     int has_source;
+    int from_remote; /* KC__PUT_FROM_REMOTE */
     kc_digest source;
     struct kc__hdr hdr;
     const unsigned char *record; /* header + body */
@@ -141,6 +145,11 @@ struct kc__sp_put {
 int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
                          const kc_digest *source, const struct kc__hdr *h, const void *body,
                          size_t len);
+/* The same with put flags (KC__PUT_FROM_REMOTE; KC__PF_SOURCE follows
+ * `source`). */
+int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
+                               const kc_digest *source, const struct kc__hdr *h,
+                               const void *body, size_t len, unsigned flags);
 /* Decodes and fully checks a put file (record checksums included). */
 int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
 /* A packed put ('Z', the owner's hot files): sp's put with `packed`, its

@@ -166,7 +166,12 @@ static bool spool_room(struct kc__local *l, size_t n)
 static int local_put(struct kc_tier *t, const char *ns, const kc_key *key, const kc_digest *source,
                      uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
 {
-    struct kc__local *l = L(t);
+    return kc__local_put(L(t), ns, key, source, kind, body, len, saved_ns, 0);
+}
+
+int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *source,
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags)
+{
     if (l->readonly)
         return -EROFS;
     struct kc__hdr h = {0};
@@ -183,7 +188,7 @@ static int local_put(struct kc_tier *t, const char *ns, const kc_key *key, const
     pthread_mutex_unlock(&l->mu);
     h.created_ns = now;
     struct kc__buf b = {0};
-    int rc = kc__spool_put_encode(&b, ns, key, source, &h, body, len);
+    int rc = kc__spool_put_encode_flags(&b, ns, key, source, &h, body, len, flags);
     if (rc == 0) {
         pthread_mutex_lock(&l->mu);
         bool room = spool_room(l, b.len), warn = !room && !l->spool_warned;

@@ -231,10 +231,12 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
 }
 
 /* Put payload: ns_len u16, flags u16, pad u32, key 24, source 16 (zero
- * without KC__PF_SOURCE), ns, record. */
+ * without KC__PF_SOURCE), ns, record. Flags: KC__PF_SOURCE, and
+ * KC__PUT_FROM_REMOTE for an entry served by the remote tier (the owner does
+ * not upload it again); a put file without it reads as before. */
 static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *key,
                       const kc_digest *source, const struct kc__hdr *h, const void *bytes,
-                      size_t len)
+                      size_t len, unsigned extra)
 {
     static const kc_digest none;
     size_t n = strlen(ns);
@@ -242,7 +244,7 @@ static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *
     kc__hdr_encode(h, hb);
     kc__spool_begin(b, type);
     kc_buf_put_u16(b, (uint16_t)n);
-    kc_buf_put_u16(b, source ? KC__PF_SOURCE : 0);
+    kc_buf_put_u16(b, (uint16_t)((source ? KC__PF_SOURCE : 0) | (extra & KC__PUT_FROM_REMOTE)));
     kc_buf_put_u32(b, 0);
     put_key(b, key);
     put_digest(b, source ? source : &none);
@@ -257,14 +259,21 @@ int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
                          const kc_digest *source, const struct kc__hdr *h, const void *body,
                          size_t len)
 {
-    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len);
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, 0);
+}
+
+int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
+                               const kc_digest *source, const struct kc__hdr *h,
+                               const void *body, size_t len, unsigned flags)
+{
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, flags);
 }
 
 int kc__spool_put_pack(struct kc_buf *b, const struct kc__sp_put *sp, const void *packed,
                        size_t plen)
 {
     return put_encode(b, KC__SP_PACKED, sp->ns, &sp->key, sp->has_source ? &sp->source : NULL,
-                      &sp->hdr, packed, plen);
+                      &sp->hdr, packed, plen, sp->from_remote ? KC__PUT_FROM_REMOTE : 0);
 }
 
 /* The put payload's fixed part, namespace and record header; out->record
@@ -278,7 +287,8 @@ static int put_head(const unsigned char *p, size_t n, struct kc__sp_put *out)
     uint32_t pad = kc_rd_get_u32(&r);
     get_key(&r, &out->key);
     get_digest(&r, &out->source);
-    if (r.bad || nslen < 1 || nslen > KC__NS_MAX || (flags & ~KC__PF_SOURCE) != 0 || pad != 0)
+    if (r.bad || nslen < 1 || nslen > KC__NS_MAX ||
+        (flags & ~(KC__PF_SOURCE | KC__PUT_FROM_REMOTE)) != 0 || pad != 0)
         return -EBADMSG;
     const unsigned char *nsp = kc_rd_take(&r, nslen);
     if (nsp == NULL || memchr(nsp, 0, nslen) != NULL)
@@ -286,6 +296,7 @@ static int put_head(const unsigned char *p, size_t n, struct kc__sp_put *out)
     memcpy(out->ns, nsp, nslen);
     out->ns[nslen] = 0;
     out->has_source = (flags & KC__PF_SOURCE) != 0;
+    out->from_remote = (flags & KC__PUT_FROM_REMOTE) != 0;
     out->record_len = kc_rd_left(&r);
     out->record = kc_rd_take(&r, out->record_len);
     return kc__hdr_decode(out->record, out->record_len, &out->hdr) != 0 ? -EBADMSG : 0;

@@ -226,6 +226,18 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
  * negatives as get. */
 int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key);
 
+/* KCACHE_REMOTE_MAX_ENTRY: larger entries are never uploaded. */
+uint64_t kc_remote_max_entry(struct kc_remote *r);
+
+/* Deletes the lock guarding (ns, key), whoever holds it: the owner calls
+ * it once it has uploaded the entry the lock's waiters poll for (an NVRTC
+ * manifest, a JIT entry), so they are served it now and later misses of
+ * the key do not wait for a lock whose compile is published. A holder of
+ * a newer compile that loses its lock so costs a duplicate compile at
+ * worst. 0 (also when there was none), -EROFS (this node does not write),
+ * other negatives as get. */
+int kc_remote_lock_clear(struct kc_remote *r, const char *ns, const kc_key *key);
+
 /* Adds this remote's counters into *out. */
 void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out);
 
@@ -240,6 +252,39 @@ bool kc_remote_usable(struct kc_remote *r);
 int kc_remote_key_name(const char *ns, const kc_key *key, char *buf, size_t len);
 /* The lock key guarding it: kcache:lock:{<the entry's key>}. */
 int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len);
+
+/* ---- the remote in the store's chain (adapter.c) ------------------------ */
+
+struct kc_tier; /* ../tier.h */
+
+/* The remote as a tier of the store's chain (../tier.h): get, after_fork
+ * and close bound to kc_remote_get, kc_remote_after_fork and
+ * kc_remote_close; with `writes`, put and purge too (the owner, the tool).
+ * Without (hosts), the chain never writes to the remote: what a host
+ * compiles goes to its spool, and the owner uploads it. The tier owns r
+ * from now on (closed with it). 0 with *out, -EINVAL, -ENOMEM (r is then
+ * still the caller's). */
+int kc_remote_tier(struct kc_remote *r, bool writes, struct kc_tier **out);
+
+/* The remote of a tier kc_remote_tier made, or NULL for any other tier. */
+struct kc_remote *kc_remote_of_tier(struct kc_tier *t);
+
+/* The remote's counters as the store keeps statistics: per backend, a
+ * struct kc_counters of KC_N_COUNTERS slots. They are spread, in
+ * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0",
+ * "remote.1", "remote.2" (kc_remote_stat_backend), which `kcache stats`
+ * shows as its remote section, not as backends. New counters are appended,
+ * so statistics written earlier keep their meaning. */
+#define KC_REMOTE_STAT_BACKENDS 3
+const char *kc_remote_stat_backend(int i);
+bool kc_remote_is_stat_backend(const char *name);
+void kc_remote_counters_pack(const struct kc_remote_counters *c,
+                             struct kc_counters out[KC_REMOTE_STAT_BACKENDS]);
+/* Adds backend number `which`'s counters (in) into *out. */
+void kc_remote_counters_unpack(const struct kc_counters *in, int which,
+                               struct kc_remote_counters *out);
+/* a -= b, field by field (never below 0): the counters since a snapshot. */
+void kc_remote_counters_sub(struct kc_remote_counters *a, const struct kc_remote_counters *b);
 
 /* ---- the tool (tier.c, sign.c) ------------------------------------------ */
 

@@ -562,6 +562,43 @@ out:
     return rc;
 }
 
+int kc_remote_lock_clear(struct kc_remote *r, const char *ns, const kc_key *key)
+{
+    char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0 ||
+        kc_remote_lock_name(ns, key, lk, sizeof lk) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0)
+        rc = may_write(r, k);
+    if (rc == -ENOSPC)
+        rc = 0; /* a full server still deletes */
+    else if (rc != 0)
+        goto out;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "DEL", lk);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_INTEGER)
+            r->hi->free_reply(rep);
+        else if (rep->type == REDIS_REPLY_ERROR)
+            rc = write_error(r, nd, rep);
+        else
+            rc = garbage(r, nd, rep);
+    }
+out:
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+uint64_t kc_remote_max_entry(struct kc_remote *r)
+{
+    return r->cfg.max_entry; /* constant once opened */
+}
+
 void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
 {
     pthread_mutex_lock(&r->mu);

@@ -40,6 +40,12 @@ SCHEMA = {
                ("get_function_hit_ns", "mem_alloc_hit_ns")),
     "miss": (("kernels", "plain_ms", "miss_ms", "ratio", "process_ratio", "goals"),
              ("kernel", "plain_ms", "miss_ms", "ratio"), "kernels", ("ratio",)),
+    "remote": (("available", "reason", "nodes", "ranks_per_node", "distinct_kernels", "single",
+                "cluster_local", "cluster_remote", "fresh_node", "miss", "down", "goals"),
+               ("kernel", "headers_from_disk", "compile_ms", "remote_hit_ms", "local_hit_ms",
+                "remote_hit_over_compile", "remote_hit_over_local_hit"), "fresh_node",
+               ("compiles_equal_distinct", "wall_over_single", "remote_hit_over_compile_cccl",
+                "miss_over_plain", "down_delay_bounded")),
 }
 RUN_FIELDS = ("wall_s", "cpu_s", "compiles")
 MEMO_FIELDS = ("get_function_hit_ns", "get_function_passthrough_ns", "mem_alloc_hit_ns",
@@ -92,6 +98,17 @@ def main():
                 problems.append(f"ranks.{run}.{k} missing")
     if not ranks.get("available") and not ranks.get("reason"):
         problems.append("ranks unavailable without a reason")
+    remote = res.get("remote", {})
+    if remote.get("available"):
+        for run in ("single", "cluster_local", "cluster_remote"):
+            for k in RUN_FIELDS:
+                if k not in (remote.get(run) or {}):
+                    problems.append(f"remote.{run}.{k} missing")
+        for k in ("refused_delay_ms", "hung_delay_ms"):
+            if not isinstance(remote.get("down", {}).get(k), (int, float)):
+                problems.append(f"remote.down.{k} not a number")
+    elif not remote.get("reason"):
+        problems.append("remote unavailable without a reason")
     for k in MEMO_FIELDS:
         if k not in res.get("driver", {}).get("memo", {}):
             problems.append(f"driver.memo.{k} missing")
@@ -100,6 +117,7 @@ def main():
                                  ("miss", "kernels", "miss_ms"),
                                  ("driver", "kernels", "hit_ms"),
                                  ("store", "sizes", "get_p50_us"),
+                                 ("remote", "fresh_node", "remote_hit_ms"),
                                  ("preload", "commands", "ratio")):
         if res.get(sec, {}).get("reason"):
             continue  # could not run here (say, no hyperfine), and says why

@@ -1,0 +1,867 @@
+#!/usr/bin/env python3
+"""The remote tier end to end: simulated nodes (each its own KCACHE_DIR and
+HOME) running the real NVRTC client (nvrtc_bench, preloaded with the shim)
+against private redis-servers this script starts in its own temporary
+directory and stops at the end, also on failure (and they die with it:
+PR_SET_PDEATHSIG).
+
+    test_remote_e2e.py MODE NVRTC_BENCH KC_REMOTE_FORGE [DRVCLIENT STANDIN_DIR PTX]
+
+MODE:
+  trial    4 nodes x 4 processes, cold, one Redis: compiles = distinct
+           kernels, every output byte-identical to NVRTC's own, the
+           statistics add up; a fresh node served by the remote uploads
+           nothing back; a header edit on one node: no stale hit anywhere,
+           and the other nodes are served the new compile; KCACHE_REMOTE
+           unset: no remote part in the stats line, no hiredis mapped
+  trust    a read-only node serves signed entries and uploads nothing; a
+           signing key of mode 0644 is refused; an attacker with write
+           access but no trusted key writes well-formed entries for real
+           keys: never served
+  faults   Redis killed mid-run, SIGSTOPped, restarted empty, full
+           (maxmemory); a lock holder that died (its lock expires, a
+           waiter compiles); values truncated, bit-flipped, swapped
+  cluster  a three-primary Redis Cluster: the 4 x 4 trial through it; a
+           slot half-migrated (ASK) and migrated during a run; a primary
+           killed mid-run
+  jit      the driver JIT path (drvclient on the stand-in driver): 2 nodes x
+           2 processes load one PTX image: one JIT in all; a fresh node loads
+           the remote's cubin with the driver's own log
+
+Compiles are counted from KCACHE_STATS lines (nvrtc misses). No timing is
+asserted: every run must end (bounded waits), with NVRTC's own bytes.
+"""
+import ctypes
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.environ['KCACHE_SRC'], 'tests', 'pylib'))
+from kctest import rm_settled  # noqa: E402
+
+SHIM = os.environ['KCACHE_SHIM']
+TOOL = os.environ['KCACHE_TOOL']
+MODE, BENCH, FORGE = sys.argv[1], sys.argv[2], sys.argv[3]
+
+RUN_TIMEOUT = 120  # a run that does not end within this fails the test
+K_SRC = {
+    'ka': 'extern "C" __global__ void ka(float *x) { x[threadIdx.x] *= 2.0f; }\n',
+    'kb': 'extern "C" __global__ void kb(float *x, int n)\n'
+          '{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n',
+    'kc': 'extern "C" __global__ void kc(int *x) { x[threadIdx.x] ^= 0x5a; }\n',
+    'kh': '#include "kc_e2e.h"\n'
+          'extern "C" __global__ void kh(float *x) { x[threadIdx.x] *= KC_SCALE; }\n',
+}
+KERNELS = sorted(K_SRC)
+K = len(KERNELS)
+
+failures = []
+
+
+def check(cond, what):
+    if cond:
+        print('ok:', what)
+    else:
+        print('FAIL:', what)
+        failures.append(what)
+    return cond
+
+
+# ---- redis ------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_us():
+    _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class RedisError(Exception):
+    pass
+
+
+def _reply(f):
+    line = f.readline()
+    if not line:
+        raise RedisError('connection closed')
+    t, rest = line[:1], line[1:-2]
+    if t == b'+':
+        return rest.decode()
+    if t == b'-':
+        raise RedisError(rest.decode())
+    if t == b':':
+        return int(rest)
+    if t == b'$':
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)
+        return data[:-2]
+    if t == b'*':
+        n = int(rest)
+        return None if n < 0 else [_reply(f) for _ in range(n)]
+    raise RedisError('bad reply %r' % line)
+
+
+def resp(addr, *args, timeout=10):
+    """One command over a new connection; binary safe."""
+    fam = socket.AF_UNIX if isinstance(addr, str) else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(addr)
+        parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        s.sendall(b'*%d\r\n' % len(parts) +
+                  b''.join(b'$%d\r\n%s\r\n' % (len(p), p) for p in parts))
+        with s.makefile('rb') as f:
+            return _reply(f)
+
+
+def free_port(bus=False):
+    """A free loopback port; with `bus`, one whose cluster bus port (the
+    port + 10000) is free too."""
+    import random
+    for _ in range(1000):
+        port = random.randrange(20000, 30000) if bus else 0
+        try:
+            with socket.socket() as s, socket.socket() as b:
+                s.bind(('127.0.0.1', port))
+                if bus:
+                    b.bind(('127.0.0.1', port + 10000))
+                return s.getsockname()[1]
+        except OSError:
+            continue
+    raise RuntimeError('no free port')
+
+
+class Redis:
+    """A private redis-server: a unix socket in its directory, or a
+    loopback port; optionally a cluster node."""
+
+    def __init__(self, root, name, tcp=False, cluster=False, extra=()):
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.tcp, self.cluster, self.extra = tcp or cluster, cluster, list(extra)
+        self.port = free_port(cluster) if self.tcp else 0
+        self.sock = None if self.tcp else os.path.join(self.dir, 's')
+        self.p = None
+        self.start()
+
+    def start(self):
+        args = ['redis-server', '--port', str(self.port), '--bind', '127.0.0.1',
+                '--dir', self.dir, '--save', '', '--appendonly', 'no',
+                '--logfile', os.path.join(self.dir, 'log')]
+        if self.sock:
+            args += ['--unixsocket', self.sock, '--unixsocketperm', '700']
+        if self.cluster:
+            args += ['--cluster-enabled', 'yes', '--cluster-config-file',
+                     os.path.join(self.dir, 'nodes.conf'), '--cluster-node-timeout', '2000']
+        self.p = subprocess.Popen(args + self.extra, preexec_fn=_die_with_us,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            try:
+                if self.cmd('PING') == 'PONG':
+                    return
+            except (OSError, RedisError):
+                pass
+            time.sleep(0.025)
+        raise RuntimeError('redis-server did not start in ' + self.dir)
+
+    @property
+    def addr(self):
+        return self.sock if self.sock else ('127.0.0.1', self.port)
+
+    @property
+    def url(self):
+        return 'redis+unix:' + self.sock if self.sock else 'redis://127.0.0.1:%d' % self.port
+
+    def cmd(self, *args):
+        return resp(self.addr, *args)
+
+    def stop(self):
+        if self.p is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    self.p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+            self.p.wait()
+            self.p = None
+
+    def restart_empty(self):
+        self.stop()
+        for f in os.listdir(self.dir):
+            if f not in ('log',):
+                os.unlink(os.path.join(self.dir, f))
+        self.start()
+
+    def entries(self):
+        """The entry keys (not locks) the server holds."""
+        return sorted(k.decode() for k in self.cmd('KEYS', 'kcache:*')
+                      if not k.startswith(b'kcache:lock:'))
+
+
+def value_kind(v):
+    """The kind field of a remote value (store/remote/sign.c's layout)."""
+    nl = v[80]
+    return int.from_bytes(v[81 + nl + 24:81 + nl + 28], 'little')
+
+
+def value_body(v):
+    nl = v[80]
+    return v[81 + nl + 56:-16]
+
+
+# ---- nodes -----------------------------------------------------------------
+
+
+class Node:
+    def __init__(self, root, name, env):
+        self.root = os.path.join(root, name)
+        self.home = os.path.join(self.root, 'home')
+        self.dir = os.path.join(self.root, 'kc')
+        os.makedirs(self.home)
+        self.env = env
+        self.runs = 0
+
+    def environ(self, extra=None):
+        e = {k: v for k, v in os.environ.items() if not k.startswith('KCACHE_')}
+        e.update(HOME=self.home, KCACHE_DIR=self.dir, KCACHE_STATS='1', KCACHE_TOOL=TOOL,
+                 KCACHE_OWNER_IDLE_MS='300', KCACHE_LOCK_TIMEOUT='60000')
+        e.update(self.env)
+        e.update(extra or {})
+        return {k: v for k, v in e.items() if v is not None}
+
+    def start(self, kernels, ctx, preload=True, extra=None):
+        self.runs += 1
+        out = os.path.join(self.root, 'out%d' % self.runs)
+        os.mkdir(out)
+        env = self.environ(extra)
+        if preload:
+            env['LD_PRELOAD'] = SHIM
+        args = [BENCH, '--opt', '-arch=compute_80', '--opt', '-I' + ctx.inc, '--save', out]
+        for k in kernels:
+            args += ['--file', os.path.join(ctx.src, k + '.cu')]
+        p = subprocess.Popen(args + ['1'], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        return Run(p, out, self)
+
+    def settle(self, timeout=60):
+        """Waits until this node's owner has drained (and uploaded)
+        everything: nothing in the spool and its lock free."""
+        spool, lock = os.path.join(self.dir, 'spool'), os.path.join(self.dir, 'owner.lock')
+        deadline = time.monotonic() + timeout
+        while True:
+            busy = os.path.isdir(spool) and any(
+                n[:2] in ('p-', 'd-', 'c-', 'h-', 'x-') for n in os.listdir(spool))
+            if not busy and os.path.exists(lock):
+                with open(lock) as f:
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        fcntl.flock(f, fcntl.LOCK_UN)
+                    except BlockingIOError:
+                        busy = True
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError('the owner of %s did not finish' % self.dir)
+            time.sleep(0.05)
+
+    def stats(self):
+        self.settle()
+        r = subprocess.run([TOOL, '--dir', self.dir, 'stats', '--json'],
+                           env=self.environ(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        d['nvrtc'] = {b['name']: b for b in d['backends']}['nvrtc']
+        return d
+
+
+STATS_RE = re.compile(r'kcache: stats: nvrtc hits=(\d+) misses=(\d+) passthrough=(\d+) '
+                      r'stores=(\d+) errors=(\d+)')
+REMOTE_RE = re.compile(r'; remote hits=(\d+) misses=(\d+) errors=(\d+) timeouts=(\d+) '
+                       r'bad=(\d+)')
+
+
+class Run:
+    def __init__(self, p, out, node):
+        self.p, self.out, self.node = p, out, node
+
+    def wait(self):
+        try:
+            o, e = self.p.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            o, e = self.p.communicate()
+            raise RuntimeError('a run did not end: ' + e.decode(errors='replace')[-2000:])
+        self.rc, self.stdout, self.stderr = self.p.returncode, o.decode(), e.decode()
+        m = STATS_RE.search(self.stderr)
+        self.hits, self.misses = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+        r = REMOTE_RE.search(self.stderr)
+        self.remote = dict(zip(('hits', 'misses', 'errors', 'timeouts', 'bad'),
+                               map(int, r.groups()))) if r else None
+        return self
+
+    def outputs(self):
+        out = {}
+        for f in os.listdir(self.out):
+            if f.endswith('.ptx'):
+                with open(os.path.join(self.out, f), 'rb') as fh:
+                    out[f[:-4]] = fh.read()
+        return out
+
+
+class Ctx:
+    """The test's directory, sources, keys and reference outputs."""
+
+    def __init__(self, root):
+        self.root = root
+        self.src = os.path.join(root, 'src')
+        self.inc = os.path.join(root, 'inc')
+        os.makedirs(self.src)
+        os.makedirs(self.inc)
+        for k, s in K_SRC.items():
+            with open(os.path.join(self.src, k + '.cu'), 'w') as f:
+                f.write(s)
+        self.set_header('3.0f')
+        self.key = os.path.join(root, 'writer.key')
+        self.tool('keygen', self.key)
+        self.trusted = os.path.join(root, 'trusted')
+        shutil.copy(self.key + '.pub', self.trusted)
+        self.servers = []
+        self.nodes = []
+        self.n = 0
+        self.ref = self.reference()
+
+    def set_header(self, scale):
+        with open(os.path.join(self.inc, 'kc_e2e.h'), 'w') as f:
+            f.write('#define KC_SCALE %s\n' % scale)
+
+    def tool(self, *args, env=None):
+        r = subprocess.run([TOOL] + list(args), capture_output=True, text=True, timeout=60,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def reference(self):
+        """NVRTC's own outputs, without the shim."""
+        n = Node(self.root, 'ref%d' % self.n, {})
+        self.n += 1
+        r = n.start(KERNELS, self, preload=False).wait()
+        assert r.rc == 0, r.stderr
+        return r.outputs()
+
+    def redis(self, **kw):
+        s = Redis(self.root, 'redis%d' % len(self.servers), **kw)
+        self.servers.append(s)
+        return s
+
+    def node(self, url, writer=True, extra=None):
+        env = {'KCACHE_REMOTE': url, 'KCACHE_REMOTE_TRUSTED_KEYS': self.trusted}
+        if writer:
+            env['KCACHE_REMOTE_SIGNING_KEY'] = self.key
+        env.update(extra or {})
+        n = Node(self.root, 'node%d' % self.n, env)
+        self.n += 1
+        self.nodes.append(n)
+        return n
+
+    def close(self):
+        for s in self.servers:
+            s.stop()
+        rm_settled(self.root)
+
+
+def rotate(i):
+    return KERNELS[i % K:] + KERNELS[:i % K]
+
+
+def cluster_run(ctx, nodes, procs):
+    """procs processes on each node, all started at once, kernels in
+    rotated orders; returns the finished runs."""
+    runs = [n.start(rotate(i * procs + j), ctx) for i, n in enumerate(nodes)
+            for j in range(procs)]
+    return [r.wait() for r in runs]
+
+
+def check_outputs(runs, ref, what):
+    bad = [r for r in runs if r.rc != 0 or r.outputs() != ref]
+    if bad:
+        print(bad[0].stderr[-3000:])
+    return check(not bad, what + ': every run succeeds with NVRTC\'s own bytes')
+
+
+def misses(runs):
+    return sum(r.misses for r in runs)
+
+
+def hits(runs):
+    return sum(r.hits for r in runs)
+
+
+# ---- trial ------------------------------------------------------------------
+
+
+MAPS_PROBE = r'''
+import ctypes, sys
+nv = ctypes.CDLL(sys.argv[1])
+src = open(sys.argv[2], 'rb').read()
+prog = ctypes.c_void_p()
+assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"p.cu", 0, None, None) == 0
+opts = (ctypes.c_char_p * 2)(b"-arch=compute_80", sys.argv[3].encode())
+assert nv.nvrtcCompileProgram(prog, 2, opts) == 0
+maps = open("/proc/self/maps").read()
+print("hiredis" if "libhiredis" in maps else "no-hiredis",
+      "sodium" if "libsodium" in maps else "no-sodium")
+'''
+
+
+def libnvrtc():
+    out = subprocess.run(['ldd', BENCH], capture_output=True, text=True).stdout
+    m = re.search(r'(\S*libnvrtc\.so\S*) => (\S+)', out)
+    return m.group(2)
+
+
+def maps_probe(ctx, node, kernel, extra=None):
+    env = node.environ(extra)
+    env['LD_PRELOAD'] = SHIM
+    r = subprocess.run([sys.executable, '-c', MAPS_PROBE, libnvrtc(),
+                        os.path.join(ctx.src, kernel + '.cu'), '-I' + ctx.inc],
+                       env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split(), r.stderr
+
+
+# ---- jit --------------------------------------------------------------------
+
+
+def jit(ctx):
+    client, standin, ptx = sys.argv[4], sys.argv[5], sys.argv[6]
+    rs = ctx.redis()
+    jstats = re.compile(r'jit hits=(\d+) misses=(\d+)')
+
+    def start(node, i, preload=True):
+        env = node.environ({'LD_LIBRARY_PATH': standin + ':' + os.environ.get('LD_LIBRARY_PATH', ''),
+                            'KCACHE_TEST_STANDIN_COUNTS': os.path.join(node.root, 'counts%d' % i)})
+        if preload:
+            env['LD_PRELOAD'] = SHIM
+        return subprocess.Popen([client, 'load', ptx, 'ex', '4096', 'add1'], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(p):
+        o, e = p.communicate(timeout=RUN_TIMEOUT)
+        m = jstats.search(e)
+        return p.returncode, re.sub(r'Compile time = [0-9.]+ ms', 'T', re.sub(
+            r'info log \((\d+)\)', 'info log (N)', o)), (tuple(map(int, m.groups())) if m else None)
+
+    def jits(node):
+        n = 0
+        for f in os.listdir(node.root):
+            if f.startswith('counts'):
+                n += sum(int(v) for v in re.findall(r'jit=(\d+)', open(os.path.join(node.root, f)).read()))
+                os.unlink(os.path.join(node.root, f))
+        return n
+
+    plain = ctx.node(rs.url)
+    rc, ref, _ = finish(start(plain, 0, preload=False))
+    jits(plain)
+    check(rc == 0 and 'CUDA_SUCCESS' in ref, 'the stand-in loads the PTX without the shim')
+    nodes = [ctx.node(rs.url) for _ in range(2)]
+    procs = [start(n, i) for n in nodes for i in range(2)]
+    res = [finish(p) for p in procs]
+    check(all(r[0] == 0 and r[1] == ref for r in res),
+          'JIT: 2 nodes x 2 processes see what the driver alone gives')
+    misses = sum(r[2][1] for r in res)
+    check(misses == 1 and sum(jits(n) for n in nodes) == 1,
+          'JIT: one compile for the cluster (%d misses)' % misses)
+    for n in nodes:
+        n.settle()
+    fresh = ctx.node(rs.url)
+    rc, out, st = finish(start(fresh, 0))
+    check(rc == 0 and out == ref, 'JIT: a fresh node, the remote\'s cubin, the driver\'s log')
+    check(st == (1, 0) and jits(fresh) == 0, 'JIT: a fresh node compiles nothing (%s)' % (st,))
+
+
+def trial(ctx):
+    rs = ctx.redis()
+    nodes = [ctx.node(rs.url) for _ in range(4)]
+    runs = cluster_run(ctx, nodes, 4)
+    check_outputs(runs, ctx.ref, '4 nodes x 4 processes, cold')
+    check(misses(runs) == K, '4x4 cold: %d compiles for %d distinct kernels' % (misses(runs), K))
+    check(hits(runs) == 16 * K - K, '4x4 cold: every other request a hit (%d)' % hits(runs))
+    st = [n.stats() for n in nodes]
+    per_node = [[r for r in runs if r.node is n] for n in nodes]
+    check(all(s['nvrtc']['hits'] == hits(rr) and s['nvrtc']['misses'] == misses(rr)
+              for s, rr in zip(st, per_node)),
+          'kcache stats of each node: the NVRTC hits and misses of its processes')
+    up = sum(s['remote']['uploads'] for s in st)
+    check(up == 2 * K, 'the owners uploaded %d entries: a record and a manifest per compile' % up)
+    rh = sum(s['remote']['hits'] for s in st)
+    check(rh == sum(r.remote['hits'] for r in runs),
+          'kcache stats remote hits (%d) = the processes\' remote hits' % rh)
+    check(rh >= 2 * K * 3, 'every other node was served both entries by the remote (%d)' % rh)
+    check(all(s['remote'][f] == 0 for s in st for f in ('errors', 'timeouts', 'bad')),
+          'no remote errors, timeouts or bad entries')
+    check(len(rs.entries()) == 2 * K, 'the server holds %d entries' % len(rs.entries()))
+
+    # A fresh node: everything from the remote, nothing uploaded back.
+    fresh = ctx.node(rs.url)
+    r = fresh.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'a fresh node against the filled remote')
+    check(r.misses == 0 and r.remote['hits'] == 2 * K,
+          'a fresh node: no compile, %d remote hits' % r.remote['hits'])
+    s = fresh.stats()
+    check(s['remote']['uploads'] == 0,
+          'entries the remote served are not uploaded back (uploads %d)' % s['remote']['uploads'])
+
+    # A header edit on one node after the remote was filled.
+    old_ref = ctx.ref
+    ctx.set_header('5.0f')
+    new_ref = ctx.reference()
+    check(new_ref['kh'] != old_ref['kh'], 'the header edit changes the kernel')
+    r = nodes[0].start(KERNELS, ctx).wait()
+    check_outputs([r], new_ref, 'after a header edit, node 0')
+    check(r.misses == 1, 'node 0 compiles the edited kernel alone (%d)' % r.misses)
+    nodes[0].settle()
+    others = [n.start(KERNELS, ctx) for n in nodes[1:] + [fresh]]
+    others = [o.wait() for o in others]
+    check_outputs(others, new_ref, 'after a header edit, every other node: no stale hit')
+    check(misses(others) == 0,
+          'the other nodes are served node 0\'s compile through the remote (%d compiles)'
+          % misses(others))
+    ctx.set_header('3.0f')
+    back = [n.start(KERNELS, ctx) for n in nodes]
+    back = [b.wait() for b in back]
+    check_outputs(back, old_ref, 'the header put back: the earlier entries again')
+    check(misses(back) == 0, 'the header put back: no compile (%d)' % misses(back))
+
+    # KCACHE_REMOTE unset: nothing changes; a hitting process maps no
+    # hiredis, with or without a remote configured.
+    r = nodes[1].start(KERNELS, ctx, extra={'KCACHE_REMOTE': None}).wait()
+    check_outputs([r], old_ref, 'KCACHE_REMOTE unset')
+    check(r.hits == K and r.remote is None and '; remote' not in r.stderr,
+          'KCACHE_REMOTE unset: all hits, the stats line without a remote part')
+    check(r.stderr.count('kcache: ') == 1, 'KCACHE_REMOTE unset: no other kcache line')
+    libs, _ = maps_probe(ctx, nodes[1], 'ka', {'KCACHE_REMOTE': None})
+    check(libs == ['no-hiredis', 'no-sodium'], 'a hit without KCACHE_REMOTE maps neither '
+          'libhiredis nor libsodium (%s)' % libs)
+    libs, _ = maps_probe(ctx, nodes[1], 'ka')
+    check(libs == ['no-hiredis', 'no-sodium'],
+          'a local hit with KCACHE_REMOTE set maps neither (%s)' % libs)
+    libs, _ = maps_probe(ctx, ctx.node(rs.url), 'ka')
+    check(libs == ['hiredis', 'sodium'], 'a local miss reaches the remote: both mapped (%s)'
+          % libs)
+    ldd = subprocess.run(['ldd', SHIM], capture_output=True, text=True).stdout
+    check('hiredis' not in ldd and 'sodium' not in ldd,
+          'ldd libkcache.so: no hiredis, no libsodium')
+
+
+# ---- trust ------------------------------------------------------------------
+
+
+def forge(ctx, rs, key, value, body, secret):
+    """Writes a well-formed value for entry `key` holding `body`."""
+    ns, hexkey = key[len('kcache:'):].rsplit(':', 1)
+    bodyf, out = os.path.join(ctx.root, 'forged.body'), os.path.join(ctx.root, 'forged.val')
+    with open(bodyf, 'wb') as f:
+        f.write(body)
+    args = [FORGE, out, ns, hexkey, str(value_kind(value)), bodyf] + ([secret] if secret else [])
+    subprocess.run(args, check=True, timeout=60)
+    rs.cmd('SET', key, open(out, 'rb').read())
+
+
+def trust(ctx):
+    rs = ctx.redis()
+    writer = ctx.node(rs.url)
+    r = writer.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'the writer')
+    writer.settle()
+    filled = rs.entries()
+    check(len(filled) == 2 * K, 'the writer filled the remote (%d entries)' % len(filled))
+
+    # A read-only node (no signing key) serves signed entries, uploads
+    # nothing, and takes no lock.
+    ro = ctx.node(rs.url, writer=False)
+    r = ro.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'a read-only node')
+    check(r.misses == 0 and r.remote['hits'] == 2 * K, 'a read-only node: served by the remote')
+    with open(os.path.join(ctx.src, 'kn.cu'), 'w') as f:
+        f.write('extern "C" __global__ void kn(double *x) { x[threadIdx.x] -= 1.0; }\n')
+    r = ro.start(['kn'], ctx).wait()
+    check(r.rc == 0 and r.misses == 1, 'a read-only node compiles what the remote lacks')
+    s = ro.stats()
+    check(s['remote']['uploads'] == 0 and s['remote']['locks'] == 0,
+          'a read-only node uploads nothing and takes no lock')
+    check(rs.cmd('DBSIZE') == 2 * K, 'a read-only node wrote nothing to the server')
+
+    # A signing key readable by others is refused: the node reads, and
+    # writes nothing.
+    loose = os.path.join(ctx.root, 'loose.key')
+    shutil.copy(ctx.key, loose)
+    os.chmod(loose, 0o644)
+    n = ctx.node(rs.url, extra={'KCACHE_REMOTE_SIGNING_KEY': loose})
+    r = n.start(['kn'] + KERNELS, ctx).wait()
+    check(r.rc == 0 and re.search(r'SIGNING_KEY .*refused', r.stderr) is not None,
+          'a signing key of mode 0644 is refused, with a warning')
+    check(r.stderr.count('refused') == 1, 'one warning')
+    s = n.stats()
+    check(s['remote']['uploads'] == 0 and rs.cmd('DBSIZE') == 2 * K,
+          'with its key refused, the node uploads nothing')
+
+    # An attacker with write access and no trusted key: each real entry
+    # replaced by a well-formed one holding another entry's body, signed
+    # with the attacker's own key or not at all.
+    bad_key = os.path.join(ctx.root, 'attacker.key')
+    ctx.tool('keygen', bad_key)
+    values = {k: rs.cmd('GET', k) for k in filled}
+    records = [k for k in filled if value_kind(values[k]) != 3]
+    for i, k in enumerate(filled):
+        other = records[(records.index(k) + 1) % len(records)] if k in records else k
+        forge(ctx, rs, k, values[k], value_body(values[other]), bad_key if i % 2 else None)
+    victim = ctx.node(rs.url, writer=False)
+    r = victim.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'entries planted by an attacker')
+    check(r.misses == K and r.remote['hits'] == 0 and r.remote['bad'] >= K,
+          'planted entries are never served (%s)' % r.remote)
+    check(r.stderr.count('not served') == 1, 'one warning for refused entries')
+    # The same bytes, were they trusted, would have been served: the
+    # check above is the signature's.
+    anyn = ctx.node(rs.url, extra={'KCACHE_REMOTE_TRUST': 'any'})
+    r = anyn.start(['ka'], ctx).wait()
+    check(r.remote['hits'] > 0 and r.outputs().get('ka') != ctx.ref['ka'],
+          'with KCACHE_REMOTE_TRUST=any the planted bytes would be served')
+
+
+# ---- faults -----------------------------------------------------------------
+
+
+def fault_url(rs):
+    return rs.url + '|connect-timeout=200|operation-timeout=300'
+
+
+def first_done(runs):
+    while all(r.p.poll() is None for r in runs):
+        time.sleep(0.005)
+
+
+def faults(ctx):
+    rs = ctx.redis(tcp=True)
+    url = fault_url(rs)
+
+    # Killed mid-run.
+    nodes = [ctx.node(url) for _ in range(3)]
+    runs = [n.start(rotate(i * 3 + j), ctx) for i, n in enumerate(nodes) for j in range(3)]
+    first_done(runs)
+    rs.stop()
+    runs = [r.wait() for r in runs]
+    check_outputs(runs, ctx.ref, 'Redis killed mid-run')
+    late = ctx.node(url)
+    r = late.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'Redis down')
+    check(r.misses == K and r.remote['errors'] >= 1, 'Redis down: compiled, an error counted')
+    check(r.stderr.count('kcache: warning') == 1, 'Redis down: one warning')
+
+    # SIGSTOPped: the timeouts hold.
+    rs.restart_empty()
+    rs.p.send_signal(signal.SIGSTOP)
+    n = ctx.node(url)
+    runs = [n.start(rotate(j), ctx) for j in range(2)]
+    runs = [r.wait() for r in runs]
+    rs.p.send_signal(signal.SIGCONT)
+    check_outputs(runs, ctx.ref, 'Redis SIGSTOPped')
+    check(all(r.remote['timeouts'] >= 1 for r in runs), 'Redis SIGSTOPped: timeouts counted')
+    n.settle()
+
+    # Restarted empty after it was filled.
+    rs.restart_empty()
+    filler = ctx.node(url)
+    filler.start(KERNELS, ctx).wait()
+    filler.settle()
+    check(len(rs.entries()) == 2 * K, 'filled before the restart')
+    rs.restart_empty()
+    fresh = ctx.node(url)
+    runs = [fresh.start(KERNELS, ctx), filler.start(KERNELS, ctx)]
+    runs = [r.wait() for r in runs]
+    check_outputs(runs, ctx.ref, 'Redis restarted empty')
+    check(runs[0].misses == K and runs[1].misses == 0,
+          'restarted empty: the fresh node compiles, the filled one hits locally')
+    fresh.settle()
+    filler.settle()
+
+    # Full: maxmemory below what it holds, noeviction.
+    rs.restart_empty()
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    rs.cmd('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')
+    n = ctx.node(url)
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'Redis full (maxmemory)')
+    s = n.stats()
+    check(s['remote']['uploads'] == 0 and s['remote']['errors'] >= 1 and rs.cmd('DBSIZE') == 0,
+          'Redis full: nothing stored, errors counted (%s)' % s['remote'])
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+
+    # A lock holder that died: its locks stay until they expire, then a
+    # waiter takes them and compiles.
+    rs.restart_empty()
+    filler = ctx.node(url)
+    filler.start(KERNELS, ctx).wait()
+    filler.settle()
+    manifests = [k for k in rs.entries() if value_kind(rs.cmd('GET', k)) == 3]
+    check(len(manifests) == K, 'one manifest per kernel')
+    rs.cmd('FLUSHALL')
+    for k in manifests:
+        rs.cmd('SET', 'kcache:lock:{%s}' % k, 'deadnode:1:0', 'PX', '1500')
+    n = ctx.node(url)
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'a lock holder died')
+    s = n.stats()
+    check(r.misses == K and s['remote']['lock_busy'] >= 1 and s['remote']['locks'] >= 1,
+          'a dead holder\'s lock: waited on, expired, taken (busy %d, taken %d)'
+          % (s['remote']['lock_busy'], s['remote']['locks']))
+
+    # Values truncated, bit-flipped, swapped between keys.
+    rs.restart_empty()
+    filler = ctx.node(url)
+    filler.start(KERNELS, ctx).wait()
+    filler.settle()
+    records = [k for k in rs.entries() if value_kind(rs.cmd('GET', k)) != 3]
+    v = {k: rs.cmd('GET', k) for k in records}
+    rs.cmd('SET', records[0], v[records[0]][:-7])
+    flipped = bytearray(v[records[1]])
+    flipped[len(flipped) // 2] ^= 0x10
+    rs.cmd('SET', records[1], bytes(flipped))
+    rs.cmd('SET', records[2], v[records[3]])
+    rs.cmd('SET', records[3], v[records[2]])
+    n = ctx.node(url)
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'values truncated, bit-flipped, swapped')
+    check(r.misses == K and r.remote['bad'] >= K,
+          'damaged values are misses, counted as bad (%s)' % r.remote)
+
+
+# ---- cluster ----------------------------------------------------------------
+
+
+def cluster(ctx):
+    prim = [ctx.redis(cluster=True) for _ in range(3)]
+    subprocess.run(['redis-cli', '--cluster', 'create'] +
+                   ['127.0.0.1:%d' % s.port for s in prim] + ['--cluster-yes'],
+                   check=True, capture_output=True, timeout=60, preexec_fn=_die_with_us)
+    for _ in range(400):
+        if all(b'cluster_state:ok' in s.cmd('CLUSTER', 'INFO') for s in prim):
+            break
+        time.sleep(0.05)
+    url = 'redis-cluster://' + ','.join('127.0.0.1:%d' % s.port for s in prim)
+
+    def entries():
+        return sorted(k for s in prim for k in s.entries())
+
+    def owner_of(key):
+        slot = prim[0].cmd('CLUSTER', 'KEYSLOT', key)
+        for s in prim:
+            for lo, hi, master, *_ in s.cmd('CLUSTER', 'SLOTS'):
+                if lo <= slot <= hi:
+                    port = master[1]
+                    return slot, next(p for p in prim if p.port == port)
+        raise RuntimeError('no owner')
+
+    def node_id(s):
+        return s.cmd('CLUSTER', 'MYID').decode()
+
+    nodes = [ctx.node(url) for _ in range(4)]
+    runs = cluster_run(ctx, nodes, 4)
+    check_outputs(runs, ctx.ref, 'Redis Cluster: 4 nodes x 4 processes')
+    check(misses(runs) == K, 'Redis Cluster: %d compiles for %d kernels' % (misses(runs), K))
+    for n in nodes:
+        n.settle()
+    check(len(entries()) == 2 * K, 'Redis Cluster: %d entries' % len(entries()))
+
+    # A slot half-migrated: its key moved to the importing node, the
+    # client follows ASK.
+    key = next(k for k in entries())
+    slot, src = owner_of(key)
+    dst = next(p for p in prim if p is not src)
+    dst.cmd('CLUSTER', 'SETSLOT', slot, 'IMPORTING', node_id(src))
+    src.cmd('CLUSTER', 'SETSLOT', slot, 'MIGRATING', node_id(dst))
+    src.cmd('MIGRATE', '127.0.0.1', dst.port, '', 0, 5000, 'KEYS', key)
+    n = ctx.node(url)
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'Redis Cluster: a slot half-migrated')
+    s = n.stats()
+    check(r.misses == 0 and s['remote']['asks'] >= 1,
+          'ASK followed: every entry served (asks %d)' % s['remote']['asks'])
+    for p in prim:
+        p.cmd('CLUSTER', 'SETSLOT', slot, 'NODE', node_id(dst))
+
+    # Slots migrated while a run reads them.
+    keys = entries()
+    stop = threading.Event()
+
+    def migrate():
+        for k in keys:
+            if stop.is_set():
+                return
+            sl, a = owner_of(k)
+            b = next(p for p in prim if p is not a)
+            try:
+                b.cmd('CLUSTER', 'SETSLOT', sl, 'IMPORTING', node_id(a))
+                a.cmd('CLUSTER', 'SETSLOT', sl, 'MIGRATING', node_id(b))
+                a.cmd('MIGRATE', '127.0.0.1', b.port, '', 0, 5000, 'KEYS', k)
+                for p in prim:
+                    p.cmd('CLUSTER', 'SETSLOT', sl, 'NODE', node_id(b))
+            except RedisError as e:
+                print('migration of %s: %s' % (k, e))
+    t = threading.Thread(target=migrate)
+    fresh = [ctx.node(url) for _ in range(4)]
+    runs = [f.start(rotate(i * 2 + j), ctx) for i, f in enumerate(fresh) for j in range(2)]
+    t.start()
+    runs = [r.wait() for r in runs]
+    stop.set()
+    t.join()
+    check_outputs(runs, ctx.ref, 'Redis Cluster: slots migrated during a run')
+    check(misses(runs) == 0,
+          'slots migrated during a run: every entry served (%d compiles)' % misses(runs))
+    moved = sum(f.stats()['remote']['moved'] for f in fresh)
+    print('MOVED followed during the migration: %d' % moved)
+
+    # A primary killed mid-run.
+    fresh = [ctx.node(url) for _ in range(4)]
+    runs = [f.start(rotate(i * 2 + j), ctx) for i, f in enumerate(fresh) for j in range(2)]
+    first_done(runs)
+    prim[2].stop()
+    runs = [r.wait() for r in runs]
+    check_outputs(runs, ctx.ref, 'Redis Cluster: a primary killed mid-run')
+    late = ctx.node(url)
+    r = late.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'Redis Cluster: a primary down')
+
+
+def main():
+    if shutil.which('redis-server') is None:
+        print('redis-server is not installed (scripts/setup installs it)')
+        return 77
+    root = tempfile.mkdtemp(prefix='kc-remote-e2e-')
+    ctx = None
+    try:
+        ctx = Ctx(root)
+        {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
+         'jit': jit}[MODE](ctx)
+    finally:
+        if ctx is not None:
+            ctx.close()
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print('%d failure(s)' % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
