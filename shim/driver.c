@@ -739,6 +739,147 @@ static int serve_poll(void *arg)
     return serve_stored(a->c, a->st, a->api, a->ns, a->key, a->r, a->t0, a->entered, a->rc);
 }
 
+/* What a load asks the JIT for, once the cache takes it: the device, the
+ * image to compile and its kind, the request's options, key and
+ * namespace. */
+struct jit_job {
+    struct device_id d;
+    enum image_kind kind;
+    const void *data;
+    size_t len;
+    struct jit_req r;
+    kc_key key;
+    char ns[64];
+};
+
+/* How jit_job_make decided. */
+enum jit_verdict {
+    JOB_CACHE,   /* *j is filled: look it up, compile on a miss */
+    JOB_PASS,    /* not for the cache (cubin, SASS for the device, options): counted */
+    JOB_REAL,    /* the driver answers (no context, not initialised): not counted */
+    JOB_ERROR,   /* an internal failure: counted */
+};
+
+/* Classifies the load and, for one the cache takes, fills *j. */
+static enum jit_verdict jit_job_make(struct load_call *c, struct jit_job *j)
+{
+    /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
+    const unsigned char *img = c->image;
+    if (!memcmp(img, "\177ELF", 4))
+        return JOB_PASS;
+    if (device_of(c->api == API_LIBRARY, &j->d) != 0)
+        return JOB_REAL; /* no context, no device: the driver answers */
+    j->kind = IMG_OTHER;
+    j->len = 0;
+    j->data = img;
+    if (u32_at(fatbin_unwrap(img)) == FATBIN_MAGIC) {
+        j->data = fatbin_unwrap(img);
+        j->kind = fatbin_kind(j->data, &j->len, j->d.major, j->d.minor);
+    } else if (c->api != API_FATBIN && looks_like_ptx((const char *)img)) {
+        j->kind = IMG_PTX;
+        j->len = strlen((const char *)img) + 1;
+    }
+    if (j->kind == IMG_OTHER)
+        return JOB_PASS;
+
+    /* The key: the image, the options that change code, the device and the
+     * driver. */
+    struct kc__hasher *h = kc__hasher_new();
+    if (!h)
+        return JOB_ERROR;
+    kc__hash_str(h, "kcache-jit");
+    kc__hash_u64(h, KC_FORMAT_VERSION);
+    kc__hash_u64(h, (uint64_t)j->kind);
+    kc__hash_bytes(h, j->data, j->len);
+    if (!jit_req_parse(c->n, c->opt, c->val, &j->r, h)) {
+        kc__hasher_free(h);
+        return JOB_PASS;
+    }
+    kc__hash_u64(h, (uint64_t)j->d.major);
+    kc__hash_u64(h, (uint64_t)j->d.minor);
+    kc__hash_u64(h, (uint64_t)j->d.version);
+    kc__hash_bytes(h, &j->d.lib, sizeof j->d.lib);
+    j->key = (kc_key){kc__hash_digest(h), kc__self_build()};
+    kc__hasher_free(h);
+    /* The namespace: an entry for one device and driver never serves another. */
+    if (kc__jit_namespace(j->d.major, j->d.minor, j->d.version, &j->d.lib, j->ns, sizeof j->ns,
+                          NULL) != 0)
+        return JOB_ERROR;
+    return JOB_CACHE;
+}
+
+/* The locks and the guard a miss holds, let go once it is answered. */
+struct jit_hold {
+    int flight;   /* the local single-flight lock, -1 without */
+    bool rheld;   /* the cluster-wide lock */
+    bool entered; /* the re-entry guard */
+};
+
+static void jit_let_go(const struct jit_job *j, const struct jit_hold *hd, bool stored,
+                       size_t blen, struct kc_counters k)
+{
+    kc__flight_remote_release(j->ns, &j->key, hd->rheld, stored, blen);
+    kc__flight_release(hd->flight); /* after the put: waiters find it */
+    if (hd->entered)
+        kc__guard_exit();
+    count(k);
+}
+
+/* A miss: the driver's own linker (in a context: the library API may have
+ * none current), then load what it produced and store it. */
+static CUresult jit_miss(struct load_call *c, struct jit_job *j, const struct jit_hold *hd,
+                         struct kc_store *st, const struct kc_store_ops *api, uint64_t t0)
+{
+    const struct kc_config *cfg = kc__config();
+    void *cubin = NULL;
+    size_t clen = 0;
+    char *ilog = NULL, *elog = NULL;
+    bool rejected = false;
+    struct jit_ctx jc;
+    uint64_t c0 = kc_mono_ns();
+    CUresult rc = jit_ctx_enter(&jc, &j->d);
+    if (rc == CUDA_SUCCESS) {
+        rc = link_image(j->data, j->len, j->kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY,
+                        &j->r, &cubin, &clen, &ilog, &elog, &rejected);
+        jit_ctx_leave(&jc);
+    }
+    uint64_t compile_ns = kc_mono_ns() - c0;
+    if (rc != CUDA_SUCCESS && rejected) {
+        /* The JIT rejected the PTX: the host's call would compile it the
+         * same way and fail the same way. Its answer, once; not stored. */
+        req_fail(&j->r, c->val, ilog, elog, t0);
+        free(ilog);
+        free(elog);
+        jit_let_go(j, hd, false, 0, (struct kc_counters){.passthrough = 1});
+        return rc;
+    }
+    if (rc == CUDA_SUCCESS)
+        rc = load_cubin(c, cubin);
+    if (rc != CUDA_SUCCESS) {
+        /* A linker that differs, no context, out of memory: the driver
+         * answers the host's own call, logs and all. */
+        free(cubin);
+        free(ilog);
+        jit_let_go(j, hd, false, 0, (struct kc_counters){.passthrough = 1});
+        return call_real(c);
+    }
+    size_t ilen = strlen(ilog);
+    req_finish(&j->r, c->val, ilog, ilen, t0);
+    uint64_t stores = 0;
+    size_t blen = 0;
+    if (st && !cfg->readonly) {
+        void *body = record_make(ilog, ilen, cubin, clen, &blen);
+        if (body && api->put(st, j->ns, &j->key, NULL, KC_KIND_JIT, body, blen, compile_ns) == 0)
+            stores = 1;
+        free(body);
+    }
+    free(cubin);
+    free(ilog);
+    jit_let_go(j, hd, stores != 0, blen,
+               (struct kc_counters){.misses = 1, .stores = stores, .compile_ns = compile_ns});
+    return CUDA_SUCCESS;
+}
+
 static CUresult jit_load(struct load_call *c)
 {
     const struct kc_config *cfg = kc__config();
@@ -751,141 +892,48 @@ static CUresult jit_load(struct load_call *c)
         return call_real(c);
     uint64_t t0 = kc_mono_ns();
 
-    /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
-    const unsigned char *img = c->image;
-    if (!memcmp(img, "\177ELF", 4))
+    struct jit_job j;
+    switch (jit_job_make(c, &j)) {
+    case JOB_CACHE:
+        break;
+    case JOB_PASS:
         return count((struct kc_counters){.passthrough = 1}), call_real(c);
-    struct device_id d;
-    if (device_of(c->api == API_LIBRARY, &d) != 0)
-        return call_real(c); /* no context, no device: the driver answers */
-    enum image_kind kind = IMG_OTHER;
-    size_t len = 0;
-    const void *data = img;
-    if (u32_at(fatbin_unwrap(img)) == FATBIN_MAGIC) {
-        data = fatbin_unwrap(img);
-        kind = fatbin_kind(data, &len, d.major, d.minor);
-    } else if (c->api != API_FATBIN && looks_like_ptx((const char *)img)) {
-        kind = IMG_PTX;
-        len = strlen((const char *)img) + 1;
-    }
-    if (kind == IMG_OTHER)
-        return count((struct kc_counters){.passthrough = 1}), call_real(c);
-
-    /* The key. */
-    struct kc__hasher *h = kc__hasher_new();
-    if (!h)
+    case JOB_ERROR:
         return count((struct kc_counters){.errors = 1}), call_real(c);
-    struct jit_req r;
-    kc__hash_str(h, "kcache-jit");
-    kc__hash_u64(h, KC_FORMAT_VERSION);
-    kc__hash_u64(h, (uint64_t)kind);
-    kc__hash_bytes(h, data, len);
-    if (!jit_req_parse(c->n, c->opt, c->val, &r, h)) {
-        kc__hasher_free(h);
-        return count((struct kc_counters){.passthrough = 1}), call_real(c);
+    case JOB_REAL:
+    default:
+        return call_real(c);
     }
-    kc__hash_u64(h, (uint64_t)d.major);
-    kc__hash_u64(h, (uint64_t)d.minor);
-    kc__hash_u64(h, (uint64_t)d.version);
-    kc__hash_bytes(h, &d.lib, sizeof d.lib);
-    kc_key key = {kc__hash_digest(h), kc__self_build()};
-    kc__hasher_free(h);
-    /* The namespace: an entry for one device and driver never serves another. */
-    char ns[64];
-    if (kc__jit_namespace(d.major, d.minor, d.version, &d.lib, ns, sizeof ns, NULL) != 0)
-        return count((struct kc_counters){.errors = 1}), call_real(c);
 
-    bool entered = kc__guard_enter();
+    struct jit_hold hd = {.flight = -1, .entered = kc__guard_enter()};
     const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     CUresult rc;
 
     /* A hit loads the stored cubin. */
-    if (st && !cfg->recache && serve_stored(c, st, api, ns, &key, &r, t0, entered, &rc))
+    if (st && !cfg->recache && serve_stored(c, st, api, j.ns, &j.key, &j.r, t0, hd.entered, &rc))
         return rc;
 
     /* Single flight: one process compiles a missed key, the others wait for
      * it and load its result. Look again once the lock is held: the holder
      * may have finished just before. */
-    int flight = -1;
-    bool rheld = false;
     if (st) {
         bool waited = false;
-        flight = kc__flight_acquire(&key.id, &waited);
-        if ((flight >= 0 || waited) && !cfg->recache &&
-            serve_stored(c, st, api, ns, &key, &r, t0, entered, &rc)) {
-            kc__flight_release(flight);
+        hd.flight = kc__flight_acquire(&j.key.id, &waited);
+        if ((hd.flight >= 0 || waited) && !cfg->recache &&
+            serve_stored(c, st, api, j.ns, &j.key, &j.r, t0, hd.entered, &rc)) {
+            kc__flight_release(hd.flight);
             return rc;
         }
         /* Cluster-wide: one node compiles, the others load its cubin
          * through the remote. */
-        struct serve_poll sp = {c, st, api, ns, &key, &r, t0, entered, &rc};
-        if (kc__flight_remote(ns, &key, serve_poll, &sp, &rheld) == 1) {
-            kc__flight_release(flight);
+        struct serve_poll sp = {c, st, api, j.ns, &j.key, &j.r, t0, hd.entered, &rc};
+        if (kc__flight_remote(j.ns, &j.key, serve_poll, &sp, &hd.rheld) == 1) {
+            kc__flight_release(hd.flight);
             return rc;
         }
     }
-
-    /* A miss: the driver's own linker (in a context: the library API may
-     * have none current), then load what it produced. */
-    void *cubin = NULL;
-    size_t clen = 0;
-    char *ilog = NULL, *elog = NULL;
-    bool rejected = false;
-    struct jit_ctx jc;
-    uint64_t c0 = kc_mono_ns();
-    rc = jit_ctx_enter(&jc, &d);
-    if (rc == CUDA_SUCCESS) {
-        rc = link_image(data, len, kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &r, &cubin, &clen,
-                        &ilog, &elog, &rejected);
-        jit_ctx_leave(&jc);
-    }
-    uint64_t compile_ns = kc_mono_ns() - c0;
-    if (rc != CUDA_SUCCESS && rejected) {
-        /* The JIT rejected the PTX: the host's call would compile it the
-         * same way and fail the same way. Its answer, once; not stored. */
-        req_fail(&r, c->val, ilog, elog, t0);
-        free(ilog);
-        free(elog);
-        kc__flight_remote_release(ns, &key, rheld, false, 0);
-        kc__flight_release(flight);
-        if (entered)
-            kc__guard_exit();
-        count((struct kc_counters){.passthrough = 1});
-        return rc;
-    }
-    if (rc == CUDA_SUCCESS)
-        rc = load_cubin(c, cubin);
-    if (rc != CUDA_SUCCESS) {
-        /* A linker that differs, no context, out of memory: the driver
-         * answers the host's own call, logs and all. */
-        free(cubin);
-        free(ilog);
-        kc__flight_remote_release(ns, &key, rheld, false, 0);
-        kc__flight_release(flight);
-        if (entered)
-            kc__guard_exit();
-        count((struct kc_counters){.passthrough = 1});
-        return call_real(c);
-    }
-    size_t ilen = strlen(ilog);
-    req_finish(&r, c->val, ilog, ilen, t0);
-    uint64_t stores = 0;
-    size_t blen = 0;
-    if (st && !cfg->readonly) {
-        void *body = record_make(ilog, ilen, cubin, clen, &blen);
-        if (body && api->put(st, ns, &key, NULL, KC_KIND_JIT, body, blen, compile_ns) == 0)
-            stores = 1;
-        free(body);
-    }
-    kc__flight_remote_release(ns, &key, rheld, stores != 0, blen);
-    kc__flight_release(flight); /* after the put: waiters find it */
-    free(cubin);
-    free(ilog);
-    if (entered)
-        kc__guard_exit();
-    count((struct kc_counters){.misses = 1, .stores = stores, .compile_ns = compile_ns});
-    return CUDA_SUCCESS;
+    return jit_miss(c, &j, &hd, st, api, t0);
 }
 
 /* ---- exported wrappers ------------------------------------------------------------ */
