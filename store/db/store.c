@@ -9,6 +9,7 @@
  * and written as spool logs on flush/close (pending.c, which the shim's
  * front shares).
  */
+#include "bundle.h"
 #include "internal.h"
 #include "meta.h"
 
@@ -1241,6 +1242,30 @@ static int st_drain(struct kc_store *st, int timeout_ms)
     return 0;
 }
 
+/* For bundle.c (bundle.h). */
+int kc__store_reader_hold(struct kc_store *st, struct kc__db **d)
+{
+    if (!fresh_reader(st))
+        return -ENOENT;
+    *d = &st->rd;
+    return 0;
+}
+
+void kc__store_reader_release(struct kc_store *st)
+{
+    pthread_rwlock_unlock(&st->rdlk);
+}
+
+int kc__store_as_owner(struct kc_store *st, struct kc__owner **o)
+{
+    return as_owner(st, o);
+}
+
+void kc__store_end_owner(struct kc_store *st, struct kc__owner *o)
+{
+    end_owner(st, o);
+}
+
 static const struct kc_store_api api = {
     .abi = KC_STORE_ABI,
     .open = st_open,
@@ -1262,6 +1287,8 @@ static const struct kc_store_api api = {
     .owner_run = kc__owner_run,
     .parse_record = kc__parse_record,
     .drain = st_drain,
+    .bundle_export = kc__bundle_export,
+    .bundle_import = kc__bundle_import,
 };
 
 KC_API const struct kc_store_api *kc_store_api(void)
