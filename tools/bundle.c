@@ -566,9 +566,20 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
     uint64_t since = 0, max_size = 0;
     bool trust_unsigned = false, dry_run = false, only_usable = false;
     bool is_export = strcmp(cmd, "export") == 0, is_import = strcmp(cmd, "import") == 0;
+    bool options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         int r;
+        if (options && strcmp(a, "--") == 0) {
+            options = false; /* what follows is FILE, whatever it looks like */
+            continue;
+        }
+        if (!options) {
+            if (npos >= 2)
+                return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+            pos[npos++] = a;
+            continue;
+        }
         if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
                 return usage_error("--dir needs a directory");
