@@ -451,6 +451,10 @@ static int fail(struct kc__bundle_reader *r, int rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(r->info->why, sizeof r->info->why, fmt, ap);
     va_end(ap);
+    /* One line of text, whatever a namespace in the bundle holds. */
+    for (char *c = r->info->why; *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c == 0x7f)
+            *c = '?';
     return rc;
 }
 
@@ -620,6 +624,9 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
     r->zdctx = ZSTD_createDCtx();
     if (r->zdctx == NULL)
         return fail(r, -ENOMEM, "out of memory");
+    /* Windows past 16 MiB (which no writer of ours uses) are refused rather
+     * than allocated. */
+    ZSTD_DCtx_setParameter(r->zdctx, ZSTD_d_windowLogMax, 24);
     return 0;
 }
 
@@ -629,7 +636,9 @@ static int read_stored(struct kc__bundle_reader *r, size_t n)
 {
     size_t got = 0;
     while (got < n) {
-        size_t want = n - got < IO_CHUNK * 16 ? n - got : IO_CHUNK * 16;
+        /* Geometric steps: at most twice what has arrived is allocated. */
+        size_t step = got > IO_CHUNK ? got : IO_CHUNK;
+        size_t want = n - got < step ? n - got : step;
         if (r->stored_cap < got + want) {
             size_t cap = r->stored_cap ? r->stored_cap : IO_CHUNK;
             while (cap < got + want)
@@ -718,6 +727,62 @@ static int read_trailer(struct kc__bundle_reader *r)
     return 0;
 }
 
+/* Makes room for cap bytes in r->raw; false (with why) when memory ran out. */
+static bool raw_room(struct kc__bundle_reader *r, size_t cap)
+{
+    if (r->raw_cap >= cap)
+        return true;
+    unsigned char *p = realloc(r->raw, cap);
+    if (p == NULL) {
+        fail(r, -ENOMEM, "out of memory");
+        return false;
+    }
+    r->raw = p;
+    r->raw_cap = cap;
+    return true;
+}
+
+/* Inflates the stored zstd frame into exactly raw bytes. The output buffer
+ * grows with what the frame really produces (never to what it declares),
+ * and the decoder's window is bounded: a bomb stops at its declared size. */
+static bool inflate_zstd(struct kc__bundle_reader *r, size_t stored, size_t raw)
+{
+    ZSTD_DCtx_reset(r->zdctx, ZSTD_reset_session_only);
+    ZSTD_inBuffer in = {r->stored, stored, 0};
+    size_t cap = raw < IO_CHUNK ? raw : IO_CHUNK;
+    if (!raw_room(r, cap ? cap : 1))
+        return false;
+    ZSTD_outBuffer out = {r->raw, cap, 0};
+    for (;;) {
+        size_t z = ZSTD_decompressStream(r->zdctx, &out, &in);
+        if (ZSTD_isError(z))
+            return false;
+        if (z == 0) /* the frame is whole */
+            return out.pos == raw && in.pos == in.size;
+        if (out.pos == out.size) {
+            if (out.size == raw)
+                return false; /* more to come than declared */
+            cap = out.size * 2 < raw ? out.size * 2 : raw;
+            if (!raw_room(r, cap))
+                return false;
+            out.dst = r->raw;
+            out.size = cap;
+        } else if (in.pos == in.size) {
+            return false; /* the frame is cut short */
+        }
+    }
+}
+
+/* An LZ4 block inflates at most 255:1, so the buffer is bounded by what is
+ * stored as well as by the declared size. */
+static bool inflate_lz4(struct kc__bundle_reader *r, size_t stored, size_t raw)
+{
+    if (raw > stored * 255 + 16 || !raw_room(r, raw ? raw : 1))
+        return false;
+    int z = LZ4_decompress_safe((const char *)r->stored, (char *)r->raw, (int)stored, (int)raw);
+    return z >= 0 && (size_t)z == raw;
+}
+
 static int read_block(struct kc__bundle_reader *r)
 {
     unsigned char h[KC__BUNDLE_BLOCK_HDR];
@@ -764,29 +829,15 @@ static int read_block(struct kc__bundle_reader *r)
         r->stored = t;
         r->stored_cap = tc;
     } else {
-        if (r->raw_cap < raw) {
-            unsigned char *p = realloc(r->raw, (size_t)raw);
-            if (p == NULL)
-                return fail(r, -ENOMEM, "out of memory");
-            r->raw = p;
-            r->raw_cap = (size_t)raw;
-        }
-        bool ok;
-        if (codec == KC_BUNDLE_ZSTD) {
-            unsigned long long fs = ZSTD_getFrameContentSize(r->stored, (size_t)stored);
-            size_t z = ZSTD_decompressDCtx(r->zdctx, r->raw, (size_t)raw, r->stored, (size_t)stored);
-            ok = !ZSTD_isError(z) && z == raw &&
-                 (fs == ZSTD_CONTENTSIZE_UNKNOWN || fs == (unsigned long long)raw);
-        } else {
-            int z = LZ4_decompress_safe((const char *)r->stored, (char *)r->raw, (int)stored,
-                                        (int)raw);
-            ok = z >= 0 && (uint64_t)z == raw;
-        }
+        bool ok = codec == KC_BUNDLE_ZSTD ? inflate_zstd(r, (size_t)stored, (size_t)raw)
+                                          : inflate_lz4(r, (size_t)stored, (size_t)raw);
         if (!ok)
-            return fail(r, -EBADMSG,
-                        "damaged: block %" PRIu64 " at byte %" PRIu64
-                        " does not inflate to its declared %" PRIu64 " bytes",
-                        no, at, raw);
+            return r->info->why[0] != '\0'
+                       ? -ENOMEM
+                       : fail(r, -EBADMSG,
+                              "damaged: block %" PRIu64 " at byte %" PRIu64
+                              " does not inflate to its declared %" PRIu64 " bytes",
+                              no, at, raw);
     }
     r->raw_len = (size_t)raw;
     r->raw_pos = 0;
@@ -854,6 +905,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
     if (i == r->info->n_ns)
         return fail(r, -EBADMSG, "entry %" PRIu64 " is in namespace %s, which the header lacks", no,
                     sp->ns);
+    if (no > r->info->entries || r->ns_entries[i] >= r->info->ns[i].entries)
+        return fail(r, -EBADMSG, "damaged: more entries than the header declares (entry %" PRIu64
+                                 " in %s)", no, sp->ns);
     r->ns_entries[i]++;
     r->ns_bytes[i] += KC__BUNDLE_REC_SIZE(n);
     r->seen_raw += KC__BUNDLE_REC_SIZE(n);
