@@ -63,6 +63,7 @@ struct cand {
 struct sel {
     const struct kc_bundle_export_opts *o;
     struct kc__db *d;
+    bool blocks; /* sizes in 4 KiB blocks (hot files), not bundle bytes */
     /* The cut: entries used after t, and at t those up to kkey k. */
     bool cut;
     uint64_t t;
@@ -114,7 +115,7 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
         c.kk = (const unsigned char *)k;
         c.kl = kl;
         c.digest = kc__kval_digest(v, vl);
-        c.size = KC__BUNDLE_REC_SIZE(ps);
+        c.size = s->blocks ? (ps + 4095) / 4096 * 4096 : KC__BUNDLE_REC_SIZE(ps);
         rc = fn(s, &c, arg);
     }
     int ie = kc__db_iter_err(s->d, it);
@@ -541,6 +542,36 @@ static int verify_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     return rc;
 }
 
+static int touch_cand(struct sel *s, const struct cand *c, void *arg)
+{
+    if (selected(s, c))
+        kc__hot_touch(arg, c->ns, &c->key);
+    return 0;
+}
+
+/* After an import: hot files (a host's hits without RocksDB) for the most
+ * recently used entries, as many as DIR/hot's bound now holds (it follows
+ * the tables' size), as if they had just been drained. A store warmed from
+ * a bundle then serves its first hits as one warmed by compiling does. */
+static void import_hot(struct kc__owner *ow)
+{
+    if (kc__db_flush_all(&ow->d) != 0)
+        return;
+    ow->hot_max = kc__hot_limit(ow);
+    uint64_t target = ow->hot_max / 10 * 9;
+    if (ow->hot_max == 0 || ow->hot_bytes >= target)
+        return;
+    struct kc_bundle_export_opts all = {.fd = -1};
+    struct sel s = {.o = &all, .d = &ow->d, .blocks = true};
+    struct total t = {0};
+    if (each_cand(&s, add_total, &t) != 0)
+        return;
+    if (t.bytes > target - ow->hot_bytes && find_cut(&s, target - ow->hot_bytes) != 0)
+        return;
+    each_cand(&s, touch_cand, ow);
+    kc__hot_enforce(ow);
+}
+
 /* Pass 2: applies every record the store lacks, as the owner. */
 static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *o, int fd,
                        struct kc_bundle_info *info)
@@ -609,6 +640,7 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
         kc__enforce_limit(ow);
         if (ow->f.map != NULL && kc__filter_stale(&ow->f) && kc__owner_filter_rebuild(ow) == 0)
             kc__filter_set_stamp(&ow->f, KC__FILTER_LIVE);
+        import_hot(ow);
     }
     kc__store_end_owner(st, ow);
     return rc;

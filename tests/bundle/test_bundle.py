@@ -156,6 +156,10 @@ def test_roundtrip(env, t, client):
     check(f"imported {n_a} of {n_a} entries" in out and "signature verified" in out,
           f"import: {out!r}")
     check(len(t.entries(b)) == n_a, f"{len(t.entries(b))} entries after the import, not {n_a}")
+    # The most recently used entries get hot files, as drained puts do (the
+    # demo-sized set fits DIR/hot's floor): first hits need no RocksDB.
+    hot = os.listdir(os.path.join(b, "hot"))
+    check(len(hot) == n_a, f"{len(hot)} hot files after the import of {n_a} entries")
     warm = env.run("warm from the bundle", client, store=b, KCACHE_STATS=1)
     same_dump(ref, warm)
     same_streams(ref, warm, strip_stats=True)
