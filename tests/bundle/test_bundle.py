@@ -28,6 +28,9 @@ TEST is one of:
              bundle show of damaged and foreign files.
   run        scripts/kcache-run --import FILE imports before the command,
              and still runs the command when the import is refused.
+  usable     JIT entries of two devices (the stand-in driver at 9.0 and
+             8.0): bundle show says which one this device can use, as the
+             shim names them; import --only-usable skips the other.
 
 Environment (tests/meson.build): KCACHE_SHIM, KCACHE_TOOL, KCACHE_SRC,
 KCACHE_BUILD. Exit status 0 on success, 1 on a failed check, 77 to skip.
@@ -439,6 +442,58 @@ def test_select(env, t, populate):
     check("trailer: missing or damaged" in show, f"show truncated: {show!r}")
 
 
+def test_usable(env, t):
+    """JIT namespaces on the stand-in driver: the tool tells this machine's
+    devices (as the shim names them) from others, and --only-usable skips
+    the others."""
+    standin = os.environ.get("KCACHE_TEST_STANDIN_DIR")
+    client = os.environ.get("KCACHE_TEST_DRVCLIENT")
+    data = os.environ.get("KCACHE_TEST_DRIVER_DATA")
+    check(standin and client and data, "the stand-in driver's paths are not set")
+    ptx = os.path.join(data, "k.ptx")
+    a = env.store("a")
+    ld = standin + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH")
+                    else "")
+    for cc in ("9.0", "8.0"):
+        e = dict(t.base, LD_PRELOAD=os.environ["KCACHE_SHIM"], LD_LIBRARY_PATH=ld,
+                 KCACHE_DIR=a, KCACHE_STATS="1", KCACHE_TEST_STANDIN_CC=cc, KCACHE_TOOL=TOOL)
+        p = subprocess.run([client, "load", ptx, "data", "0", "add1"], env=e,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        check(p.returncode == 0 and b"stores=1" in p.stderr,
+              f"drvclient on a {cc} device: {p.returncode} {p.stderr[-500:]!r}")
+    bundle = os.path.join(env.tmp, "jit.kcb")
+    t.run(["--dir", a, "export", "-o", bundle])
+
+    def usable(**kv):
+        show = t.run(["bundle", "show", bundle], **kv).stdout.decode()
+        return dict(re.findall(r"^  (jit:\S+)\n.*; (usable here|not usable here)$", show, re.M))
+
+    here = usable(LD_LIBRARY_PATH=ld)
+    check(len(here) == 2 and sorted(here.values()) == ["not usable here", "usable here"],
+          f"two JIT namespaces, one usable on the 9.0 stand-in: {here}")
+    there = usable(LD_LIBRARY_PATH=ld, KCACHE_TEST_STANDIN_CC="8.0")
+    check(all(there[n] != here[n] for n in here), f"on an 8.0 device the other one: {there}")
+    # No driver on this machine (the stand-in not on the path): none usable,
+    # unless this machine has a real one.
+    if subprocess.run(["sh", "-c", "ldconfig -p | grep -q libcuda.so.1"]).returncode != 0:
+        rest = ":".join(d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+                        if d and os.path.realpath(d) != os.path.realpath(standin))
+        none = usable(LD_LIBRARY_PATH=rest)
+        check(set(none.values()) == {"not usable here"}, f"no driver: {none}")
+    b = env.store("b")
+    out = import_ok(t, b, bundle, "--trust-unsigned", "--only-usable", LD_LIBRARY_PATH=ld)
+    check("imported 1 of 2 entries" in out and "1 skipped as not usable here" in out,
+          f"--only-usable: {out!r}")
+    kept = [l.split()[1] for l in t.entries(b)]
+    mine = [n for n, u in here.items() if u == "usable here"]
+    check(kept == mine, f"--only-usable kept {kept}, this device's is {mine}")
+    # Without --only-usable both go in (harmless: another GPU's entries are
+    # never served here).
+    c = env.store("c")
+    out = import_ok(t, c, bundle, "--trust-unsigned", LD_LIBRARY_PATH=ld)
+    check("imported 2 of 2 entries" in out, f"import of both: {out!r}")
+
+
 def test_run(env, t, populate):
     src = os.environ["KCACHE_SRC"]
     run = os.path.join(os.environ["KCACHE_BUILD"], "scripts", "kcache-run")
@@ -491,6 +546,8 @@ def main():
             test_select(env, t, populate)
         elif test == "run":
             test_run(env, t, populate)
+        elif test == "usable":
+            test_usable(env, t)
         else:
             print(f"unknown test {test}", file=sys.stderr)
             return 2
