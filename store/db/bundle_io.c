@@ -483,6 +483,36 @@ static const char *human(uint64_t n, char *buf, size_t len)
     return buf;
 }
 
+/* Reads n bytes into *buf (cap *cap bytes), growing it as bytes arrive: a
+ * declared length is never allocated before its bytes are there (at most
+ * twice what has arrived is). */
+static int read_grow(struct kc__bundle_reader *r, unsigned char **buf, size_t *cap, size_t n,
+                     const char *what)
+{
+    size_t got = 0;
+    while (got < n) {
+        size_t step = got > IO_CHUNK ? got : IO_CHUNK;
+        size_t want = n - got < step ? n - got : step;
+        if (*cap < got + want) {
+            size_t c = *cap ? *cap : IO_CHUNK;
+            while (c < got + want)
+                c *= 2;
+            if (c > n)
+                c = n;
+            unsigned char *b = realloc(*buf, c);
+            if (b == NULL)
+                return fail(r, -ENOMEM, "out of memory");
+            *buf = b;
+            *cap = c;
+        }
+        int rc = must_read(r, *buf + got, want, what);
+        if (rc < 0)
+            return rc;
+        got += want;
+    }
+    return 0;
+}
+
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                             bool trust_unsigned)
@@ -555,10 +585,9 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
     }
     /* The rest of the header: read in pieces (its size is bounded above). */
     size_t rest = hlen - KC__BUNDLE_HDR_FIXED;
-    unsigned char *h = malloc(rest);
-    if (h == NULL)
-        return fail(r, -ENOMEM, "out of memory");
-    rc = must_read(r, h, rest, "its header");
+    unsigned char *h = NULL;
+    size_t hcap = 0;
+    rc = read_grow(r, &h, &hcap, rest, "its header");
     if (rc < 0) {
         free(h);
         return rc;
@@ -627,35 +656,6 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
     /* Windows past 16 MiB (which no writer of ours uses) are refused rather
      * than allocated. */
     ZSTD_DCtx_setParameter(r->zdctx, ZSTD_d_windowLogMax, 24);
-    return 0;
-}
-
-/* Reads n stored bytes into r->stored, growing it as bytes arrive (a
- * declared length is not allocated before the bytes are there). */
-static int read_stored(struct kc__bundle_reader *r, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        /* Geometric steps: at most twice what has arrived is allocated. */
-        size_t step = got > IO_CHUNK ? got : IO_CHUNK;
-        size_t want = n - got < step ? n - got : step;
-        if (r->stored_cap < got + want) {
-            size_t cap = r->stored_cap ? r->stored_cap : IO_CHUNK;
-            while (cap < got + want)
-                cap *= 2;
-            if (cap > n)
-                cap = n;
-            unsigned char *s = realloc(r->stored, cap);
-            if (s == NULL)
-                return fail(r, -ENOMEM, "out of memory");
-            r->stored = s;
-            r->stored_cap = cap;
-        }
-        int rc = must_read(r, r->stored + got, want, "a block");
-        if (rc < 0)
-            return rc;
-        got += want;
-    }
     return 0;
 }
 
@@ -814,7 +814,7 @@ static int read_block(struct kc__bundle_reader *r)
                     "damaged: block %" PRIu64 " at byte %" PRIu64 " (codec %u, %u records, %" PRIu64
                     " bytes, %" PRIu64 " stored)",
                     no, at, codec, recs, raw, stored);
-    rc = read_stored(r, (size_t)stored);
+    rc = read_grow(r, &r->stored, &r->stored_cap, (size_t)stored, "a block");
     if (rc < 0)
         return rc;
     if (XXH3_64bits(r->stored, (size_t)stored) != kc__get_u64(h + 32))
