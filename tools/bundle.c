@@ -94,12 +94,23 @@ static int parse_duration(const char *s, uint64_t *ns)
     uint64_t mul = 1;
     if (*end != '\0') {
         switch (*end) {
-        case 's': mul = 1; break;
-        case 'm': mul = 60; break;
-        case 'h': mul = 3600; break;
-        case 'd': mul = 86400; break;
-        case 'w': mul = 7 * 86400; break;
-        default: return -1;
+        case 's':
+            mul = 1;
+            break;
+        case 'm':
+            mul = 60;
+            break;
+        case 'h':
+            mul = 3600;
+            break;
+        case 'd':
+            mul = 86400;
+            break;
+        case 'w':
+            mul = 7 * 86400;
+            break;
+        default:
+            return -1;
         }
         if (end[1] != '\0')
             return -1;
@@ -141,8 +152,7 @@ static int c_sign(void *ctx, const void *msg, size_t n, unsigned char sig[64])
 {
     struct crypto *k = ctx;
     unsigned long long sl = 0;
-    if (!k->keys.have_secret || k->na->sign_detached(sig, &sl, msg, n, k->keys.sk) != 0 ||
-        sl != 64)
+    if (!k->keys.have_secret || k->na->sign_detached(sig, &sl, msg, n, k->keys.sk) != 0 || sl != 64)
         return -EIO;
     return 0;
 }
@@ -184,7 +194,7 @@ static int crypto_open(struct crypto *k, const char *sign, const char *trusted)
         int rc = kc__keys_load_secret(k->na, sign, &k->keys);
         if (rc != 0) {
             err_line("signing key %s: %s", sign,
-                     rc == -EPERM    ? "must be a regular file of this user, mode 0600"
+                     rc == -EPERM     ? "must be a regular file of this user, mode 0600"
                      : rc == -EBADMSG ? "not a kcache secret key (kcache keygen makes one)"
                                       : strerror(-rc));
             return -1;
@@ -288,8 +298,10 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     if (!t->cfg->readonly && api->drain != NULL) {
         int rc = api->drain(st, DRAIN_WAIT_MS);
         if (rc < 0)
-            kc_log(KC_LOG_WARN, "export: the spool was not drained (%s); its newest entries are "
-                                "left out", strerror(-rc));
+            kc_log(KC_LOG_WARN,
+                   "export: the spool was not drained (%s); its newest entries are "
+                   "left out",
+                   strerror(-rc));
     }
     int fd = STDOUT_FILENO;
     char tmp[PATH_MAX + 32] = "";
@@ -322,7 +334,9 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     api->close(st);
     crypto_close(&k);
     if (!to_stdout) {
-        if (rc == 0 && (fchmod(fd, 0644) != 0 || fsync(fd) != 0)) {
+        /* mkostemp's 0600: a bundle holds the store's entries, as private
+         * as the store until its owner shares it. */
+        if (rc == 0 && fsync(fd) != 0) {
             rc = -errno;
             snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
         }
@@ -420,8 +434,7 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
     struct kc_store *st = NULL;
     struct stat sb;
     bool have_dir = stat(t->dir, &sb) == 0;
-    if ((!dry_run || have_dir) &&
-        open_store(api, t->dir, t->cfg->max_size, dry_run, &st) < 0) {
+    if ((!dry_run || have_dir) && open_store(api, t->dir, t->cfg->max_size, dry_run, &st) < 0) {
         if (fd != STDIN_FILENO)
             close(fd);
         crypto_close(&k);
@@ -459,14 +472,15 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
     char when[40];
     printf("%s %" PRIu64 " of %" PRIu64 " entries from %s into %s (%s, created %s)%s\n",
            dry_run ? "would import" : "imported", imported, info.entries, path, t->dir,
-           !info.is_signed ? "unsigned" : info.verified ? "signature verified"
-                                                        : "signature not verified",
-           utc(info.created_ns, when, sizeof when),
-           dry_run ? "; nothing written" : "");
+           !info.is_signed ? "unsigned"
+           : info.verified ? "signature verified"
+                           : "signature not verified",
+           utc(info.created_ns, when, sizeof when), dry_run ? "; nothing written" : "");
     if (info.is_signed)
         printf("signed by key %016" PRIx64 "%s\n", info.key_id,
                info.verified ? ", a trusted key" : ", not verified (--trust-unsigned)");
-    printf("%" PRIu64 " already present, %" PRIu64 " skipped as not usable here\n", present, skipped);
+    printf("%" PRIu64 " already present, %" PRIu64 " skipped as not usable here\n", present,
+           skipped);
     print_namespaces(&info, true);
     free(info.ns);
     return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;

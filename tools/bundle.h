@@ -12,7 +12,7 @@ struct kc_config;
 
 /* What kcache.c resolved before handing over a command. */
 struct kc_tool_ctx {
-    const char *dir;              /* the cache directory, absolute */
+    const char *dir; /* the cache directory, absolute */
     const struct kc_config *cfg;
 };
 

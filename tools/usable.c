@@ -89,9 +89,9 @@ static void local_nvrtc(int want_major, int want_minor)
     int major = 0, minor = 0;
     Dl_info info;
     kc_digest d;
-    if (version == NULL || compile == NULL || version(&major, &minor) != 0 ||
-        major != want_major || minor != want_minor || dladdr(compile, &info) == 0 ||
-        info.dli_fname == NULL || kc__loaded_identity(compile, &d) != 0)
+    if (version == NULL || compile == NULL || version(&major, &minor) != 0 || major != want_major ||
+        minor != want_minor || dladdr(compile, &info) == 0 || info.dli_fname == NULL ||
+        kc__loaded_identity(compile, &d) != 0)
         return; /* kept loaded: the namespace was not made here */
     struct kc__hasher *x = kc__hasher_new();
     if (x == NULL)

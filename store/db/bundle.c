@@ -93,7 +93,8 @@ static int kcmp(const unsigned char *a, size_t al, const unsigned char *b, size_
 static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *c, void *arg),
                      void *arg)
 {
-    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->d->db, s->d->ro, s->d->cf[KC__CF_KERNELS]);
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(s->d->db, s->d->ro, s->d->cf[KC__CF_KERNELS]);
     int rc = 0;
     s->too_big = 0;
     for (rocksdb_iter_seek_to_first(it); rc == 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
@@ -303,14 +304,16 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
 {
     char *body = NULL;
     size_t bl = 0;
-    int rc = c->digest != NULL ? kc__db_get(s->d, KC__CF_BODIES, c->digest, 16, &body, &bl) : -EBADMSG;
+    int rc =
+        c->digest != NULL ? kc__db_get(s->d, KC__CF_BODIES, c->digest, 16, &body, &bl) : -EBADMSG;
     if (rc == 0 && (bl != c->h.body_size || kc__body_xxh(body, bl) != c->h.body_xxh))
         rc = -EBADMSG;
     if (rc < 0) {
         free(body);
-        return why(e->info, rc == -ENOENT ? -EBADMSG : rc,
-                   "an entry of %s is damaged in the store (%s); run kcache verify and export again",
-                   c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
+        return why(
+            e->info, rc == -ENOENT ? -EBADMSG : rc,
+            "an entry of %s is damaged in the store (%s); run kcache verify and export again",
+            c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
     }
     e->put.len = 0;
     kc__spool_put_encode(&e->put, c->ns, &c->key, src, &c->h, body, bl);
@@ -343,7 +346,8 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     info->version = KC__BUNDLE_VERSION;
     info->format = KC_FORMAT_VERSION;
     info->created_ns = kc_wall_ns();
-    const struct kc_bundle_crypto *crypto = o->crypto != NULL && o->crypto->key_id != 0 ? o->crypto : NULL;
+    const struct kc_bundle_crypto *crypto =
+        o->crypto != NULL && o->crypto->key_id != 0 ? o->crypto : NULL;
     info->key_id = crypto != NULL ? crypto->key_id : 0;
     info->is_signed = crypto != NULL;
     if (crypto != NULL && (crypto->digest_begin == NULL || crypto->digest_add == NULL ||
@@ -365,8 +369,8 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
              * block header per KC__BUNDLE_BLOCK_TARGET bytes and one more. */
             if (rc == 0)
                 rc = each_cand(&s, add_ns, &l);
-            uint64_t fixed = kc__bundle_header_size(info, o->codec) + KC__BUNDLE_TRAILER +
-                             KC__BUNDLE_BLOCK_HDR;
+            uint64_t fixed =
+                kc__bundle_header_size(info, o->codec) + KC__BUNDLE_TRAILER + KC__BUNDLE_BLOCK_HDR;
             free(info->ns);
             info->ns = NULL;
             info->n_ns = 0;

@@ -104,8 +104,8 @@ struct kc__bstream {
     size_t mem_len;
     unsigned char *buf; /* fd: the I/O buffer */
     size_t cap, len, pos;
-    uint64_t off;       /* bytes consumed (read) or produced (written) */
-    void *xxh;          /* XXH3_state_t: running XXH3-128 */
+    uint64_t off;                          /* bytes consumed (read) or produced (written) */
+    void *xxh;                             /* XXH3_state_t: running XXH3-128 */
     const struct kc_bundle_crypto *crypto; /* digest_add when hashing */
     bool hashing;
     bool eof;
@@ -136,12 +136,12 @@ struct kc__bundle_writer {
     struct kc__bstream s;
     const struct kc_bundle_crypto *crypto; /* signs when key_id != 0 */
     int codec, level;
-    struct kc__buf raw;       /* the block being filled */
-    unsigned char *out;       /* compressed block */
+    struct kc__buf raw; /* the block being filled */
+    unsigned char *out; /* compressed block */
     size_t out_cap;
     uint32_t block_records;
     uint64_t entries, blocks, raw_bytes;
-    void *zcctx;              /* ZSTD_CCtx */
+    void *zcctx; /* ZSTD_CCtx */
 };
 
 /* Writes the header (info: created_ns, entries, raw_bytes, key_id,
@@ -166,12 +166,12 @@ size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec);
 
 struct kc__bundle_reader {
     struct kc__bstream s;
-    struct kc_bundle_info *info;           /* the header, as declared */
+    struct kc_bundle_info *info; /* the header, as declared */
     const struct kc_bundle_crypto *crypto;
     bool trust_unsigned;
     unsigned char *stored, *raw; /* the current block */
     size_t stored_cap, raw_cap, raw_len, raw_pos;
-    uint32_t block_left;         /* records of the current block not read */
+    uint32_t block_left; /* records of the current block not read */
     uint64_t block_no, record_no;
     uint64_t seen_raw;
     uint64_t *ns_entries, *ns_bytes; /* tallies per namespace of info->ns */

@@ -206,7 +206,8 @@ void kc__bundle_ns_describe(const char *ns, char *out, size_t n)
         snprintf(out, n, "not a namespace kcache's shim uses");
 }
 
-static void ascii_line(struct kc__buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ascii_line(struct kc__buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void ascii_line(struct kc__buf *b, const char *fmt, ...)
 {
     char line[600];
@@ -557,11 +558,13 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
         return fail(r, -EPROTO,
                     "the bundle holds records of format %u; this kcache keeps format %d",
                     info->format, KC_FORMAT_VERSION);
-    if ((flags & ~KC__BUNDLE_SIGNED) != 0 || ((flags & KC__BUNDLE_SIGNED) != 0) != (info->key_id != 0))
+    if ((flags & ~KC__BUNDLE_SIGNED) != 0 ||
+        ((flags & KC__BUNDLE_SIGNED) != 0) != (info->key_id != 0))
         return fail(r, -EBADMSG, "damaged header: flags %#x with key id %016" PRIx64, flags,
                     info->key_id);
     if (nns > KC__BUNDLE_MAX_NS || tlen > KC__BUNDLE_MAX_TEXT || hlen > KC__BUNDLE_MAX_HDR ||
-        hlen < KC__BUNDLE_HDR_FIXED + (uint64_t)tlen + 8 + (uint64_t)nns * (KC__BUNDLE_NS_FIXED + 1))
+        hlen <
+            KC__BUNDLE_HDR_FIXED + (uint64_t)tlen + 8 + (uint64_t)nns * (KC__BUNDLE_NS_FIXED + 1))
         return fail(r, -EFBIG,
                     "the header declares %u namespaces, %u bytes of text, %u bytes in all: "
                     "past the limits (%u, %u, %u) or inconsistent",
@@ -690,15 +693,15 @@ static int read_trailer(struct kc__bundle_reader *r)
         return fail(r, -EBADMSG, "damaged: the trailer's signer does not match the header's");
     if (kc__get_u64(t + 8) != r->record_no || kc__get_u64(t + 16) != r->block_no ||
         r->record_no != info->entries || r->seen_raw != info->raw_bytes)
-        return fail(r, -EBADMSG,
-                    "damaged: %" PRIu64 " entries in %" PRIu64 " blocks read, the header says %" PRIu64
-                    " and the trailer %" PRIu64 " in %" PRIu64,
-                    r->record_no, r->block_no, info->entries, kc__get_u64(t + 8),
-                    kc__get_u64(t + 16));
+        return fail(
+            r, -EBADMSG,
+            "damaged: %" PRIu64 " entries in %" PRIu64 " blocks read, the header says %" PRIu64
+            " and the trailer %" PRIu64 " in %" PRIu64,
+            r->record_no, r->block_no, info->entries, kc__get_u64(t + 8), kc__get_u64(t + 16));
     for (size_t i = 0; i < info->n_ns; i++)
         if (r->ns_entries[i] != info->ns[i].entries || r->ns_bytes[i] != info->ns[i].raw_bytes)
-            return fail(r, -EBADMSG, "damaged: namespace %s holds %" PRIu64
-                                     " entries, the header says %" PRIu64,
+            return fail(r, -EBADMSG,
+                        "damaged: namespace %s holds %" PRIu64 " entries, the header says %" PRIu64,
                         info->ns[i].ns, r->ns_entries[i], info->ns[i].entries);
     if (r->crypto != NULL) {
         if (memcmp(b2, t + 64, 32) != 0)
@@ -792,8 +795,10 @@ static int read_block(struct kc__bundle_reader *r)
         return rc;
     uint64_t no = r->block_no + 1;
     if (kc__get_u64(h + 40) != XXH3_64bits(h, 40))
-        return fail(r, -EBADMSG, "damaged: block %" PRIu64 " at byte %" PRIu64
-                                 " (its header checksum does not match)", no, at);
+        return fail(r, -EBADMSG,
+                    "damaged: block %" PRIu64 " at byte %" PRIu64
+                    " (its header checksum does not match)",
+                    no, at);
     uint32_t codec = kc__get_u32(h + 8), recs = kc__get_u32(h + 12);
     uint64_t raw = kc__get_u64(h + 16), stored = kc__get_u64(h + 24);
     char b1[32], b2[32];
@@ -818,8 +823,9 @@ static int read_block(struct kc__bundle_reader *r)
     if (rc < 0)
         return rc;
     if (XXH3_64bits(r->stored, (size_t)stored) != kc__get_u64(h + 32))
-        return fail(r, -EBADMSG, "damaged: block %" PRIu64 " at byte %" PRIu64
-                                 " (its checksum does not match)", no, at);
+        return fail(r, -EBADMSG,
+                    "damaged: block %" PRIu64 " at byte %" PRIu64 " (its checksum does not match)",
+                    no, at);
     if (codec == KC_BUNDLE_RAW) {
         /* The stored bytes are the records: swap the buffers. */
         unsigned char *t = r->raw;
@@ -880,8 +886,8 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " is cut short", no);
     uint64_t n = kc__get_u64(p);
     if (n > left - KC__BUNDLE_REC_HDR)
-        return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " declares %" PRIu64
-                                 " bytes, its block holds %zu",
+        return fail(r, -EBADMSG,
+                    "damaged: entry %" PRIu64 " declares %" PRIu64 " bytes, its block holds %zu",
                     no, n, left - KC__BUNDLE_REC_HDR);
     const unsigned char *file = p + KC__BUNDLE_REC_HDR;
     if (kc__spool_put_decode(file, (size_t)n, sp) != 0)
@@ -906,8 +912,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         return fail(r, -EBADMSG, "entry %" PRIu64 " is in namespace %s, which the header lacks", no,
                     sp->ns);
     if (no > r->info->entries || r->ns_entries[i] >= r->info->ns[i].entries)
-        return fail(r, -EBADMSG, "damaged: more entries than the header declares (entry %" PRIu64
-                                 " in %s)", no, sp->ns);
+        return fail(r, -EBADMSG,
+                    "damaged: more entries than the header declares (entry %" PRIu64 " in %s)", no,
+                    sp->ns);
     r->ns_entries[i]++;
     r->ns_bytes[i] += KC__BUNDLE_REC_SIZE(n);
     r->seen_raw += KC__BUNDLE_REC_SIZE(n);

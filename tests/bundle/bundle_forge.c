@@ -71,8 +71,11 @@ static void make_put(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest 
     for (size_t j = 0; j < n; j++)
         body[j] = (unsigned char)('a' + (j * 7 + (size_t)i) % 26);
     *key = (kc_key){.id = {.lo = 0x1000u + (uint64_t)i, .hi = 0xfeedu}, .build = 1};
-    struct kc__hdr h = {.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = n,
-                        .created_ns = 1000, .body_xxh = kc__body_xxh(body, n)};
+    struct kc__hdr h = {.kind = KC_KIND_NVRTC,
+                        .format = KC_FORMAT_VERSION,
+                        .body_size = n,
+                        .created_ns = 1000,
+                        .body_xxh = kc__body_xxh(body, n)};
     kc_digest src = key->id;
     b->len = 0;
     kc__spool_put_encode(b, NS, key, &src, &h, body, n);
@@ -126,9 +129,12 @@ int main(int argc, char **argv)
             return 1;
         }
         sg.state = aligned_alloc(64, (sg.na->generichash_statebytes() + 63) & ~(size_t)63);
-        sg.c = (struct kc_bundle_crypto){.ctx = &sg, .key_id = sg.keys.self.id,
-                                         .digest_begin = s_begin, .digest_add = s_add,
-                                         .digest_end = s_end, .sign = s_sign};
+        sg.c = (struct kc_bundle_crypto){.ctx = &sg,
+                                         .key_id = sg.keys.self.id,
+                                         .digest_begin = s_begin,
+                                         .digest_add = s_add,
+                                         .digest_end = s_end,
+                                         .sign = s_sign};
         crypto = &sg.c;
     }
     int fd = open(argv[2], O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -147,8 +153,12 @@ int main(int argc, char **argv)
     struct kc_bundle_ns ns = {.entries = 2};
     snprintf(ns.ns, sizeof ns.ns, "%s", NS);
     ns.raw_bytes = KC__BUNDLE_REC_SIZE(put.len) + KC__BUNDLE_REC_SIZE(put1.len);
-    struct kc_bundle_info info = {.created_ns = 1, .entries = 2, .raw_bytes = ns.raw_bytes,
-                                  .key_id = crypto ? crypto->key_id : 0, .n_ns = 1, .ns = &ns};
+    struct kc_bundle_info info = {.created_ns = 1,
+                                  .entries = 2,
+                                  .raw_bytes = ns.raw_bytes,
+                                  .key_id = crypto ? crypto->key_id : 0,
+                                  .n_ns = 1,
+                                  .ns = &ns};
     struct kc__bundle_writer w;
     int rc = 0;
     if (strcmp(mode, "huge-header") == 0) {
@@ -181,8 +191,10 @@ int main(int argc, char **argv)
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, put.p, put.len);
         struct kc__buf other = {0};
         unsigned char body[3000] = {0};
-        struct kc__hdr h = {.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION,
-                            .body_size = sizeof body, .created_ns = 1,
+        struct kc__hdr h = {.kind = KC_KIND_NVRTC,
+                            .format = KC_FORMAT_VERSION,
+                            .body_size = sizeof body,
+                            .created_ns = 1,
                             .body_xxh = kc__body_xxh(body, sizeof body)};
         kc__spool_put_encode(&other, "nvrtc-tesu", &k1, NULL, &h, body, sizeof body);
         kc_digest d = kc_digest_of(body, sizeof body);
@@ -220,8 +232,9 @@ int main(int argc, char **argv)
         w.entries = 2;
         /* Declared sizes whose compression bound holds what is stored:
          * the block passes every check but its inflation. */
-        rc = rc ? rc : raw_block(&w, z ? KC_BUNDLE_ZSTD : KC_BUNDLE_LZ4, 2, z ? 65536 : 1u << 20,
-                                 out, n);
+        rc =
+            rc ? rc
+               : raw_block(&w, z ? KC_BUNDLE_ZSTD : KC_BUNDLE_LZ4, 2, z ? 65536 : 1u << 20, out, n);
         free(zeros);
         free(out);
     } else {

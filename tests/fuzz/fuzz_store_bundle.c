@@ -236,7 +236,9 @@ static int seed(const char *dir, const char *name, unsigned mode, int codec,
     kc_key keys[3];
     kc_digest bds[3];
     struct kc_bundle_ns ns[2] = {{.usable = -1}, {.usable = -1}};
-    struct kc_bundle_info info = {.created_ns = 1700000000000000000ull, .n_ns = 2, .ns = ns,
+    struct kc_bundle_info info = {.created_ns = 1700000000000000000ull,
+                                  .n_ns = 2,
+                                  .ns = ns,
                                   .key_id = crypto ? crypto->key_id : 0};
     for (int i = 0; i < 3; i++) {
         char body[200];
@@ -244,7 +246,8 @@ static int seed(const char *dir, const char *name, unsigned mode, int codec,
                           i == 2 ? ".entry k() { ret; }\n.entry k() { ret; }\n" : "");
         keys[i] = (kc_key){.id = {.lo = 0x1000u + (uint64_t)i, .hi = 0xfeed}, .build = 7};
         struct kc__hdr h = {.kind = i == 1 ? KC_KIND_JIT : KC_KIND_NVRTC,
-                            .format = KC_FORMAT_VERSION, .body_size = (uint64_t)bl,
+                            .format = KC_FORMAT_VERSION,
+                            .body_size = (uint64_t)bl,
                             .created_ns = 1700000000000000000ull + (uint64_t)i,
                             .body_xxh = kc__body_xxh(body, (size_t)bl)};
         int which = i == 1;
