@@ -184,6 +184,91 @@ struct kc_gc_report {
 /* Progress callback for long operations: done of total (total 0 = unknown). */
 typedef void (*kc_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
+/* ---- bundles (kcache export / import; store/db/bundle.c) ----------------
+ * A bundle is one file holding entries as the store keeps them (put
+ * records: header, body, source mapping), for another machine's store.
+ * Layout: store/db/bundle.h. */
+
+/* How a bundle's blocks are compressed (a block that does not shrink is
+ * stored raw whatever was asked). */
+enum kc_bundle_codec { KC_BUNDLE_RAW = 0, KC_BUNDLE_ZSTD = 1, KC_BUNDLE_LZ4 = 2 };
+
+/* The cryptography of signed bundles, provided by the caller (the tool:
+ * store/remote's Ed25519 keys through libsodium), so the store links no
+ * crypto library. digest_*: a cryptographic digest (BLAKE2b-256) of a
+ * byte stream; digest_begin starts one afresh (one left unfinished needs
+ * no end). */
+struct kc_bundle_crypto {
+    void *ctx;
+    uint64_t key_id; /* export: the signing key's id; 0: unsigned */
+    void (*digest_begin)(void *ctx);
+    void (*digest_add)(void *ctx, const void *p, size_t n);
+    void (*digest_end)(void *ctx, unsigned char out[32]);
+    /* Export: 0 with sig, or a negative errno. */
+    int (*sign)(void *ctx, const void *msg, size_t n, unsigned char sig[64]);
+    /* Import: whether key_id is a trusted key (1) or not (0). */
+    int (*trusted)(void *ctx, uint64_t key_id);
+    /* Import: 0 when sig is key_id's signature of msg; -EKEYREJECTED when it
+     * is not; -ENOKEY when key_id is not trusted. */
+    int (*verify)(void *ctx, uint64_t key_id, const void *msg, size_t n,
+                  const unsigned char sig[64]);
+};
+
+struct kc_bundle_export_opts {
+    int fd;                    /* written in order (a pipe will do) */
+    const char *const *globs;  /* fnmatch(3) patterns namespaces must match */
+    size_t n_globs;            /* 0: every namespace */
+    uint64_t since_ns;         /* entries last used (hit, else created) at or
+                                * after this time (ns since the epoch); 0: all */
+    uint64_t max_size;         /* the bundle is at most this many bytes: the
+                                * most recently used entries that fit; 0: no cap */
+    int codec;                 /* enum kc_bundle_codec */
+    int level;                 /* the codec's level; 0: its default */
+    const struct kc_bundle_crypto *crypto; /* NULL, or key_id 0: unsigned */
+};
+
+struct kc_bundle_import_opts {
+    int fd;                    /* the bundle; read twice when seekable and
+                                * private, else copied to a private file */
+    int trust_unsigned;        /* accept a bundle no trusted key signed */
+    int dry_run;               /* verify and count; write nothing */
+    int header_only;           /* header, and the trailer when seekable
+                                * (`kcache bundle show`); nothing verified */
+    int only_usable;           /* skip namespaces usable() says are not */
+    const struct kc_bundle_crypto *crypto; /* NULL: no signature can verify */
+    /* Whether this machine can use namespace ns: 1, 0, or -1 (unknown).
+     * NULL: unknown for all. */
+    int (*usable)(const char *ns, void *arg);
+    void *usable_arg;
+};
+
+/* One namespace of a bundle. */
+struct kc_bundle_ns {
+    char ns[128];
+    uint64_t entries, raw_bytes; /* in the bundle */
+    uint64_t imported;           /* import: written to the store */
+    uint64_t present;            /* import: already in the store, skipped */
+    uint64_t skipped;            /* import: not usable here, skipped */
+    int usable;                  /* usable()'s answer */
+};
+
+/* What a bundle holds, and what an export or import did. */
+struct kc_bundle_info {
+    uint32_t version;    /* bundle layout */
+    uint32_t format;     /* KC_FORMAT_VERSION of its records */
+    uint64_t created_ns;
+    uint64_t entries, raw_bytes; /* records, and their bytes uncompressed */
+    uint64_t file_bytes;         /* the bundle's size */
+    uint64_t blocks;
+    uint64_t key_id;     /* the signer's key id; 0: unsigned */
+    int is_signed;
+    int verified;        /* every check passed; signed: by a trusted key */
+    int trailer_seen;    /* header_only: the trailer was read */
+    size_t n_ns;
+    struct kc_bundle_ns *ns; /* malloc'd; release with free() */
+    char why[320];       /* on failure: one line saying why */
+};
+
 struct kc_store;
 struct kc_tier; /* tier.h */
 
@@ -308,6 +393,28 @@ struct kc_store_admin {
      * *body pointing inside `rec`, or -EBADMSG. Exposed for the fuzzers. */
     int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info,
                         const void **body, size_t *body_len);
+
+    /* --- bundles --- */
+
+    /* Writes a bundle of the selected entries of the database to opts->fd
+     * (drain first to include the spool): header, blocks, trailer, in
+     * constant memory (one block, and the largest entry). 0 with *info
+     * filled (info->ns malloc'd, also on failure; free it); a negative
+     * errno with info->why saying why. */
+    int (*bundle_export)(struct kc_store *st, const struct kc_bundle_export_opts *opts,
+                         struct kc_bundle_info *info);
+
+    /* Reads a bundle: header, every block and record, the trailer (digest,
+     * signature); nothing is written unless all of it verifies. Then,
+     * unless opts->dry_run or st is NULL, imports every entry the store
+     * lacks as the owner (write batches, as a drained put). 0 with *info;
+     * a negative errno with info->why, one line: -EBADMSG (damaged,
+     * truncated, not a bundle, an entry that does not match itself),
+     * -EPROTO (a layout or record format this build does not read),
+     * -EKEYREJECTED (unsigned, untrusted key, bad signature), -EFBIG (a
+     * declared size past the limits), or the I/O or store error. */
+    int (*bundle_import)(struct kc_store *st, const struct kc_bundle_import_opts *opts,
+                         struct kc_bundle_info *info);
 };
 
 /* The data path's table. The shim finds this one symbol with dlsym(). */

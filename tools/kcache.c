@@ -12,6 +12,7 @@
 #include "../common/log.h"
 #include "../store/remote/remote.h"
 #include "../store/store.h"
+#include "bundle.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -64,6 +65,12 @@ static const char usage_text[] =
     "                         and a signed entry written, read back, deleted\n"
     "  push [--namespace NS]  upload this store's entries to KCACHE_REMOTE, signed\n"
     "                         with this node's key (backfill)\n"
+    "  export -o FILE         a bundle of the store's entries for another machine\n"
+    "    [--namespace GLOB]... [--hit-since DURATION] [--max-size SIZE]\n"
+    "    [--sign KEY] [--compress zstd[:LEVEL]|lz4|none]   (-o - : standard output)\n"
+    "  import FILE            verify a bundle, then add the entries the store lacks\n"
+    "    [--trust-unsigned] [--dry-run] [--only-usable]\n"
+    "  bundle show FILE       a bundle's header: namespaces, counts, sizes, signer\n"
     "\n"
     "Options:\n"
     "  --dir DIR              cache directory (overrides KCACHE_DIR)\n"
@@ -1085,6 +1092,13 @@ int main(int argc, char **argv)
                 return rc;
             c.dir_from_cli = true;
             continue;
+        }
+        if (cmd == NULL && kc_tool_bundle_command(a)) {
+            struct kc_tool_ctx t = {.dir = c.dir, .cfg = &c.cfg};
+            kc__log_set_level(c.cfg.log_level);
+            for (int w = 0; w < c.cfg.n_warnings; w++)
+                kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[w]);
+            return kc_tool_bundle(&t, argc - i, argv + i);
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(usage_text, stdout);

@@ -5,6 +5,7 @@
  * gc, clear, drain, the owner) reads the database through that tier's
  * reader and works on the spool and the hot files.
  */
+#include "bundle.h"
 #include "internal.h"
 #include "meta.h"
 
@@ -479,6 +480,33 @@ static int st_drain(struct kc_store *store, int timeout_ms)
     return 0;
 }
 
+/* For bundle.c (bundle.h): the database tier's reader, caught up and held,
+ * and the owner, as the other tool operations take them. */
+int kc__store_reader_hold(struct kc_store *store, struct kc__db **d)
+{
+    struct kc__dbt *st = kc__dbt_of(store);
+    if (st == NULL || !fresh_reader(st))
+        return -ENOENT;
+    *d = &st->rd;
+    return 0;
+}
+
+void kc__store_reader_release(struct kc_store *store)
+{
+    pthread_rwlock_unlock(&kc__dbt_of(store)->rdlk);
+}
+
+int kc__store_as_owner(struct kc_store *store, struct kc__owner **o)
+{
+    struct kc__dbt *st = kc__dbt_of(store);
+    return st != NULL ? as_owner(st, o) : -EINVAL;
+}
+
+void kc__store_end_owner(struct kc_store *store, struct kc__owner *o)
+{
+    end_owner(store, o);
+}
+
 /* ---- the tables ------------------------------------------------------------ */
 
 static const struct kc_store_api api = {
@@ -504,6 +532,8 @@ static const struct kc_store_admin admin = {
     .drain = st_drain,
     .owner_run = kc__owner_run,
     .parse_record = kc__parse_record,
+    .bundle_export = kc__bundle_export,
+    .bundle_import = kc__bundle_import,
 };
 
 KC_API const struct kc_store_admin *kc_store_admin(void)

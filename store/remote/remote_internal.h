@@ -48,6 +48,12 @@ struct kc__sodium {
                        unsigned long long inlen, const unsigned char *key, size_t keylen);
     void (*randombytes_buf)(void *buf, size_t size);
     void (*memzero)(void *p, size_t n);
+    /* BLAKE2b over a stream (bundles' digest); NULL when missing. The
+     * state is generichash_statebytes() bytes, 64-byte aligned. */
+    size_t (*generichash_statebytes)(void);
+    int (*generichash_init)(void *state, const unsigned char *key, size_t keylen, size_t outlen);
+    int (*generichash_update)(void *state, const unsigned char *in, unsigned long long inlen);
+    int (*generichash_final)(void *state, unsigned char *out, size_t outlen);
 };
 
 /* Loads libsodium once per process and runs sodium_init. 0 with *out, or

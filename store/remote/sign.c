@@ -43,6 +43,13 @@ static void sodium_load_once(void)
     sodium.generichash = (__typeof__(sodium.generichash))dlsym(h, "crypto_generichash");
     sodium.randombytes_buf = (__typeof__(sodium.randombytes_buf))dlsym(h, "randombytes_buf");
     sodium.memzero = (__typeof__(sodium.memzero))dlsym(h, "sodium_memzero");
+    sodium.generichash_statebytes =
+        (__typeof__(sodium.generichash_statebytes))dlsym(h, "crypto_generichash_statebytes");
+    sodium.generichash_init = (__typeof__(sodium.generichash_init))dlsym(h, "crypto_generichash_init");
+    sodium.generichash_update =
+        (__typeof__(sodium.generichash_update))dlsym(h, "crypto_generichash_update");
+    sodium.generichash_final =
+        (__typeof__(sodium.generichash_final))dlsym(h, "crypto_generichash_final");
     if (init == NULL || sodium.seed_keypair == NULL || sodium.sign_detached == NULL ||
         sodium.verify_detached == NULL || sodium.generichash == NULL ||
         sodium.randombytes_buf == NULL || sodium.memzero == NULL || init() < 0) {

@@ -1,0 +1,226 @@
+/*
+ * bundle.h: the byte layout of a bundle (kcache export / import), its
+ * stream reader and writer (bundle_io.c) and the store's side of export
+ * and import (bundle.c). Every number is little-endian; a u64 is 8 bytes.
+ *
+ * A bundle is a header, blocks, and a trailer, written in one pass (a
+ * pipe will do) and read in one pass, every byte through one stream type
+ * (struct kc__bstream, as redis' rio) that keeps a running XXH3-128 and,
+ * for a signed bundle, a BLAKE2b-256 of everything before the trailer.
+ *
+ *   header   0  magic "KCBUNDLE"                                  8
+ *            8  u16 layout version (KC__BUNDLE_VERSION)
+ *           10  u16 record format (KC_FORMAT_VERSION of the records)
+ *           12  u32 flags: 1 signed
+ *           16  u64 created, ns since the epoch
+ *           24  u64 entries (records in the blocks)
+ *           32  u64 raw bytes (the records' bytes, uncompressed)
+ *           40  u64 signer's key id (0: unsigned)
+ *           48  u32 namespaces
+ *           52  u32 text length
+ *           56  u32 codec the writer asked for (informational)
+ *           60  u32 header length, all of it
+ *           64  the text: what the header says, in ASCII lines, so that
+ *               `head -c 2000 FILE` shows it (format, time, signer, each
+ *               namespace with its fingerprint described)
+ *           ..  per namespace: u16 length, u16 0, u32 0, u64 entries,
+ *               u64 raw bytes, the name (1..127 bytes, no NUL)
+ *           ..  u64 XXH3-64 of the header's bytes before it
+ *
+ *   block    0  magic "KCBBLOCK"                                  8
+ *            8  u32 codec (enum kc_bundle_codec)
+ *           12  u32 records in it
+ *           16  u64 raw length (the records, uncompressed)
+ *           24  u64 stored length (the bytes that follow)
+ *           32  u64 XXH3-64 of the stored bytes
+ *           40  u64 XXH3-64 of bytes 0..40 of the block header
+ *           48  the stored bytes: the records, compressed as one zstd
+ *               frame or LZ4 block, or raw when that did not shrink them
+ *
+ *   record   0  u64 length of the put file
+ *            8  16 the entry's name: XXH3-128 of ns \0 key (kc__kkey's
+ *               bytes), as its hot file is named
+ *           24  16 the body's digest (kc_digest_of, the bodies family's key)
+ *           40  the put file: the spool's own checksummed format
+ *               (store/local/record.c: namespace, key, source, record
+ *               header, body), as the owner drains it
+ *
+ *   trailer  0  magic "KCBTRAIL"                                  8
+ *            8  u64 entries
+ *           16  u64 blocks
+ *           24  u64 bytes before the trailer
+ *           32  16 XXH3-128 of those bytes
+ *           48  u32 flags (as the header's), u32 0
+ *           56  u64 signer's key id (as the header's)
+ *           64  32 BLAKE2b-256 of the bytes before the trailer (signed)
+ *           96  64 Ed25519 signature of "kcache-bundle-v1" followed by
+ *               trailer bytes 0..96 (signed; zeros otherwise)
+ *          160  u64 XXH3-64 of trailer bytes 0..160
+ *          168  magic "KCBUNEND"                                  8
+ *
+ * A reader checks everything before it writes anything: header, each
+ * block's checksums and sizes (an inflated size must be the declared one),
+ * each record (its put file's checksums, its name against its key, its
+ * digest against its body, its namespace in the header), the counts, the
+ * digests and the signature, and nothing after the trailer.
+ */
+#ifndef KCACHE_STORE_BUNDLE_H
+#define KCACHE_STORE_BUNDLE_H
+
+#include "../local/local.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KC__BUNDLE_VERSION 1
+#define KC__BUNDLE_MAGIC "KCBUNDLE"
+#define KC__BUNDLE_BLOCK_MAGIC "KCBBLOCK"
+#define KC__BUNDLE_TRAILER_MAGIC "KCBTRAIL"
+#define KC__BUNDLE_END_MAGIC "KCBUNEND"
+#define KC__BUNDLE_HDR_FIXED 64
+#define KC__BUNDLE_NS_FIXED 24
+#define KC__BUNDLE_BLOCK_HDR 48
+#define KC__BUNDLE_REC_HDR 40
+#define KC__BUNDLE_TRAILER 176
+#define KC__BUNDLE_SIGNED 1u
+#define KC__BUNDLE_SIG_CONTEXT "kcache-bundle-v1"
+
+/* Limits a reader holds a bundle to (a hostile one declares anything). */
+#define KC__BUNDLE_MAX_NS 65536u
+#define KC__BUNDLE_MAX_TEXT (1u << 20)
+#define KC__BUNDLE_MAX_HDR (16u << 20)
+/* A record (a put file) at most 1 GiB: larger entries are not exported. */
+#define KC__BUNDLE_MAX_RECORD (1ull << 30)
+/* A writer closes a block once it holds this much: blocks hold at most
+ * this plus one record. */
+#define KC__BUNDLE_BLOCK_TARGET (4u << 20)
+#define KC__BUNDLE_MAX_BLOCK (KC__BUNDLE_MAX_RECORD + KC__BUNDLE_BLOCK_TARGET + KC__BUNDLE_REC_HDR)
+
+/* ---- the stream (bundle_io.c) ------------------------------------------- */
+
+struct kc__bstream {
+    int fd;                   /* -1: reading from mem */
+    const unsigned char *mem; /* reading from memory (the fuzzer) */
+    size_t mem_len;
+    unsigned char *buf; /* fd: the I/O buffer */
+    size_t cap, len, pos;
+    uint64_t off;                          /* bytes consumed (read) or produced (written) */
+    void *xxh;                             /* XXH3_state_t: running XXH3-128 */
+    const struct kc_bundle_crypto *crypto; /* digest_add when hashing */
+    bool hashing;
+    bool eof;
+};
+
+/* Starts a stream over fd (reading or writing) or, with fd -1, over the
+ * n bytes at mem (reading). 0 or -ENOMEM. */
+int kc__bs_init(struct kc__bstream *s, int fd, const void *mem, size_t n);
+void kc__bs_free(struct kc__bstream *s);
+/* Reads exactly n bytes into p, through the digests. 0; -ENODATA when the
+ * stream ends first; or the read error. */
+int kc__bs_read(struct kc__bstream *s, void *p, size_t n);
+/* The next n (<= 64) bytes without consuming them: 0 with *p, -ENODATA,
+ * or the read error. */
+int kc__bs_peek(struct kc__bstream *s, size_t n, const unsigned char **p);
+/* Whether the stream has ended (nothing more to read; reads ahead). */
+bool kc__bs_at_end(struct kc__bstream *s);
+/* Writes n bytes through the digests (buffered). 0 or the write error. */
+int kc__bs_write(struct kc__bstream *s, const void *p, size_t n);
+/* Writes out the buffer. 0 or the write error. */
+int kc__bs_flush(struct kc__bstream *s);
+/* The running XXH3-128 of everything read or written so far. */
+kc_digest kc__bs_digest(struct kc__bstream *s);
+
+/* ---- the writer (bundle_io.c) ------------------------------------------- */
+
+struct kc__bundle_writer {
+    struct kc__bstream s;
+    const struct kc_bundle_crypto *crypto; /* signs when key_id != 0 */
+    int codec, level;
+    struct kc__buf raw; /* the block being filled */
+    unsigned char *out; /* compressed block */
+    size_t out_cap;
+    uint32_t block_records;
+    uint64_t entries, blocks, raw_bytes;
+    void *zcctx; /* ZSTD_CCtx */
+};
+
+/* Writes the header (info: created_ns, entries, raw_bytes, key_id,
+ * namespaces with their counts) and starts the blocks. 0 or a negative
+ * errno. */
+int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc_bundle_info *info,
+                            int codec, int level, const struct kc_bundle_crypto *crypto);
+/* Adds one record: the put file (len bytes) of (ns, key) whose body
+ * digest is body_digest. 0 or a negative errno. */
+int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
+                          const kc_digest *body_digest, const void *put, size_t len);
+/* Closes the last block, writes the trailer (signed when crypto has a
+ * key) and flushes. *file_bytes: the bundle's size. 0 or a negative errno. */
+int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes);
+void kc__bundle_writer_free(struct kc__bundle_writer *w);
+/* The header's size for info (the writer's, exactly). */
+size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec);
+/* The bytes a record of a put file of len bytes takes in a block. */
+#define KC__BUNDLE_REC_SIZE(len) ((uint64_t)KC__BUNDLE_REC_HDR + (len))
+
+/* ---- the reader (bundle_io.c) ------------------------------------------- */
+
+struct kc__bundle_reader {
+    struct kc__bstream s;
+    struct kc_bundle_info *info; /* the header, as declared */
+    const struct kc_bundle_crypto *crypto;
+    bool trust_unsigned;
+    unsigned char *stored, *raw; /* the current block */
+    size_t stored_cap, raw_cap, raw_len, raw_pos;
+    uint32_t block_left; /* records of the current block not read */
+    uint64_t block_no, record_no;
+    uint64_t seen_raw;
+    uint64_t *ns_entries, *ns_bytes; /* tallies per namespace of info->ns */
+    void *zdctx;                     /* ZSTD_DCtx */
+    bool done;
+};
+
+/* Starts reading a bundle from fd (or the n bytes at mem when fd is -1)
+ * and reads its header into *info (info->ns malloc'd; the caller frees
+ * it). The signature policy is applied here: an unsigned bundle, or one
+ * signed by a key crypto does not trust, is refused (-EKEYREJECTED)
+ * unless trust_unsigned. 0, or a negative errno with info->why. */
+int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
+                            struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                            bool trust_unsigned);
+/* The next record: 1 with *sp decoded and checked (pointing into the
+ * reader's block, valid until the next call) and *put, *len its put file;
+ * 0 after the trailer, once every count, digest and the signature check
+ * out (info->verified set) and nothing follows it; or a negative errno
+ * with info->why. *ns_index: the record's namespace in info->ns. */
+int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
+                           const unsigned char **put, size_t *len, size_t *ns_index);
+void kc__bundle_reader_free(struct kc__bundle_reader *r);
+/* Parses a trailer (KC__BUNDLE_TRAILER bytes) into info's entries, blocks,
+ * key_id, is_signed: 0 or -EBADMSG. For `bundle show`; checks only its
+ * magics and its own checksum. */
+int kc__bundle_trailer_peek(const unsigned char *t, struct kc_bundle_info *info);
+
+/* A namespace's fingerprint in words ("NVRTC 13.0, libnvrtc identity
+ * 0123456789abcdef, record format 1"), into out (n bytes). */
+void kc__bundle_ns_describe(const char *ns, char *out, size_t n);
+
+/* ---- the store side (bundle.c), and what store.c gives it ---------------- */
+
+struct kc_store;
+struct kc__db;
+struct kc__owner;
+/* The store's reader caught up and held: 0 with *d (release it), -ENOENT
+ * when there is no database yet. */
+int kc__store_reader_hold(struct kc_store *st, struct kc__db **d);
+void kc__store_reader_release(struct kc_store *st);
+/* Becomes the owner for a tool operation (-EROFS on a read-only store),
+ * and ends it (starting the background owner again if writers left work). */
+int kc__store_as_owner(struct kc_store *st, struct kc__owner **o);
+void kc__store_end_owner(struct kc_store *st, struct kc__owner *o);
+
+int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *opts,
+                      struct kc_bundle_info *info);
+int kc__bundle_import(struct kc_store *st, const struct kc_bundle_import_opts *opts,
+                      struct kc_bundle_info *info);
+
+#endif

@@ -1,0 +1,700 @@
+/*
+ * bundle.c: the tool's bundle commands (kcache export, kcache import,
+ * kcache bundle show) over the store's bundle operations (store.h), with
+ * the signatures' cryptography from store/remote (Ed25519 keys, libsodium
+ * by dlopen) and this machine's namespaces from usable.c.
+ */
+#include "bundle.h"
+
+#include "../common/config.h"
+#include "../common/log.h"
+#include "../store/remote/remote_internal.h"
+#include "../store/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 2
+#define EXIT_RUNTIME 1
+#define DRAIN_WAIT_MS 15000
+#define MAX_GLOBS 64
+
+static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void err_line(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    for (char *p = line; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    fflush(stdout);
+    fprintf(stderr, "kcache: error: %s\n", line);
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    char line[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    err_line("%s (see kcache --help)", line);
+    return EXIT_USAGE;
+}
+
+static const char *human(uint64_t n, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (n < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", n);
+        return buf;
+    }
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+static const char *utc(uint64_t ns, char *buf, size_t len)
+{
+    time_t t = (time_t)(ns / 1000000000u);
+    struct tm tm;
+    if (gmtime_r(&t, &tm) == NULL || strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+        snprintf(buf, len, "%" PRIu64, ns);
+    return buf;
+}
+
+/* Parses a duration: a number with an optional s, m, h, d or w suffix
+ * (seconds when none). 0 with *ns, or -1. */
+static int parse_duration(const char *s, uint64_t *ns)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno != 0 || s[0] == '-')
+        return -1;
+    uint64_t mul = 1;
+    if (*end != '\0') {
+        switch (*end) {
+        case 's':
+            mul = 1;
+            break;
+        case 'm':
+            mul = 60;
+            break;
+        case 'h':
+            mul = 3600;
+            break;
+        case 'd':
+            mul = 86400;
+            break;
+        case 'w':
+            mul = 7 * 86400;
+            break;
+        default:
+            return -1;
+        }
+        if (end[1] != '\0')
+            return -1;
+    }
+    if (v > UINT64_MAX / mul / 1000000000u)
+        return -1;
+    *ns = (uint64_t)v * mul * 1000000000u;
+    return 0;
+}
+
+/* ---- signatures: store/remote's keys and libsodium ---------------------- */
+
+struct crypto {
+    struct kc_bundle_crypto c;
+    const struct kc__sodium *na;
+    struct kc__keys keys;
+    void *state; /* BLAKE2b, 64-byte aligned */
+};
+
+static void c_begin(void *ctx)
+{
+    struct crypto *k = ctx;
+    k->na->generichash_init(k->state, NULL, 0, 32);
+}
+
+static void c_add(void *ctx, const void *p, size_t n)
+{
+    struct crypto *k = ctx;
+    k->na->generichash_update(k->state, p, n);
+}
+
+static void c_end(void *ctx, unsigned char out[32])
+{
+    struct crypto *k = ctx;
+    k->na->generichash_final(k->state, out, 32);
+}
+
+static int c_sign(void *ctx, const void *msg, size_t n, unsigned char sig[64])
+{
+    struct crypto *k = ctx;
+    unsigned long long sl = 0;
+    if (!k->keys.have_secret || k->na->sign_detached(sig, &sl, msg, n, k->keys.sk) != 0 || sl != 64)
+        return -EIO;
+    return 0;
+}
+
+static int c_trusted(void *ctx, uint64_t id)
+{
+    struct crypto *k = ctx;
+    return kc__keys_find(&k->keys, id) != NULL;
+}
+
+static int c_verify(void *ctx, uint64_t id, const void *msg, size_t n, const unsigned char sig[64])
+{
+    struct crypto *k = ctx;
+    const struct kc__pubkey *pk = kc__keys_find(&k->keys, id);
+    if (pk == NULL)
+        return -ENOKEY;
+    return k->na->verify_detached(sig, msg, n, pk->pk) == 0 ? 0 : -EKEYREJECTED;
+}
+
+/* Loads libsodium and the keys: the secret key `sign` (export; NULL: none)
+ * and the trusted keys file (import). 0; 1 when libsodium is missing (no
+ * crypto: bundles are unsigned, signatures cannot be checked); or -1
+ * after an error line. */
+static int crypto_open(struct crypto *k, const char *sign, const char *trusted)
+{
+    memset(k, 0, sizeof *k);
+    if (kc__sodium_load(&k->na) != 0)
+        return 1;
+    if (k->na->generichash_statebytes == NULL || k->na->generichash_init == NULL ||
+        k->na->generichash_update == NULL || k->na->generichash_final == NULL)
+        return 1;
+    size_t sb = (k->na->generichash_statebytes() + 63) & ~(size_t)63;
+    k->state = aligned_alloc(64, sb);
+    if (k->state == NULL) {
+        err_line("out of memory");
+        return -1;
+    }
+    if (sign != NULL && sign[0] != '\0') {
+        int rc = kc__keys_load_secret(k->na, sign, &k->keys);
+        if (rc != 0) {
+            err_line("signing key %s: %s", sign,
+                     rc == -EPERM     ? "must be a regular file of this user, mode 0600"
+                     : rc == -EBADMSG ? "not a kcache secret key (kcache keygen makes one)"
+                                      : strerror(-rc));
+            return -1;
+        }
+    }
+    if (trusted != NULL && trusted[0] != '\0') {
+        int rc = kc__keys_load_trusted(k->na, trusted, &k->keys);
+        if (rc != 0) {
+            err_line("trusted keys %s: %s", trusted,
+                     rc == -EPERM ? "must not be writable by others, and be this user's or root's"
+                                  : strerror(-rc));
+            return -1;
+        }
+    }
+    k->c.ctx = k;
+    k->c.key_id = k->keys.have_secret ? k->keys.self.id : 0;
+    k->c.digest_begin = c_begin;
+    k->c.digest_add = c_add;
+    k->c.digest_end = c_end;
+    k->c.sign = c_sign;
+    k->c.trusted = c_trusted;
+    k->c.verify = c_verify;
+    return 0;
+}
+
+static void crypto_close(struct crypto *k)
+{
+    if (k->na != NULL)
+        kc__keys_free(k->na, &k->keys);
+    free(k->state);
+    memset(k, 0, sizeof *k);
+}
+
+/* ---- the store ------------------------------------------------------------ */
+
+static int open_store(const struct kc_store_api *api, const char *dir, uint64_t max_size,
+                      bool readonly, struct kc_store **st)
+{
+    struct kc_store_options o = {.dir = dir, .readonly = readonly, .max_size = max_size};
+    int rc = api->open(&o, st);
+    if (rc < 0 || *st == NULL) {
+        err_line("cannot use cache directory %s: %s", dir,
+                 rc == -EPERM ? "it, or a directory or link on the way to it, is owned by another "
+                                "user or writable by others"
+                              : strerror(rc < 0 ? -rc : EIO));
+        *st = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static bool api_ok(const struct kc_store_api *api)
+{
+    const struct kc_store_admin *adm = kc_store_admin();
+    if (api == NULL || api->abi != KC_STORE_ABI || adm == NULL || adm->abi != KC_STORE_ABI ||
+        adm->bundle_export == NULL || adm->bundle_import == NULL) {
+        err_line("the store library does not provide bundles");
+        return false;
+    }
+    return true;
+}
+
+/* ---- kcache export ------------------------------------------------------------ */
+
+static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *const *globs,
+                      size_t n_globs, uint64_t since, uint64_t max_size, const char *sign,
+                      int codec, int level)
+{
+    const struct kc_store_api *api = kc_store_api();
+    if (!api_ok(api))
+        return EXIT_RUNTIME;
+    bool to_stdout = strcmp(out, "-") == 0;
+    if (to_stdout && isatty(STDOUT_FILENO)) {
+        err_line("not writing a bundle to a terminal; use -o FILE or a pipe");
+        return EXIT_RUNTIME;
+    }
+    struct crypto k;
+    const char *key = sign != NULL ? sign : t->cfg->remote_signing_key;
+    int cr = crypto_open(&k, key, NULL);
+    if (cr < 0)
+        return EXIT_RUNTIME;
+    if (cr == 1 && key != NULL && key[0] != '\0') {
+        err_line("cannot sign the bundle with %s: libsodium is not installed", key);
+        return EXIT_RUNTIME;
+    }
+    struct stat sb;
+    if (stat(t->dir, &sb) != 0) {
+        crypto_close(&k);
+        if (errno != ENOENT) {
+            err_line("cannot use cache directory %s: %s", t->dir, strerror(errno));
+            return EXIT_RUNTIME;
+        }
+        err_line("no store in %s: nothing to export", t->dir);
+        return EXIT_RUNTIME;
+    }
+    struct kc_store *st;
+    if (open_store(api, t->dir, t->cfg->max_size, t->cfg->readonly, &st) < 0) {
+        crypto_close(&k);
+        return EXIT_RUNTIME;
+    }
+    /* What the spool holds goes in too: drained first. */
+    if (!t->cfg->readonly && kc_store_admin()->drain != NULL) {
+        int rc = kc_store_admin()->drain(st, DRAIN_WAIT_MS);
+        if (rc < 0)
+            kc_log(KC_LOG_WARN,
+                   "export: the spool was not drained (%s); its newest entries are "
+                   "left out",
+                   strerror(-rc));
+    }
+    int fd = STDOUT_FILENO;
+    char tmp[PATH_MAX + 32] = "";
+    if (!to_stdout) {
+        if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out) >= (int)sizeof tmp) {
+            api->ops->close(st);
+            crypto_close(&k);
+            return usage_error("-o: path too long");
+        }
+        fd = mkostemp(tmp, O_CLOEXEC);
+        if (fd < 0) {
+            err_line("cannot write %s: %s", out, strerror(errno));
+            api->ops->close(st);
+            crypto_close(&k);
+            return EXIT_RUNTIME;
+        }
+    }
+    struct kc_bundle_export_opts o = {
+        .fd = fd,
+        .globs = globs,
+        .n_globs = n_globs,
+        .since_ns = since,
+        .max_size = max_size,
+        .codec = codec,
+        .level = level,
+        .crypto = k.c.key_id != 0 ? &k.c : NULL,
+    };
+    struct kc_bundle_info info;
+    int rc = kc_store_admin()->bundle_export(st, &o, &info);
+    api->ops->close(st);
+    crypto_close(&k);
+    if (!to_stdout) {
+        /* mkostemp's 0600: a bundle holds the store's entries, as private
+         * as the store until its owner shares it. */
+        if (rc == 0 && fsync(fd) != 0) {
+            rc = -errno;
+            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
+        }
+        if (close(fd) != 0 && rc == 0) {
+            rc = -errno;
+            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
+        }
+        if (rc == 0 && rename(tmp, out) != 0) {
+            rc = -errno;
+            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
+        }
+        if (rc < 0)
+            unlink(tmp);
+    }
+    if (rc < 0) {
+        err_line("export failed: %s", info.why);
+        free(info.ns);
+        return EXIT_RUNTIME;
+    }
+    FILE *f = to_stdout ? stderr : stdout;
+    char b1[32], b2[32];
+    fprintf(f, "exported %" PRIu64 " entries of %zu namespace%s to %s: %s (%s uncompressed), %s\n",
+            info.entries, info.n_ns, info.n_ns == 1 ? "" : "s", to_stdout ? "standard output" : out,
+            human(info.file_bytes, b1, sizeof b1), human(info.raw_bytes, b2, sizeof b2),
+            info.key_id ? "signed" : "unsigned");
+    if (info.key_id)
+        fprintf(f, "signed by key %016" PRIx64 "\n", info.key_id);
+    for (size_t i = 0; i < info.n_ns; i++)
+        fprintf(f, "  %s: %" PRIu64 " entries, %s\n", info.ns[i].ns, info.ns[i].entries,
+                human(info.ns[i].raw_bytes, b1, sizeof b1));
+    free(info.ns);
+    return fflush(f) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- kcache import / bundle show --------------------------------------------- */
+
+static int usable_cb(const char *ns, void *arg)
+{
+    return kc_tool_ns_usable(ns);
+}
+
+static const char *usable_words(int u)
+{
+    return u == 1 ? "usable here" : u == 0 ? "not usable here" : "usability unknown";
+}
+
+static int open_bundle(const char *path, int *fd)
+{
+    if (strcmp(path, "-") == 0) {
+        *fd = STDIN_FILENO;
+        return 0;
+    }
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (*fd < 0) {
+        err_line("cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void print_namespaces(const struct kc_bundle_info *info, bool counts)
+{
+    for (size_t i = 0; i < info->n_ns; i++) {
+        const struct kc_bundle_ns *e = &info->ns[i];
+        char d[200], b[32];
+        kc_tool_ns_describe(e->ns, d, sizeof d);
+        printf("  %s\n    %s; %s\n    %" PRIu64 " entries, %s", e->ns, d, usable_words(e->usable),
+               e->entries, human(e->raw_bytes, b, sizeof b));
+        if (counts)
+            printf(": %" PRIu64 " imported, %" PRIu64 " already present, %" PRIu64 " skipped",
+                   e->imported, e->present, e->skipped);
+        printf("\n");
+    }
+}
+
+static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_unsigned,
+                      bool dry_run, bool only_usable)
+{
+    const struct kc_store_api *api = kc_store_api();
+    if (!api_ok(api))
+        return EXIT_RUNTIME;
+    if (t->cfg->readonly && !dry_run) {
+        err_line("KCACHE_READONLY is set: nothing can be imported");
+        return EXIT_RUNTIME;
+    }
+    struct crypto k;
+    int cr = crypto_open(&k, t->cfg->remote_signing_key, t->cfg->remote_trusted_keys);
+    if (cr < 0)
+        return EXIT_RUNTIME;
+    int fd;
+    if (open_bundle(path, &fd) < 0) {
+        crypto_close(&k);
+        return EXIT_RUNTIME;
+    }
+    struct kc_store *st = NULL;
+    struct stat sb;
+    bool have_dir = stat(t->dir, &sb) == 0;
+    if ((!dry_run || have_dir) && open_store(api, t->dir, t->cfg->max_size, dry_run, &st) < 0) {
+        if (fd != STDIN_FILENO)
+            close(fd);
+        crypto_close(&k);
+        return EXIT_RUNTIME;
+    }
+    struct kc_bundle_import_opts o = {
+        .fd = fd,
+        .trust_unsigned = trust_unsigned,
+        .dry_run = dry_run,
+        .only_usable = only_usable,
+        .crypto = cr == 0 ? &k.c : NULL,
+        .usable = usable_cb,
+    };
+    struct kc_bundle_info info;
+    int rc = kc_store_admin()->bundle_import(st, &o, &info);
+    if (st != NULL)
+        api->ops->close(st);
+    crypto_close(&k);
+    if (fd != STDIN_FILENO)
+        close(fd);
+    if (rc < 0) {
+        err_line("import of %s refused: %s%s", path, info.why,
+                 rc == -EKEYREJECTED && cr == 1 ? " (libsodium is not installed: no signature "
+                                                  "can be verified)"
+                                                : "");
+        free(info.ns);
+        return EXIT_RUNTIME;
+    }
+    uint64_t imported = 0, present = 0, skipped = 0;
+    for (size_t i = 0; i < info.n_ns; i++) {
+        imported += info.ns[i].imported;
+        present += info.ns[i].present;
+        skipped += info.ns[i].skipped;
+    }
+    char when[40];
+    printf("%s %" PRIu64 " of %" PRIu64 " entries from %s into %s (%s, created %s)%s\n",
+           dry_run ? "would import" : "imported", imported, info.entries, path, t->dir,
+           !info.is_signed ? "unsigned"
+           : info.verified ? "signature verified"
+                           : "signature not verified",
+           utc(info.created_ns, when, sizeof when), dry_run ? "; nothing written" : "");
+    if (info.is_signed)
+        printf("signed by key %016" PRIx64 "%s\n", info.key_id,
+               info.verified ? ", a trusted key" : ", not verified (--trust-unsigned)");
+    printf("%" PRIu64 " already present, %" PRIu64 " skipped as not usable here\n", present,
+           skipped);
+    print_namespaces(&info, true);
+    free(info.ns);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+static int cmd_show(const struct kc_tool_ctx *t, const char *path)
+{
+    const struct kc_store_api *api = kc_store_api();
+    if (!api_ok(api))
+        return EXIT_RUNTIME;
+    struct crypto k;
+    int cr = crypto_open(&k, t->cfg->remote_signing_key, t->cfg->remote_trusted_keys);
+    if (cr < 0)
+        return EXIT_RUNTIME;
+    int fd;
+    if (open_bundle(path, &fd) < 0) {
+        crypto_close(&k);
+        return EXIT_RUNTIME;
+    }
+    struct kc_bundle_import_opts o = {
+        .fd = fd,
+        .header_only = 1,
+        .crypto = cr == 0 ? &k.c : NULL,
+    };
+    struct kc_bundle_info info;
+    int rc = kc_store_admin()->bundle_import(NULL, &o, &info);
+    if (fd != STDIN_FILENO)
+        close(fd);
+    if (rc < 0) {
+        crypto_close(&k);
+        err_line("%s: %s", path, info.why);
+        free(info.ns);
+        return EXIT_RUNTIME;
+    }
+    for (size_t i = 0; i < info.n_ns; i++)
+        info.ns[i].usable = kc_tool_ns_usable(info.ns[i].ns);
+    char when[40], b1[32], b2[32];
+    printf("bundle %s: layout %u, record format %u, created %s\n", path, info.version, info.format,
+           utc(info.created_ns, when, sizeof when));
+    printf("%" PRIu64 " entries, %s uncompressed", info.entries,
+           human(info.raw_bytes, b1, sizeof b1));
+    if (info.file_bytes > 0)
+        printf(", %s on disk", human(info.file_bytes, b2, sizeof b2));
+    if (info.trailer_seen)
+        printf(", %" PRIu64 " blocks", info.blocks);
+    printf("\n");
+    if (info.is_signed)
+        printf("signed by key %016" PRIx64 " (%s)\n", info.key_id,
+               cr == 0 && c_trusted(&k, info.key_id) ? "a trusted key" : "not a trusted key here");
+    else
+        printf("unsigned (import needs --trust-unsigned)\n");
+    if (!info.trailer_seen)
+        printf("trailer: %s\n", info.file_bytes > 0 ? "missing or damaged (truncated?)"
+                                                    : "not read (not a regular file)");
+    printf("not verified: kcache import --dry-run checks every byte\n");
+    print_namespaces(&info, false);
+    crypto_close(&k);
+    free(info.ns);
+    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+}
+
+/* ---- arguments ---------------------------------------------------------------- */
+
+/* Matches "--name VALUE" and "--name=VALUE"; advances *i past VALUE. */
+static int opt_value(int argc, char **argv, int *i, const char *name, const char **val)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0)
+        return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0')
+        return 0;
+    if (*i + 1 >= argc)
+        return -1;
+    *val = argv[++*i];
+    return 1;
+}
+
+bool kc_tool_bundle_command(const char *cmd)
+{
+    return strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0 || strcmp(cmd, "bundle") == 0;
+}
+
+int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
+{
+    struct kc_tool_ctx t = *t0;
+    char dir[PATH_MAX];
+    const char *cmd = argv[0];
+    const char *out = NULL, *sign = NULL, *pos[2] = {NULL, NULL};
+    const char *globs[MAX_GLOBS];
+    size_t n_globs = 0;
+    int npos = 0, codec = KC_BUNDLE_ZSTD, level = 0;
+    uint64_t since = 0, max_size = 0;
+    bool trust_unsigned = false, dry_run = false, only_usable = false;
+    bool is_export = strcmp(cmd, "export") == 0, is_import = strcmp(cmd, "import") == 0;
+    bool options = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        int r;
+        if (options && strcmp(a, "--") == 0) {
+            options = false; /* what follows is FILE, whatever it looks like */
+            continue;
+        }
+        if (!options) {
+            if (npos >= 2)
+                return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+            pos[npos++] = a;
+            continue;
+        }
+        if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
+            if (r < 0 || val[0] == '\0')
+                return usage_error("--dir needs a directory");
+            if (val[0] == '/') {
+                snprintf(dir, sizeof dir, "%s", val);
+            } else {
+                char cwd[PATH_MAX];
+                if (getcwd(cwd, sizeof cwd) == NULL ||
+                    snprintf(dir, sizeof dir, "%s/%s", cwd, val) >= (int)sizeof dir)
+                    return usage_error("--dir: cannot resolve '%s'", val);
+            }
+            t.dir = dir;
+            continue;
+        }
+        if (is_export && ((r = opt_value(argc, argv, &i, "-o", &val)) != 0 ||
+                          (r = opt_value(argc, argv, &i, "--output", &val)) != 0)) {
+            if (r < 0 || val[0] == '\0')
+                return usage_error("-o needs a file (or - for standard output)");
+            out = val;
+            continue;
+        }
+        if (is_export && (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
+            if (r < 0 || val[0] == '\0')
+                return usage_error("--namespace needs a pattern");
+            if (n_globs == MAX_GLOBS)
+                return usage_error("at most %d --namespace patterns", MAX_GLOBS);
+            globs[n_globs++] = val;
+            continue;
+        }
+        if (is_export && (r = opt_value(argc, argv, &i, "--hit-since", &val)) != 0) {
+            uint64_t d;
+            if (r < 0 || parse_duration(val, &d) != 0)
+                return usage_error("--hit-since needs a duration (like 90m, 12h or 7d)");
+            uint64_t now = (uint64_t)time(NULL) * 1000000000u;
+            since = d < now ? now - d : 1;
+            continue;
+        }
+        if (is_export && (r = opt_value(argc, argv, &i, "--max-size", &val)) != 0) {
+            if (r < 0 || kc_parse_size(val, &max_size) != 0 || max_size == 0)
+                return usage_error("--max-size needs a size (like 512M or 5G)");
+            continue;
+        }
+        if (is_export && (r = opt_value(argc, argv, &i, "--sign", &val)) != 0) {
+            if (r < 0 || val[0] == '\0')
+                return usage_error("--sign needs a secret key file (kcache keygen)");
+            sign = val;
+            continue;
+        }
+        if (is_export && (r = opt_value(argc, argv, &i, "--compress", &val)) != 0) {
+            if (r < 0)
+                return usage_error("--compress needs zstd, lz4 or none");
+            if (strncmp(val, "zstd", 4) == 0 && (val[4] == '\0' || val[4] == ':')) {
+                codec = KC_BUNDLE_ZSTD;
+                level = val[4] == ':' ? atoi(val + 5) : 0;
+                if (val[4] == ':' && (level < 1 || level > 19))
+                    return usage_error("--compress zstd:LEVEL: LEVEL is 1 to 19");
+            } else if (strcmp(val, "lz4") == 0) {
+                codec = KC_BUNDLE_LZ4;
+            } else if (strcmp(val, "none") == 0) {
+                codec = KC_BUNDLE_RAW;
+            } else {
+                return usage_error("--compress needs zstd, zstd:LEVEL, lz4 or none");
+            }
+            continue;
+        }
+        if (is_import && strcmp(a, "--trust-unsigned") == 0) {
+            trust_unsigned = true;
+            continue;
+        }
+        if (is_import && strcmp(a, "--dry-run") == 0) {
+            dry_run = true;
+            continue;
+        }
+        if (is_import && strcmp(a, "--only-usable") == 0) {
+            only_usable = true;
+            continue;
+        }
+        if (a[0] == '-' && a[1] != '\0')
+            return usage_error("unknown option '%s' for '%s'", a, cmd);
+        if (npos >= 2)
+            return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+        pos[npos++] = a;
+    }
+    if (t.dir == NULL || t.dir[0] == '\0') {
+        err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
+        return EXIT_RUNTIME;
+    }
+    if (is_export) {
+        if (npos != 0)
+            return usage_error("unexpected argument '%s' for 'export'", pos[0]);
+        if (out == NULL)
+            return usage_error("export needs -o FILE (or -o - for standard output)");
+        return cmd_export(&t, out, globs, n_globs, since, max_size, sign, codec, level);
+    }
+    if (is_import) {
+        if (npos != 1)
+            return usage_error("import needs a FILE");
+        return cmd_import(&t, pos[0], trust_unsigned, dry_run, only_usable);
+    }
+    if (npos != 2 || strcmp(pos[0], "show") != 0)
+        return usage_error("bundle needs a subcommand: show FILE");
+    return cmd_show(&t, pos[1]);
+}

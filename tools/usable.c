@@ -1,0 +1,186 @@
+/*
+ * usable.c: which namespaces this machine's shim would use, so that
+ * `kcache import` can say which entries of a bundle are of use here. The
+ * namespaces are computed as the shim computes them (shim/nvrtc.c's
+ * nvrtc_identity, shim/driver.c's jit namespace), with the shim's own
+ * identity functions (shim/hash.c, compiled in); tests/bundle checks that
+ * the two agree on a store the shim filled.
+ */
+#include "bundle.h"
+
+#include "../common/config.h"
+#include "../shim/shim.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LOCAL 64
+
+/* The namespaces found here so far, per kind (lazily). */
+static char nvrtc_ns[MAX_LOCAL][64];
+static int n_nvrtc;
+static int nvrtc_tried[MAX_LOCAL][2]; /* versions looked for: major, minor+1 */
+static int n_nvrtc_tried;
+static char jit_ns[MAX_LOCAL][32];
+static int n_jit = -1; /* -1: not looked; -2: no driver here */
+
+void kc_tool_ns_describe(const char *ns, char *out, size_t n)
+{
+    int major, minor, fmt, len = 0;
+    char id[17];
+    if (sscanf(ns, "nvrtc:%d.%d-%16[0-9a-f]-f%d%n", &major, &minor, id, &fmt, &len) == 4 &&
+        ns[len] == '\0')
+        snprintf(out, n, "NVRTC %d.%d, libnvrtc identity %s, record format %d", major, minor, id,
+                 fmt);
+    else if (sscanf(ns, "jit:%16[0-9a-f]%n", id, &len) == 1 && ns[len] == '\0')
+        snprintf(out, n, "CUDA driver JIT, device and driver fingerprint %s", id);
+    else
+        snprintf(out, n, "not a namespace kcache's shim uses");
+}
+
+static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    const char *base = strrchr(info->dlpi_name, '/');
+    base = base ? base + 1 : info->dlpi_name;
+    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
+        snprintf(arg, 4096, "%s", info->dlpi_name);
+        return 1;
+    }
+    return 0;
+}
+
+/* libnvrtc of this major version, as the loader finds it, else under the
+ * toolkit ($CUDA_HOME, /usr/local/cuda). */
+static void *open_nvrtc(int major)
+{
+    char name[64], path[4200];
+    snprintf(name, sizeof name, "libnvrtc.so.%d", major);
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    const char *roots[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    for (size_t i = 0; h == NULL && i < sizeof roots / sizeof *roots; i++) {
+        if (roots[i] == NULL || roots[i][0] != '/')
+            continue;
+        snprintf(path, sizeof path, "%s/lib64/%s", roots[i], name);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    return h;
+}
+
+/* The namespace the shim gives NVRTC major.minor here (shim/nvrtc.c
+ * nvrtc_identity), added to nvrtc_ns; nothing when there is none. */
+static void local_nvrtc(int want_major, int want_minor)
+{
+    for (int i = 0; i < n_nvrtc_tried; i++)
+        if (nvrtc_tried[i][0] == want_major && nvrtc_tried[i][1] == want_minor + 1)
+            return;
+    if (n_nvrtc_tried < MAX_LOCAL) {
+        nvrtc_tried[n_nvrtc_tried][0] = want_major;
+        nvrtc_tried[n_nvrtc_tried++][1] = want_minor + 1;
+    }
+    void *h = open_nvrtc(want_major);
+    if (h == NULL)
+        return;
+    int (*version)(int *, int *) = (int (*)(int *, int *))dlsym(h, "nvrtcVersion");
+    void *compile = dlsym(h, "nvrtcCompileProgram");
+    int major = 0, minor = 0;
+    Dl_info info;
+    kc_digest d;
+    if (version == NULL || compile == NULL || version(&major, &minor) != 0 || major != want_major ||
+        minor != want_minor || dladdr(compile, &info) == 0 || info.dli_fname == NULL ||
+        kc__loaded_identity(compile, &d) != 0)
+        return; /* kept loaded: the namespace was not made here */
+    struct kc__hasher *x = kc__hasher_new();
+    if (x == NULL)
+        return;
+    kc__hash_str(x, "nvrtc-identity");
+    kc__hash_u64(x, (uint64_t)major << 32 | (uint32_t)minor);
+    kc__hash_bytes(x, &d, sizeof d);
+    char path[4096] = "";
+    if (dl_iterate_phdr(find_builtins, path) == 0) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
+        snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname, major,
+                 minor);
+    }
+    if (kc__file_identity(path, &d) == 0)
+        kc__hash_bytes(x, &d, sizeof d);
+    else
+        kc__hash_str(x, "unknown-builtins");
+    kc_digest id = kc__hash_digest(x);
+    kc__hasher_free(x);
+    if (n_nvrtc < MAX_LOCAL)
+        snprintf(nvrtc_ns[n_nvrtc++], sizeof nvrtc_ns[0], "nvrtc:%d.%d-%016llx-f%d", major, minor,
+                 (unsigned long long)id.lo, KC_FORMAT_VERSION);
+}
+
+/* The JIT namespaces of this machine's devices (shim/driver.c): compute
+ * capability, driver version and the driver library's identity. */
+static void local_jit(void)
+{
+    n_jit = -2;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        return;
+    int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+    int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+    int (*get)(int *, int) = (int (*)(int *, int))dlsym(h, "cuDeviceGet");
+    int (*attr)(int *, int, int) = (int (*)(int *, int, int))dlsym(h, "cuDeviceGetAttribute");
+    int (*version)(int *) = (int (*)(int *))dlsym(h, "cuDriverGetVersion");
+    void *any = dlsym(h, "cuLinkCreate_v2");
+    if (any == NULL)
+        any = dlsym(h, "cuLinkCreate");
+    kc_digest lib;
+    int n = 0, v = 0;
+    if (init == NULL || count == NULL || get == NULL || attr == NULL || version == NULL ||
+        any == NULL || kc__loaded_identity(any, &lib) != 0 || init(0) != 0 || count(&n) != 0 ||
+        version(&v) != 0)
+        return;
+    n_jit = 0;
+    for (int i = 0; i < n && n_jit < MAX_LOCAL; i++) {
+        int dev = 0, major = 0, minor = 0;
+        /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR */
+        if (get(&dev, i) != 0 || attr(&major, 75, dev) != 0 || attr(&minor, 76, dev) != 0)
+            continue;
+        struct kc__hasher *x = kc__hasher_new();
+        if (x == NULL)
+            return;
+        kc__hash_u64(x, (uint64_t)major);
+        kc__hash_u64(x, (uint64_t)minor);
+        kc__hash_u64(x, (uint64_t)v);
+        kc__hash_bytes(x, &lib, sizeof lib);
+        kc_digest fp = kc__hash_digest(x);
+        kc__hasher_free(x);
+        char hex[33];
+        kc__digest_hex(&fp, hex);
+        snprintf(jit_ns[n_jit++], sizeof jit_ns[0], "jit:%.16s", hex);
+    }
+}
+
+int kc_tool_ns_usable(const char *ns)
+{
+    int major, minor, fmt, len = 0;
+    char id[17];
+    if (sscanf(ns, "nvrtc:%d.%d-%16[0-9a-f]-f%d%n", &major, &minor, id, &fmt, &len) == 4 &&
+        ns[len] == '\0') {
+        if (fmt != KC_FORMAT_VERSION)
+            return 0;
+        local_nvrtc(major, minor);
+        for (int i = 0; i < n_nvrtc; i++)
+            if (strcmp(nvrtc_ns[i], ns) == 0)
+                return 1;
+        return 0;
+    }
+    if (sscanf(ns, "jit:%16[0-9a-f]%n", id, &len) == 1 && ns[len] == '\0') {
+        if (n_jit == -1)
+            local_jit();
+        for (int i = 0; i < n_jit; i++)
+            if (strcmp(jit_ns[i], ns) == 0)
+                return 1;
+        return 0;
+    }
+    return -1;
+}
