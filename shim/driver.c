@@ -318,26 +318,6 @@ static bool jit_req_parse(unsigned n, CUjit_option *opt, void **val, struct jit_
     return true;
 }
 
-int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
-                      size_t len, kc_digest *fp)
-{
-    struct kc__hasher *fh = kc__hasher_new();
-    if (fh == NULL)
-        return -ENOMEM;
-    kc__hash_u64(fh, (uint64_t)major);
-    kc__hash_u64(fh, (uint64_t)minor);
-    kc__hash_u64(fh, (uint64_t)version);
-    kc__hash_bytes(fh, lib, sizeof *lib);
-    kc_digest d = kc__hash_digest(fh);
-    kc__hasher_free(fh);
-    char hex[33];
-    kc__digest_hex(&d, hex);
-    snprintf(ns, len, "jit:%.16s", hex);
-    if (fp != NULL)
-        *fp = d;
-    return 0;
-}
-
 /* Fills a host log buffer as the driver does: at most size-1 characters and
  * a NUL, the size option overwritten with the characters written. This is
  * the rule the stand-in implements; scripts/gpu-check compares it with the

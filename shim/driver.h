@@ -55,11 +55,5 @@ KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)
 KC_MEMO_WRAPPERS(KC_MEMO_REAL_DECL)
 #undef KC_MEMO_REAL_DECL
 
-/* The JIT namespace of a device: "jit:" and 16 hex digits of the digest of
- * its compute capability, the driver's version and libcuda's build-id, so
- * an entry for one device and driver never serves another. The digest goes
- * to *fp when fp is not NULL (cuLink* keys hash it). 0, or -ENOMEM. */
-int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
-                      size_t len, kc_digest *fp);
 
 #endif

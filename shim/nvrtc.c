@@ -148,17 +148,6 @@ struct identity {
 static struct identity ident;
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    const char *base = strrchr(info->dlpi_name, '/');
-    base = base ? base + 1 : info->dlpi_name;
-    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
-        snprintf(arg, 4096, "%s", info->dlpi_name);
-        return 1;
-    }
-    return 0;
-}
-
 /* NVRTC's identity: version, build-ids of libnvrtc and libnvrtc-builtins. */
 static const struct identity *nvrtc_identity(void)
 {
@@ -166,42 +155,16 @@ static const struct identity *nvrtc_identity(void)
         return &ident;
     pthread_mutex_lock(&ident_lock);
     if (!ident.ready) {
-        struct kc__hasher *h = kc__hasher_new();
-        if (h == NULL) {
-            pthread_mutex_unlock(&ident_lock);
-            return NULL;
-        }
-        kc__hash_str(h, "nvrtc-identity");
         int major = 0, minor = 0;
         if (real_version == NULL)
             real_version = (__typeof__(real_version))sibling("nvrtcVersion");
         if (real_version != NULL)
             real_version(&major, &minor);
-        kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
-        Dl_info info;
-        kc_digest d;
-        char path[4096] = "";
-        if (dladdr((void *)real_compile, &info) != 0 && info.dli_fname != NULL &&
-            kc__loaded_identity((const void *)real_compile, &d) == 0) {
-            kc__hash_bytes(h, &d, sizeof d);
-            /* libnvrtc-builtins: loaded, or beside libnvrtc. */
-            if (dl_iterate_phdr(find_builtins, path) == 0) {
-                const char *slash = strrchr(info.dli_fname, '/');
-                int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
-                snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname,
-                         major, minor);
-            }
-        } else {
-            kc__hash_str(h, "unknown-libnvrtc");
+        if (kc__nvrtc_namespace((const void *)real_compile, major, minor, KC_FORMAT_VERSION,
+                                ident.ns, sizeof ident.ns, &ident.digest) != 0) {
+            pthread_mutex_unlock(&ident_lock);
+            return NULL;
         }
-        if (path[0] != '\0' && kc__file_identity(path, &d) == 0)
-            kc__hash_bytes(h, &d, sizeof d);
-        else
-            kc__hash_str(h, "unknown-builtins");
-        ident.digest = kc__hash_digest(h);
-        kc__hasher_free(h);
-        snprintf(ident.ns, sizeof ident.ns, "nvrtc:%d.%d-%016llx-f%d", major, minor,
-                 (unsigned long long)ident.digest.lo, KC_FORMAT_VERSION);
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);

@@ -39,6 +39,19 @@ const struct kc_config *kc__config(void)
     return &config;
 }
 
+uint64_t kc__self_build(void)
+{
+    static uint64_t build;
+    uint64_t b = __atomic_load_n(&build, __ATOMIC_RELAXED);
+    if (b != 0)
+        return b;
+    kc_digest d = {0, 1};
+    kc__loaded_identity((const void *)kc__self_build, &d);
+    b = d.lo ? d.lo : 1;
+    __atomic_store_n(&build, b, __ATOMIC_RELAXED);
+    return b;
+}
+
 /* ---- re-entry guard --------------------------------------------------- */
 
 static __thread int guard_depth __attribute__((tls_model("initial-exec")));

@@ -15,6 +15,7 @@
 #include "../common/config.h"
 #include "../common/log.h"
 #include "../common/clock.h"
+#include "../common/identity.h"
 #include "../store/store.h"
 
 #define KC_EXPORT __attribute__((visibility("default")))
@@ -90,42 +91,6 @@ void *kc__swap(const char *asked, void *fn);
 
 /* The real dlsym (dlvsym GLIBC_2.34, else GLIBC_2.2.5). */
 void *kc__real_dlsym(void *handle, const char *name);
-
-/* ---- hashing ---------------------------------------------------------- */
-
-/* Streaming XXH3-128 with framing: every field is length-prefixed so
- * ("ab","c") and ("a","bc") hash differently. */
-struct kc__hasher;
-struct kc__hasher *kc__hasher_new(void);
-void kc__hasher_free(struct kc__hasher *h);
-void kc__hash_bytes(struct kc__hasher *h, const void *p, size_t n);
-void kc__hash_str(struct kc__hasher *h, const char *s); /* NULL hashes as absent */
-void kc__hash_u64(struct kc__hasher *h, uint64_t v);
-kc_digest kc__hash_digest(struct kc__hasher *h);
-kc_digest kc_digest_of(const void *p, size_t n);
-
-/* struct stat, for the prototype below. */
-struct stat;
-
-/* XXH3-128 of the first before->st_size bytes of the open file fd, read with
- * pread in bounded chunks (never mapped: a file truncated under a mapping
- * faults with SIGBUS in the reader). `before` is the file's fstat taken by
- * the caller before the call. 0; -ESTALE when the file changed while it was
- * read (a short read, or size, mtime or ctime no longer those of `before`):
- * the digest would not be of any one version of the file; -ENOMEM; or the
- * read's negative errno. *out is written only on 0. */
-int kc__digest_fd(int fd, const struct stat *before, kc_digest *out);
-void kc__digest_hex(const kc_digest *d, char out[33]);
-
-/* The GNU build-id of the ELF file at `path` (or, without one, a digest of
- * its contents): reads the ELF header, program headers and notes, and the
- * whole file only when it has no build-id. 0 or negative errno. */
-int kc__file_identity(const char *path, kc_digest *out);
-
-/* The identity of the loaded object holding `addr`, as kc__file_identity
- * gives for its file: the build-id read from the notes already mapped (no
- * system call), else the file's identity. 0 or negative errno. */
-int kc__loaded_identity(const void *addr, kc_digest *out);
 
 /* kcache's own build (the seed's build id): the build-id of libkcache.so. */
 uint64_t kc__self_build(void);

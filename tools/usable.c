@@ -9,7 +9,8 @@
 #include "bundle.h"
 
 #include "../common/config.h"
-#include "../shim/shim.h"
+#include "../common/identity.h"
+#include "../store/store.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -42,17 +43,6 @@ void kc_tool_ns_describe(const char *ns, char *out, size_t n)
         snprintf(out, n, "not a namespace kcache's shim uses");
 }
 
-static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    const char *base = strrchr(info->dlpi_name, '/');
-    base = base ? base + 1 : info->dlpi_name;
-    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
-        snprintf(arg, 4096, "%s", info->dlpi_name);
-        return 1;
-    }
-    return 0;
-}
-
 /* libnvrtc of this major version, as the loader finds it, else under the
  * toolkit ($CUDA_HOME, /usr/local/cuda). */
 static void *open_nvrtc(int major)
@@ -70,8 +60,8 @@ static void *open_nvrtc(int major)
     return h;
 }
 
-/* The namespace the shim gives NVRTC major.minor here (shim/nvrtc.c
- * nvrtc_identity), added to nvrtc_ns; nothing when there is none. */
+/* The namespace the shim gives NVRTC major.minor here (kc__nvrtc_namespace, as
+ * shim/nvrtc.c), added to nvrtc_ns; nothing when there is none. */
 static void local_nvrtc(int want_major, int want_minor)
 {
     for (int i = 0; i < n_nvrtc_tried; i++)
@@ -93,28 +83,10 @@ static void local_nvrtc(int want_major, int want_minor)
         minor != want_minor || dladdr(compile, &info) == 0 || info.dli_fname == NULL ||
         kc__loaded_identity(compile, &d) != 0)
         return; /* kept loaded: the namespace was not made here */
-    struct kc__hasher *x = kc__hasher_new();
-    if (x == NULL)
-        return;
-    kc__hash_str(x, "nvrtc-identity");
-    kc__hash_u64(x, (uint64_t)major << 32 | (uint32_t)minor);
-    kc__hash_bytes(x, &d, sizeof d);
-    char path[4096] = "";
-    if (dl_iterate_phdr(find_builtins, path) == 0) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
-        snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname, major,
-                 minor);
-    }
-    if (kc__file_identity(path, &d) == 0)
-        kc__hash_bytes(x, &d, sizeof d);
-    else
-        kc__hash_str(x, "unknown-builtins");
-    kc_digest id = kc__hash_digest(x);
-    kc__hasher_free(x);
-    if (n_nvrtc < MAX_LOCAL)
-        snprintf(nvrtc_ns[n_nvrtc++], sizeof nvrtc_ns[0], "nvrtc:%d.%d-%016llx-f%d", major, minor,
-                 (unsigned long long)id.lo, KC_FORMAT_VERSION);
+    if (n_nvrtc < MAX_LOCAL &&
+        kc__nvrtc_namespace(compile, major, minor, KC_FORMAT_VERSION, nvrtc_ns[n_nvrtc],
+                            sizeof nvrtc_ns[0], NULL) == 0)
+        n_nvrtc++;
 }
 
 /* The JIT namespaces of this machine's devices (shim/driver.c): compute
@@ -145,18 +117,8 @@ static void local_jit(void)
         /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR */
         if (get(&dev, i) != 0 || attr(&major, 75, dev) != 0 || attr(&minor, 76, dev) != 0)
             continue;
-        struct kc__hasher *x = kc__hasher_new();
-        if (x == NULL)
-            return;
-        kc__hash_u64(x, (uint64_t)major);
-        kc__hash_u64(x, (uint64_t)minor);
-        kc__hash_u64(x, (uint64_t)v);
-        kc__hash_bytes(x, &lib, sizeof lib);
-        kc_digest fp = kc__hash_digest(x);
-        kc__hasher_free(x);
-        char hex[33];
-        kc__digest_hex(&fp, hex);
-        snprintf(jit_ns[n_jit++], sizeof jit_ns[0], "jit:%.16s", hex);
+        if (kc__jit_namespace(major, minor, v, &lib, jit_ns[n_jit], sizeof jit_ns[0], NULL) == 0)
+            n_jit++;
     }
 }
 

@@ -20,6 +20,7 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 }
 
 void kc__count(const char *backend, const struct kc_counters *c) {}
+uint64_t kc__self_build(void) { return 1; }
 bool kc__guard_enter(void) { return false; }
 void kc__guard_exit(void) {}
 bool kc__guard_held(void) { return false; }

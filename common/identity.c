@@ -1,8 +1,11 @@
 /*
- * Hashing for keys: framed streaming XXH3-128, and the identity of an ELF
- * file (its GNU build-id, or a digest of its contents).
+ * identity.c: hashing for keys (framed streaming XXH3-128), the identity of
+ * an ELF file or a loaded object (its GNU build-id, or a digest of its
+ * contents), and the namespaces built from them (identity.h). The shim
+ * keys with these; the tool names this machine's namespaces with the same
+ * code.
  */
-#include "shim.h"
+#include "identity.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -10,10 +13,14 @@
 #include <fcntl.h>
 #include <link.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
 #include <xxhash.h>
 
 struct kc__hasher {
@@ -329,15 +336,70 @@ int kc__loaded_identity(const void *addr, kc_digest *out)
     return kc__file_identity(info.dli_fname, out);
 }
 
-uint64_t kc__self_build(void)
+static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
 {
-    static uint64_t build;
-    uint64_t b = __atomic_load_n(&build, __ATOMIC_RELAXED);
-    if (b != 0)
-        return b;
-    kc_digest d = {0, 1};
-    kc__loaded_identity((const void *)kc__self_build, &d);
-    b = d.lo ? d.lo : 1;
-    __atomic_store_n(&build, b, __ATOMIC_RELAXED);
-    return b;
+    const char *base = strrchr(info->dlpi_name, '/');
+    base = base ? base + 1 : info->dlpi_name;
+    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
+        snprintf(arg, 4096, "%s", info->dlpi_name);
+        return 1;
+    }
+    return 0;
+}
+
+int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns,
+                        size_t len, kc_digest *id)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return -ENOMEM;
+    kc__hash_str(h, "nvrtc-identity");
+    kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
+    Dl_info info;
+    kc_digest d;
+    char path[4096] = "";
+    if (compile != NULL && dladdr(compile, &info) != 0 && info.dli_fname != NULL &&
+        kc__loaded_identity(compile, &d) == 0) {
+        kc__hash_bytes(h, &d, sizeof d);
+        /* libnvrtc-builtins: loaded, or beside libnvrtc. */
+        if (dl_iterate_phdr(find_builtins, path) == 0) {
+            const char *slash = strrchr(info.dli_fname, '/');
+            int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
+            snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname,
+                     major, minor);
+        }
+    } else {
+        kc__hash_str(h, "unknown-libnvrtc");
+    }
+    if (path[0] != '\0' && kc__file_identity(path, &d) == 0)
+        kc__hash_bytes(h, &d, sizeof d);
+    else
+        kc__hash_str(h, "unknown-builtins");
+    kc_digest digest = kc__hash_digest(h);
+    kc__hasher_free(h);
+    snprintf(ns, len, "nvrtc:%d.%d-%016llx-f%d", major, minor, (unsigned long long)digest.lo,
+             format);
+    if (id != NULL)
+        *id = digest;
+    return 0;
+}
+
+int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
+                      size_t len, kc_digest *fp)
+{
+    struct kc__hasher *fh = kc__hasher_new();
+    if (fh == NULL)
+        return -ENOMEM;
+    kc__hash_u64(fh, (uint64_t)major);
+    kc__hash_u64(fh, (uint64_t)minor);
+    kc__hash_u64(fh, (uint64_t)version);
+    kc__hash_bytes(fh, lib, sizeof *lib);
+    kc_digest d = kc__hash_digest(fh);
+    kc__hasher_free(fh);
+    char hex[33];
+    kc__digest_hex(&d, hex);
+    snprintf(ns, len, "jit:%.16s", hex);
+    if (fp != NULL)
+        *fp = d;
+    return 0;
 }
