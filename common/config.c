@@ -46,16 +46,13 @@ const struct kc_config_var kc_config_vars[] = {
     [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
 
     /* Internal: read where needed, through kc_config_get. */
-    [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner",
-                     KC_VAR_INTERNAL},
-    [KC_VAR_STORE_LIB] = {"KCACHE_STORE_LIB", "the store library the shim loads",
-                          KC_VAR_INTERNAL},
+    [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
+    [KC_VAR_STORE_LIB] = {"KCACHE_STORE_LIB", "the store library the shim loads", KC_VAR_INTERNAL},
     [KC_VAR_OWNER_DETACH] = {"KCACHE_OWNER_DETACH",
                              "1: an owner a store started (it leaves its starter's process tree)",
                              KC_VAR_INTERNAL},
     [KC_VAR_OWNER_IDLE_MS] = {"KCACHE_OWNER_IDLE_MS",
-                              "how long an owner waits idle before it exits, ms",
-                              KC_VAR_INTERNAL},
+                              "how long an owner waits idle before it exits, ms", KC_VAR_INTERNAL},
 
     /* The harness's: scripts/ and tests/ read them, kcache never does. */
     {"KCACHE_TEST_", "test programs and stand-ins", KC_VAR_HARNESS},
@@ -213,8 +210,7 @@ static void load_text(struct kc_config *cfg, int var, char *field, size_t len)
         return;
     if (v[0] == '\0' || strlen(v) >= len) {
         if (v[0] != '\0')
-            warn(cfg, "%s is longer than %zu bytes; ignored", kc_config_vars[var].name,
-                 len - 1);
+            warn(cfg, "%s is longer than %zu bytes; ignored", kc_config_vars[var].name, len - 1);
         cfg->origin[var] = KC_FROM_DEFAULT;
         return;
     }
@@ -245,9 +241,13 @@ static void default_dir(struct kc_config *cfg)
         return;
     }
     cfg->dir[0] = '\0';
-    warn(cfg, "no cache directory: HOME is %s and user %u has no home in the passwd database; "
-              "caching is off (set KCACHE_DIR)",
-         home == NULL ? "unset" : home[0] == '\0' ? "empty" : "not absolute", (unsigned)getuid());
+    warn(cfg,
+         "no cache directory: HOME is %s and user %u has no home in the passwd database; "
+         "caching is off (set KCACHE_DIR)",
+         home == NULL      ? "unset"
+         : home[0] == '\0' ? "empty"
+                           : "not absolute",
+         (unsigned)getuid());
 }
 
 /* The working directory when the process started (kc_config_pin_cwd), for a
@@ -299,14 +299,12 @@ void kc_config_load(struct kc_config *cfg)
             if (start_cwd[0] == '/')
                 memcpy(cwd, start_cwd, strlen(start_cwd) + 1);
             if ((start_cwd[0] == '/' || getcwd(cwd, sizeof cwd) != NULL) &&
-                strlen(cwd) + strlen(v) + 2 < sizeof cfg->dir - 64)
-            {
+                strlen(cwd) + strlen(v) + 2 < sizeof cfg->dir - 64) {
                 size_t a = strlen(cwd), b = strlen(v);
                 memcpy(cfg->dir, cwd, a);
                 cfg->dir[a] = '/';
                 memcpy(cfg->dir + a + 1, v, b + 1);
-            }
-            else
+            } else
                 snprintf(cfg->dir, sizeof cfg->dir, "%s", v);
         } else {
             snprintf(cfg->dir, sizeof cfg->dir, "%s", v);
@@ -477,8 +475,7 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         snprintf(buf, len, "%s", cfg->remote_signing_key[0] ? cfg->remote_signing_key : "(none)");
         break;
     case KC_VAR_REMOTE_TRUSTED_KEYS:
-        snprintf(buf, len, "%s",
-                 cfg->remote_trusted_keys[0] ? cfg->remote_trusted_keys : "(none)");
+        snprintf(buf, len, "%s", cfg->remote_trusted_keys[0] ? cfg->remote_trusted_keys : "(none)");
         break;
     case KC_VAR_REMOTE_TRUST:
         snprintf(buf, len, "%s", cfg->remote_trust[0] ? cfg->remote_trust : "signed");

@@ -67,30 +67,30 @@ enum kc_var {
 #define KC_CONFIG_MAX_WARNINGS 16
 
 struct kc_config {
-    char dir[PATH_MAX];      /* cache directory */
-    bool disable;            /* KCACHE_DISABLE: everything off */
-    bool readonly;           /* KCACHE_READONLY: serve hits, store nothing */
-    bool recache;            /* KCACHE_RECACHE: compile and overwrite */
-    bool stats;              /* KCACHE_STATS: one summary line at exit */
-    uint64_t max_size;       /* KCACHE_MAXSIZE, bytes */
-    int log_level;           /* KCACHE_LOG */
-    bool nvrtc;              /* KCACHE_NVRTC */
-    bool jit;                /* KCACHE_JIT */
-    bool memo;               /* KCACHE_MEMO */
-    bool alloc;              /* KCACHE_ALLOC */
-    uint64_t alloc_pool;     /* KCACHE_ALLOC_POOL, bytes per context */
-    int alloc_fallback;      /* KCACHE_ALLOC_FALLBACK: enum kc_alloc_fallback */
-    int lock_timeout_ms;     /* KCACHE_LOCK_TIMEOUT: single-flight wait bound */
-    bool single_flight;      /* KCACHE_SINGLE_FLIGHT */
+    char dir[PATH_MAX];  /* cache directory */
+    bool disable;        /* KCACHE_DISABLE: everything off */
+    bool readonly;       /* KCACHE_READONLY: serve hits, store nothing */
+    bool recache;        /* KCACHE_RECACHE: compile and overwrite */
+    bool stats;          /* KCACHE_STATS: one summary line at exit */
+    uint64_t max_size;   /* KCACHE_MAXSIZE, bytes */
+    int log_level;       /* KCACHE_LOG */
+    bool nvrtc;          /* KCACHE_NVRTC */
+    bool jit;            /* KCACHE_JIT */
+    bool memo;           /* KCACHE_MEMO */
+    bool alloc;          /* KCACHE_ALLOC */
+    uint64_t alloc_pool; /* KCACHE_ALLOC_POOL, bytes per context */
+    int alloc_fallback;  /* KCACHE_ALLOC_FALLBACK: enum kc_alloc_fallback */
+    int lock_timeout_ms; /* KCACHE_LOCK_TIMEOUT: single-flight wait bound */
+    bool single_flight;  /* KCACHE_SINGLE_FLIGHT */
     /* The remote tier's settings as given (empty: unset), parsed by
      * store/remote (kc_remote_settings_from_config). */
-    char remote[4096];              /* KCACHE_REMOTE (may hold passwords) */
-    char remote_ttl[32];            /* KCACHE_REMOTE_TTL */
-    char remote_max_entry[32];      /* KCACHE_REMOTE_MAX_ENTRY */
+    char remote[4096];                  /* KCACHE_REMOTE (may hold passwords) */
+    char remote_ttl[32];                /* KCACHE_REMOTE_TTL */
+    char remote_max_entry[32];          /* KCACHE_REMOTE_MAX_ENTRY */
     char remote_signing_key[PATH_MAX];  /* KCACHE_REMOTE_SIGNING_KEY */
     char remote_trusted_keys[PATH_MAX]; /* KCACHE_REMOTE_TRUSTED_KEYS */
-    char remote_trust[16];          /* KCACHE_REMOTE_TRUST */
-    bool link;               /* KCACHE_LINK: nvJitLink and cuLink* links */
+    char remote_trust[16];              /* KCACHE_REMOTE_TRUST */
+    bool link;                          /* KCACHE_LINK: nvJitLink and cuLink* links */
 
     /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
      * kc_config_vars[] (enum kc_var). */

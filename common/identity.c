@@ -347,8 +347,8 @@ static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
     return 0;
 }
 
-int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns,
-                        size_t len, kc_digest *id)
+int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns, size_t len,
+                        kc_digest *id)
 {
     struct kc__hasher *h = kc__hasher_new();
     if (h == NULL)
@@ -384,8 +384,8 @@ int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, c
     return 0;
 }
 
-int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
-                      size_t len, kc_digest *fp)
+int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns, size_t len,
+                      kc_digest *fp)
 {
     struct kc__hasher *fh = kc__hasher_new();
     if (fh == NULL)

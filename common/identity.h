@@ -50,14 +50,14 @@ int kc__loaded_identity(const void *addr, kc_digest *out);
  * the build-ids of the libnvrtc holding `compile` (the real
  * nvrtcCompileProgram) and of the libnvrtc-builtins loaded or beside it.
  * An entry of one NVRTC build never serves another. 0, or -ENOMEM. */
-int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns,
-                        size_t len, kc_digest *id);
+int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns, size_t len,
+                        kc_digest *id);
 
 /* The JIT namespace of a device: "jit:" and 16 hex digits of the digest of
  * its compute capability, the driver's version and libcuda's build-id, so
  * an entry for one device and driver never serves another. The digest goes
  * to *fp when fp is not NULL (cuLink* keys hash it). 0, or -ENOMEM. */
-int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns,
-                      size_t len, kc_digest *fp);
+int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns, size_t len,
+                      kc_digest *fp);
 
 #endif

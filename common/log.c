@@ -27,8 +27,8 @@ void kc_log(int level, const char *fmt, ...)
         return;
     int saved = errno;
     char line[1024];
-    int n = snprintf(line, sizeof line, "kcache: %s: ", level == KC_LOG_WARN ? "warning"
-                                                        : kc_log_level_name(level));
+    int n = snprintf(line, sizeof line,
+                     "kcache: %s: ", level == KC_LOG_WARN ? "warning" : kc_log_level_name(level));
     va_list ap;
     va_start(ap, fmt);
     if (n >= 0 && (size_t)n < sizeof line)

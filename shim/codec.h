@@ -23,7 +23,7 @@ struct kc__output {
     uint64_t size;
     int get_rc;
     int size_null_rc, get_null_rc; /* the getters given NULL */
-    uint64_t nbytes; /* bytes the getter wrote */
+    uint64_t nbytes;               /* bytes the getter wrote */
     char *bytes;
 };
 
@@ -45,7 +45,6 @@ struct kc__replay {
     int pch_required_rc, pch_required_set, pch_required_null_rc;
     uint64_t pch_required;
 };
-
 
 struct kc__dep_set {
     kc_digest result;

@@ -39,8 +39,8 @@ CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *pa
 typedef CUresult (*create_fn)(unsigned, CUjit_option *, void **, CUlinkState *);
 typedef CUresult (*add_fn)(CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned,
                            CUjit_option *, void **);
-typedef CUresult (*add_file_fn)(CUlinkState, CUjitInputType, const char *, unsigned,
-                                CUjit_option *, void **);
+typedef CUresult (*add_file_fn)(CUlinkState, CUjitInputType, const char *, unsigned, CUjit_option *,
+                                void **);
 typedef CUresult (*complete_fn)(CUlinkState, void **, size_t *);
 typedef CUresult (*destroy_fn)(CUlinkState);
 
@@ -113,11 +113,23 @@ static bool parse_create(unsigned n, CUjit_option *opt, void **val, struct cl_pr
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)val[i];
         switch (opt[i]) {
-        case CU_JIT_INFO_LOG_BUFFER: p->info_buf = val[i]; break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: p->info_size = (unsigned)v; p->info_idx = (int)i; break;
-        case CU_JIT_ERROR_LOG_BUFFER: p->error_buf = val[i]; break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: p->error_size = (unsigned)v; p->error_idx = (int)i; break;
-        case CU_JIT_WALL_TIME: p->wall_idx = (int)i; break;
+        case CU_JIT_INFO_LOG_BUFFER:
+            p->info_buf = val[i];
+            break;
+        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+            p->info_size = (unsigned)v;
+            p->info_idx = (int)i;
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER:
+            p->error_buf = val[i];
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+            p->error_size = (unsigned)v;
+            p->error_idx = (int)i;
+            break;
+        case CU_JIT_WALL_TIME:
+            p->wall_idx = (int)i;
+            break;
         default:
             if (!code_option(opt[i]))
                 return false;
@@ -161,14 +173,10 @@ static pthread_once_t cl_once = PTHREAD_ONCE_INIT;
 static void cl_resolve(void)
 {
     const struct kc__cu_need need[] = {
-        {"cuCtxGetCurrent", &cl.ctx_get_current},
-        {"cuCtxGetDevice", &cl.ctx_get_device},
-        {"cuDeviceGetAttribute", &cl.device_attr},
-        {"cuDriverGetVersion", &cl.driver_version},
-        {"cuLinkCreate_v2", &cl.link_create},
-        {"cuLinkAddData_v2", &cl.link_add},
-        {"cuLinkAddFile_v2", &cl.link_add_file},
-        {"cuLinkComplete", &cl.link_complete},
+        {"cuCtxGetCurrent", &cl.ctx_get_current},  {"cuCtxGetDevice", &cl.ctx_get_device},
+        {"cuDeviceGetAttribute", &cl.device_attr}, {"cuDriverGetVersion", &cl.driver_version},
+        {"cuLinkCreate_v2", &cl.link_create},      {"cuLinkAddData_v2", &cl.link_add},
+        {"cuLinkAddFile_v2", &cl.link_add_file},   {"cuLinkComplete", &cl.link_complete},
     };
     cl.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
 }
@@ -277,8 +285,8 @@ KC_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option *option
                      optionValues, stateOut);
 }
 
-KC_EXPORT CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options,
-                                void **optionValues, CUlinkState *stateOut)
+KC_EXPORT CUresult cuLinkCreate(unsigned int numOptions, CUjit_option *options, void **optionValues,
+                                CUlinkState *stateOut)
 {
     return do_create((create_fn)REAL(real_create, "cuLinkCreate"), numOptions, options,
                      optionValues, stateOut);
@@ -289,8 +297,8 @@ static bool type_usual(CUjitInputType t)
     return t >= CU_JIT_INPUT_CUBIN && t <= CU_JIT_INPUT_LIBRARY;
 }
 
-static CUresult do_add(add_fn real, CUlinkState state, CUjitInputType type, void *data,
-                       size_t size, const char *name, unsigned n, CUjit_option *opt, void **val)
+static CUresult do_add(add_fn real, CUlinkState state, CUjitInputType type, void *data, size_t size,
+                       const char *name, unsigned n, CUjit_option *opt, void **val)
 {
     if (real == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -298,8 +306,14 @@ static CUresult do_add(add_fn real, CUlinkState state, CUjitInputType type, void
     if (s == NULL)
         return real(state, type, data, size, name, n, opt, val);
     kc__guard_enter();
-    struct kc__link_input in = {.type = type, .name = (char *)name, .data = data, .size = size,
-                                .n_opt = n, .opt = (int *)opt, .val = val, .real = (void *)real};
+    struct kc__link_input in = {.type = type,
+                                .name = (char *)name,
+                                .data = data,
+                                .size = size,
+                                .n_opt = n,
+                                .opt = (int *)opt,
+                                .val = val,
+                                .real = (void *)real};
     bool usual = data != NULL && size > 0 && type_usual(type) && input_options_usual(n, opt, val);
     CUresult rc = kc__link_add(s, &in, usual);
     kc__guard_exit();
@@ -307,8 +321,8 @@ static CUresult do_add(add_fn real, CUlinkState state, CUjitInputType type, void
     return rc;
 }
 
-KC_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data,
-                                    size_t size, const char *name, unsigned int numOptions,
+KC_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                                    const char *name, unsigned int numOptions,
                                     CUjit_option *options, void **optionValues)
 {
     return do_add((add_fn)REAL(real_add_v2, "cuLinkAddData_v2"), state, type, data, size, name,
@@ -332,10 +346,15 @@ static CUresult do_add_file(add_file_fn real, CUlinkState state, CUjitInputType 
     if (s == NULL)
         return real(state, type, path, n, opt, val);
     kc__guard_enter();
-    struct kc__link_input in = {.by_file = 1, .type = type, .name = (char *)path, .n_opt = n,
-                                .opt = (int *)opt, .val = val, .real = (void *)real};
-    bool usual = path != NULL && path[0] != 0 && type_usual(type) &&
-                 input_options_usual(n, opt, val);
+    struct kc__link_input in = {.by_file = 1,
+                                .type = type,
+                                .name = (char *)path,
+                                .n_opt = n,
+                                .opt = (int *)opt,
+                                .val = val,
+                                .real = (void *)real};
+    bool usual =
+        path != NULL && path[0] != 0 && type_usual(type) && input_options_usual(n, opt, val);
     CUresult rc = kc__link_add(s, &in, usual);
     kc__guard_exit();
     kc__link_put(s);
@@ -373,8 +392,7 @@ static void log_replay(char *buf, size_t size, int idx, void **vals, const struc
 }
 
 /* What the driver left in a log buffer and its size option. */
-static int log_capture(const char *buf, size_t size, int idx, void *const *vals,
-                       struct kc__lout *o)
+static int log_capture(const char *buf, size_t size, int idx, void *const *vals, struct kc__lout *o)
 {
     if (buf != NULL && size > 0) {
         size_t n = strnlen(buf, size);
@@ -496,7 +514,8 @@ KC_EXPORT CUresult cuLinkDestroy(CUlinkState state)
 
 /* Hidden aliases: the table points at our own code whatever the lookup
  * order (as driver.c's). */
-#define ALIAS(name) extern __typeof__(name) kc__wl_##name __attribute__((alias(#name), visibility("hidden")));
+#define ALIAS(name)                                                                                \
+    extern __typeof__(name) kc__wl_##name __attribute__((alias(#name), visibility("hidden")));
 ALIAS(cuLinkCreate)
 ALIAS(cuLinkCreate_v2)
 ALIAS(cuLinkAddData)
@@ -506,7 +525,10 @@ ALIAS(cuLinkAddFile_v2)
 ALIAS(cuLinkComplete)
 ALIAS(cuLinkDestroy)
 
-#define HOOK(name, var) {#name, (void *)kc__wl_##name, &var, KC_LIB_CUDA}
+#define HOOK(name, var)                                                                            \
+    {                                                                                              \
+#name, (void *)kc__wl_##name, &var, KC_LIB_CUDA                                            \
+    }
 const struct kc__hook kc__culink_hooks[] = {
     HOOK(cuLinkCreate, real_create),
     HOOK(cuLinkCreate_v2, real_create_v2),

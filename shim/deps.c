@@ -337,7 +337,8 @@ static int hash_file(const char *path, const struct stat *want, kc_digest *out)
     if (want != NULL &&
         (st.st_ino != want->st_ino || st.st_dev != want->st_dev || st.st_size != want->st_size ||
          st.st_mtim.tv_sec != want->st_mtim.tv_sec || st.st_mtim.tv_nsec != want->st_mtim.tv_nsec ||
-         st.st_ctim.tv_sec != want->st_ctim.tv_sec || st.st_ctim.tv_nsec != want->st_ctim.tv_nsec)) {
+         st.st_ctim.tv_sec != want->st_ctim.tv_sec ||
+         st.st_ctim.tv_nsec != want->st_ctim.tv_nsec)) {
         rc = -ESTALE;
         goto done;
     }

@@ -22,10 +22,10 @@ enum kc__dep_kind {
 };
 
 struct kc__dep {
-    char *path;        /* as the compile named it */
+    char *path; /* as the compile named it */
     int kind;
-    kc_digest digest;  /* KC_DEP_FILE only */
-    struct stat st;    /* as seen when the compile opened it */
+    kc_digest digest; /* KC_DEP_FILE only */
+    struct stat st;   /* as seen when the compile opened it */
     /* KC_DEP_FILE: the file's identity when its digest was taken (device,
      * inode, size, mtime and ctime in ns), or all zero. A lookup whose stat
      * matches it exactly trusts the digest without reading the file: any
@@ -38,8 +38,8 @@ struct kc__dep {
 struct kc__deps {
     struct kc__dep *v;
     size_t n, cap;
-    bool writes;   /* something was opened for writing: side effects */
-    bool failed;   /* out of memory or a file changed under the compile */
+    bool writes; /* something was opened for writing: side effects */
+    bool failed; /* out of memory or a file changed under the compile */
 };
 
 /* Starts recording on this thread into d (zeroed by the caller). */
@@ -65,7 +65,7 @@ struct kc__dirs {
         const char *dir; /* not NUL-terminated: len bytes */
         size_t len;      /* 0: free */
         uint64_t hash;
-        int fd;          /* or -ENOENT / -ENOTDIR */
+        int fd; /* or -ENOENT / -ENOTDIR */
     } slot[KC__DIRS_SLOTS];
     int open, fd_limit;
 };

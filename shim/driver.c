@@ -56,7 +56,8 @@ typedef CUresult (*load_data_fn)(CUmodule *, const void *);
 typedef CUresult (*load_data_ex_fn)(CUmodule *, const void *, unsigned, CUjit_option *, void **);
 typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void **, unsigned,
                                 CUlibraryOption *, void **, unsigned);
-typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
+                              CUdriverProcAddressQueryResult *);
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t);
 
 #define REAL(var, name) ((var) ? (var) : kc__hook_real(kc__hook_find(name, KC_LIB_CUDA)))
@@ -136,16 +137,11 @@ static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static void drv_resolve(void)
 {
     const struct kc__cu_need need[] = {
-        {"cuCtxGetCurrent", &drv.ctx_get_current},
-        {"cuCtxGetDevice", &drv.ctx_get_device},
-        {"cuDeviceGet", &drv.device_get},
-        {"cuDeviceGetCount", &drv.device_get_count},
-        {"cuDeviceGetAttribute", &drv.device_attr},
-        {"cuDriverGetVersion", &drv.driver_version},
-        {"cuLinkCreate_v2", &drv.link_create},
-        {"cuLinkAddData_v2", &drv.link_add},
-        {"cuLinkComplete", &drv.link_complete},
-        {"cuLinkDestroy", &drv.link_destroy},
+        {"cuCtxGetCurrent", &drv.ctx_get_current},  {"cuCtxGetDevice", &drv.ctx_get_device},
+        {"cuDeviceGet", &drv.device_get},           {"cuDeviceGetCount", &drv.device_get_count},
+        {"cuDeviceGetAttribute", &drv.device_attr}, {"cuDriverGetVersion", &drv.driver_version},
+        {"cuLinkCreate_v2", &drv.link_create},      {"cuLinkAddData_v2", &drv.link_add},
+        {"cuLinkComplete", &drv.link_complete},     {"cuLinkDestroy", &drv.link_destroy},
     };
     drv.ok = kc__cu_real_all(need, sizeof need / sizeof *need);
     const struct kc__cu_need ctx_need[] = {
@@ -280,11 +276,23 @@ static bool jit_req_parse(unsigned n, CUjit_option *opt, void **val, struct jit_
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)val[i];
         switch (opt[i]) {
-        case CU_JIT_INFO_LOG_BUFFER: r->info_buf = val[i]; break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: r->info_size = (unsigned)v; r->info_idx = (int)i; break;
-        case CU_JIT_ERROR_LOG_BUFFER: r->error_buf = val[i]; break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: r->error_size = (unsigned)v; r->error_idx = (int)i; break;
-        case CU_JIT_WALL_TIME: r->wall_idx = (int)i; break;
+        case CU_JIT_INFO_LOG_BUFFER:
+            r->info_buf = val[i];
+            break;
+        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+            r->info_size = (unsigned)v;
+            r->info_idx = (int)i;
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER:
+            r->error_buf = val[i];
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+            r->error_size = (unsigned)v;
+            r->error_idx = (int)i;
+            break;
+        case CU_JIT_WALL_TIME:
+            r->wall_idx = (int)i;
+            break;
         case CU_JIT_MAX_REGISTERS:
         case CU_JIT_OPTIMIZATION_LEVEL:
         case CU_JIT_TARGET_FROM_CUCONTEXT:
@@ -346,7 +354,8 @@ static void req_finish(const struct jit_req *r, void **vals, const char *info, s
 }
 
 /* Fills the host's logs with what a failed compile wrote. */
-static void req_fail(const struct jit_req *r, void **vals, const char *info, const char *error, uint64_t started)
+static void req_fail(const struct jit_req *r, void **vals, const char *info, const char *error,
+                     uint64_t started)
 {
     log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, strlen(info));
     log_fill(r->error_buf, r->error_size, r->error_idx, vals, error, strlen(error));
@@ -361,10 +370,10 @@ static void req_fail(const struct jit_req *r, void **vals, const char *info, con
 struct device_id {
     int major, minor;
     int version;
-    kc_digest lib;   /* build-id of the libcuda in use */
-    CUdevice dev;    /* the device compiled for */
-    bool has_ctx;    /* a context is current */
-    int ndev;        /* devices (all of this capability) when none is */
+    kc_digest lib; /* build-id of the libcuda in use */
+    CUdevice dev;  /* the device compiled for */
+    bool has_ctx;  /* a context is current */
+    int ndev;      /* devices (all of this capability) when none is */
 };
 
 static kc_digest driver_lib_id;
@@ -378,7 +387,8 @@ static int driver_identity(kc_digest *out)
         Dl_info di;
         void *any = (void *)drv.link_create;
         driver_lib_state = -1;
-        if (any && dladdr(any, &di) && di.dli_fname && kc__loaded_identity(any, &driver_lib_id) == 0)
+        if (any && dladdr(any, &di) && di.dli_fname &&
+            kc__loaded_identity(any, &driver_lib_id) == 0)
             driver_lib_state = 1;
         else
             kc_log(KC_LOG_WARN, "cannot identify the CUDA driver library; the JIT cache is off");
@@ -418,8 +428,8 @@ static int device_of(bool library, struct device_id *d)
         for (int i = 0; i < n; i++) {
             int a = 0, b = 0;
             if (drv.device_attr(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i) ||
-                drv.device_attr(&b, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, i) || a != d->major ||
-                b != d->minor)
+                drv.device_attr(&b, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, i) ||
+                a != d->major || b != d->minor)
                 return -1;
         }
     }
@@ -435,7 +445,8 @@ static int device_of(bool library, struct device_id *d)
  * (record format 1). */
 #define JIT_MAGIC 0x324a434bu
 
-static void *record_make(const char *info, size_t info_len, const void *cubin, size_t cubin_len, size_t *len)
+static void *record_make(const char *info, size_t info_len, const void *cubin, size_t cubin_len,
+                         size_t *len)
 {
     *len = 16 + info_len + cubin_len;
     unsigned char *b = malloc(*len);
@@ -456,7 +467,8 @@ static int record_parse(const unsigned char *b, size_t len, const char **info, s
         return -EBADMSG;
     uint32_t m = kc_le_get_u32(b), il = kc_le_get_u32(b + 4);
     uint64_t cl = kc_le_get_u64(b + 8);
-    if (m != JIT_MAGIC || il > len - 16 || cl != len - 16 - il || cl < 64 || memcmp(b + 16 + il, "\177ELF", 4))
+    if (m != JIT_MAGIC || il > len - 16 || cl != len - 16 - il || cl < 64 ||
+        memcmp(b + 16 + il, "\177ELF", 4))
         return -EBADMSG;
     *info = (const char *)b + 16;
     *info_len = il;
@@ -499,7 +511,8 @@ static CUresult call_real(const struct load_call *c)
     }
     case API_LIBRARY: {
         lib_load_fn f = (lib_load_fn)REAL(real_lib_load, "cuLibraryLoadData");
-        return f ? f(c->lib, c->image, c->opt, c->val, c->n, c->lopt, c->lval, c->ln) : CUDA_ERROR_NOT_INITIALIZED;
+        return f ? f(c->lib, c->image, c->opt, c->val, c->n, c->lopt, c->lval, c->ln)
+                 : CUDA_ERROR_NOT_INITIALIZED;
     }
     }
     return CUDA_ERROR_INVALID_VALUE;
@@ -544,8 +557,9 @@ static void count(struct kc_counters k)
  * rejected the input itself (cuLinkAddData: invalid or too new PTX), and
  * then the info and error logs (malloc'd) are set. The input is given no
  * name, as the loader's JIT names none. */
-static CUresult link_image(const void *image, size_t len, CUjitInputType type, struct jit_req *r, void **cubin,
-                           size_t *cubin_len, char **info, char **error, bool *rejected)
+static CUresult link_image(const void *image, size_t len, CUjitInputType type, struct jit_req *r,
+                           void **cubin, size_t *cubin_len, char **info, char **error,
+                           bool *rejected)
 {
     *rejected = false;
     char *ibuf = calloc(1, INFO_LOG_MAX), *ebuf = calloc(1, INFO_LOG_MAX);
@@ -652,8 +666,9 @@ static void jit_ctx_leave(struct jit_ctx *j)
  * true when the call was answered (*rc set, the guard left, counted): a
  * hit, or a stored cubin the driver refused, when the driver answers the
  * host's own call. False on a miss, or after purging a bad record. */
-static bool serve_stored(struct load_call *c, struct kc_store *st, const struct kc_store_ops *api, const char *ns,
-                         const kc_key *key, const struct jit_req *r, uint64_t t0, bool entered, CUresult *rc)
+static bool serve_stored(struct load_call *c, struct kc_store *st, const struct kc_store_ops *api,
+                         const char *ns, const kc_key *key, const struct jit_req *r, uint64_t t0,
+                         bool entered, CUresult *rc)
 {
     void *body = NULL;
     size_t blen = 0;
@@ -734,10 +749,10 @@ struct jit_job {
 
 /* How jit_job_make decided. */
 enum jit_verdict {
-    JOB_CACHE,   /* *j is filled: look it up, compile on a miss */
-    JOB_PASS,    /* not for the cache (cubin, SASS for the device, options): counted */
-    JOB_REAL,    /* the driver answers (no context, not initialised): not counted */
-    JOB_ERROR,   /* an internal failure: counted */
+    JOB_CACHE, /* *j is filled: look it up, compile on a miss */
+    JOB_PASS,  /* not for the cache (cubin, SASS for the device, options): counted */
+    JOB_REAL,  /* the driver answers (no context, not initialised): not counted */
+    JOB_ERROR, /* an internal failure: counted */
 };
 
 /* Classifies the load and, for one the cache takes, fills *j. */
@@ -795,8 +810,8 @@ struct jit_hold {
     bool entered; /* the re-entry guard */
 };
 
-static void jit_let_go(const struct jit_job *j, const struct jit_hold *hd, bool stored,
-                       size_t blen, struct kc_counters k)
+static void jit_let_go(const struct jit_job *j, const struct jit_hold *hd, bool stored, size_t blen,
+                       struct kc_counters k)
 {
     kc__flight_remote_release(j->ns, &j->key, hd->rheld, stored, blen);
     kc__flight_release(hd->flight); /* after the put: waiters find it */
@@ -819,8 +834,9 @@ static CUresult jit_miss(struct load_call *c, struct jit_job *j, const struct ji
     uint64_t c0 = kc_mono_ns();
     CUresult rc = jit_ctx_enter(&jc, &j->d);
     if (rc == CUDA_SUCCESS) {
-        rc = link_image(j->data, j->len, j->kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY,
-                        &j->r, &cubin, &clen, &ilog, &elog, &rejected);
+        rc = link_image(j->data, j->len,
+                        j->kind == IMG_PTX ? CU_JIT_INPUT_PTX : CU_JIT_INPUT_FATBINARY, &j->r,
+                        &cubin, &clen, &ilog, &elog, &rejected);
         jit_ctx_leave(&jc);
     }
     uint64_t compile_ns = kc_mono_ns() - c0;
@@ -863,7 +879,8 @@ static CUresult jit_miss(struct load_call *c, struct jit_job *j, const struct ji
 static CUresult jit_load(struct load_call *c)
 {
     const struct kc_config *cfg = kc__config();
-    if (kc__guard_held() || cfg->disable || !cfg->jit || !c->image || (c->api == API_LIBRARY ? !c->lib : !c->mod))
+    if (kc__guard_held() || cfg->disable || !cfg->jit || !c->image ||
+        (c->api == API_LIBRARY ? !c->lib : !c->mod))
         return call_real(c);
     pthread_once(&drv_once, drv_resolve);
     if (!drv.ok || cubin_loader(c->api) == NULL)
@@ -924,10 +941,11 @@ KC_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return jit_load(&c);
 }
 
-KC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
-                                      void **values)
+KC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
+                                      CUjit_option *options, void **values)
 {
-    struct load_call c = {.api = API_DATA_EX, .mod = module, .image = image, .n = n, .opt = options, .val = values};
+    struct load_call c = {
+        .api = API_DATA_EX, .mod = module, .image = image, .n = n, .opt = options, .val = values};
     return jit_load(&c);
 }
 
@@ -942,13 +960,20 @@ KC_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
                                      CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                      unsigned int numLibraryOptions)
 {
-    struct load_call c = {.api = API_LIBRARY, .lib = library, .image = code, .n = numJitOptions,
-                          .opt = jitOptions, .val = jitOptionsValues, .lopt = libraryOptions,
-                          .lval = libraryOptionValues, .ln = numLibraryOptions};
+    struct load_call c = {.api = API_LIBRARY,
+                          .lib = library,
+                          .image = code,
+                          .n = numJitOptions,
+                          .opt = jitOptions,
+                          .val = jitOptionsValues,
+                          .lopt = libraryOptions,
+                          .lval = libraryOptionValues,
+                          .ln = numLibraryOptions};
     return jit_load(&c);
 }
 
-KC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+KC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
                                        CUdriverProcAddressQueryResult *symbolStatus)
 {
     gpa_v2_fn f = (gpa_v2_fn)REAL(real_gpa_v2, "cuGetProcAddress_v2");
@@ -960,7 +985,8 @@ KC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
     return rc;
 }
 
-KC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+KC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags)
 {
     gpa_fn f = (gpa_fn)REAL(real_gpa, "cuGetProcAddress");
     if (!f)
@@ -975,7 +1001,8 @@ KC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 
 /* Hidden aliases: the table points at our own code whatever the lookup
  * order, at the exported function's address. */
-#define ALIAS(name) extern __typeof__(name) kc__w_##name __attribute__((alias(#name), visibility("hidden")));
+#define ALIAS(name)                                                                                \
+    extern __typeof__(name) kc__w_##name __attribute__((alias(#name), visibility("hidden")));
 ALIAS(cuModuleLoadData)
 ALIAS(cuModuleLoadDataEx)
 ALIAS(cuModuleLoadFatBinary)
@@ -983,16 +1010,15 @@ ALIAS(cuLibraryLoadData)
 ALIAS(cuGetProcAddress_v2)
 ALIAS(cuGetProcAddress)
 
-#define HOOK(name, var) {#name, (void *)kc__w_##name, &var, KC_LIB_CUDA}
+#define HOOK(name, var)                                                                            \
+    {                                                                                              \
+#name, (void *)kc__w_##name, &var, KC_LIB_CUDA                                             \
+    }
 #define MEMO_HOOK(name) {#name, (void *)kc__w_##name, &kc__real_##name, KC_LIB_CUDA},
 
 const struct kc__hook kc__driver_hooks[] = {
-    HOOK(cuModuleLoadData, real_load_data),
-    HOOK(cuModuleLoadDataEx, real_load_data_ex),
-    HOOK(cuModuleLoadFatBinary, real_load_fatbin),
-    HOOK(cuLibraryLoadData, real_lib_load),
-    HOOK(cuGetProcAddress_v2, real_gpa_v2),
-    HOOK(cuGetProcAddress, real_gpa),
-    KC_MEMO_WRAPPERS(MEMO_HOOK)
-    {NULL, NULL, NULL, 0},
+    HOOK(cuModuleLoadData, real_load_data),           HOOK(cuModuleLoadDataEx, real_load_data_ex),
+    HOOK(cuModuleLoadFatBinary, real_load_fatbin),    HOOK(cuLibraryLoadData, real_lib_load),
+    HOOK(cuGetProcAddress_v2, real_gpa_v2),           HOOK(cuGetProcAddress, real_gpa),
+    KC_MEMO_WRAPPERS(MEMO_HOOK){NULL, NULL, NULL, 0},
 };

@@ -38,15 +38,18 @@ void *kc__cu_hooked_real(const char *name);
 /* Wrappers defined in memo.c, under hidden aliases so that the hook table in
  * driver.c points at our own code whatever the symbol lookup order (the
  * address is the exported function's, so dladdr names it correctly). */
-#define KC_MEMO_WRAPPERS(X)                                                                         \
-    X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuModuleUnload)          \
-    X(cuLibraryUnload) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)              \
-    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)        \
-    X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemGetInfo)   \
-    X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)                 \
-    X(cuPointerSetAttribute)
+#define KC_MEMO_WRAPPERS(X)                                                                        \
+    X(cuModuleGetFunction)                                                                         \
+    X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuModuleUnload) X(cuLibraryUnload)              \
+        X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)                             \
+            X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2)                           \
+                X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2)          \
+                    X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemGetInfo) X(cuMemGetAddressRange_v2)  \
+                        X(cuPointerGetAttribute) X(cuPointerGetAttributes)                         \
+                            X(cuPointerSetAttribute)
 
-#define KC_MEMO_ALIAS_DECL(name) extern __typeof__(name) kc__w_##name __attribute__((visibility("hidden")));
+#define KC_MEMO_ALIAS_DECL(name)                                                                   \
+    extern __typeof__(name) kc__w_##name __attribute__((visibility("hidden")));
 KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)
 #undef KC_MEMO_ALIAS_DECL
 
@@ -54,6 +57,5 @@ KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)
 #define KC_MEMO_REAL_DECL(name) extern void *kc__real_##name __attribute__((visibility("hidden")));
 KC_MEMO_WRAPPERS(KC_MEMO_REAL_DECL)
 #undef KC_MEMO_REAL_DECL
-
 
 #endif

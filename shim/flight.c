@@ -110,4 +110,3 @@ void kc__flight_release(int fd)
     if (fd >= 0)
         close(fd); /* drops the flock */
 }
-

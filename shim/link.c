@@ -580,8 +580,10 @@ static void give_deferred(struct kc__link_sess *s)
             /* The library refuses now what it took when the step was
              * stored (a file changed meanwhile, no memory): the host had
              * its success; from here on the library answers. */
-            kc_log(KC_LOG_INFO, "%s: a deferred input was refused on replay (%d); "
-                                "the link passes through", s->ops->what, rc);
+            kc_log(KC_LOG_INFO,
+                   "%s: a deferred input was refused on replay (%d); "
+                   "the link passes through",
+                   s->ops->what, rc);
             s->state = KC_LINK_PASS;
         }
     }
@@ -633,8 +635,8 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
             step.known = 1;
             struct stat now;
             /* The file as it is now: what a later miss would store. */
-            if (in->by_file && (stat(in->name, &now) != 0 ||
-                                push_file(s, in->name, &now, &step.dep) != 0)) {
+            if (in->by_file &&
+                (stat(in->name, &now) != 0 || push_file(s, in->name, &now, &step.dep) != 0)) {
                 kc__link_materialize(s, true);
                 return s->ops->add(s, in);
             }
@@ -1096,8 +1098,8 @@ static struct kc__lrec *jl_capture(nvJitLinkHandle h, int rc)
     r->api = KC_LREC_NVJITLINK;
     r->complete_rc = rc;
     static const enum jl_fn pairs[N_LOUT][2] = {
-        [LOUT_CUBIN] = {F_CUBIN_SIZE, F_CUBIN},   [LOUT_PTX] = {F_PTX_SIZE, F_PTX},
-        [LOUT_LTOIR] = {F_LTOIR_SIZE, F_LTOIR},   [LOUT_ERROR_LOG] = {F_ERR_SIZE, F_ERR},
+        [LOUT_CUBIN] = {F_CUBIN_SIZE, F_CUBIN},  [LOUT_PTX] = {F_PTX_SIZE, F_PTX},
+        [LOUT_LTOIR] = {F_LTOIR_SIZE, F_LTOIR},  [LOUT_ERROR_LOG] = {F_ERR_SIZE, F_ERR},
         [LOUT_INFO_LOG] = {F_INFO_SIZE, F_INFO},
     };
     for (int i = 0; i < N_LOUT; i++) {
@@ -1291,8 +1293,14 @@ static nvJitLinkResult serve_get(int f, int v, int which, nvJitLinkHandle handle
  * cuda.bindings resolves with dlsym, and the versioned one (v 1), which
  * nvJitLink.h's inline functions call. */
 #define BOTH(name, vname, ret, params, call0, call1)                                               \
-    KC_EXPORT ret name params { return call0; }                                                    \
-    KC_EXPORT ret vname params { return call1; }
+    KC_EXPORT ret name params                                                                      \
+    {                                                                                              \
+        return call0;                                                                              \
+    }                                                                                              \
+    KC_EXPORT ret vname params                                                                     \
+    {                                                                                              \
+        return call1;                                                                              \
+    }
 
 BOTH(nvJitLinkCreate, __nvJitLinkCreate_13_0, nvJitLinkResult,
      (nvJitLinkHandle * handle, uint32_t numOptions, const char *const *options),
@@ -1302,8 +1310,7 @@ BOTH(nvJitLinkDestroy, __nvJitLinkDestroy_13_0, nvJitLinkResult, (nvJitLinkHandl
 BOTH(nvJitLinkAddData, __nvJitLinkAddData_13_0, nvJitLinkResult,
      (nvJitLinkHandle handle, nvJitLinkInputType inputType, const void *data, size_t size,
       const char *name),
-     do_add(0, handle, inputType, data, size, name),
-     do_add(1, handle, inputType, data, size, name))
+     do_add(0, handle, inputType, data, size, name), do_add(1, handle, inputType, data, size, name))
 BOTH(nvJitLinkComplete, __nvJitLinkComplete_13_0, nvJitLinkResult, (nvJitLinkHandle handle),
      do_complete(0, handle), do_complete(1, handle))
 
@@ -1358,7 +1365,10 @@ KC_EXPORT nvJitLinkResult nvJitLinkGetLinkedLTOIR(nvJitLinkHandle handle, void *
     return serve_get(F_LTOIR, 0, LOUT_LTOIR, handle, ltoir);
 }
 
-#define HOOK(name, f, v) {#name, (void *)name, &jl_real[f][v], KC_LIB_NVJITLINK}
+#define HOOK(name, f, v)                                                                           \
+    {                                                                                              \
+#name, (void *)name, &jl_real[f][v], KC_LIB_NVJITLINK                                      \
+    }
 const struct kc__hook kc__link_hooks[] = {
     HOOK(nvJitLinkCreate, F_CREATE, 0),
     HOOK(__nvJitLinkCreate_13_0, F_CREATE, 1),

@@ -37,9 +37,9 @@
 
 /* One input the host added. */
 struct kc__link_input {
-    int by_file;   /* added by file name */
-    int type;      /* the API's input type */
-    char *name;    /* data: the input's name (may be NULL); file: the path */
+    int by_file;      /* added by file name */
+    int type;         /* the API's input type */
+    char *name;       /* data: the input's name (may be NULL); file: the path */
     const void *data; /* data: the bytes (the host's, or the session's copy) */
     size_t size;
     unsigned n_opt; /* cuLink: the input's JIT options (integer values only) */
@@ -88,7 +88,7 @@ struct kc__link_sess {
     bool gone; /* removed from the table */
     enum kc__link_state state;
     char ns[128];
-    kc_digest prefix; /* the chain so far */
+    kc_digest prefix;           /* the chain so far */
     struct kc__link_input *def; /* deferred inputs, data copied */
     size_t n_def, cap_def;
     bool def_given; /* the deferred inputs were given to the real handle */

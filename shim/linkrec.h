@@ -27,7 +27,7 @@ enum { LOUT_CUBIN, LOUT_PTX, LOUT_LTOIR, LOUT_ERROR_LOG, LOUT_INFO_LOG, N_LOUT }
 
 struct kc__lout {
     int32_t size_rc;
-    int32_t size_set;     /* whether the size getter wrote its argument */
+    int32_t size_set; /* whether the size getter wrote its argument */
     uint64_t size;
     int32_t get_rc;
     int32_t size_null_rc; /* the size getter given NULL */

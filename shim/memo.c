@@ -107,8 +107,8 @@ struct mctx {
     struct block *pool;
     size_t n_pool, cap_pool;
     uint64_t pool_bytes;
-    bool fell_back;            /* KCACHE_ALLOC_FALLBACK=managed latched */
-    unsigned diag[N_DIAG];     /* first_n counters */
+    bool fell_back;        /* KCACHE_ALLOC_FALLBACK=managed latched */
+    unsigned diag[N_DIAG]; /* first_n counters */
 };
 
 static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -190,12 +190,13 @@ static uint64_t hash_name(const char *s)
 
 static unsigned bucket_of(unsigned long long ctx, int kind, const void *obj, uint64_t nh)
 {
-    uint64_t h = (ctx * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(uintptr_t)obj * 0xc2b2ae3d27d4eb4full) ^ nh ^
-                 (uint64_t)kind;
+    uint64_t h = (ctx * 0x9e3779b97f4a7c15ull) ^
+                 ((uint64_t)(uintptr_t)obj * 0xc2b2ae3d27d4eb4full) ^ nh ^ (uint64_t)kind;
     return (unsigned)(h ^ (h >> 29)) & (N_BUCKETS - 1);
 }
 
-static struct entry *lookup(unsigned long long ctx, int kind, const void *obj, const char *name, uint64_t nh)
+static struct entry *lookup(unsigned long long ctx, int kind, const void *obj, const char *name,
+                            uint64_t nh)
 {
     for (struct entry *e = buckets[bucket_of(ctx, kind, obj, nh)]; e; e = e->next)
         if (e->ctx == ctx && e->kind == kind && e->obj == obj && e->name_hash == nh &&
@@ -204,8 +205,8 @@ static struct entry *lookup(unsigned long long ctx, int kind, const void *obj, c
     return NULL;
 }
 
-static void insert(unsigned long long ctx, int kind, const void *obj, const void *parent, const char *name,
-                   uint64_t nh, void *result)
+static void insert(unsigned long long ctx, int kind, const void *obj, const void *parent,
+                   const char *name, uint64_t nh, void *result)
 {
     struct entry *e = calloc(1, sizeof *e);
     if (!e)
@@ -250,7 +251,8 @@ static bool of_module(const struct entry *e, const void *m)
 
 static bool of_library(const struct entry *e, const void *l)
 {
-    return (e->kind == K_KERNEL && e->obj == l) || (e->kind == K_KFUNC && (e->parent == l || !e->parent));
+    return (e->kind == K_KERNEL && e->obj == l) ||
+           (e->kind == K_KFUNC && (e->parent == l || !e->parent));
 }
 
 static bool of_context(const struct entry *e, const void *id)
@@ -627,8 +629,9 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
             if (o->dev == m->dev)
                 released += pool_release(o);
         if (released && first_n(m, DIAG_OOM, 1))
-            kc_log(KC_LOG_INFO, "memo: out of device memory in context %llu; released %zu pooled blocks",
-                   id, released);
+            kc_log(KC_LOG_INFO,
+                   "memo: out of device memory in context %llu; released %zu pooled blocks", id,
+                   released);
         pthread_mutex_unlock(&memo_lock);
         if (released)
             rc = real(&p, bytesize);
@@ -644,8 +647,10 @@ KC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         if (m) {
             m->fell_back = true;
             if (first_n(m, DIAG_FALLBACK, 1))
-                kc_log(KC_LOG_WARN, "device allocation failed in context %llu; it uses managed memory from now on",
-                       id);
+                kc_log(
+                    KC_LOG_WARN,
+                    "device allocation failed in context %llu; it uses managed memory from now on",
+                    id);
         }
         if (mrc == CUDA_SUCCESS)
             track_put(p, bytesize, id, MANAGED, 0);
@@ -721,7 +726,8 @@ static void release_device_pools(void)
     CUcontext ctx;
     unsigned long long id;
     CUdevice dev;
-    if (kc__guard_held() || !ready() || !current(&ctx, &id) || drv.ctx_get_device(&dev) != CUDA_SUCCESS)
+    if (kc__guard_held() || !ready() || !current(&ctx, &id) ||
+        drv.ctx_get_device(&dev) != CUDA_SUCCESS)
         return;
     pthread_mutex_lock(&memo_lock);
     for (struct mctx *m = contexts; m; m = m->next)
@@ -767,7 +773,8 @@ static int block_of(CUdeviceptr p, CUdeviceptr *base, uint64_t *vid)
     pthread_mutex_unlock(&memo_lock);
     if (!known) {
         CUdeviceptr start = 0;
-        if (drv.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS || start == p)
+        if (drv.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
+            start == p)
             return PTR_OTHER;
         *base = start;
     }
@@ -828,7 +835,8 @@ KC_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribu
     return rc;
 }
 
-KC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+KC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
+                                          CUpointer_attribute *attributes, void **data,
                                           CUdeviceptr ptr)
 {
     __typeof__(&cuPointerGetAttributes) real = REAL(cuPointerGetAttributes);
@@ -846,7 +854,8 @@ KC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_
     return rc;
 }
 
-KC_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr ptr)
+KC_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute,
+                                         CUdeviceptr ptr)
 {
     __typeof__(&cuPointerSetAttribute) real = REAL(cuPointerSetAttribute);
     if (!real)
@@ -980,6 +989,7 @@ KC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 }
 
 /* Hidden aliases for the hook table (memo.h). */
-#define KC_MEMO_ALIAS(name) extern __typeof__(name) kc__w_##name __attribute__((alias(#name), visibility("hidden")));
+#define KC_MEMO_ALIAS(name)                                                                        \
+    extern __typeof__(name) kc__w_##name __attribute__((alias(#name), visibility("hidden")));
 KC_MEMO_WRAPPERS(KC_MEMO_ALIAS)
 #undef KC_MEMO_ALIAS

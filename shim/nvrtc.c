@@ -177,9 +177,18 @@ static const struct identity *nvrtc_identity(void)
  * traces written to disk. Such compiles pass through uncached. */
 static bool side_effect_option(const char *o)
 {
-    static const char *bad[] = {"-pch",   "--pch",   "-create-pch", "--create-pch", "-use-pch",
-                                "--use-pch", "-pch-dir", "--pch-dir", "-time", "--time",
-                                "-fdevice-time-trace", "--fdevice-time-trace"};
+    static const char *bad[] = {"-pch",
+                                "--pch",
+                                "-create-pch",
+                                "--create-pch",
+                                "-use-pch",
+                                "--use-pch",
+                                "-pch-dir",
+                                "--pch-dir",
+                                "-time",
+                                "--time",
+                                "-fdevice-time-trace",
+                                "--fdevice-time-trace"};
     if (o == NULL)
         return false;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -530,8 +539,7 @@ static bool resolve_getters(void)
     R(real_pch_status, "nvrtcGetPCHCreateStatus");
     R(real_pch_required, "nvrtcGetPCHHeapSizeRequired");
 #undef R
-    return real_ptx_size && real_ptx && real_log_size && real_log && real_lowered &&
-           real_add_name;
+    return real_ptx_size && real_ptx && real_log_size && real_log && real_lowered && real_add_name;
 }
 
 /* ---- the hooks ------------------------------------------------------------------------------ */
@@ -765,8 +773,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
      * compiling. */
     pthread_mutex_lock(&progs_lock);
     struct prog *p = find_locked(prog);
-    bool cacheable = p != NULL && !p->has_callback && numOptions >= 0 &&
-                     (numOptions == 0 || options != NULL);
+    bool cacheable =
+        p != NULL && !p->has_callback && numOptions >= 0 && (numOptions == 0 || options != NULL);
     for (int i = 0; cacheable && i < numOptions; i++)
         if (options[i] == NULL || side_effect_option(options[i]))
             cacheable = false;
@@ -840,8 +848,9 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         size_t files = 0;
         for (size_t i = 0; i < deps.n; i++)
             files += deps.v[i].kind == KC_DEP_FILE;
-        kc_log(KC_LOG_DEBUG, "nvrtc miss: compiled in %.1f ms, %zu files read, %zu other paths seen",
-               took / 1e6, files, deps.n - files);
+        kc_log(KC_LOG_DEBUG,
+               "nvrtc miss: compiled in %.1f ms, %zu files read, %zu other paths seen", took / 1e6,
+               files, deps.n - files);
     }
     if ((rc == NVRTC_SUCCESS || rc == NVRTC_ERROR_COMPILATION) && st != NULL && !cfg->readonly) {
         if (deps.writes) {
@@ -868,8 +877,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                 } else {
                     c.errors = 1;
                     if (prc != -EDQUOT) /* a full spool: the store has warned */
-                        kc_log_once(KC_LOG_WARN, "cannot store an NVRTC result (%s); "
-                                                 "continuing uncached", strerror(-prc));
+                        kc_log_once(KC_LOG_WARN,
+                                    "cannot store an NVRTC result (%s); "
+                                    "continuing uncached",
+                                    strerror(-prc));
                 }
             } else {
                 c.errors = 1;
@@ -886,8 +897,10 @@ out:
     kc__count(BACKEND, &c);
     if (kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG, "nvrtc %s: %.3f ms in the hook, %.3f ms of it compiling",
-               c.hits ? "hit" : c.misses ? "miss" : "pass-through", (kc_mono_ns() - t_enter) / 1e6,
-               c.compile_ns / 1e6);
+               c.hits     ? "hit"
+               : c.misses ? "miss"
+                          : "pass-through",
+               (kc_mono_ns() - t_enter) / 1e6, c.compile_ns / 1e6);
     kc__guard_exit();
     return rc;
 }
@@ -1011,7 +1024,10 @@ KC_EXPORT nvrtcResult nvrtcGetPCHHeapSizeRequired(nvrtcProgram prog, size_t *siz
     return rc;
 }
 
-#define HOOK(name, var) {#name, (void *)name, (void **)&var, KC_LIB_NVRTC}
+#define HOOK(name, var)                                                                            \
+    {                                                                                              \
+#name, (void *)name, (void **)&var, KC_LIB_NVRTC                                           \
+    }
 const struct kc__hook kc__nvrtc_hooks[] = {
     HOOK(nvrtcCreateProgram, real_create),
     HOOK(nvrtcDestroyProgram, real_destroy),

@@ -605,8 +605,7 @@ static struct link_map *map_of(const void *addr)
  * host's. The answer is the first definition in the global scope after the
  * caller, as without the shim (never our own export); a hooked function
  * found in the real library is swapped for our wrapper. */
-__attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handle,
-                                                                      const char *name)
+__attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handle, const char *name)
 {
     struct link_map *caller = map_of(__builtin_return_address(0));
     if (caller == NULL)

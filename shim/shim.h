@@ -58,10 +58,10 @@ bool kc__guard_held(void);
  * function is found (dlsym(RTLD_NEXT), a dlsym() the host made, or
  * cuGetProcAddress). */
 struct kc__hook {
-    const char *name;   /* exact exported name, e.g. "cuMemAlloc_v2" */
-    void *wrapper;      /* our function */
-    void **real;        /* where the real pointer is kept */
-    int lib;            /* KC_LIB_* the real one must come from */
+    const char *name; /* exact exported name, e.g. "cuMemAlloc_v2" */
+    void *wrapper;    /* our function */
+    void **real;      /* where the real pointer is kept */
+    int lib;          /* KC_LIB_* the real one must come from */
 };
 
 enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2, KC_LIB_NVJITLINK = 3 };

@@ -63,22 +63,22 @@ enum kc_kind {
 };
 
 struct kc_store_options {
-    const char *dir;    /* cache directory; created 0700 when missing */
-    int readonly;       /* never write, never start the owner */
-    uint64_t max_size;  /* bytes; 0 means KC_DEFAULT_MAX_SIZE */
-    const char *tool;   /* the kcache tool that runs the owner; NULL: locate it
-                         * ($KCACHE_TOOL, beside this library, then $PATH) */
+    const char *dir;   /* cache directory; created 0700 when missing */
+    int readonly;      /* never write, never start the owner */
+    uint64_t max_size; /* bytes; 0 means KC_DEFAULT_MAX_SIZE */
+    const char *tool;  /* the kcache tool that runs the owner; NULL: locate it
+                        * ($KCACHE_TOOL, beside this library, then $PATH) */
 };
 
 /* The header fields of one record, as the tool shows them. */
 struct kc_record_info {
-    uint32_t kind;       /* enum kc_kind */
-    uint32_t format;     /* KC_FORMAT_VERSION it was written with */
-    uint64_t body_size;  /* uncompressed body bytes */
-    uint64_t created;    /* unix time, seconds */
-    uint64_t last_hit;   /* unix time, seconds; 0 = never hit */
-    uint64_t hits;       /* hits folded in by the owner so far */
-    uint64_t saved_ns;   /* compile time one hit saves */
+    uint32_t kind;      /* enum kc_kind */
+    uint32_t format;    /* KC_FORMAT_VERSION it was written with */
+    uint64_t body_size; /* uncompressed body bytes */
+    uint64_t created;   /* unix time, seconds */
+    uint64_t last_hit;  /* unix time, seconds; 0 = never hit */
+    uint64_t hits;      /* hits folded in by the owner so far */
+    uint64_t saved_ns;  /* compile time one hit saves */
 };
 
 /* Per-backend counters a process adds to the store's statistics, declared
@@ -86,13 +86,13 @@ struct kc_record_info {
  * logs in the spool and the metadata family, each a little-endian u64). A
  * new counter is one line here; serialized layouts grow with it, so adding
  * one bumps KC_FORMAT_VERSION. */
-#define KC_COUNTERS(X)                                                                      \
-    X(hits, "requests served from the cache")                                               \
-    X(misses, "requests compiled and stored")                                               \
-    X(passthrough, "requests that bypassed the cache (PCH, ...)")                           \
-    X(stores, "artifacts written")                                                          \
-    X(errors, "internal failures that fell back")                                           \
-    X(saved_ns, "compile time hits saved")                                                  \
+#define KC_COUNTERS(X)                                                                             \
+    X(hits, "requests served from the cache")                                                      \
+    X(misses, "requests compiled and stored")                                                      \
+    X(passthrough, "requests that bypassed the cache (PCH, ...)")                                  \
+    X(stores, "artifacts written")                                                                 \
+    X(errors, "internal failures that fell back")                                                  \
+    X(saved_ns, "compile time hits saved")                                                         \
     X(compile_ns, "compile time spent on misses")
 
 struct kc_counters {
@@ -144,7 +144,7 @@ struct kc_entry {
 struct kc_ns_stats {
     char ns[128];
     uint64_t entries;
-    uint64_t raw_bytes;    /* sum of body sizes */
+    uint64_t raw_bytes; /* sum of body sizes */
 };
 
 struct kc_backend_stats {
@@ -154,18 +154,18 @@ struct kc_backend_stats {
 
 struct kc_store_stats {
     size_t n_ns;
-    struct kc_ns_stats *ns;        /* array of n_ns */
+    struct kc_ns_stats *ns; /* array of n_ns */
     size_t n_backends;
     struct kc_backend_stats *backends;
     uint64_t entries;
-    uint64_t raw_bytes;            /* sum of artifact body sizes */
-    uint64_t unique_bytes;         /* body bytes after dedup */
-    uint64_t disk_bytes;           /* everything under the cache directory */
-    uint64_t spool_entries;        /* written, not yet drained */
+    uint64_t raw_bytes;     /* sum of artifact body sizes */
+    uint64_t unique_bytes;  /* body bytes after dedup */
+    uint64_t disk_bytes;    /* everything under the cache directory */
+    uint64_t spool_entries; /* written, not yet drained */
     uint64_t max_size;
-    uint64_t reserved_bytes;       /* of disk_bytes, reserved by files beyond their
-                                    * data: a running owner's write-ahead log,
-                                    * readers' logs; freed when they exit */
+    uint64_t reserved_bytes; /* of disk_bytes, reserved by files beyond their
+                              * data: a running owner's write-ahead log,
+                              * readers' logs; freed when they exit */
 };
 
 struct kc_verify_report {
@@ -215,26 +215,26 @@ struct kc_bundle_crypto {
 };
 
 struct kc_bundle_export_opts {
-    int fd;                    /* written in order (a pipe will do) */
-    const char *const *globs;  /* fnmatch(3) patterns namespaces must match */
-    size_t n_globs;            /* 0: every namespace */
-    uint64_t since_ns;         /* entries last used (hit, else created) at or
-                                * after this time (ns since the epoch); 0: all */
-    uint64_t max_size;         /* the bundle is at most this many bytes: the
-                                * most recently used entries that fit; 0: no cap */
-    int codec;                 /* enum kc_bundle_codec */
-    int level;                 /* the codec's level; 0: its default */
+    int fd;                                /* written in order (a pipe will do) */
+    const char *const *globs;              /* fnmatch(3) patterns namespaces must match */
+    size_t n_globs;                        /* 0: every namespace */
+    uint64_t since_ns;                     /* entries last used (hit, else created) at or
+                                            * after this time (ns since the epoch); 0: all */
+    uint64_t max_size;                     /* the bundle is at most this many bytes: the
+                                            * most recently used entries that fit; 0: no cap */
+    int codec;                             /* enum kc_bundle_codec */
+    int level;                             /* the codec's level; 0: its default */
     const struct kc_bundle_crypto *crypto; /* NULL, or key_id 0: unsigned */
 };
 
 struct kc_bundle_import_opts {
-    int fd;                    /* the bundle; read twice when seekable and
-                                * private, else copied to a private file */
-    int trust_unsigned;        /* accept a bundle no trusted key signed */
-    int dry_run;               /* verify and count; write nothing */
-    int header_only;           /* header, and the trailer when seekable
-                                * (`kcache bundle show`); nothing verified */
-    int only_usable;           /* skip namespaces usable() says are not */
+    int fd;                                /* the bundle; read twice when seekable and
+                                            * private, else copied to a private file */
+    int trust_unsigned;                    /* accept a bundle no trusted key signed */
+    int dry_run;                           /* verify and count; write nothing */
+    int header_only;                       /* header, and the trailer when seekable
+                                            * (`kcache bundle show`); nothing verified */
+    int only_usable;                       /* skip namespaces usable() says are not */
     const struct kc_bundle_crypto *crypto; /* NULL: no signature can verify */
     /* Whether this machine can use namespace ns: 1, 0, or -1 (unknown).
      * NULL: unknown for all. */
@@ -254,19 +254,19 @@ struct kc_bundle_ns {
 
 /* What a bundle holds, and what an export or import did. */
 struct kc_bundle_info {
-    uint32_t version;    /* bundle layout */
-    uint32_t format;     /* KC_FORMAT_VERSION of its records */
+    uint32_t version; /* bundle layout */
+    uint32_t format;  /* KC_FORMAT_VERSION of its records */
     uint64_t created_ns;
     uint64_t entries, raw_bytes; /* records, and their bytes uncompressed */
     uint64_t file_bytes;         /* the bundle's size */
     uint64_t blocks;
-    uint64_t key_id;     /* the signer's key id; 0: unsigned */
+    uint64_t key_id; /* the signer's key id; 0: unsigned */
     int is_signed;
-    int verified;        /* every check passed; signed: by a trusted key */
-    int trailer_seen;    /* header_only: the trailer was read */
+    int verified;     /* every check passed; signed: by a trusted key */
+    int trailer_seen; /* header_only: the trailer was read */
     size_t n_ns;
     struct kc_bundle_ns *ns; /* malloc'd; release with free() */
-    char why[320];       /* on failure: one line saying why */
+    char why[320];           /* on failure: one line saying why */
 };
 
 struct kc_store;
@@ -391,8 +391,8 @@ struct kc_store_admin {
 
     /* Parses a record (header + body) as stored; 0 with *info filled and
      * *body pointing inside `rec`, or -EBADMSG. Exposed for the fuzzers. */
-    int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info,
-                        const void **body, size_t *body_len);
+    int (*parse_record)(const void *rec, size_t len, struct kc_record_info *info, const void **body,
+                        size_t *body_len);
 
     /* --- bundles --- */
 

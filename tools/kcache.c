@@ -86,9 +86,9 @@ struct ctx {
     char dir[PATH_MAX];   /* effective cache directory */
     bool dir_from_cli;
     struct kc_config cfg;
-    const struct kc_store_api *api;    /* the data path: open, close */
+    const struct kc_store_api *api;   /* the data path: open, close */
     const struct kc_store_admin *adm; /* everything else */
-    bool progress; /* stderr is a terminal */
+    bool progress;                    /* stderr is a terminal */
 };
 
 static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -398,8 +398,8 @@ static int cmd_stats(struct ctx *c, bool json)
         if (!kc_remote_is_stat_backend(s->backends[i].backend))
             saved_ns += s->backends[i].c.saved_ns;
     }
-    bool show_remote = c->cfg.remote[0] != '\0' ||
-                       memcmp(&rc, &(struct kc_remote_counters){0}, sizeof rc) != 0;
+    bool show_remote =
+        c->cfg.remote[0] != '\0' || memcmp(&rc, &(struct kc_remote_counters){0}, sizeof rc) != 0;
 
     if (json) {
         printf("{\"dir\": ");
@@ -929,8 +929,8 @@ static int cmd_push(struct ctx *c, const char *ns)
                 gone++; /* evicted or purged meanwhile */
                 continue;
             }
-            int p = kc_remote_put(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len,
-                                  info.saved_ns);
+            int p =
+                kc_remote_put(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len, info.saved_ns);
             free(body);
             if (p == 0) {
                 pushed++;
@@ -969,8 +969,8 @@ static int cmd_push(struct ctx *c, const char *ns)
     printf("\n");
     if (stop != 0) {
         err_line("push stopped: %s",
-                 stop == -EROFS   ? "this node does not write to the remote (no usable "
-                                    "KCACHE_REMOTE_SIGNING_KEY, or read-only)"
+                 stop == -EROFS    ? "this node does not write to the remote (no usable "
+                                     "KCACHE_REMOTE_SIGNING_KEY, or read-only)"
                  : stop == -ENOSPC ? "the remote is full (maxmemory)"
                                    : "the remote failed; see the warning above");
         return EXIT_RUNTIME;
@@ -1061,7 +1061,7 @@ static int opt_value(int argc, char **argv, int *i, const char *name, const char
     return 1;
 }
 
-static const char *const commands[] = {"stats", "ls",     "show",  "verify", "gc",    "clear",
+static const char *const commands[] = {"stats",  "ls",    "show", "verify", "gc",     "clear",
                                        "config", "owner", "help", "keygen", "remote", "push"};
 
 int main(int argc, char **argv)
@@ -1148,8 +1148,8 @@ int main(int argc, char **argv)
             cmd = a;
             continue;
         }
-        if (npos >= 1 || (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 &&
-                          strcmp(cmd, "remote") != 0))
+        if (npos >= 1 ||
+            (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 && strcmp(cmd, "remote") != 0))
             return usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }

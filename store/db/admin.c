@@ -93,8 +93,7 @@ int kc__verify_once(struct kc__owner *o, int repair, struct kc_verify_report *re
     struct refc *refs = NULL;
     size_t nref = 0, cap = 0;
     int rc = 0;
-    rocksdb_iterator_t *it =
-        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
     rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
     for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t kl, vl;

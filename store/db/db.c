@@ -93,8 +93,7 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
          * fifth (0.24 -> 0.19 of the raw bytes). */
         rocksdb_options_set_compression_options(o, -14, 32767 /* zstd's default level */, 0,
                                                 KC__ZSTD_DICT_BYTES);
-        rocksdb_options_set_compression_options_zstd_max_train_bytes(o,
-                                                                     100 * KC__ZSTD_DICT_BYTES);
+        rocksdb_options_set_compression_options_zstd_max_train_bytes(o, 100 * KC__ZSTD_DICT_BYTES);
     } else if (cf == KC__CF_KERNELS) {
         rocksdb_options_set_compression(o, 0 /* none */);
     } else {
@@ -341,8 +340,7 @@ int kc__db_flush_all(struct kc__db *d)
     return rc;
 }
 
-bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t *runs,
-                    uint64_t *l0)
+bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t *runs, uint64_t *l0)
 {
     char *ls = rocksdb_property_value_cf(db, cf, "rocksdb.levelstats");
     if (ls == NULL)

@@ -3,9 +3,9 @@
  * ROUND_FILES put files: each file one write batch, then one synced write
  * and the generation bump readers watch (kc__owner_commit), then the puts
  * are uploaded to the remote when one is configured (upload.c), then the
- * put files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into recency) and
- * counter logs follow, one commit for all of them. A database that reports
- * a corruption is recovered and the drain done again.
+ * put files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into
+ * recency) and counter logs follow, one commit for all of them. A database that reports a
+ * corruption is recovered and the drain done again.
  */
 #include "owner.h"
 
@@ -83,14 +83,29 @@ static int list_spool(const char *spool, struct listing *l)
         if (n[0] == 0 || n[1] != '-')
             continue;
         switch (n[0]) {
-        case 'p': names_add(&l->put, n); break;
-        case 'd': names_add(&l->drain, n); break;
-        case 'x': names_add(&l->purge, n); break;
-        case 'h': names_add(&l->hits, n); break;
-        case 'c': names_add(&l->count, n); break;
-        case 's': names_add(&l->stop, n); break;
-        case 't': names_add(&l->temp, n); break;
-        default: break;
+        case 'p':
+            names_add(&l->put, n);
+            break;
+        case 'd':
+            names_add(&l->drain, n);
+            break;
+        case 'x':
+            names_add(&l->purge, n);
+            break;
+        case 'h':
+            names_add(&l->hits, n);
+            break;
+        case 'c':
+            names_add(&l->count, n);
+            break;
+        case 's':
+            names_add(&l->stop, n);
+            break;
+        case 't':
+            names_add(&l->temp, n);
+            break;
+        default:
+            break;
         }
     }
     closedir(d);
@@ -305,8 +320,8 @@ static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
     unsigned char out[KC__META_COUNTERS_VAL_LEN];
     kc__meta_counters_value(v, out);
     char *err = NULL;
-    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out,
-                   sizeof out, &err);
+    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out, sizeof out,
+                   &err);
     return kc__db_err(err, "put");
 }
 
@@ -425,7 +440,7 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
     listing_free(&l);
     if (rc == 0)
         kc__upload_retry(o); /* puts the remote could not take earlier */
-    kc__hot_enforce(o); /* hit logs may have written hot files */
+    kc__hot_enforce(o);      /* hit logs may have written hot files */
     if (rc == 0)
         kc__owner_filter_maybe_rebuild(o);
     if (count != NULL)

@@ -54,8 +54,7 @@ int kc__evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progre
         return 0;
     struct victim *v = NULL;
     size_t n = 0, cap = 0;
-    rocksdb_iterator_t *it =
-        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
     for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t kl, vl;
         const char *k = rocksdb_iter_key(it, &kl);
@@ -110,8 +109,7 @@ int kc__evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progre
 /* Drops sources entries whose kernel is gone. */
 void kc__prune_sources(struct kc__owner *o)
 {
-    rocksdb_iterator_t *it =
-        rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_SOURCES]);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_SOURCES]);
     rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
     for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t kl, vl;

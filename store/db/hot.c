@@ -89,8 +89,7 @@ uint64_t kc__hot_list(struct kc__owner *o, struct kc__hotf **out, size_t *nout)
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
             struct stat sb;
-            if (!hot_name(e->d_name) ||
-                fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
+            if (!hot_name(e->d_name) || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0)
                 continue;
             total += (uint64_t)sb.st_blocks * 512;
             if (out == NULL)
@@ -178,9 +177,8 @@ static int hot_pack(struct kc__owner *o, struct kc__hotf *f)
                sp.body_len <= LZ4_MAX_INPUT_SIZE) {
         int bound = LZ4_compressBound((int)sp.body_len);
         char *z = malloc((size_t)bound);
-        int zn = z != NULL ? LZ4_compress_default((const char *)sp.body, z, (int)sp.body_len,
-                                                  bound)
-                           : 0;
+        int zn =
+            z != NULL ? LZ4_compress_default((const char *)sp.body, z, (int)sp.body_len, bound) : 0;
         struct kc__buf b = {0};
         if (zn > 0 && (size_t)zn + 4096 <= sp.body_len &&
             kc__spool_put_pack(&b, &sp, z, (size_t)zn) == 0 &&
@@ -288,8 +286,8 @@ void kc__hot_retire_puts(struct kc__owner *o, char **names, const bool *keep, co
                          size_t n)
 {
     int sfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int hfd = o->hot_max > 0 && hot_room(o) ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-                                             : -1;
+    int hfd =
+        o->hot_max > 0 && hot_room(o) ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     for (size_t i = 0; sfd >= 0 && i < n; i++) {
         if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) &&
             renameat(sfd, names[i], hfd, names[i] + 2) == 0) {

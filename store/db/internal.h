@@ -97,11 +97,11 @@ struct kc__dbt {
     struct kc__reopen *ro_done; /* finished, not yet installed */
     pthread_cond_t ro_cv;       /* signalled when ro_done is set */
     pthread_t ro_thr;
-    bool ro_live;          /* ro_thr started and not joined */
-    bool ro_finished;      /* ro_thr returned from opening (guarded by mu) */
-    bool exiting;          /* the process exits: RocksDB is not used again */
-    struct kc__dbt *next;  /* every open database tier (all_mu) */
-    uint64_t ro_seq;       /* bumped to disown an in-flight reopen */
+    bool ro_live;         /* ro_thr started and not joined */
+    bool ro_finished;     /* ro_thr returned from opening (guarded by mu) */
+    bool exiting;         /* the process exits: RocksDB is not used again */
+    struct kc__dbt *next; /* every open database tier (all_mu) */
+    uint64_t ro_seq;      /* bumped to disown an in-flight reopen */
     uint64_t caught_gen;
     uint64_t rd_epoch;
     uint64_t next_open_ns;

@@ -100,8 +100,8 @@ int kc__owner_recover(struct kc__owner *o, const char *why)
         rc = kc__db_open(&o->d, o->p.db, NULL, NULL);
     }
     if (rc < 0) {
-        kc_log(KC_LOG_WARN, "the database in %s is corrupt and could not be rebuilt (%s)",
-               o->p.dir, strerror(-rc));
+        kc_log(KC_LOG_WARN, "the database in %s is corrupt and could not be rebuilt (%s)", o->p.dir,
+               strerror(-rc));
         free(err);
         o->recovering = false;
         return rc;
@@ -125,9 +125,8 @@ int kc__owner_recover(struct kc__owner *o, const char *why)
     kc_log(KC_LOG_WARN,
            "the database in %s failed its checks during %s (%s); %s: %llu entries kept "
            "(%llu put back from hot files, %llu bad purged); entries lost are compiled again",
-           o->p.dir, why, err ? err : "corruption", how,
-           (unsigned long long)(r.checked - r.purged), (unsigned long long)salvaged,
-           (unsigned long long)r.purged);
+           o->p.dir, why, err ? err : "corruption", how, (unsigned long long)(r.checked - r.purged),
+           (unsigned long long)salvaged, (unsigned long long)r.purged);
     free(err);
     o->recovering = false;
     return rc;

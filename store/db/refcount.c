@@ -38,8 +38,7 @@ void kc__ref_put(struct kc__owner *o, rocksdb_writebatch_t *wb, const unsigned c
         return;
     }
     kc__meta_ref_value(cnt, size, v);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk, (char *)v,
-                              sizeof v);
+    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)rk, sizeof rk, (char *)v, sizeof v);
 }
 
 /* Drops one reference to a body (in the batch). */

@@ -33,7 +33,8 @@ void kc__compact(struct kc__owner *o)
 static bool cf_runs(struct kc__owner *o, int cf, uint64_t *runs, uint64_t *l0, uint64_t *bytes)
 {
     return kc__db_cf_runs(o->d.db, o->d.cf[cf], runs, l0) &&
-           rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) == 0;
+           rocksdb_property_int_cf(o->d.db, o->d.cf[cf], "rocksdb.total-sst-files-size", bytes) ==
+               0;
 }
 
 void kc__settle_levels(struct kc__owner *o)

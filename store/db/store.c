@@ -66,8 +66,7 @@ struct pending {
     size_t n, cap;
 };
 
-static void pending_load(struct kc__dbt *st, const char *only_ns, struct pending *pd,
-                         uint64_t *bad)
+static void pending_load(struct kc__dbt *st, const char *only_ns, struct pending *pd, uint64_t *bad)
 {
     memset(pd, 0, sizeof *pd);
     DIR *d = opendir(st->p.spool);
@@ -399,8 +398,7 @@ static int st_verify(struct kc_store *store, int repair, struct kc_verify_report
         if (have) {
             rocksdb_iterator_t *it =
                 rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
-            for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it);
-                 rocksdb_iter_next(it)) {
+            for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
                 size_t kl;
                 const char *k = rocksdb_iter_key(it, &kl);
                 char ns[KC__NS_MAX + 1];

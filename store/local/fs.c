@@ -170,8 +170,8 @@ static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *m
  * recovery's temporary names). */
 static bool store_name(const char *n)
 {
-    static const char *const names[] = {"db",     "spool", "sec",        "hot",
-                                        "locks",  "filter", "owner.lock", "gen"};
+    static const char *const names[] = {"db",    "spool",  "sec",        "hot",
+                                        "locks", "filter", "owner.lock", "gen"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(n, names[i]) == 0)
             return true;
@@ -505,8 +505,8 @@ uint64_t kc__spool_bytes(const char *spool, uint64_t stop)
     struct dirent *e;
     while (total <= stop && (e = readdir(d)) != NULL) {
         struct stat sb;
-        if (e->d_name[0] != '.' &&
-            fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode))
+        if (e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(sb.st_mode))
             total += (uint64_t)sb.st_size;
     }
     closedir(d);

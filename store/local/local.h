@@ -46,7 +46,6 @@
 
 #define KC_API __attribute__((visibility("default")))
 
-
 /* ---- record format (record.c) ----------------------------------------- */
 
 #define KC__RECORD_MAGIC 0x3152434bu /* "KCR1" */
@@ -148,8 +147,8 @@ int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
 /* The same with put flags (KC__PUT_FROM_REMOTE; KC__PF_SOURCE follows
  * `source`). */
 int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
-                               const kc_digest *source, const struct kc__hdr *h,
-                               const void *body, size_t len, unsigned flags);
+                               const kc_digest *source, const struct kc__hdr *h, const void *body,
+                               size_t len, unsigned flags);
 /* Decodes and fully checks a put file (record checksums included). */
 int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
 /* A packed put ('Z', the owner's hot files): sp's put with `packed`, its
@@ -346,8 +345,7 @@ void kc__pending_after_fork_child(struct kc__pending *pd);
  * many are noted. */
 void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key);
 /* Adds to a backend's counters (names of 32 bytes or more are dropped). */
-void kc__pending_count(struct kc__pending *pd, const char *backend,
-                       const struct kc_counters *c);
+void kc__pending_count(struct kc__pending *pd, const char *backend, const struct kc_counters *c);
 /* Writes the hit and counter logs (read-only: drops them) and starts the
  * owner if it wrote any. 0 or negative errno. */
 int kc__pending_flush(struct kc__pending *pd);
@@ -363,8 +361,7 @@ void kc__pending_tombstone(struct kc__pending *pd, const char *ns, const kc_key 
 bool kc__pending_dead(struct kc__pending *pd, const char *ns, const kc_key *key);
 /* This process's own put of src: 0 with *found, -ESRCH when src is
  * tombstoned, -ENOENT when unknown here. */
-int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src,
-                       kc_key *found);
+int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src, kc_key *found);
 /* Forgets the put of src noted here; ns NULL: every one. */
 void kc__pending_forget_source(struct kc__pending *pd, const char *ns, const kc_digest *src);
 /* Looks (ns, key) up in the spool (p-, d- put files) and DIR/hot: 0 with the

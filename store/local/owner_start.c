@@ -169,8 +169,8 @@ char *kc__find_tool(const char *given, const char *lib)
     if (lib != NULL && lib[0] == '/' && realpath(lib, real) != NULL) {
         char *slash = strrchr(real, '/');
         *slash = 0;
-        static const char *const rel[] = {"/../tools/kcache", "/../../tools/kcache", "/../bin/kcache",
-                                          "/../../bin/kcache"};
+        static const char *const rel[] = {"/../tools/kcache", "/../../tools/kcache",
+                                          "/../bin/kcache", "/../../bin/kcache"};
         for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
             char cand[PATH_MAX + 32];
             snprintf(cand, sizeof cand, "%s%s", real, rel[i]);
@@ -232,8 +232,8 @@ static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid
     sigaddset(&dfl, SIGHUP);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setsigdefault(&at, &dfl);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setflags(&at,
+                             POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     /* The owner outlives the host: it gets none of the host's files (a
      * pipe it held would keep the host's reader waiting for its idle exit)
      * and does not pin the host's working directory. */

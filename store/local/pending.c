@@ -36,8 +36,7 @@ static uint64_t ment_hash(int type, uint32_t ns, const unsigned char *k)
     return h ^ (h >> 29);
 }
 
-static struct kc__pment *map_find(struct kc__pmap *m, int type, uint32_t ns,
-                                  const unsigned char *k)
+static struct kc__pment *map_find(struct kc__pmap *m, int type, uint32_t ns, const unsigned char *k)
 {
     if (m->n == 0)
         return NULL;
@@ -51,8 +50,7 @@ static struct kc__pment *map_find(struct kc__pmap *m, int type, uint32_t ns,
     }
 }
 
-static struct kc__pment *map_add(struct kc__pmap *m, int type, uint32_t ns,
-                                 const unsigned char *k)
+static struct kc__pment *map_add(struct kc__pmap *m, int type, uint32_t ns, const unsigned char *k)
 {
     struct kc__pment *f = map_find(m, type, ns, k);
     if (f != NULL)
@@ -348,8 +346,7 @@ bool kc__pending_dead(struct kc__pending *pd, const char *ns, const kc_key *key)
     return dead;
 }
 
-int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src,
-                       kc_key *found)
+int kc__pending_source(struct kc__pending *pd, const char *ns, const kc_digest *src, kc_key *found)
 {
     unsigned char sk[KC__KEY_LEN];
     src_k(src, sk);

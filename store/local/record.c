@@ -263,8 +263,8 @@ int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
 }
 
 int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
-                               const kc_digest *source, const struct kc__hdr *h,
-                               const void *body, size_t len, unsigned flags)
+                               const kc_digest *source, const struct kc__hdr *h, const void *body,
+                               size_t len, unsigned flags)
 {
     return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, flags);
 }

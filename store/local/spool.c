@@ -89,12 +89,11 @@ int kc__put_file_read(const char *path, const char *ns, const kc_key *key, unsig
                       struct kc__sp_put *sp)
 {
     int rc = put_file_load(path, buf, sp);
-    return put_file_kept(rc, rc == 0 && strcmp(sp->ns, ns) == 0 &&
-                                 memcmp(&sp->key, key, sizeof *key) == 0, buf);
+    return put_file_kept(
+        rc, rc == 0 && strcmp(sp->ns, ns) == 0 && memcmp(&sp->key, key, sizeof *key) == 0, buf);
 }
 
-int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf,
-                      struct kc__sp_put *sp)
+int kc__hot_file_read(const char *hot, const char *name, unsigned char **buf, struct kc__sp_put *sp)
 {
     char path[4400], want[40] = "";
     snprintf(path, sizeof path, "%s/%s", hot, name);

@@ -91,7 +91,6 @@ struct kc_remote_settings {
     const char *trust;        /* KCACHE_REMOTE_TRUST: signed|any */
 };
 
-
 /* Fills *s from the configuration kc_config_load() read (empty strings
  * for unset variables; nothing at all in a secure-execution process). The
  * pointers are cfg's. */

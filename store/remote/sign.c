@@ -45,7 +45,8 @@ static void sodium_load_once(void)
     sodium.memzero = (__typeof__(sodium.memzero))dlsym(h, "sodium_memzero");
     sodium.generichash_statebytes =
         (__typeof__(sodium.generichash_statebytes))dlsym(h, "crypto_generichash_statebytes");
-    sodium.generichash_init = (__typeof__(sodium.generichash_init))dlsym(h, "crypto_generichash_init");
+    sodium.generichash_init =
+        (__typeof__(sodium.generichash_init))dlsym(h, "crypto_generichash_init");
     sodium.generichash_update =
         (__typeof__(sodium.generichash_update))dlsym(h, "crypto_generichash_update");
     sodium.generichash_final =

@@ -1,6 +1,7 @@
 /*
  * The remote tier's configuration: KCACHE_REMOTE (ccache's URL syntax) and
- * the KCACHE_REMOTE_TTL, _MAX_ENTRY, _SIGNING_KEY, _TRUSTED_KEYS and _TRUST variables. libc only. See remote.h.
+ * the KCACHE_REMOTE_TTL, _MAX_ENTRY, _SIGNING_KEY, _TRUSTED_KEYS and _TRUST variables. libc only.
+ * See remote.h.
  */
 #include "remote.h"
 

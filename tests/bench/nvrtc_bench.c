@@ -167,7 +167,8 @@ static int bench(const char *label, const char *prog_name, const char *src, int 
 static int usage(void)
 {
     fprintf(stderr, "usage: nvrtc_bench plain|cudastd|template ITERS\n"
-                    "       nvrtc_bench [--name N] [--opt O]... [--expr E]... [--save DIR] --file SRC... ITERS\n");
+                    "       nvrtc_bench [--name N] [--opt O]... [--expr E]... [--save DIR] --file "
+                    "SRC... ITERS\n");
     return 2;
 }
 

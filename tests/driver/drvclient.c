@@ -26,27 +26,36 @@
 /* Every entry point the scenarios use, by base name and the versioned
  * symbol the header maps it to. */
 #define DRV_FUNCS(X)                                                                               \
-    X(cuInit, cuInit) X(cuDeviceGet, cuDeviceGet) X(cuCtxCreate, cuCtxCreate_v4)                   \
-    X(cuCtxDestroy, cuCtxDestroy_v2) X(cuCtxGetCurrent, cuCtxGetCurrent)                           \
-    X(cuCtxSetCurrent, cuCtxSetCurrent) X(cuCtxGetId, cuCtxGetId)                                  \
-    X(cuCtxPushCurrent, cuCtxPushCurrent_v2) X(cuCtxPopCurrent, cuCtxPopCurrent_v2)                \
-    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                          \
-    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                                     \
-    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2) X(cuModuleLoadData, cuModuleLoadData)   \
-    X(cuModuleLoadDataEx, cuModuleLoadDataEx) X(cuModuleLoadFatBinary, cuModuleLoadFatBinary)      \
-    X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction)                  \
-    X(cuLibraryLoadData, cuLibraryLoadData) X(cuLibraryUnload, cuLibraryUnload)                    \
-    X(cuLibraryGetKernel, cuLibraryGetKernel) X(cuKernelGetFunction, cuKernelGetFunction)          \
-    X(cuFuncGetName, cuFuncGetName) X(cuLaunchKernel, cuLaunchKernel)                              \
-    X(cuMemAlloc, cuMemAlloc_v2) X(cuMemFree, cuMemFree_v2) X(cuMemGetInfo, cuMemGetInfo_v2)       \
-    X(cuMemAllocManaged, cuMemAllocManaged) X(cuPointerGetAttribute, cuPointerGetAttribute)        \
-    X(cuMemcpyHtoD, cuMemcpyHtoD_v2) X(cuMemcpyDtoH, cuMemcpyDtoH_v2)                              \
-    X(cuLinkCreate, cuLinkCreate_v2) X(cuLinkAddData, cuLinkAddData_v2)                            \
-    X(cuLinkComplete, cuLinkComplete) X(cuLinkDestroy, cuLinkDestroy)                              \
-    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress, cuGetProcAddress_v2)                     \
-    X(cuMemGetAddressRange, cuMemGetAddressRange_v2) X(cuPointerGetAttributes, cuPointerGetAttributes) \
-    X(cuPointerSetAttribute, cuPointerSetAttribute)                                                \
-    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)
+    X(cuInit, cuInit)                                                                              \
+    X(cuDeviceGet, cuDeviceGet) X(cuCtxCreate, cuCtxCreate_v4) X(cuCtxDestroy, cuCtxDestroy_v2) X( \
+        cuCtxGetCurrent, cuCtxGetCurrent) X(cuCtxSetCurrent, cuCtxSetCurrent) X(cuCtxGetId,        \
+                                                                                cuCtxGetId)        \
+        X(cuCtxPushCurrent, cuCtxPushCurrent_v2) X(cuCtxPopCurrent, cuCtxPopCurrent_v2) X(         \
+            cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease,       \
+                                                                  cuDevicePrimaryCtxRelease_v2)    \
+            X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2) X(                              \
+                cuModuleLoadData, cuModuleLoadData) X(cuModuleLoadDataEx,                          \
+                                                      cuModuleLoadDataEx) X(cuModuleLoadFatBinary, \
+                                                                            cuModuleLoadFatBinary) \
+                X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction) X(   \
+                    cuLibraryLoadData, cuLibraryLoadData) X(cuLibraryUnload,                       \
+                                                            cuLibraryUnload) X(cuLibraryGetKernel, \
+                                                                               cuLibraryGetKernel) \
+                    X(cuKernelGetFunction, cuKernelGetFunction) X(cuFuncGetName, cuFuncGetName) X( \
+                        cuLaunchKernel, cuLaunchKernel) X(cuMemAlloc, cuMemAlloc_v2)               \
+                        X(cuMemFree, cuMemFree_v2) X(cuMemGetInfo, cuMemGetInfo_v2) X(             \
+                            cuMemAllocManaged, cuMemAllocManaged) X(cuPointerGetAttribute,         \
+                                                                    cuPointerGetAttribute)         \
+                            X(cuMemcpyHtoD, cuMemcpyHtoD_v2) X(cuMemcpyDtoH, cuMemcpyDtoH_v2) X(   \
+                                cuLinkCreate, cuLinkCreate_v2) X(cuLinkAddData, cuLinkAddData_v2)  \
+                                X(cuLinkComplete, cuLinkComplete) X(cuLinkDestroy, cuLinkDestroy)  \
+                                    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress,          \
+                                                                        cuGetProcAddress_v2)       \
+                                        X(cuMemGetAddressRange, cuMemGetAddressRange_v2)           \
+                                            X(cuPointerGetAttributes, cuPointerGetAttributes)      \
+                                                X(cuPointerSetAttribute, cuPointerSetAttribute)    \
+                                                    X(cuDevicePrimaryCtxGetState,                  \
+                                                      cuDevicePrimaryCtxGetState)
 
 static struct {
 #define DRV_FIELD(base, sym) __typeof__(&sym) base;
@@ -83,7 +92,9 @@ static int resolve(const char *route)
         DRV_FUNCS(DRV_LINK)
 #undef DRV_LINK
         lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        D.image = lib ? (int (*)(const void *, const void **, size_t *))dlsym(lib, "kcacheTestStandinImage") : NULL;
+        D.image = lib ? (int (*)(const void *, const void **, size_t *))dlsym(
+                            lib, "kcacheTestStandinImage")
+                      : NULL;
         return 0;
     }
 #endif
@@ -109,8 +120,8 @@ static int resolve(const char *route)
     __typeof__(&cuGetProcAddress_v2) gpa = (__typeof__(gpa))dlsym(lib, "cuGetProcAddress_v2");
     if (!gpa)
         return -1;
-    /* cuGetProcAddress hands out the newest variant for `version`; the
-     * scenarios need the current ABI, so they ask with at least 12050. */
+        /* cuGetProcAddress hands out the newest variant for `version`; the
+         * scenarios need the current ABI, so they ask with at least 12050. */
 #define DRV_PROC(base, sym)                                                                        \
     do {                                                                                           \
         void *p = NULL;                                                                            \
@@ -195,9 +206,11 @@ static int sc_load(int argc, char **argv)
     char *info = calloc(1, logsize + 1), *err = calloc(1, logsize + 1);
     memset(info, 'x', logsize);
     memset(err, 'x', logsize);
-    CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
-                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_OPTIMIZATION_LEVEL};
-    void *val[] = {info, (void *)(uintptr_t)logsize, err, (void *)(uintptr_t)logsize, (void *)1, (void *)3};
+    CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                          CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                          CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL};
+    void *val[] = {info,     (void *)(uintptr_t)logsize, err, (void *)(uintptr_t)logsize, (void *)1,
+                   (void *)3};
     CUmodule mod = NULL;
     CUlibrary libh = NULL;
     CUresult rc;
@@ -386,7 +399,8 @@ static int sc_alloc(int argc, char **argv)
     /* Free in a, destroy a with b current: nothing of a's may be left. */
     CHECK(D.cuMemFree(r));
     for (int i = 0; i < 8; i++) {
-        CHECK(D.cuMemAlloc(&r, (size_t)(i % 3 + 1) * 4096)); /* sizes repeat: the pool reuses exact sizes */
+        CHECK(D.cuMemAlloc(&r, (size_t)(i % 3 + 1) *
+                                   4096)); /* sizes repeat: the pool reuses exact sizes */
         CHECK(D.cuMemFree(r));
     }
     CHECK(D.cuCtxSetCurrent(b));
@@ -431,7 +445,9 @@ static int sc_fallback(int argc, char **argv)
         if (!rc)
             D.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p[i]);
         SAY("alloc %zu: %s %s", sizes[i], ename(rc),
-            rc ? "-" : type == CU_MEMORYTYPE_UNIFIED ? "managed" : "device");
+            rc                              ? "-"
+            : type == CU_MEMORYTYPE_UNIFIED ? "managed"
+                                            : "device");
     }
     CUcontext c;
     CHECK(D.cuCtxCreate(&c, NULL, 0, 0));
@@ -480,8 +496,8 @@ static int sc_hostile(int argc, char **argv)
     CUjit_option eo[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     void *ev[] = {elog, (void *)(uintptr_t)sizeof elog};
     TRY("loadex bad ptx", D.cuModuleLoadDataEx(&m, bad, 2, eo, ev));
-    SAY("loadex bad ptx error log nonempty: %d written=%zu", elog[0] != 0 && strcmp(elog, "untouched"),
-        (size_t)(uintptr_t)ev[1]);
+    SAY("loadex bad ptx error log nonempty: %d written=%zu",
+        elog[0] != 0 && strcmp(elog, "untouched"), (size_t)(uintptr_t)ev[1]);
     TRY("loadex options NULL", D.cuModuleLoadDataEx(&m, ptx, 2, NULL, NULL));
     CUjit_option wrong[] = {(CUjit_option)999};
     void *wv[] = {0};
@@ -580,9 +596,11 @@ static int sc_hostile(int argc, char **argv)
     /* The linker. */
     CUlinkState ls;
     TRY("link create NULL out", D.cuLinkCreate(0, NULL, NULL, NULL));
-    TRY("link add garbage state", D.cuLinkAddData(garbage_handle, CU_JIT_INPUT_PTX, ptx, strlen(ptx) + 1, "x", 0, NULL, NULL));
+    TRY("link add garbage state", D.cuLinkAddData(garbage_handle, CU_JIT_INPUT_PTX, ptx,
+                                                  strlen(ptx) + 1, "x", 0, NULL, NULL));
     CHECK(D.cuLinkCreate(0, NULL, NULL, &ls));
-    TRY("link add bad ptx", D.cuLinkAddData(ls, CU_JIT_INPUT_PTX, bad, strlen(bad) + 1, "x", 0, NULL, NULL));
+    TRY("link add bad ptx",
+        D.cuLinkAddData(ls, CU_JIT_INPUT_PTX, bad, strlen(bad) + 1, "x", 0, NULL, NULL));
     CHECK(D.cuLinkDestroy(ls));
     TRY("link destroy twice", D.cuLinkDestroy(ls));
     return 0;
@@ -596,28 +614,50 @@ static int sc_procaddr(int argc, char **argv)
     int show_lib = argc > 0 && !strcmp(argv[0], "--show-lib");
     CUresult (*v1)(const char *, void **, int, cuuint64_t) =
         (CUresult(*)(const char *, void **, int, cuuint64_t))dlsym(lib, "cuGetProcAddress");
-    static const struct { const char *sym; int version; unsigned long long flags; } q[] = {
-        {"cuMemAlloc", 2000, 0}, {"cuMemAlloc", 3020, 0}, {"cuMemAlloc", 12000, 1},
-        {"cuMemFree", 3020, 0}, {"cuMemGetInfo", 13000, 0}, {"cuCtxDestroy", 3000, 0},
-        {"cuCtxDestroy", 4000, 0}, {"cuCtxCreate", 11040, 0}, {"cuCtxCreate", 12050, 0},
-        {"cuDevicePrimaryCtxRelease", 10000, 0}, {"cuDevicePrimaryCtxRelease", 11000, 0},
-        {"cuDevicePrimaryCtxReset", 11000, 0}, {"cuModuleLoadData", 2000, 0},
-        {"cuModuleLoadDataEx", 12000, 2}, {"cuModuleLoadFatBinary", 12000, 0},
-        {"cuModuleGetFunction", 12000, 0}, {"cuModuleUnload", 12000, 0},
-        {"cuLibraryLoadData", 12000, 0}, {"cuLibraryGetKernel", 12000, 2},
-        {"cuLibraryUnload", 12000, 0}, {"cuKernelGetFunction", 12000, 0},
-        {"cuMemcpyHtoD", 12000, 1}, {"cuMemcpyHtoD", 12000, 2}, {"cuMemcpyHtoD", 6000, 2},
-        {"cuLaunchKernel", 12000, 0}, {"cuLaunchKernel", 12000, 2},
-        {"cuGetProcAddress", 11030, 0}, {"cuGetProcAddress", 12000, 0},
-        {"cuLinkCreate", 12000, 0}, {"cuLinkAddData", 6000, 0},
+    static const struct {
+        const char *sym;
+        int version;
+        unsigned long long flags;
+    } q[] = {
+        {"cuMemAlloc", 2000, 0},
+        {"cuMemAlloc", 3020, 0},
+        {"cuMemAlloc", 12000, 1},
+        {"cuMemFree", 3020, 0},
+        {"cuMemGetInfo", 13000, 0},
+        {"cuCtxDestroy", 3000, 0},
+        {"cuCtxDestroy", 4000, 0},
+        {"cuCtxCreate", 11040, 0},
+        {"cuCtxCreate", 12050, 0},
+        {"cuDevicePrimaryCtxRelease", 10000, 0},
+        {"cuDevicePrimaryCtxRelease", 11000, 0},
+        {"cuDevicePrimaryCtxReset", 11000, 0},
+        {"cuModuleLoadData", 2000, 0},
+        {"cuModuleLoadDataEx", 12000, 2},
+        {"cuModuleLoadFatBinary", 12000, 0},
+        {"cuModuleGetFunction", 12000, 0},
+        {"cuModuleUnload", 12000, 0},
+        {"cuLibraryLoadData", 12000, 0},
+        {"cuLibraryGetKernel", 12000, 2},
+        {"cuLibraryUnload", 12000, 0},
+        {"cuKernelGetFunction", 12000, 0},
+        {"cuMemcpyHtoD", 12000, 1},
+        {"cuMemcpyHtoD", 12000, 2},
+        {"cuMemcpyHtoD", 6000, 2},
+        {"cuLaunchKernel", 12000, 0},
+        {"cuLaunchKernel", 12000, 2},
+        {"cuGetProcAddress", 11030, 0},
+        {"cuGetProcAddress", 12000, 0},
+        {"cuLinkCreate", 12000, 0},
+        {"cuLinkAddData", 6000, 0},
     };
     CHECK(D.cuInit(0));
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
         for (int api = 0; api < 2; api++) {
             void *p = NULL;
             CUdriverProcAddressQueryResult st = 9;
-            CUresult rc = api ? (v1 ? v1(q[i].sym, &p, q[i].version, q[i].flags) : CUDA_ERROR_NOT_FOUND)
-                              : D.cuGetProcAddress(q[i].sym, &p, q[i].version, q[i].flags, &st);
+            CUresult rc =
+                api ? (v1 ? v1(q[i].sym, &p, q[i].version, q[i].flags) : CUDA_ERROR_NOT_FOUND)
+                    : D.cuGetProcAddress(q[i].sym, &p, q[i].version, q[i].flags, &st);
             Dl_info di;
             const char *name = "-", *where = "-";
             if (p && dladdr(p, &di)) {
@@ -625,8 +665,8 @@ static int sc_procaddr(int argc, char **argv)
                 where = di.dli_fname && strstr(di.dli_fname, "libkcache") ? "kcache" : "driver";
             }
             if (show_lib)
-                SAY("%s %s@%d/%llu: %s -> %s in %s", api ? "v1" : "v2", q[i].sym, q[i].version, q[i].flags,
-                    ename(rc), name, where);
+                SAY("%s %s@%d/%llu: %s -> %s in %s", api ? "v1" : "v2", q[i].sym, q[i].version,
+                    q[i].flags, ename(rc), name, where);
             else
                 SAY("%s %s@%d/%llu: %s -> %s status=%d", api ? "v1" : "v2", q[i].sym, q[i].version,
                     q[i].flags, ename(rc), name, api ? -1 : (int)st);
@@ -657,8 +697,8 @@ static const char *id_check(int serial, unsigned long long id)
 
 /* What one attribute value is, without addresses: a context or address is
  * printed as what it equals, a buffer id as new or seen. */
-static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresult rc, const void *buf,
-                     CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
+static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresult rc,
+                     const void *buf, CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
 {
     char v[96] = "-";
     unsigned long long u;
@@ -675,17 +715,29 @@ static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresu
         case CU_POINTER_ATTRIBUTE_HOST_POINTER:
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
         case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
-            snprintf(v, sizeof v, "%s", u == 0 ? "NULL" : u == ptr ? "ptr" : u == base ? "base" : "other");
+            snprintf(v, sizeof v, "%s",
+                     u == 0      ? "NULL"
+                     : u == ptr  ? "ptr"
+                     : u == base ? "base"
+                                 : "other");
             break;
         case CU_POINTER_ATTRIBUTE_BUFFER_ID:
             snprintf(v, sizeof v, "%s", u ? id_check(serial, u) : "0");
             break;
-        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: snprintf(v, sizeof v, "%s", u ? "nonzero" : "0"); break;
-        case CU_POINTER_ATTRIBUTE_P2P_TOKENS: snprintf(v, sizeof v, "tokens"); break;
+        case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+            snprintf(v, sizeof v, "%s", u ? "nonzero" : "0");
+            break;
+        case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+            snprintf(v, sizeof v, "tokens");
+            break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
         case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
-        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: snprintf(v, sizeof v, "%llu", u); break;
-        default: snprintf(v, sizeof v, "%u", lo); break;
+        case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+            snprintf(v, sizeof v, "%llu", u);
+            break;
+        default:
+            snprintf(v, sizeof v, "%u", lo);
+            break;
         }
     }
     SAY("%s attr %d: %s %s", what, (int)a, ename(rc), v);
@@ -695,7 +747,8 @@ static void say_attr(const char *what, int serial, CUpointer_attribute a, CUresu
  * once, and the address range. P2P tokens are asked for only of a freed
  * pointer: the query sets SYNC_MEMOPS on a live block, which then (rightly)
  * is not pooled; the end of sc_pool checks that. */
-static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdeviceptr base, CUcontext ctx)
+static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdeviceptr base,
+                        CUcontext ctx)
 {
     int freed = !strncmp(what, "freed", 5) || !strncmp(what, "inside freed", 12);
     for (int a = 0; a <= 22; a++) {
@@ -706,13 +759,21 @@ static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdevicep
         CUresult rc = D.cuPointerGetAttribute(buf, (CUpointer_attribute)a, ptr);
         say_attr(what, serial, (CUpointer_attribute)a, rc, buf, ptr, base, ctx);
     }
-    static const CUpointer_attribute multi[] = {
-        CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
-        CU_POINTER_ATTRIBUTE_HOST_POINTER, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-        CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MAPPED,
-        CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
-        CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE};
+    static const CUpointer_attribute multi[] = {CU_POINTER_ATTRIBUTE_CONTEXT,
+                                                CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                                CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                                CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                                                CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                                CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                                CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                                CU_POINTER_ATTRIBUTE_MAPPED,
+                                                CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                                CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                                                CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                                                CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE};
     enum { N = sizeof multi / sizeof multi[0] };
     unsigned char bufs[N][64];
     void *data[N];
@@ -728,7 +789,11 @@ static void say_pointer(const char *what, int serial, CUdeviceptr ptr, CUdevicep
     CUdeviceptr b = 0;
     size_t sz = 0;
     rc = D.cuMemGetAddressRange(&b, &sz, ptr);
-    SAY("%s range: %s base=%s size=%zu", what, ename(rc), b == 0 ? "0" : b == base ? "base" : "other", sz);
+    SAY("%s range: %s base=%s size=%zu", what, ename(rc),
+        b == 0      ? "0"
+        : b == base ? "base"
+                    : "other",
+        sz);
     rc = D.cuMemGetAddressRange(NULL, &sz, ptr);
     SAY("%s range size only: %s", what, ename(rc));
 }
@@ -740,7 +805,8 @@ static size_t say_free(const char *what)
 {
     size_t f = 0, t = 0;
     CUresult rc = D.cuMemGetInfo(&f, &t);
-    CUresult (*v1)(unsigned *, unsigned *) = lib ? (CUresult(*)(unsigned *, unsigned *))dlsym(lib, "cuMemGetInfo") : NULL;
+    CUresult (*v1)(unsigned *, unsigned *) =
+        lib ? (CUresult(*)(unsigned *, unsigned *))dlsym(lib, "cuMemGetInfo") : NULL;
     unsigned f1 = 0, t1 = 0;
     CUresult rc1 = v1 ? v1(&f1, &t1) : CUDA_ERROR_NOT_FOUND;
     SAY("%s: meminfo %s free=%zu total=%zu v1 %s free=%u", what, ename(rc), f, t, ename(rc1), f1);
@@ -763,8 +829,8 @@ static int sc_pool(int argc, char **argv)
     CHECK(D.cuMemFree(p));
     SAY("free memory back after a free: %d", say_free("after free") == f0);
     static const size_t sizes[][2] = {
-        {4 << 20, 7 << 19},  /* 4 MiB freed, then 3.5 MiB */
-        {1 << 20, 1 << 20},  /* the same size again */
+        {4 << 20, 7 << 19}, /* 4 MiB freed, then 3.5 MiB */
+        {1 << 20, 1 << 20}, /* the same size again */
         {65536, 60000},
         {5000, 4097},
     };
@@ -811,10 +877,12 @@ static int sc_pool(int argc, char **argv)
         CHECK(D.cuMemAlloc(&p, 1 << 20));
         if (how) {
             CUDA_POINTER_ATTRIBUTE_P2P_TOKENS tok;
-            SAY("p2p tokens: %s", ename(D.cuPointerGetAttribute(&tok, CU_POINTER_ATTRIBUTE_P2P_TOKENS, p)));
+            SAY("p2p tokens: %s",
+                ename(D.cuPointerGetAttribute(&tok, CU_POINTER_ATTRIBUTE_P2P_TOKENS, p)));
         } else {
             unsigned one = 1;
-            SAY("set sync_memops: %s", ename(D.cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
+            SAY("set sync_memops: %s",
+                ename(D.cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)));
         }
         int sync = -1;
         CHECK(D.cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
@@ -852,8 +920,8 @@ static void say_ctx_state(const char *when)
         unsigned flags = 99;
         int active = -1;
         CUresult rs = D.cuDevicePrimaryCtxGetState(dev, &flags, &active);
-        SAY("%s: current %s %s, primary %d %s flags=%u active=%d", when, ename(rc), cur ? "set" : "none", dev,
-            ename(rs), flags, active);
+        SAY("%s: current %s %s, primary %d %s flags=%u active=%d", when, ename(rc),
+            cur ? "set" : "none", dev, ename(rs), flags, active);
     }
 }
 
@@ -878,9 +946,12 @@ static int sc_libnoctx(int argc, char **argv)
     memset(info, 'x', sizeof info);
     memset(err, 'x', sizeof err);
     /* The options sc_load passes: one cache entry serves both. */
-    CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
-                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_LOG_VERBOSE, CU_JIT_OPTIMIZATION_LEVEL};
-    void *val[] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err, (void *)1, (void *)3};
+    CUjit_option opt[] = {CU_JIT_INFO_LOG_BUFFER,  CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                          CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                          CU_JIT_LOG_VERBOSE,      CU_JIT_OPTIMIZATION_LEVEL};
+    void *val[] = {info,      (void *)(uintptr_t)sizeof info,
+                   err,       (void *)(uintptr_t)sizeof err,
+                   (void *)1, (void *)3};
     CUlibrary l = NULL;
     CUresult rc = D.cuLibraryLoadData(&l, img, opt, val, 6, NULL, NULL, 0);
     SAY("library load: %s", ename(rc));

@@ -81,8 +81,8 @@ typedef nvrtcResult (*size_fn)(nvrtcProgram, size_t *);
 typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
 
 /* Hashes one output; *found says whether `needle` occurs in it. */
-static int hash_output(uint64_t *h, nvrtcProgram prog, size_fn sz, get_fn get,
-                       const char *needle, bool *found)
+static int hash_output(uint64_t *h, nvrtcProgram prog, size_fn sz, get_fn get, const char *needle,
+                       bool *found)
 {
     size_t n = 0;
     nvrtcResult rc = sz(prog, &n);
@@ -182,7 +182,8 @@ static uint64_t compile_one(long i)
         fprintf(stderr, "fault_client: out of memory\n");
         exit(2);
     }
-    bool ok = err_kind ? (rc == NVRTC_ERROR_COMPILATION && in_log) : (rc == NVRTC_SUCCESS && in_ptx);
+    bool ok =
+        err_kind ? (rc == NVRTC_ERROR_COMPILATION && in_log) : (rc == NVRTC_SUCCESS && in_ptx);
     nvrtcDestroyProgram(&prog);
     char line[128];
     int n = snprintf(line, sizeof line, "done %s %ld %016" PRIx64 " %.1f %s\n", role, i, h,

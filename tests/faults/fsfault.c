@@ -170,10 +170,9 @@ static int modifying(const char *call, int dirfd, const char *path, int fd, int 
     long n = __atomic_add_fetch(&n_ops, 1, __ATOMIC_SEQ_CST);
     if (log_fd >= 0) {
         char line[4400];
-        int len = path ? snprintf(line, sizeof line, "%d %ld %s %s\n", (int)getpid(), n, call,
-                                  path)
-                       : snprintf(line, sizeof line, "%d %ld %s fd=%d\n", (int)getpid(), n,
-                                  call, fd);
+        int len =
+            path ? snprintf(line, sizeof line, "%d %ld %s %s\n", (int)getpid(), n, call, path)
+                 : snprintf(line, sizeof line, "%d %ld %s fd=%d\n", (int)getpid(), n, call, fd);
         LOAD(write);
         if (len > 0)
             real_write(log_fd, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
@@ -205,7 +204,8 @@ static bool open_modifies(int flags)
 }
 
 static int do_open(const char *call, int dirfd, const char *path, int flags, mode_t m,
-                   int (*fn_path)(const char *, int, ...), int (*fn_at)(int, const char *, int, ...))
+                   int (*fn_path)(const char *, int, ...),
+                   int (*fn_at)(int, const char *, int, ...))
 {
     bool under = path_under(dirfd, path);
     if (under && open_modifies(flags)) {
@@ -390,13 +390,12 @@ FD_READ(pread64, (int fd, void *b, size_t n, off64_t o), (fd, b, n, o))
     }
 
 PATH_CALL(rename, (const char *a, const char *b), (a, b), AT_FDCWD, a, AT_FDCWD, b, 0)
-PATH_CALL(renameat, (int da, const char *a, int db, const char *b), (da, a, db, b), da, a, db, b,
-          0)
-PATH_CALL(renameat2, (int da, const char *a, int db, const char *b, unsigned f),
-          (da, a, db, b, f), da, a, db, b, 0)
+PATH_CALL(renameat, (int da, const char *a, int db, const char *b), (da, a, db, b), da, a, db, b, 0)
+PATH_CALL(renameat2, (int da, const char *a, int db, const char *b, unsigned f), (da, a, db, b, f),
+          da, a, db, b, 0)
 PATH_CALL(link, (const char *a, const char *b), (a, b), AT_FDCWD, a, AT_FDCWD, b, 1)
-PATH_CALL(linkat, (int da, const char *a, int db, const char *b, int f), (da, a, db, b, f), da,
-          a, db, b, 1)
+PATH_CALL(linkat, (int da, const char *a, int db, const char *b, int f), (da, a, db, b, f), da, a,
+          db, b, 1)
 PATH_CALL(symlink, (const char *a, const char *b), (a, b), AT_FDCWD, b, AT_FDCWD, b, 1)
 PATH_CALL(unlink, (const char *a), (a), AT_FDCWD, a, AT_FDCWD, a, 0)
 PATH_CALL(unlinkat, (int d, const char *a, int f), (d, a, f), d, a, d, a, 0)

@@ -8,7 +8,10 @@
 #define KC_FUZZ_MEMO(name)                                                                         \
     void *kc__real_##name;                                                                         \
     void kc__w_##name(void);                                                                       \
-    void kc__w_##name(void) { abort(); }
+    void kc__w_##name(void)                                                                        \
+    {                                                                                              \
+        abort();                                                                                   \
+    }
 KC_FUZZ_MEMO(cuModuleGetFunction)
 KC_FUZZ_MEMO(cuLibraryGetKernel)
 KC_FUZZ_MEMO(cuKernelGetFunction)

@@ -20,14 +20,35 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 }
 
 void kc__count(const char *backend, const struct kc_counters *c) {}
-uint64_t kc__self_build(void) { return 1; }
-bool kc__guard_enter(void) { return false; }
+uint64_t kc__self_build(void)
+{
+    return 1;
+}
+bool kc__guard_enter(void)
+{
+    return false;
+}
 void kc__guard_exit(void) {}
-bool kc__guard_held(void) { return false; }
-const struct kc__hook *kc__hook_find(const char *name, int lib) { return NULL; }
-void *kc__hook_real(const struct kc__hook *h) { return NULL; }
-void *kc__swap(const char *asked, void *fn) { return fn; }
-void *kc__real_dlsym(void *handle, const char *name) { return NULL; }
+bool kc__guard_held(void)
+{
+    return false;
+}
+const struct kc__hook *kc__hook_find(const char *name, int lib)
+{
+    return NULL;
+}
+void *kc__hook_real(const struct kc__hook *h)
+{
+    return NULL;
+}
+void *kc__swap(const char *asked, void *fn)
+{
+    return fn;
+}
+void *kc__real_dlsym(void *handle, const char *name)
+{
+    return NULL;
+}
 void kc_log(int level, const char *fmt, ...) {}
 int kc__flight_acquire(const kc_digest *id, bool *waited)
 {

@@ -38,7 +38,8 @@ static void fuzz_options(const uint8_t *d, size_t n, unsigned count)
             val[i] = ibuf;
         if (opt[i] == CU_JIT_ERROR_LOG_BUFFER)
             val[i] = ebuf;
-        if (opt[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES || opt[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+        if (opt[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+            opt[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
             val[i] = (void *)(uintptr_t)(v % (sizeof ibuf + 1));
     }
     struct jit_req r;

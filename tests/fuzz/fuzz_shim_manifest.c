@@ -38,7 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 int kc_fuzz_seeds(const char *dir)
 {
     struct kc__dep deps[3] = {
-        {.path = (char *)"/usr/local/cuda/include/cuda_fp16.h", .kind = KC_DEP_FILE, .digest = {7, 8}},
+        {.path = (char *)"/usr/local/cuda/include/cuda_fp16.h",
+         .kind = KC_DEP_FILE,
+         .digest = {7, 8}},
         {.path = (char *)"inc/absent.h", .kind = KC_DEP_ABSENT},
         {.path = (char *)"/usr/local/cuda/include", .kind = KC_DEP_DIR},
     };

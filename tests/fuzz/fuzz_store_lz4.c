@@ -87,9 +87,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0)
         return 0;
     switch (data[0] % 3) {
-    case 0: raw_block(data + 1, size - 1); break;
-    case 1: round_trip(data + 1, size - 1); break;
-    default: put_file(data + 1, size - 1); break;
+    case 0:
+        raw_block(data + 1, size - 1);
+        break;
+    case 1:
+        round_trip(data + 1, size - 1);
+        break;
+    default:
+        put_file(data + 1, size - 1);
+        break;
     }
     return 0;
 }
@@ -132,8 +138,11 @@ int kc_fuzz_seeds(const char *dir)
     kc_key key = {{0x0123456789abcdefull, 0xfedcba9876543210ull}, 7};
     struct kc__sp_put sp = {.key = key, .body = (const unsigned char *)ptx, .body_len = n};
     snprintf(sp.ns, sizeof sp.ns, "%s", "nvrtc:13.0-abcdef0123456789-f1");
-    sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = n,
-                              .created_ns = 1700000000000000000ull, .saved_ns = 5000000,
+    sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC,
+                              .format = KC_FORMAT_VERSION,
+                              .body_size = n,
+                              .created_ns = 1700000000000000000ull,
+                              .saved_ns = 5000000,
                               .body_xxh = kc__body_xxh(ptx, n)};
     struct kc_buf f = {0};
     kc__spool_put_pack(&f, &sp, z, (size_t)zn);

@@ -70,9 +70,14 @@ int kc_fuzz_seeds(const char *dir)
     static const char *bodies[] = {"", "x", ".version 8.0\n.target sm_90\n", "\177ELF\2\1\1"};
     for (unsigned i = 0; i < sizeof bodies / sizeof *bodies; i++) {
         size_t blen = strlen(bodies[i]);
-        struct kc__hdr h = {.kind = 1 + i % 4, .format = KC_FORMAT_VERSION, .body_size = blen,
-                            .created_ns = 1700000000000000000ull, .last_hit_ns = 0, .hits = i,
-                            .saved_ns = 123456789, .body_xxh = kc__body_xxh(bodies[i], blen)};
+        struct kc__hdr h = {.kind = 1 + i % 4,
+                            .format = KC_FORMAT_VERSION,
+                            .body_size = blen,
+                            .created_ns = 1700000000000000000ull,
+                            .last_hit_ns = 0,
+                            .hits = i,
+                            .saved_ns = 123456789,
+                            .body_xxh = kc__body_xxh(bodies[i], blen)};
         unsigned char *rec = malloc(1 + KC__HDR_LEN + blen);
         rec[0] = (unsigned char)(i & 1); /* raw and checksum-fixing modes */
         kc__hdr_encode(&h, rec + 1);

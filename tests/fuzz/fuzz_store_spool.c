@@ -112,11 +112,15 @@ int kc_fuzz_seeds(const char *dir)
     kc_key key = {{0x0123456789abcdefull, 0xfedcba9876543210ull}, 7};
     kc_digest src = {0x1111, 0x2222};
     static const char body[] = "//\n.version 8.8\n.target sm_90\n.address_size 64\n";
-    struct kc__hdr h = {.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION,
-                        .body_size = sizeof body - 1, .created_ns = 1700000000000000000ull,
-                        .saved_ns = 5000000, .body_xxh = kc__body_xxh(body, sizeof body - 1)};
+    struct kc__hdr h = {.kind = KC_KIND_NVRTC,
+                        .format = KC_FORMAT_VERSION,
+                        .body_size = sizeof body - 1,
+                        .created_ns = 1700000000000000000ull,
+                        .saved_ns = 5000000,
+                        .body_xxh = kc__body_xxh(body, sizeof body - 1)};
     struct kc_buf b = {0};
-    kc__spool_put_encode(&b, "nvrtc:13.0-abcdef0123456789-f1", &key, &src, &h, body, sizeof body - 1);
+    kc__spool_put_encode(&b, "nvrtc:13.0-abcdef0123456789-f1", &key, &src, &h, body,
+                         sizeof body - 1);
     if (seed(dir, "put-source", 0, &b) == 0)
         count++;
     kc__spool_put_encode(&b, "jit:0123456789abcdef", &key, NULL, &h, body, sizeof body - 1);
@@ -127,8 +131,12 @@ int kc_fuzz_seeds(const char *dir)
     for (int t = 0; t < 3; t++) {
         kc__spool_begin(&b, types[t]);
         for (int i = 0; i < 3; i++) {
-            struct kc__sp_item it = {.flags = (uint32_t)(t == 0 ? KC__PF_KEY | (i == 2 ? KC__PF_IFBAD : 0) : 0),
-                                     .key = key, .source = src, .a = 1000u + (unsigned)i, .b = 2000};
+            struct kc__sp_item it = {
+                .flags = (uint32_t)(t == 0 ? KC__PF_KEY | (i == 2 ? KC__PF_IFBAD : 0) : 0),
+                .key = key,
+                .source = src,
+                .a = 1000u + (unsigned)i,
+                .b = 2000};
             snprintf(it.ns, sizeof it.ns, t == 2 ? (i ? "jit" : "nvrtc") : "nvrtc:ns-%d", i);
             it.c.hits = 3;
             it.c.misses = 1;

@@ -107,7 +107,8 @@ static nvrtcProgram created(void)
 static nvrtcProgram failed_compile(void)
 {
     nvrtcProgram p = NULL;
-    if (NV(nvrtcCreateProgram)(&p, "__global__ void k() { undeclared(); }", "bad.cu", 0, NULL, NULL))
+    if (NV(nvrtcCreateProgram)(&p, "__global__ void k() { undeclared(); }", "bad.cu", 0, NULL,
+                               NULL))
         _exit(5);
     static const char *opts[] = {"-arch=compute_90"};
     SAY("  compile(bad) rc=%d", NV(nvrtcCompileProgram)(p, 1, opts));
@@ -153,9 +154,9 @@ static void getter(nvrtcProgram p, const char *sname, const char *gname, int whi
 }
 
 #define GETTERS(X)                                                                                 \
-    X(nvrtcGetPTXSize, nvrtcGetPTX) X(nvrtcGetCUBINSize, nvrtcGetCUBIN)                            \
-    X(nvrtcGetLTOIRSize, nvrtcGetLTOIR) X(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR)                    \
-    X(nvrtcGetProgramLogSize, nvrtcGetProgramLog)
+    X(nvrtcGetPTXSize, nvrtcGetPTX)                                                                \
+    X(nvrtcGetCUBINSize, nvrtcGetCUBIN) X(nvrtcGetLTOIRSize, nvrtcGetLTOIR)                        \
+        X(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR) X(nvrtcGetProgramLogSize, nvrtcGetProgramLog)
 
 /* ---- the driver ----------------------------------------------------------------------- */
 
@@ -180,7 +181,7 @@ static CUmodule ptx_module(void)
 /* ---- the cases -------------------------------------------------------------------------- */
 
 struct hcase {
-    const char *hook;  /* the intercepted function it calls */
+    const char *hook; /* the intercepted function it calls */
     const char *label;
     void (*run)(void);
     const char *crash; /* why it is not run: it crashes the real library */
@@ -189,7 +190,10 @@ struct hcase {
 #define CASE(hook, label) static void hook##__##label(void)
 
 /* nvrtcCreateProgram */
-CASE(nvrtcCreateProgram, null_prog) { SAY("rc=%d", NV(nvrtcCreateProgram)(NULL, src, "x.cu", 0, NULL, NULL)); }
+CASE(nvrtcCreateProgram, null_prog)
+{
+    SAY("rc=%d", NV(nvrtcCreateProgram)(NULL, src, "x.cu", 0, NULL, NULL));
+}
 CASE(nvrtcCreateProgram, null_src)
 {
     nvrtcProgram p = SENTINEL;
@@ -229,7 +233,10 @@ CASE(nvrtcCreateProgram, header_null_name)
     SAY("rc=%d out=%s", NV(nvrtcCreateProgram)(&p, src, "x.cu", 1, hs, ns), hstate(p));
 }
 /* nvrtcDestroyProgram */
-CASE(nvrtcDestroyProgram, null) { SAY("rc=%d", NV(nvrtcDestroyProgram)(NULL)); }
+CASE(nvrtcDestroyProgram, null)
+{
+    SAY("rc=%d", NV(nvrtcDestroyProgram)(NULL));
+}
 CASE(nvrtcDestroyProgram, null_handle)
 {
     nvrtcProgram p = NULL;
@@ -242,9 +249,16 @@ CASE(nvrtcDestroyProgram, twice)
     (void)q;
     SAY("rc=%d", NV(nvrtcDestroyProgram)(&p));
 }
-CASE(nvrtcDestroyProgram, garbage) { nvrtcProgram p = GARBAGE; SAY("rc=%d", NV(nvrtcDestroyProgram)(&p)); }
+CASE(nvrtcDestroyProgram, garbage)
+{
+    nvrtcProgram p = GARBAGE;
+    SAY("rc=%d", NV(nvrtcDestroyProgram)(&p));
+}
 /* nvrtcCompileProgram */
-CASE(nvrtcCompileProgram, null_prog) { SAY("rc=%d", NV(nvrtcCompileProgram)(NULL, 0, NULL)); }
+CASE(nvrtcCompileProgram, null_prog)
+{
+    SAY("rc=%d", NV(nvrtcCompileProgram)(NULL, 0, NULL));
+}
 CASE(nvrtcCompileProgram, huge_options_null_array)
 {
     nvrtcProgram p = created();
@@ -296,8 +310,14 @@ CASE(nvrtcCompileProgram, destroyed)
     SAY("rc=%d", NV(nvrtcCompileProgram)(p, 0, NULL));
 }
 /* nvrtcAddNameExpression */
-CASE(nvrtcAddNameExpression, null_prog) { SAY("rc=%d", NV(nvrtcAddNameExpression)(NULL, "t<int>")); }
-CASE(nvrtcAddNameExpression, null_expr) { SAY("rc=%d", NV(nvrtcAddNameExpression)(created(), NULL)); }
+CASE(nvrtcAddNameExpression, null_prog)
+{
+    SAY("rc=%d", NV(nvrtcAddNameExpression)(NULL, "t<int>"));
+}
+CASE(nvrtcAddNameExpression, null_expr)
+{
+    SAY("rc=%d", NV(nvrtcAddNameExpression)(created(), NULL));
+}
 CASE(nvrtcAddNameExpression, after_compile)
 {
     nvrtcResult rc;
@@ -331,7 +351,10 @@ CASE(nvrtcGetLoweredName, after_compile)
     nvrtcResult rc;
     nvrtcProgram p = compiled(&rc);
     const char *s = SENTINEL;
-    SAY("known rc=%d name=%s", NV(nvrtcGetLoweredName)(p, "t<int>", &s), s == SENTINEL ? "unchanged" : s ? s : "NULL");
+    SAY("known rc=%d name=%s", NV(nvrtcGetLoweredName)(p, "t<int>", &s),
+        s == SENTINEL ? "unchanged"
+        : s           ? s
+                      : "NULL");
     s = SENTINEL;
     SAY("unknown rc=%d out=%s", NV(nvrtcGetLoweredName)(p, "t<double>", &s), hstate(s));
     SAY("null expr rc=%d", NV(nvrtcGetLoweredName)(p, NULL, &s));
@@ -345,7 +368,7 @@ CASE(nvrtcGetLoweredName, failed_compile)
 }
 /* The ten getters: NULL program, NULL out, before compile, after a failed
  * compile, after a good one. */
-#define GETTER_CASES(S, G)                                                                          \
+#define GETTER_CASES(S, G)                                                                         \
     CASE(S, null_prog)                                                                             \
     {                                                                                              \
         size_t n = 777;                                                                            \
@@ -366,7 +389,10 @@ CASE(nvrtcGetLoweredName, failed_compile)
         getter(p, #S, #G, 0);                                                                      \
         getter(p, #S, #G, 2);                                                                      \
     }                                                                                              \
-    CASE(G, null_prog) { SAY("rc=%d", NV(G)(NULL, (char[8]){0})); }                                \
+    CASE(G, null_prog)                                                                             \
+    {                                                                                              \
+        SAY("rc=%d", NV(G)(NULL, (char[8]){0}));                                                   \
+    }                                                                                              \
     CASE(G, null_out)                                                                              \
     {                                                                                              \
         nvrtcResult rc;                                                                            \
@@ -377,7 +403,10 @@ CASE(nvrtcGetLoweredName, failed_compile)
     }
 GETTERS(GETTER_CASES)
 /* PCH and the flow callback. */
-CASE(nvrtcGetPCHCreateStatus, null_prog) { SAY("rc=%d", NV(nvrtcGetPCHCreateStatus)(NULL)); }
+CASE(nvrtcGetPCHCreateStatus, null_prog)
+{
+    SAY("rc=%d", NV(nvrtcGetPCHCreateStatus)(NULL));
+}
 CASE(nvrtcGetPCHCreateStatus, states)
 {
     SAY("created rc=%d", NV(nvrtcGetPCHCreateStatus)(created()));
@@ -401,8 +430,14 @@ CASE(nvrtcGetPCHHeapSizeRequired, states)
     SAY("compiled rc=%d size=%zu", NV(nvrtcGetPCHHeapSizeRequired)(p, &n), n);
     SAY("compiled null out rc=%d", NV(nvrtcGetPCHHeapSizeRequired)(p, NULL));
 }
-static int flow_cb(void *payload, void *param) { return 0; }
-CASE(nvrtcSetFlowCallback, null_prog) { SAY("rc=%d", NV(nvrtcSetFlowCallback)(NULL, flow_cb, NULL)); }
+static int flow_cb(void *payload, void *param)
+{
+    return 0;
+}
+CASE(nvrtcSetFlowCallback, null_prog)
+{
+    SAY("rc=%d", NV(nvrtcSetFlowCallback)(NULL, flow_cb, NULL));
+}
 CASE(nvrtcSetFlowCallback, null_callback)
 {
     nvrtcProgram p = created();
@@ -431,7 +466,8 @@ static void load4(const char *what, const void *img)
     SAY("%s: dataex rc=%d out=%s", what, CU(cuModuleLoadDataEx)(&m, img, 0, NULL, NULL), hstate(m));
     m = SENTINEL;
     SAY("%s: fatbinary rc=%d out=%s", what, CU(cuModuleLoadFatBinary)(&m, img), hstate(m));
-    SAY("%s: library rc=%d out=%s", what, CU(cuLibraryLoadData)(&l, img, NULL, NULL, 0, NULL, NULL, 0), hstate(l));
+    SAY("%s: library rc=%d out=%s", what,
+        CU(cuLibraryLoadData)(&l, img, NULL, NULL, 0, NULL, NULL, 0), hstate(l));
 }
 
 CASE(cuModuleLoadData, images)
@@ -485,7 +521,8 @@ CASE(cuModuleLoadDataEx, options)
 {
     ctx_setup();
     CUmodule m = SENTINEL;
-    SAY("huge count, NULL arrays rc=%d out=%s", CU(cuModuleLoadDataEx)(&m, ptx, UINT_MAX, NULL, NULL), hstate(m));
+    SAY("huge count, NULL arrays rc=%d out=%s",
+        CU(cuModuleLoadDataEx)(&m, ptx, UINT_MAX, NULL, NULL), hstate(m));
     CUjit_option o[65];
     void *v[65];
     for (int i = 0; i < 65; i++) {
@@ -500,13 +537,13 @@ CASE(cuModuleLoadDataEx, options)
     CUjit_option lo[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
     void *lv[] = {NULL, (void *)(uintptr_t)4096};
     m = SENTINEL;
-    SAY("NULL info buffer rc=%d out=%s written=%zu", CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv), hstate(m),
-        (size_t)(uintptr_t)lv[1]);
+    SAY("NULL info buffer rc=%d out=%s written=%zu", CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv),
+        hstate(m), (size_t)(uintptr_t)lv[1]);
     char small[4] = "abc";
     void *lv2[] = {small, (void *)(uintptr_t)0};
     m = SENTINEL;
-    SAY("zero-size info buffer rc=%d out=%s buf=%s written=%zu", CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv2),
-        hstate(m), small, (size_t)(uintptr_t)lv2[1]);
+    SAY("zero-size info buffer rc=%d out=%s buf=%s written=%zu",
+        CU(cuModuleLoadDataEx)(&m, ptx, 2, lo, lv2), hstate(m), small, (size_t)(uintptr_t)lv2[1]);
     char *eb = edge("", 1);
     void *lv3[] = {eb, (void *)(uintptr_t)1};
     m = SENTINEL;
@@ -528,15 +565,19 @@ CASE(cuLibraryLoadData, options)
 {
     ctx_setup();
     CUlibrary l = SENTINEL;
-    SAY("huge jit count, NULL arrays rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, UINT_MAX, NULL, NULL, 0), hstate(l));
+    SAY("huge jit count, NULL arrays rc=%d out=%s",
+        CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, UINT_MAX, NULL, NULL, 0), hstate(l));
     l = SENTINEL;
-    SAY("huge library count, NULL arrays rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, NULL, NULL, UINT_MAX), hstate(l));
+    SAY("huge library count, NULL arrays rc=%d out=%s",
+        CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, NULL, NULL, UINT_MAX), hstate(l));
     CUlibraryOption lo[] = {(CUlibraryOption)12345};
     void *lv[] = {NULL};
     l = SENTINEL;
-    SAY("unknown library option rc=%d out=%s", CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, lo, lv, 1), hstate(l));
+    SAY("unknown library option rc=%d out=%s",
+        CU(cuLibraryLoadData)(&l, ptx, NULL, NULL, 0, lo, lv, 1), hstate(l));
     l = SENTINEL;
-    SAY("null image rc=%d out=%s", CU(cuLibraryLoadData)(&l, NULL, NULL, NULL, 0, NULL, NULL, 0), hstate(l));
+    SAY("null image rc=%d out=%s", CU(cuLibraryLoadData)(&l, NULL, NULL, NULL, 0, NULL, NULL, 0),
+        hstate(l));
 }
 /* ---- driver: resolvers ---- */
 static void gpa_cases(int v2)
@@ -544,11 +585,13 @@ static void gpa_cases(int v2)
     void *p = SENTINEL;
     CUdriverProcAddressQueryResult q = (CUdriverProcAddressQueryResult)77;
 #define GPA(sym_, pfn, ver, fl)                                                                    \
-    (v2 ? CU(cuGetProcAddress_v2)(sym_, pfn, ver, fl, &q) : CU(cuGetProcAddress)(sym_, pfn, ver, fl))
+    (v2 ? CU(cuGetProcAddress_v2)(sym_, pfn, ver, fl, &q)                                          \
+        : CU(cuGetProcAddress)(sym_, pfn, ver, fl))
     SAY("NULL symbol rc=%d out=%s", GPA(NULL, &p, 12000, 0), hstate(p));
     SAY("NULL pfn rc=%d", GPA("cuModuleLoadData", NULL, 12000, 0));
     p = SENTINEL;
-    SAY("unknown rc=%d out=%s q=%d", GPA("cuNoSuchThing", &p, 12000, 0), hstate(p), v2 ? (int)q : -1);
+    SAY("unknown rc=%d out=%s q=%d", GPA("cuNoSuchThing", &p, 12000, 0), hstate(p),
+        v2 ? (int)q : -1);
     p = SENTINEL;
     SAY("negative version rc=%d out=%s", GPA("cuModuleLoadData", &p, -1, 0), hstate(p));
     p = SENTINEL;
@@ -562,13 +605,25 @@ static void gpa_cases(int v2)
     SAY("8 KiB name rc=%d out=%s", GPA(longname, &p, 12000, 0), hstate(p));
     if (v2) {
         p = SENTINEL;
-        SAY("NULL status rc=%d out=%s", CU(cuGetProcAddress_v2)("cuModuleLoadData", &p, 12000, 0, NULL), hstate(p));
+        SAY("NULL status rc=%d out=%s",
+            CU(cuGetProcAddress_v2)("cuModuleLoadData", &p, 12000, 0, NULL), hstate(p));
     }
 #undef GPA
 }
-CASE(cuGetProcAddress, hostile) { CU(cuInit)(0); gpa_cases(0); }
-CASE(cuGetProcAddress_v2, hostile) { CU(cuInit)(0); gpa_cases(1); }
-CASE(cuGetProcAddress_v2, before_init) { gpa_cases(1); }
+CASE(cuGetProcAddress, hostile)
+{
+    CU(cuInit)(0);
+    gpa_cases(0);
+}
+CASE(cuGetProcAddress_v2, hostile)
+{
+    CU(cuInit)(0);
+    gpa_cases(1);
+}
+CASE(cuGetProcAddress_v2, before_init)
+{
+    gpa_cases(1);
+}
 /* ---- driver: the context memo's hooks ---- */
 CASE(cuModuleGetFunction, hostile)
 {
@@ -582,7 +637,8 @@ CASE(cuModuleGetFunction, hostile)
     f = SENTINEL;
     SAY("64 KiB name rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, longname), hstate(f));
     f = SENTINEL;
-    SAY("name at a page edge rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, edge("add1", 5)), hstate(f));
+    SAY("name at a page edge rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, edge("add1", 5)),
+        hstate(f));
     CU(cuCtxSetCurrent)(NULL);
     f = SENTINEL;
     SAY("no current context rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, "add1"), hstate(f));
@@ -603,7 +659,10 @@ CASE(cuKernelGetFunction, hostile)
     CUfunction f = SENTINEL;
     SAY("NULL kernel rc=%d out=%s", CU(cuKernelGetFunction)(&f, NULL), hstate(f));
 }
-CASE(cuModuleUnload, before_init) { SAY("rc=%d", CU(cuModuleUnload)(GARBAGE)); }
+CASE(cuModuleUnload, before_init)
+{
+    SAY("rc=%d", CU(cuModuleUnload)(GARBAGE));
+}
 CASE(cuModuleUnload, other_context)
 {
     CUcontext c = ctx_setup();
@@ -617,7 +676,11 @@ CASE(cuModuleUnload, other_context)
     CUfunction f = SENTINEL;
     SAY("lookup after rc=%d out=%s", CU(cuModuleGetFunction)(&f, m, "add1"), hstate(f));
 }
-CASE(cuLibraryUnload, null) { ctx_setup(); SAY("rc=%d", CU(cuLibraryUnload)(NULL)); }
+CASE(cuLibraryUnload, null)
+{
+    ctx_setup();
+    SAY("rc=%d", CU(cuLibraryUnload)(NULL));
+}
 static void destroy_cases(const char *name)
 {
     CUresult (*destroy)(CUcontext) = (CUresult(*)(CUcontext))sym(cu, name);
@@ -626,12 +689,19 @@ static void destroy_cases(const char *name)
     SAY("primary context rc=%d", destroy(c));
     SAY("NULL rc=%d", destroy(NULL));
 }
-CASE(cuCtxDestroy, hostile) { destroy_cases("cuCtxDestroy"); }
-CASE(cuCtxDestroy_v2, hostile) { destroy_cases("cuCtxDestroy_v2"); }
+CASE(cuCtxDestroy, hostile)
+{
+    destroy_cases("cuCtxDestroy");
+}
+CASE(cuCtxDestroy_v2, hostile)
+{
+    destroy_cases("cuCtxDestroy_v2");
+}
 static void primary_cases(const char *retain_or_release_or_reset)
 {
     if (!strcmp(retain_or_release_or_reset, "retain")) {
-        CUresult (*r)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))sym(cu, "cuDevicePrimaryCtxRetain");
+        CUresult (*r)(CUcontext *, CUdevice) =
+            (CUresult(*)(CUcontext *, CUdevice))sym(cu, "cuDevicePrimaryCtxRetain");
         CUcontext c = SENTINEL;
         SAY("before init rc=%d out=%s", r(&c, 0), hstate(c));
         CU(cuInit)(0);
@@ -651,11 +721,26 @@ static void primary_cases(const char *retain_or_release_or_reset)
     SAY("retained rc=%d", f(0));
     SAY("again rc=%d", f(0));
 }
-CASE(cuDevicePrimaryCtxRetain, hostile) { primary_cases("retain"); }
-CASE(cuDevicePrimaryCtxRelease, hostile) { primary_cases("cuDevicePrimaryCtxRelease"); }
-CASE(cuDevicePrimaryCtxRelease_v2, hostile) { primary_cases("cuDevicePrimaryCtxRelease_v2"); }
-CASE(cuDevicePrimaryCtxReset, hostile) { primary_cases("cuDevicePrimaryCtxReset"); }
-CASE(cuDevicePrimaryCtxReset_v2, hostile) { primary_cases("cuDevicePrimaryCtxReset_v2"); }
+CASE(cuDevicePrimaryCtxRetain, hostile)
+{
+    primary_cases("retain");
+}
+CASE(cuDevicePrimaryCtxRelease, hostile)
+{
+    primary_cases("cuDevicePrimaryCtxRelease");
+}
+CASE(cuDevicePrimaryCtxRelease_v2, hostile)
+{
+    primary_cases("cuDevicePrimaryCtxRelease_v2");
+}
+CASE(cuDevicePrimaryCtxReset, hostile)
+{
+    primary_cases("cuDevicePrimaryCtxReset");
+}
+CASE(cuDevicePrimaryCtxReset_v2, hostile)
+{
+    primary_cases("cuDevicePrimaryCtxReset_v2");
+}
 CASE(cuMemAlloc_v2, hostile)
 {
     CUdeviceptr p = 0x5a5a;
@@ -746,7 +831,8 @@ CASE(cuPointerGetAttribute, hostile)
     SAY("before init rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_CONTEXT, 0x1000));
     ctx_setup();
     CUdeviceptr p = freed_block();
-    SAY("NULL data, freed block rc=%d", CU(cuPointerGetAttribute)(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
+    SAY("NULL data, freed block rc=%d",
+        CU(cuPointerGetAttribute)(NULL, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p));
     for (int a = -1; a <= 23; a++) {
         p = freed_block();
         memset(v, 0, sizeof v);
@@ -754,11 +840,13 @@ CASE(cuPointerGetAttribute, hostile)
         SAY("attribute %d inside a freed block rc=%d", a, rc);
     }
     SAY("0 rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0));
-    SAY("host memory rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)v));
+    SAY("host memory rc=%d",
+        CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)v));
     CU(cuMemAlloc_v2)(&p, 8192);
     SAY("attribute 999 rc=%d", CU(cuPointerGetAttribute)(v, (CUpointer_attribute)999, p));
     CU(cuCtxSetCurrent)(NULL);
-    SAY("device pointer, no context rc=%d", CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p));
+    SAY("device pointer, no context rc=%d",
+        CU(cuPointerGetAttribute)(v, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p));
 }
 CASE(cuPointerGetAttributes, hostile)
 {
@@ -783,12 +871,14 @@ CASE(cuPointerGetAttributes, hostile)
 CASE(cuPointerSetAttribute, hostile)
 {
     unsigned one = 1;
-    SAY("before init rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, 0x1000));
+    SAY("before init rc=%d",
+        CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, 0x1000));
     ctx_setup();
     CUdeviceptr p = freed_block();
     SAY("freed block rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
     p = freed_block();
-    SAY("NULL value, freed block rc=%d", CU(cuPointerSetAttribute)(NULL, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+    SAY("NULL value, freed block rc=%d",
+        CU(cuPointerSetAttribute)(NULL, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
     SAY("other attribute rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_CONTEXT, p));
     CU(cuMemAlloc_v2)(&p, 8192);
     SAY("live block rc=%d", CU(cuPointerSetAttribute)(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
@@ -814,12 +904,26 @@ static const char *jl_names[][2] = {
     {"nvJitLinkGetInfoLogSize", "__nvJitLinkGetInfoLogSize_13_0"},
     {"nvJitLinkGetInfoLog", "__nvJitLinkGetInfoLog_13_0"},
 };
-enum { J_CREATE, J_DESTROY, J_ADD_DATA, J_ADD_FILE, J_COMPLETE, J_CUBIN_SIZE, J_CUBIN, J_PTX_SIZE, J_PTX,
-       J_ERR_SIZE, J_ERR, J_INFO_SIZE, J_INFO };
+enum {
+    J_CREATE,
+    J_DESTROY,
+    J_ADD_DATA,
+    J_ADD_FILE,
+    J_COMPLETE,
+    J_CUBIN_SIZE,
+    J_CUBIN,
+    J_PTX_SIZE,
+    J_PTX,
+    J_ERR_SIZE,
+    J_ERR,
+    J_INFO_SIZE,
+    J_INFO
+};
 static int jv; /* the name variant the running case uses */
 typedef nvJitLinkResult (*jl_create_t)(nvJitLinkHandle *, uint32_t, const char **);
 typedef nvJitLinkResult (*jl_destroy_t)(nvJitLinkHandle *);
-typedef nvJitLinkResult (*jl_add_t)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t, const char *);
+typedef nvJitLinkResult (*jl_add_t)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t,
+                                    const char *);
 typedef nvJitLinkResult (*jl_file_t)(nvJitLinkHandle, nvJitLinkInputType, const char *);
 typedef nvJitLinkResult (*jl_complete_t)(nvJitLinkHandle);
 typedef nvJitLinkResult (*jl_size_t)(nvJitLinkHandle, size_t *);
@@ -866,7 +970,8 @@ static void jl_getters(nvJitLinkHandle h, const char *what)
     for (int g = J_CUBIN_SIZE; g <= J_INFO_SIZE; g += 2) {
         size_t n = 777;
         nvJitLinkResult rc = JF(jl_size_t, g)(h, &n);
-        SAY("  %s %s rc=%d size=%zu null rc=%d", what, jl_names[g][0], rc, n, JF(jl_size_t, g)(h, NULL));
+        SAY("  %s %s rc=%d size=%zu null rc=%d", what, jl_names[g][0], rc, n,
+            JF(jl_size_t, g)(h, NULL));
         size_t cap = rc == NVJITLINK_SUCCESS && n != 777 && n < (1u << 26) ? n : 64;
         char *buf = edge((char[1]){0}, 1);
         if (cap > 1) {
@@ -877,18 +982,27 @@ static void jl_getters(nvJitLinkHandle h, const char *what)
         unsigned long sum = 5381;
         for (size_t i = 0; i < cap; i++)
             sum = sum * 33 + (unsigned char)buf[i];
-        SAY("  %s %s rc=%d hash=%lu null rc=%d", what, jl_names[g + 1][0], rc, sum, JF(jl_get_t, g + 1)(h, NULL));
+        SAY("  %s %s rc=%d hash=%lu null rc=%d", what, jl_names[g + 1][0], rc, sum,
+            JF(jl_get_t, g + 1)(h, NULL));
     }
 }
 
 #define JL_BOTH(fn, label, ...)                                                                    \
-    static void fn##_##label##_impl(void) __VA_ARGS__                                              \
-    static void fn##__##label(void) { jv = 0; fn##_##label##_impl(); }                            \
-    static void __##fn##_13_0__##label(void) { jv = 1; fn##_##label##_impl(); }
+    static void fn##_##label##_impl(void) __VA_ARGS__ static void fn##__##label(void)              \
+    {                                                                                              \
+        jv = 0;                                                                                    \
+        fn##_##label##_impl();                                                                     \
+    }                                                                                              \
+    static void __##fn##_13_0__##label(void)                                                       \
+    {                                                                                              \
+        jv = 1;                                                                                    \
+        fn##_##label##_impl();                                                                     \
+    }
 
 JL_BOTH(nvJitLinkCreate, hostile, {
     nvJitLinkHandle h = SENTINEL;
-    const char *o[] = {"-arch=sm_90"}, *bad[] = {"--no-such-option"}, *nul[] = {"-arch=sm_90", NULL};
+    const char *o[] = {"-arch=sm_90"}, *bad[] = {"--no-such-option"},
+               *nul[] = {"-arch=sm_90", NULL};
     jl_create_t c = JF(jl_create_t, J_CREATE);
     SAY("NULL handle rc=%d", c(NULL, 1, o));
     SAY("no options rc=%d out=%s", c(&h, 0, NULL), hstate(h));
@@ -964,25 +1078,28 @@ JL_BOTH(nvJitLinkComplete, hostile, {
     h = jl_linked(1);
     jl_getters(h, "undefined symbol");
     SAY("again rc=%d", c(h));
-    SAY("add after failure rc=%d", JF(jl_add_t, J_ADD_DATA)(h, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, "p"));
+    SAY("add after failure rc=%d",
+        JF(jl_add_t, J_ADD_DATA)(h, NVJITLINK_INPUT_PTX, ptx, ptx_len + 1, "p"));
     SAY("again rc=%d", c(h));
     jl_getters(h, "completed three times");
 })
 #define JL_GETTER_CASES(S, G)                                                                      \
     JL_BOTH(S, hostile, {                                                                          \
         size_t n = 777;                                                                            \
-        SAY("NULL handle rc=%d size=%zu", ((jl_size_t)sym(jl, jv ? "__" #S "_13_0" : #S))(NULL, &n), n); \
+        SAY("NULL handle rc=%d size=%zu",                                                          \
+            ((jl_size_t)sym(jl, jv ? "__" #S "_13_0" : #S))(NULL, &n), n);                         \
         nvJitLinkHandle h = jl_created();                                                          \
         jl_getters(h, "created");                                                                  \
         h = jl_linked(0);                                                                          \
         jl_getters(h, "linked");                                                                   \
     })                                                                                             \
     JL_BOTH(G, hostile, {                                                                          \
-        SAY("NULL handle rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(NULL, (char[8]){0})); \
+        SAY("NULL handle rc=%d",                                                                   \
+            ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(NULL, (char[8]){0}));                   \
         nvJitLinkHandle h = jl_linked(0);                                                          \
-        SAY("NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));           \
+        SAY("NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));            \
         h = jl_linked(1);                                                                          \
-        SAY("failed, NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));   \
+        SAY("failed, NULL out rc=%d", ((jl_get_t)sym(jl, jv ? "__" #G "_13_0" : #G))(h, NULL));    \
     })
 #define JL_GETTERS(X)                                                                              \
     X(nvJitLinkGetLinkedCubinSize, nvJitLinkGetLinkedCubin)                                        \
@@ -1004,15 +1121,16 @@ CASE(nvJitLinkGetLinkedLTOIR, absent)
 CASE(nvJitLinkVersion, null_args)
 {
     unsigned a = 7, b = 7;
-    nvJitLinkResult (*v)(unsigned *, unsigned *) = (nvJitLinkResult(*)(unsigned *, unsigned *))sym(jl, "nvJitLinkVersion");
+    nvJitLinkResult (*v)(unsigned *, unsigned *) =
+        (nvJitLinkResult(*)(unsigned *, unsigned *))sym(jl, "nvJitLinkVersion");
     SAY("ok rc=%d", v(&a, &b));
 }
 
 /* ---- the driver's linker (the stand-in) ---- */
 static CUlinkState cu_link_created(char *info, char *err)
 {
-    CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
-                        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    CUjit_option o[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                        CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
     static void *v[4];
     v[0] = info, v[1] = (void *)(uintptr_t)256, v[2] = err, v[3] = (void *)(uintptr_t)256;
     CUlinkState s = NULL;
@@ -1031,7 +1149,8 @@ static void cu_complete(CUlinkState s, const char *what, const char *info, const
         SAY("  info [%s] error [%s]", info, err);
 }
 
-static void culink_create_cases(CUresult (*create)(unsigned, CUjit_option *, void **, CUlinkState *))
+static void culink_create_cases(CUresult (*create)(unsigned, CUjit_option *, void **,
+                                                   CUlinkState *))
 {
     CUlinkState s = SENTINEL;
     SAY("before init rc=%d out=%s", create(0, NULL, NULL, &s), hstate(s));
@@ -1056,7 +1175,8 @@ static void culink_create_cases(CUresult (*create)(unsigned, CUjit_option *, voi
     CUresult rc = create(2, lo, lv, &s);
     SAY("NULL log buffer with a size rc=%d out=%s", rc, hstate(s));
     if (rc == CUDA_SUCCESS) {
-        SAY("  add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+        SAY("  add rc=%d",
+            CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
         cu_complete(s, "NULL log buffer", NULL, NULL);
         SAY("  written=%zu", (size_t)(uintptr_t)lv[1]);
     }
@@ -1066,21 +1186,29 @@ static void culink_create_cases(CUresult (*create)(unsigned, CUjit_option *, voi
     rc = create(2, lo, lv1, &s);
     SAY("one-byte log at a page edge rc=%d", rc);
     if (rc == CUDA_SUCCESS) {
-        SAY("  add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+        SAY("  add rc=%d",
+            CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
         cu_complete(s, "one-byte log", NULL, NULL);
         SAY("  buf0=%d written=%zu", one[0], (size_t)(uintptr_t)lv1[1]);
     }
 }
-CASE(cuLinkCreate, hostile) { culink_create_cases(CU(cuLinkCreate)); }
-CASE(cuLinkCreate_v2, hostile) { culink_create_cases(CU(cuLinkCreate_v2)); }
+CASE(cuLinkCreate, hostile)
+{
+    culink_create_cases(CU(cuLinkCreate));
+}
+CASE(cuLinkCreate_v2, hostile)
+{
+    culink_create_cases(CU(cuLinkCreate_v2));
+}
 
-static void culink_add_cases(CUresult (*add)(CUlinkState, CUjitInputType, void *, size_t, const char *, unsigned,
-                                             CUjit_option *, void **))
+static void culink_add_cases(CUresult (*add)(CUlinkState, CUjitInputType, void *, size_t,
+                                             const char *, unsigned, CUjit_option *, void **))
 {
     SAY("before init rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     ctx_setup();
     SAY("NULL state rc=%d", add(NULL, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
-    SAY("garbage state rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("garbage state rc=%d",
+        add(GARBAGE, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     char info[256] = "", err[256] = "";
     CUlinkState s = cu_link_created(info, err);
     SAY("NULL data rc=%d", add(s, CU_JIT_INPUT_PTX, NULL, 10, "p", 0, NULL, NULL));
@@ -1088,7 +1216,8 @@ static void culink_add_cases(CUresult (*add)(CUlinkState, CUjitInputType, void *
     SAY("bad type rc=%d", add(s, (CUjitInputType)99, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     SAY("not PTX rc=%d", add(s, CU_JIT_INPUT_PTX, "hello", 6, "p", 0, NULL, NULL));
     SAY("  info [%s] error [%s]", info, err);
-    SAY("options, NULL arrays rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 2, NULL, NULL));
+    SAY("options, NULL arrays rc=%d",
+        add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 2, NULL, NULL));
     CUjit_option bad[] = {(CUjit_option)9999};
     void *bv[] = {NULL};
     SAY("unknown option rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 1, bad, bv));
@@ -1099,11 +1228,17 @@ static void culink_add_cases(CUresult (*add)(CUlinkState, CUjitInputType, void *
     SAY("destroy rc=%d", CU(cuLinkDestroy)(s));
     SAY("destroyed state rc=%d", add(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
 }
-CASE(cuLinkAddData, hostile) { culink_add_cases(CU(cuLinkAddData)); }
-CASE(cuLinkAddData_v2, hostile) { culink_add_cases(CU(cuLinkAddData_v2)); }
+CASE(cuLinkAddData, hostile)
+{
+    culink_add_cases(CU(cuLinkAddData));
+}
+CASE(cuLinkAddData_v2, hostile)
+{
+    culink_add_cases(CU(cuLinkAddData_v2));
+}
 
-static void culink_file_cases(CUresult (*add)(CUlinkState, CUjitInputType, const char *, unsigned, CUjit_option *,
-                                              void **))
+static void culink_file_cases(CUresult (*add)(CUlinkState, CUjitInputType, const char *, unsigned,
+                                              CUjit_option *, void **))
 {
     SAY("before init rc=%d", add(GARBAGE, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
     ctx_setup();
@@ -1121,8 +1256,14 @@ static void culink_file_cases(CUresult (*add)(CUlinkState, CUjitInputType, const
     SAY("alone rc=%d", add(s, CU_JIT_INPUT_PTX, ptx_path, 0, NULL, NULL));
     cu_complete(s, "file alone", info, err);
 }
-CASE(cuLinkAddFile, hostile) { culink_file_cases(CU(cuLinkAddFile)); }
-CASE(cuLinkAddFile_v2, hostile) { culink_file_cases(CU(cuLinkAddFile_v2)); }
+CASE(cuLinkAddFile, hostile)
+{
+    culink_file_cases(CU(cuLinkAddFile));
+}
+CASE(cuLinkAddFile_v2, hostile)
+{
+    culink_file_cases(CU(cuLinkAddFile_v2));
+}
 
 CASE(cuLinkComplete, hostile)
 {
@@ -1136,16 +1277,19 @@ CASE(cuLinkComplete, hostile)
     SAY("NULL outs rc=%d", CU(cuLinkComplete)(s, NULL, NULL));
     cu_complete(s, "no inputs", info, err);
     s = cu_link_created(info, err);
-    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("add rc=%d",
+        CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     SAY("NULL size out rc=%d", CU(cuLinkComplete)(s, &c, NULL));
     cu_complete(s, "after a NULL out", info, err);
     s = cu_link_created(info, err);
-    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("add rc=%d",
+        CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     cu_complete(s, "linked", info, err);
     cu_complete(s, "twice", info, err);
     s = cu_link_created(info, err);
     char *u = undefined_ptx();
-    SAY("add undefined rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, u, strlen(u) + 1, "u", 0, NULL, NULL));
+    SAY("add undefined rc=%d",
+        CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, u, strlen(u) + 1, "u", 0, NULL, NULL));
     cu_complete(s, "undefined", info, err);
     cu_complete(s, "undefined twice", info, err);
     SAY("destroy rc=%d", CU(cuLinkDestroy)(s));
@@ -1160,7 +1304,8 @@ CASE(cuLinkDestroy, hostile)
     SAY("created rc=%d", CU(cuLinkDestroy)(s));
     SAY("twice rc=%d", CU(cuLinkDestroy)(s));
     s = cu_link_created(NULL, NULL);
-    SAY("add rc=%d", CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
+    SAY("add rc=%d",
+        CU(cuLinkAddData_v2)(s, CU_JIT_INPUT_PTX, ptx, ptx_len + 1, "p", 0, NULL, NULL));
     cu_complete(s, "linked", NULL, NULL);
     SAY("linked rc=%d", CU(cuLinkDestroy)(s));
     SAY("complete after destroy rc=%d", CU(cuLinkComplete)(s, &(void *){0}, &(size_t){0}));
@@ -1210,10 +1355,24 @@ static void fopen_cases(FILE *(*fo)(const char *, const char *))
     f = fo("", "r");
     SAY("empty %s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
 }
-CASE(fopen, hostile) { fopen_cases(fopen); }
-CASE(fopen, null_path) { FILE *f = fopen(NULL, "r"); SAY("%s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno); }
-CASE(fopen, null_mode) { FILE *f = fopen(ptx_path, NULL); SAY("%s", f ? "FILE" : "NULL"); }
-CASE(fopen64, hostile) { fopen_cases((FILE * (*)(const char *, const char *)) dlsym(RTLD_DEFAULT, "fopen64")); }
+CASE(fopen, hostile)
+{
+    fopen_cases(fopen);
+}
+CASE(fopen, null_path)
+{
+    FILE *f = fopen(NULL, "r");
+    SAY("%s errno=%d", f ? "FILE" : "NULL", f ? 0 : errno);
+}
+CASE(fopen, null_mode)
+{
+    FILE *f = fopen(ptx_path, NULL);
+    SAY("%s", f ? "FILE" : "NULL");
+}
+CASE(fopen64, hostile)
+{
+    fopen_cases((FILE * (*)(const char *, const char *)) dlsym(RTLD_DEFAULT, "fopen64"));
+}
 static void xstat_cases(const char *name)
 {
     int (*xs)(int, const char *, struct stat *) = dlvsym(RTLD_DEFAULT, name, "GLIBC_2.2.5");
@@ -1227,8 +1386,14 @@ static void xstat_cases(const char *name)
     SAY("absent rc=%d errno=%d", ERR(xs(1, "/nonexistent/x", &st)));
     SAY("long rc=%d errno=%d", ERR(xs(1, lp(), &st)));
 }
-CASE(__xstat, hostile) { xstat_cases("__xstat"); }
-CASE(__xstat64, hostile) { xstat_cases("__xstat64"); }
+CASE(__xstat, hostile)
+{
+    xstat_cases("__xstat");
+}
+CASE(__xstat64, hostile)
+{
+    xstat_cases("__xstat64");
+}
 CASE(stat, hostile)
 {
     struct stat st;
@@ -1257,120 +1422,127 @@ CASE(dlsym, hostile)
 /* The program neither links nor has loaded NVRTC into the global scope. */
 CASE(dlsym, rtld_next)
 {
-    SAY("RTLD_NEXT nvrtcCompileProgram: %s", dlsym(RTLD_NEXT, "nvrtcCompileProgram") ? "found" : "NULL");
+    SAY("RTLD_NEXT nvrtcCompileProgram: %s",
+        dlsym(RTLD_NEXT, "nvrtcCompileProgram") ? "found" : "NULL");
     SAY("RTLD_NEXT cuModuleLoadData: %s", dlsym(RTLD_NEXT, "cuModuleLoadData") ? "found" : "NULL");
-    SAY("RTLD_DEFAULT nvrtcCompileProgram: %s", dlsym(RTLD_DEFAULT, "nvrtcCompileProgram") ? "found" : "NULL");
+    SAY("RTLD_DEFAULT nvrtcCompileProgram: %s",
+        dlsym(RTLD_DEFAULT, "nvrtcCompileProgram") ? "found" : "NULL");
 }
-CASE(dlsym, null_name) { SAY("%s", dlsym(nv, NULL) ? "found" : "NULL"); }
-CASE(dlsym, garbage_handle) { SAY("%s", dlsym(GARBAGE, "nvrtcVersion") ? "found" : "NULL"); }
+CASE(dlsym, null_name)
+{
+    SAY("%s", dlsym(nv, NULL) ? "found" : "NULL");
+}
+CASE(dlsym, garbage_handle)
+{
+    SAY("%s", dlsym(GARBAGE, "nvrtcVersion") ? "found" : "NULL");
+}
 
 #define C(hook, label, crash) {#hook, #label, hook##__##label, crash},
-#define GETTER_ENTRIES(S, G) C(S, null_prog, NULL) C(S, states, NULL) C(G, null_prog, NULL) C(G, null_out, NULL)
+#define GETTER_ENTRIES(S, G)                                                                       \
+    C(S, null_prog, NULL) C(S, states, NULL) C(G, null_prog, NULL) C(G, null_out, NULL)
 static const struct hcase cases[] = {
-    C(nvrtcCreateProgram, null_prog, NULL)
-    C(nvrtcCreateProgram, null_src, NULL)
-    C(nvrtcCreateProgram, null_name, NULL)
-    C(nvrtcCreateProgram, negative_headers, NULL)
-    C(nvrtcCreateProgram, huge_headers_null_arrays, NULL)
-    C(nvrtcCreateProgram, header_null_entries, NULL)
-    C(nvrtcCreateProgram, header_null_name, NULL)
-    C(nvrtcDestroyProgram, null, NULL)
-    C(nvrtcDestroyProgram, null_handle, NULL)
-    C(nvrtcDestroyProgram, twice, NULL)
-    C(nvrtcDestroyProgram, garbage, "NVRTC dereferences a non-NULL garbage program handle")
-    C(nvrtcCompileProgram, null_prog, NULL)
-    C(nvrtcCompileProgram, huge_options_null_array, NULL)
-    C(nvrtcCompileProgram, negative_options, NULL)
-    C(nvrtcCompileProgram, null_option_entry, NULL)
-    C(nvrtcCompileProgram, bad_option, NULL)
-    C(nvrtcCompileProgram, oversized_option, NULL)
-    C(nvrtcCompileProgram, twice, NULL)
-    C(nvrtcCompileProgram, destroyed, "NVRTC uses a destroyed program handle (use after free)")
-    C(nvrtcAddNameExpression, null_prog, NULL)
-    C(nvrtcAddNameExpression, null_expr, NULL)
-    C(nvrtcAddNameExpression, after_compile, NULL)
-    C(nvrtcAddNameExpression, empty_and_bad, NULL)
-    C(nvrtcGetLoweredName, null_prog, NULL)
-    C(nvrtcGetLoweredName, before_compile, NULL)
-    C(nvrtcGetLoweredName, after_compile, NULL)
-    C(nvrtcGetLoweredName, failed_compile, NULL)
-    GETTERS(GETTER_ENTRIES)
-    C(nvrtcGetPCHCreateStatus, null_prog, NULL)
-    C(nvrtcGetPCHCreateStatus, states, NULL)
-    C(nvrtcGetPCHHeapSizeRequired, null_prog, NULL)
-    C(nvrtcGetPCHHeapSizeRequired, states, NULL)
-    C(nvrtcSetFlowCallback, null_prog, NULL)
-    C(nvrtcSetFlowCallback, null_callback, NULL)
-    C(nvrtcVersion, null_args, NULL)
-    C(cuModuleLoadData, images, NULL)
-    C(cuModuleLoadData, unterminated_ptx, "the driver reads a PTX image up to its NUL: one that has none runs off the mapping")
-    C(cuModuleLoadData, fatbin_claiming_huge_size, "the driver walks the fatbinary as far as its header claims, past the mapping")
-    C(cuModuleLoadData, fatbin_wrapper_null_data, "the driver follows the wrapper's data pointer (NULL)")
-    C(cuModuleLoadData, no_context, NULL)
-    C(cuModuleLoadData, null_out, NULL)
-    C(cuModuleLoadDataEx, options, NULL)
-    C(cuModuleLoadFatBinary, ptx_and_null, NULL)
-    C(cuLibraryLoadData, options, NULL)
-    C(cuGetProcAddress, hostile, NULL)
-    C(cuGetProcAddress_v2, hostile, NULL)
-    C(cuGetProcAddress_v2, before_init, NULL)
-    C(cuModuleGetFunction, hostile, NULL)
-    C(cuLibraryGetKernel, hostile, NULL)
-    C(cuKernelGetFunction, hostile, NULL)
-    C(cuModuleUnload, before_init, NULL)
-    C(cuModuleUnload, other_context, NULL)
-    C(cuLibraryUnload, null, NULL)
-    C(cuCtxDestroy, hostile, NULL)
-    C(cuCtxDestroy_v2, hostile, NULL)
-    C(cuDevicePrimaryCtxRetain, hostile, NULL)
-    C(cuDevicePrimaryCtxRelease, hostile, NULL)
-    C(cuDevicePrimaryCtxRelease_v2, hostile, NULL)
-    C(cuDevicePrimaryCtxReset, hostile, NULL)
-    C(cuDevicePrimaryCtxReset_v2, hostile, NULL)
-    C(cuMemAlloc_v2, hostile, NULL)
-    C(cuMemFree_v2, hostile, NULL)
-    C(cuMemGetInfo_v2, hostile, NULL)
-    C(cuMemGetInfo, hostile, NULL)
-    C(cuMemGetAddressRange_v2, hostile, NULL)
-    C(cuPointerGetAttribute, hostile, NULL)
-    C(cuPointerGetAttributes, hostile, NULL)
-    C(cuPointerSetAttribute, hostile, NULL)
+    C(nvrtcCreateProgram, null_prog, NULL) C(nvrtcCreateProgram, null_src, NULL) C(
+        nvrtcCreateProgram, null_name, NULL) C(nvrtcCreateProgram, negative_headers,
+                                               NULL) C(nvrtcCreateProgram, huge_headers_null_arrays,
+                                                       NULL) C(nvrtcCreateProgram,
+                                                               header_null_entries, NULL)
+        C(nvrtcCreateProgram, header_null_name, NULL) C(nvrtcDestroyProgram, null, NULL) C(
+            nvrtcDestroyProgram, null_handle, NULL) C(nvrtcDestroyProgram, twice, NULL)
+            C(nvrtcDestroyProgram, garbage, "NVRTC dereferences a non-NULL garbage program handle")
+                C(nvrtcCompileProgram,
+                  null_prog, NULL) C(nvrtcCompileProgram, huge_options_null_array,
+                                     NULL) C(nvrtcCompileProgram, negative_options,
+                                             NULL) C(nvrtcCompileProgram, null_option_entry, NULL)
+                    C(nvrtcCompileProgram, bad_option, NULL) C(
+                        nvrtcCompileProgram, oversized_option,
+                        NULL) C(nvrtcCompileProgram, twice, NULL)
+                        C(nvrtcCompileProgram, destroyed,
+                          "NVRTC uses a destroyed program handle (use after free)")
+                            C(nvrtcAddNameExpression, null_prog,
+                              NULL) C(nvrtcAddNameExpression, null_expr, NULL)
+                                C(nvrtcAddNameExpression, after_compile,
+                                  NULL) C(nvrtcAddNameExpression, empty_and_bad, NULL)
+                                    C(nvrtcGetLoweredName, null_prog,
+                                      NULL) C(nvrtcGetLoweredName, before_compile, NULL)
+                                        C(nvrtcGetLoweredName, after_compile, NULL) C(
+                                            nvrtcGetLoweredName, failed_compile,
+                                            NULL) GETTERS(GETTER_ENTRIES)
+                                            C(nvrtcGetPCHCreateStatus, null_prog,
+                                              NULL) C(nvrtcGetPCHCreateStatus, states, NULL)
+                                                C(nvrtcGetPCHHeapSizeRequired, null_prog,
+                                                  NULL) C(nvrtcGetPCHHeapSizeRequired, states, NULL)
+                                                    C(nvrtcSetFlowCallback, null_prog, NULL) C(
+                                                        nvrtcSetFlowCallback, null_callback, NULL)
+                                                        C(nvrtcVersion, null_args, NULL) C(cuModuleLoadData, images, NULL) C(cuModuleLoadData, unterminated_ptx, "the driver reads a PTX image up to its NUL: one that has none runs off the mapping") C(cuModuleLoadData, fatbin_claiming_huge_size, "the driver walks the fatbinary as far as its header claims, past the mapping") C(cuModuleLoadData, fatbin_wrapper_null_data, "the driver follows the wrapper's data pointer (NULL)") C(cuModuleLoadData,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                              no_context, NULL) C(cuModuleLoadData, null_out, NULL) C(cuModuleLoadDataEx, options, NULL) C(cuModuleLoadFatBinary,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                           ptx_and_null,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                           NULL) C(cuLibraryLoadData, options, NULL) C(cuGetProcAddress, hostile, NULL) C(cuGetProcAddress_v2, hostile, NULL) C(cuGetProcAddress_v2,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                before_init, NULL) C(cuModuleGetFunction,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     NULL) C(cuLibraryGetKernel, hostile, NULL) C(cuKernelGetFunction, hostile, NULL) C(cuModuleUnload, before_init, NULL) C(cuModuleUnload, other_context, NULL) C(cuLibraryUnload,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                    null, NULL) C(cuCtxDestroy, hostile, NULL) C(cuCtxDestroy_v2, hostile, NULL) C(cuDevicePrimaryCtxRetain,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                   hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                   NULL) C(cuDevicePrimaryCtxRelease,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                           hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                           NULL) C(cuDevicePrimaryCtxRelease_v2,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                   hostile, NULL) C(cuDevicePrimaryCtxReset,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                    hostile, NULL) C(cuDevicePrimaryCtxReset_v2, hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     NULL) C(cuMemAlloc_v2, hostile, NULL) C(cuMemFree_v2,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                             hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                             NULL) C(cuMemGetInfo_v2,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     NULL) C(cuMemGetInfo, hostile, NULL) C(cuMemGetAddressRange_v2, hostile, NULL) C(cuPointerGetAttribute,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                      hostile, NULL) C(cuPointerGetAttributes, hostile, NULL) C(cuPointerSetAttribute,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                hostile,
+                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                NULL)
 #define JL_ENTRY(fn) C(fn, hostile, NULL) C(__##fn##_13_0, hostile, NULL)
-    JL_ENTRY(nvJitLinkCreate)
-    C(nvJitLinkCreate, null_option_entry, "nvJitLink dereferences a NULL option")
-    JL_ENTRY(nvJitLinkDestroy)
-    JL_ENTRY(nvJitLinkAddData)
-    JL_ENTRY(nvJitLinkAddFile)
-    JL_ENTRY(nvJitLinkComplete)
+                                                            JL_ENTRY(nvJitLinkCreate) C(nvJitLinkCreate, null_option_entry, "nvJitLink dereferences a NULL option") JL_ENTRY(
+                                                                nvJitLinkDestroy) JL_ENTRY(nvJitLinkAddData) JL_ENTRY(nvJitLinkAddFile) JL_ENTRY(nvJitLinkComplete)
 #define JL_GETTER_ENTRIES(S, G) JL_ENTRY(S) JL_ENTRY(G)
-    JL_GETTERS(JL_GETTER_ENTRIES)
-    C(nvJitLinkGetLinkedLTOIRSize, absent, NULL)
-    C(nvJitLinkGetLinkedLTOIR, absent, NULL)
-    C(nvJitLinkVersion, null_args, NULL)
-    C(cuLinkCreate, hostile, NULL)
-    C(cuLinkCreate_v2, hostile, NULL)
-    C(cuLinkAddData, hostile, NULL)
-    C(cuLinkAddData_v2, hostile, NULL)
-    C(cuLinkAddFile, hostile, NULL)
-    C(cuLinkAddFile_v2, hostile, NULL)
-    C(cuLinkComplete, hostile, NULL)
-    C(cuLinkDestroy, hostile, NULL)
-    C(open, hostile, NULL)
-    C(open64, hostile, NULL)
-    C(openat, hostile, NULL)
-    C(fopen, hostile, NULL)
-    C(fopen, null_path, NULL)
-    C(fopen, null_mode, "glibc's fopen dereferences a NULL mode")
-    C(fopen64, hostile, NULL)
-    C(__xstat, hostile, NULL)
-    C(__xstat64, hostile, NULL)
-    C(stat, hostile, NULL)
-    C(access, hostile, NULL)
-    C(dlsym, hostile, NULL)
-    C(dlsym, rtld_next, NULL)
-    C(dlsym, null_name, "glibc's dlsym dereferences a NULL name")
-    C(dlsym, garbage_handle, "glibc's dlsym dereferences a garbage handle")
-};
+                                                                JL_GETTERS(JL_GETTER_ENTRIES) C(nvJitLinkGetLinkedLTOIRSize, absent, NULL) C(
+                                                                    nvJitLinkGetLinkedLTOIR,
+                                                                    absent,
+                                                                    NULL) C(nvJitLinkVersion, null_args, NULL)
+                                                                    C(cuLinkCreate, hostile, NULL) C(
+                                                                        cuLinkCreate_v2, hostile,
+                                                                        NULL) C(cuLinkAddData, hostile, NULL)
+                                                                        C(cuLinkAddData_v2, hostile, NULL) C(
+                                                                            cuLinkAddFile,
+                                                                            hostile,
+                                                                            NULL) C(cuLinkAddFile_v2, hostile, NULL)
+                                                                            C(cuLinkComplete, hostile, NULL) C(
+                                                                                cuLinkDestroy,
+                                                                                hostile,
+                                                                                NULL) C(open, hostile, NULL)
+                                                                                C(open64, hostile, NULL) C(
+                                                                                    openat,
+                                                                                    hostile,
+                                                                                    NULL) C(fopen, hostile, NULL)
+                                                                                    C(fopen, null_path, NULL) C(
+                                                                                        fopen,
+                                                                                        null_mode,
+                                                                                        "glibc's "
+                                                                                        "fopen "
+                                                                                        "dereferenc"
+                                                                                        "es a NULL "
+                                                                                        "mode") C(fopen64, hostile, NULL)
+                                                                                        C(__xstat, hostile, NULL) C(
+                                                                                            __xstat64,
+                                                                                            hostile,
+                                                                                            NULL) C(stat, hostile, NULL)
+                                                                                            C(access, hostile, NULL) C(
+                                                                                                dlsym,
+                                                                                                hostile,
+                                                                                                NULL)
+                                                                                                C(dlsym,
+                                                                                                  rtld_next,
+                                                                                                  NULL)
+                                                                                                    C(dlsym,
+                                                                                                      null_name,
+                                                                                                      "glibc's dlsym dereferences a NULL name")
+                                                                                                        C(dlsym,
+                                                                                                          garbage_handle,
+                                                                                                          "glibc's dlsym dereferences a garbage handle")};
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static int nofork;
@@ -1426,7 +1598,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (i >= argc) {
-        fprintf(stderr, "usage: hostile [--list] [--crashers] [--only HOOK] [--label LABEL] [--no-fork] PTX_FILE\n");
+        fprintf(stderr, "usage: hostile [--list] [--crashers] [--only HOOK] [--label LABEL] "
+                        "[--no-fork] PTX_FILE\n");
         return 2;
     }
     ptx_path = argv[i];

@@ -35,7 +35,8 @@
 static struct {
     nvJitLinkResult (*create)(nvJitLinkHandle *, uint32_t, const char **);
     nvJitLinkResult (*destroy)(nvJitLinkHandle *);
-    nvJitLinkResult (*add_data)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t, const char *);
+    nvJitLinkResult (*add_data)(nvJitLinkHandle, nvJitLinkInputType, const void *, size_t,
+                                const char *);
     nvJitLinkResult (*add_file)(nvJitLinkHandle, nvJitLinkInputType, const char *);
     nvJitLinkResult (*complete)(nvJitLinkHandle);
     nvJitLinkResult (*size[4])(nvJitLinkHandle, size_t *);
@@ -53,20 +54,33 @@ static void jl_load(void)
         fprintf(stderr, "dlsym %s\n", n);                                                          \
         exit(2);                                                                                   \
     }
-    S(create, "nvJitLinkCreate") S(destroy, "nvJitLinkDestroy") S(add_data, "nvJitLinkAddData")
-    S(add_file, "nvJitLinkAddFile") S(complete, "nvJitLinkComplete")
-    S(size[0], "nvJitLinkGetLinkedCubinSize") S(get[0], "nvJitLinkGetLinkedCubin")
-    S(size[1], "nvJitLinkGetLinkedPtxSize") S(get[1], "nvJitLinkGetLinkedPtx")
-    S(size[2], "nvJitLinkGetErrorLogSize") S(get[2], "nvJitLinkGetErrorLog")
-    S(size[3], "nvJitLinkGetInfoLogSize") S(get[3], "nvJitLinkGetInfoLog")
+    S(create, "nvJitLinkCreate")
+    S(destroy, "nvJitLinkDestroy") S(add_data, "nvJitLinkAddData") S(add_file, "nvJitLinkAddFile")
+        S(complete, "nvJitLinkComplete") S(size[0], "nvJitLinkGetLinkedCubinSize")
+            S(get[0], "nvJitLinkGetLinkedCubin") S(size[1], "nvJitLinkGetLinkedPtxSize")
+                S(get[1], "nvJitLinkGetLinkedPtx") S(size[2], "nvJitLinkGetErrorLogSize")
+                    S(get[2], "nvJitLinkGetErrorLog") S(size[3], "nvJitLinkGetInfoLogSize")
+                        S(get[3], "nvJitLinkGetInfoLog")
 #undef S
 }
 #define JL(f) J.f
 #else
-static nvJitLinkResult g_cubin(nvJitLinkHandle h, void *p) { return nvJitLinkGetLinkedCubin(h, p); }
-static nvJitLinkResult g_ptx(nvJitLinkHandle h, void *p) { return nvJitLinkGetLinkedPtx(h, p); }
-static nvJitLinkResult g_err(nvJitLinkHandle h, void *p) { return nvJitLinkGetErrorLog(h, p); }
-static nvJitLinkResult g_info(nvJitLinkHandle h, void *p) { return nvJitLinkGetInfoLog(h, p); }
+static nvJitLinkResult g_cubin(nvJitLinkHandle h, void *p)
+{
+    return nvJitLinkGetLinkedCubin(h, p);
+}
+static nvJitLinkResult g_ptx(nvJitLinkHandle h, void *p)
+{
+    return nvJitLinkGetLinkedPtx(h, p);
+}
+static nvJitLinkResult g_err(nvJitLinkHandle h, void *p)
+{
+    return nvJitLinkGetErrorLog(h, p);
+}
+static nvJitLinkResult g_info(nvJitLinkHandle h, void *p)
+{
+    return nvJitLinkGetInfoLog(h, p);
+}
 static struct {
     nvJitLinkResult (*size[4])(nvJitLinkHandle, size_t *);
     nvJitLinkResult (*get[4])(nvJitLinkHandle, void *);
@@ -159,8 +173,9 @@ static const char *srcs[][2] = {
     {"b", "__device__ float f(float v) { return v * 2.0f + 1.0f; }\n"},
     {"u", "extern __device__ float nowhere(float);\n"
           "extern \"C\" __global__ void ku(float *x) { x[0] = nowhere(x[1]); }\n"},
-    {"m", "extern __device__ float g(float);\n"
-          "extern \"C\" __global__ void km(float *x) { x[threadIdx.x] = g(x[threadIdx.x]) + 1.0f; }\n"},
+    {"m",
+     "extern __device__ float g(float);\n"
+     "extern \"C\" __global__ void km(float *x) { x[threadIdx.x] = g(x[threadIdx.x]) + 1.0f; }\n"},
 };
 
 static int gen(const char *dir)
@@ -217,25 +232,42 @@ struct scen {
 #define LB NVJITLINK_INPUT_LIBRARY
 static const struct scen scens[] = {
     {"lto2", {"-arch=sm_90", "-lto"}, {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}}, 0},
-    {"lto2-O0", {"-arch=sm_90", "-lto", "-O0"}, {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}}, 0},
+    {"lto2-O0",
+     {"-arch=sm_90", "-lto", "-O0"},
+     {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}},
+     0},
     {"lto2-sm80", {"-arch=sm_80", "-lto"}, {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}}, 0},
-    {"lto2-lineinfo", {"-arch=sm_90", "-lto", "-lineinfo"}, {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}}, 0},
+    {"lto2-lineinfo",
+     {"-arch=sm_90", "-lto", "-lineinfo"},
+     {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}},
+     0},
     {"lto2-ba", {"-arch=sm_90", "-lto"}, {{0, LT, "b.ltoir", "b"}, {0, LT, "a.ltoir", "a"}}, 0},
-    {"lto2-ptx", {"-arch=sm_90", "-lto", "-ptx"}, {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}}, 0},
+    {"lto2-ptx",
+     {"-arch=sm_90", "-lto", "-ptx"},
+     {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}},
+     0},
     {"ptx2", {"-arch=sm_90"}, {{0, PT, "a.ptx", "a"}, {0, PT, "b.ptx", "b"}}, 0},
     {"ptx2-early", {"-arch=sm_90"}, {{0, PT, "a.ptx", "a"}, {0, PT, "b.ptx", "b"}}, 1},
-    {"ptx2-verbose", {"-arch=sm_90", "-verbose"}, {{0, PT, "a.ptx", "a"}, {0, PT, "b.ptx", "b"}}, 0},
+    {"ptx2-verbose",
+     {"-arch=sm_90", "-verbose"},
+     {{0, PT, "a.ptx", "a"}, {0, PT, "b.ptx", "b"}},
+     0},
     {"ptx-file", {"-arch=sm_90"}, {{1, PT, "a.ptx", NULL}, {0, PT, "b.ptx", "b"}}, 0},
     {"lib", {"-arch=sm_90", "-lto"}, {{0, LT, "m.ltoir", "m"}, {1, LB, "libg.a", NULL}}, 0},
-    {"devrt", {"-arch=sm_90", "-lto"},
-     {{0, LT, "a.ltoir", "a"}, {0, LT, "b.ltoir", "b"}, {1, LB, "/usr/local/cuda/lib64/libcudadevrt.a", NULL}}, 0},
+    {"devrt",
+     {"-arch=sm_90", "-lto"},
+     {{0, LT, "a.ltoir", "a"},
+      {0, LT, "b.ltoir", "b"},
+      {1, LB, "/usr/local/cuda/lib64/libcudadevrt.a", NULL}},
+     0},
     {"undefined", {"-arch=sm_90", "-lto"}, {{0, LT, "u.ltoir", "u"}}, 0},
 };
 #define N_SCENS (sizeof scens / sizeof *scens)
 
 static const char *getter_names[4] = {"cubin", "ptx", "error-log", "info-log"};
 
-static void getters(struct out *o, nvJitLinkHandle h, const char *dir, const char *scen, int spill_it)
+static void getters(struct out *o, nvJitLinkHandle h, const char *dir, const char *scen,
+                    int spill_it)
 {
     for (int g = 0; g < 4; g++) {
         size_t n = 777;
@@ -344,8 +376,8 @@ static const char *cu_name(CUresult rc)
 
 struct cuscen {
     const char *name;
-    unsigned opt_level;      /* 0: not given */
-    int verbose;             /* CU_JIT_LOG_VERBOSE */
+    unsigned opt_level; /* 0: not given */
+    int verbose;        /* CU_JIT_LOG_VERBOSE */
     unsigned info_size, error_size;
     struct {
         int file;
@@ -356,13 +388,38 @@ struct cuscen {
 };
 
 static const struct cuscen cuscens[] = {
-    {"cu-ptx2", 0, 0, 4096, 4096, {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
-    {"cu-ptx2-O1", 1, 0, 4096, 4096, {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
+    {"cu-ptx2",
+     0,
+     0,
+     4096,
+     4096,
+     {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
+    {"cu-ptx2-O1",
+     1,
+     0,
+     4096,
+     4096,
+     {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
     {"cu-smalllog", 0, 0, 8, 8, {{0, CU_JIT_INPUT_PTX, "u.ptx", "u"}}},
-    {"cu-file", 0, 0, 4096, 4096, {{1, CU_JIT_INPUT_PTX, "a.ptx", NULL}, {1, CU_JIT_INPUT_LIBRARY, "libb.a", NULL}}},
+    {"cu-file",
+     0,
+     0,
+     4096,
+     4096,
+     {{1, CU_JIT_INPUT_PTX, "a.ptx", NULL}, {1, CU_JIT_INPUT_LIBRARY, "libb.a", NULL}}},
     {"cu-undefined", 0, 0, 4096, 4096, {{0, CU_JIT_INPUT_PTX, "u.ptx", "u"}}},
-    {"cu-nologs", 0, 0, 0, 0, {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
-    {"cu-verbose", 0, 1, 4096, 4096, {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
+    {"cu-nologs",
+     0,
+     0,
+     0,
+     0,
+     {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
+    {"cu-verbose",
+     0,
+     1,
+     4096,
+     4096,
+     {{0, CU_JIT_INPUT_PTX, "a.ptx", "a"}, {0, CU_JIT_INPUT_PTX, "b.ptx", "b"}}},
 };
 
 static int culink(const char *dir, const char *only)
@@ -375,7 +432,8 @@ static int culink(const char *dir, const char *only)
 #define CU(n) ((__typeof__(&n))dlsym(lib, #n))
     CUdevice d;
     CUcontext c;
-    if (CU(cuInit)(0) || CU(cuDeviceGet)(&d, 0) || CU(cuDevicePrimaryCtxRetain)(&c, d) || CU(cuCtxSetCurrent)(c))
+    if (CU(cuInit)(0) || CU(cuDeviceGet)(&d, 0) || CU(cuDevicePrimaryCtxRetain)(&c, d) ||
+        CU(cuCtxSetCurrent)(c))
         return 2;
     struct out o = {0};
     for (size_t k = 0; k < sizeof cuscens / sizeof *cuscens; k++) {
@@ -393,7 +451,8 @@ static int culink(const char *dir, const char *only)
             opt[n] = CU_JIT_INFO_LOG_BUFFER, val[n++] = info;
             opt[n] = CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, val[n++] = (void *)(uintptr_t)s->info_size;
             opt[n] = CU_JIT_ERROR_LOG_BUFFER, val[n++] = err;
-            opt[n] = CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, val[n++] = (void *)(uintptr_t)s->error_size;
+            opt[n] = CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            val[n++] = (void *)(uintptr_t)s->error_size;
         }
         if (s->opt_level)
             opt[n] = CU_JIT_OPTIMIZATION_LEVEL, val[n++] = (void *)(uintptr_t)s->opt_level;
@@ -412,7 +471,8 @@ static int culink(const char *dir, const char *only)
             } else {
                 size_t len;
                 char *b = slurp(dir, s->in[i].what, &len);
-                rc = CU(cuLinkAddData_v2)(st, s->in[i].type, b, len + 1, s->in[i].name, 0, NULL, NULL);
+                rc = CU(cuLinkAddData_v2)(st, s->in[i].type, b, len + 1, s->in[i].name, 0, NULL,
+                                          NULL);
                 free(b);
             }
             say(&o, "  add %s rc=%s", s->in[i].what, cu_name(rc));
@@ -421,12 +481,15 @@ static int culink(const char *dir, const char *only)
         size_t size = 777;
         rc = CU(cuLinkComplete)(st, &cubin, &size);
         say(&o, "  complete rc=%s size=%zu cubin=%s fnv=%016llx", cu_name(rc), size,
-            cubin == (void *)(uintptr_t)0x1234 ? "unset" : cubin ? "set" : "NULL",
+            cubin == (void *)(uintptr_t)0x1234 ? "unset"
+            : cubin                            ? "set"
+                                               : "NULL",
             rc == CUDA_SUCCESS ? (unsigned long long)fnv(cubin, size) : 0ull);
         if (rc == CUDA_SUCCESS)
             spill(dir, s->name, cubin, size);
         for (unsigned i = 0; i < n; i++)
-            if (opt[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES || opt[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            if (opt[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+                opt[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
                 say(&o, "  option %d value=%zu", (int)opt[i], (size_t)(uintptr_t)val[i]);
         if (s->info_size) {
             say(&o, "  info fnv=%016llx [%.*s]", (unsigned long long)fnv(info, s->info_size + 1),

@@ -44,28 +44,28 @@
 #ifdef KC_CLIENT_DLOPEN
 #include <dlfcn.h>
 
-#define KC_NVRTC_FUNCS(X)                                                      \
-    X(nvrtcGetErrorString)                                                     \
-    X(nvrtcVersion)                                                            \
-    X(nvrtcGetNumSupportedArchs)                                               \
-    X(nvrtcGetSupportedArchs)                                                  \
-    X(nvrtcCreateProgram)                                                      \
-    X(nvrtcDestroyProgram)                                                     \
-    X(nvrtcCompileProgram)                                                     \
-    X(nvrtcGetPTXSize)                                                         \
-    X(nvrtcGetPTX)                                                             \
-    X(nvrtcGetCUBINSize)                                                       \
-    X(nvrtcGetCUBIN)                                                           \
-    X(nvrtcGetLTOIRSize)                                                       \
-    X(nvrtcGetLTOIR)                                                           \
-    X(nvrtcGetOptiXIRSize)                                                     \
-    X(nvrtcGetOptiXIR)                                                         \
-    X(nvrtcGetProgramLogSize)                                                  \
-    X(nvrtcGetProgramLog)                                                      \
-    X(nvrtcAddNameExpression)                                                  \
-    X(nvrtcGetLoweredName)                                                     \
-    X(nvrtcGetPCHHeapSize)                                                     \
-    X(nvrtcGetPCHCreateStatus)                                                 \
+#define KC_NVRTC_FUNCS(X)                                                                          \
+    X(nvrtcGetErrorString)                                                                         \
+    X(nvrtcVersion)                                                                                \
+    X(nvrtcGetNumSupportedArchs)                                                                   \
+    X(nvrtcGetSupportedArchs)                                                                      \
+    X(nvrtcCreateProgram)                                                                          \
+    X(nvrtcDestroyProgram)                                                                         \
+    X(nvrtcCompileProgram)                                                                         \
+    X(nvrtcGetPTXSize)                                                                             \
+    X(nvrtcGetPTX)                                                                                 \
+    X(nvrtcGetCUBINSize)                                                                           \
+    X(nvrtcGetCUBIN)                                                                               \
+    X(nvrtcGetLTOIRSize)                                                                           \
+    X(nvrtcGetLTOIR)                                                                               \
+    X(nvrtcGetOptiXIRSize)                                                                         \
+    X(nvrtcGetOptiXIR)                                                                             \
+    X(nvrtcGetProgramLogSize)                                                                      \
+    X(nvrtcGetProgramLog)                                                                          \
+    X(nvrtcAddNameExpression)                                                                      \
+    X(nvrtcGetLoweredName)                                                                         \
+    X(nvrtcGetPCHHeapSize)                                                                         \
+    X(nvrtcGetPCHCreateStatus)                                                                     \
     X(nvrtcGetPCHHeapSizeRequired)
 
 #define KC_DECLARE(fn) static __typeof__(&fn) dl_##fn;
@@ -79,11 +79,11 @@ static void load_nvrtc(void)
         fprintf(stderr, "nvrtc_client: dlopen: %s\n", dlerror());
         exit(2);
     }
-#define KC_LOAD(fn)                                                            \
-    dl_##fn = (__typeof__(&fn))dlsym(h, #fn);                                  \
-    if (!dl_##fn) {                                                            \
-        fprintf(stderr, "nvrtc_client: dlsym %s: %s\n", #fn, dlerror());       \
-        exit(2);                                                               \
+#define KC_LOAD(fn)                                                                                \
+    dl_##fn = (__typeof__(&fn))dlsym(h, #fn);                                                      \
+    if (!dl_##fn) {                                                                                \
+        fprintf(stderr, "nvrtc_client: dlsym %s: %s\n", #fn, dlerror());                           \
+        exit(2);                                                                                   \
     }
     KC_NVRTC_FUNCS(KC_LOAD)
 }
@@ -126,8 +126,7 @@ static void buf_printf(struct buf *b, const char *fmt, ...)
 }
 
 /* One record: label, return code, and the bytes (len may be 0). */
-static void rec(struct buf *b, const char *label, int rc, const void *data,
-                size_t len)
+static void rec(struct buf *b, const char *label, int rc, const void *data, size_t len)
 {
     buf_printf(b, "@%s rc=%d len=%zu\n", label, rc, len);
     if (len)
@@ -151,7 +150,7 @@ struct counts {
 struct ctx {
     int n_incdirs;
     const char *incdirs[MAX_INCDIRS]; /* -I directories, in order */
-    const char *trace;  /* time-trace output file */
+    const char *trace;                /* time-trace output file */
     struct counts counts;
 };
 
@@ -160,8 +159,8 @@ typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
 
 /* Asks for one output: its size, then its bytes into a buffer of that size
  * (plus a canary byte that must stay untouched). */
-static void rec_output(struct buf *b, nvrtcProgram prog, const char *what,
-                       size_fn size_call, get_fn get_call)
+static void rec_output(struct buf *b, nvrtcProgram prog, const char *what, size_fn size_call,
+                       get_fn get_call)
 {
     char label[64];
     size_t size = (size_t)-1;
@@ -178,8 +177,7 @@ static void rec_output(struct buf *b, nvrtcProgram prog, const char *what,
     snprintf(label, sizeof label, "%s.bytes", what);
     rec(b, label, rc, out, rc == NVRTC_SUCCESS ? n : 0);
     snprintf(label, sizeof label, "%s.canary", what);
-    buf_printf(b, "@%s %s\n", label,
-               (unsigned char)out[n] == 0xA5 ? "intact" : "overwritten");
+    buf_printf(b, "@%s %s\n", label, (unsigned char)out[n] == 0xA5 ? "intact" : "overwritten");
     free(out);
 }
 
@@ -220,12 +218,11 @@ struct prog_spec {
     const char *const *exprs;
 };
 
-static void compile_case(struct buf *b, struct ctx *c, const struct prog_spec *s,
-                         enum kind kind)
+static void compile_case(struct buf *b, struct ctx *c, const struct prog_spec *s, enum kind kind)
 {
     nvrtcProgram prog = NULL;
-    nvrtcResult rc = N(nvrtcCreateProgram)(&prog, s->src, s->name, s->n_headers,
-                                           s->headers, s->include_names);
+    nvrtcResult rc =
+        N(nvrtcCreateProgram)(&prog, s->src, s->name, s->n_headers, s->headers, s->include_names);
     rec(b, "create", rc, NULL, 0);
     if (rc != NVRTC_SUCCESS)
         return;
@@ -239,9 +236,15 @@ static void compile_case(struct buf *b, struct ctx *c, const struct prog_spec *s
     rc = N(nvrtcCompileProgram)(prog, s->n_opts, s->opts);
     rec(b, "compile", rc, NULL, 0);
     switch (kind) {
-    case CACHEABLE: c->counts.cacheable++; break;
-    case UNCACHED: c->counts.uncached++; break;
-    case PASSTHROUGH: c->counts.passthrough++; break;
+    case CACHEABLE:
+        c->counts.cacheable++;
+        break;
+    case UNCACHED:
+        c->counts.uncached++;
+        break;
+    case PASSTHROUGH:
+        c->counts.passthrough++;
+        break;
     }
     rec_all_outputs(b, prog);
     for (int i = 0; i < s->n_exprs; i++)
@@ -283,10 +286,9 @@ static const char saxpy_src[] =
 /* A plain PTX target: a virtual architecture only. */
 static void case_ptx(struct buf *b, struct ctx *c)
 {
-    static const char *opts[] = {"--gpu-architecture=compute_90",
-                                 "-default-device"};
-    struct prog_spec s = {.src = saxpy_src, .name = "saxpy.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    static const char *opts[] = {"--gpu-architecture=compute_90", "-default-device"};
+    struct prog_spec s = {
+        .src = saxpy_src, .name = "saxpy.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
@@ -294,8 +296,8 @@ static void case_ptx(struct buf *b, struct ctx *c)
 static void case_cubin(struct buf *b, struct ctx *c)
 {
     static const char *opts[] = {"-arch=sm_90", "--use_fast_math", "-lineinfo"};
-    struct prog_spec s = {.src = saxpy_src, .name = "saxpy_sm90.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {
+        .src = saxpy_src, .name = "saxpy_sm90.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
@@ -309,47 +311,47 @@ static void case_noopts(struct buf *b, struct ctx *c)
 /* cuda::std headers: NVRTC reads some 300 headers from disk for this one. */
 static void case_std_complex(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "#include <cuda/std/complex>\n"
-        "#include <cuda/std/type_traits>\n"
-        "using cplx = cuda::std::complex<float>;\n"
-        "extern \"C\" __global__ void butterfly(cplx *data, cplx w, int n)\n"
-        "{\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-        "    if (i >= n / 2) return;\n"
-        "    cplx a = data[i], t = w * data[i + n / 2];\n"
-        "    data[i] = a + t;\n"
-        "    data[i + n / 2] = cuda::std::exp(a - t);\n"
-        "}\n";
-    static const char *opts[] = {"-arch=sm_90", "-std=c++17",
-                                 "-I/usr/local/cuda/include/cccl",
+    static const char src[] = "#include <cuda/std/complex>\n"
+                              "#include <cuda/std/type_traits>\n"
+                              "using cplx = cuda::std::complex<float>;\n"
+                              "extern \"C\" __global__ void butterfly(cplx *data, cplx w, int n)\n"
+                              "{\n"
+                              "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                              "    if (i >= n / 2) return;\n"
+                              "    cplx a = data[i], t = w * data[i + n / 2];\n"
+                              "    data[i] = a + t;\n"
+                              "    data[i + n / 2] = cuda::std::exp(a - t);\n"
+                              "}\n";
+    static const char *opts[] = {"-arch=sm_90", "-std=c++17", "-I/usr/local/cuda/include/cccl",
                                  "-I/usr/local/cuda/include"};
-    struct prog_spec s = {.src = src, .name = "butterfly.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {
+        .src = src, .name = "butterfly.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
 /* Templates with name expressions. */
 static void case_name_expr(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "namespace ops {\n"
-        "template <typename T, int N>\n"
-        "__global__ void scale(T *x, T s)\n"
-        "{\n"
-        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-        "#pragma unroll\n"
-        "    for (int k = 0; k < N; k++) x[i * N + k] *= s;\n"
-        "}\n"
-        "template <typename T> __device__ T bias;\n"
-        "template __device__ float bias<float>;\n"
-        "}\n";
+    static const char src[] = "namespace ops {\n"
+                              "template <typename T, int N>\n"
+                              "__global__ void scale(T *x, T s)\n"
+                              "{\n"
+                              "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                              "#pragma unroll\n"
+                              "    for (int k = 0; k < N; k++) x[i * N + k] *= s;\n"
+                              "}\n"
+                              "template <typename T> __device__ T bias;\n"
+                              "template __device__ float bias<float>;\n"
+                              "}\n";
     static const char *opts[] = {"-arch=compute_90", "-std=c++17"};
     static const char *exprs[] = {"ops::scale<float, 4>", "&ops::scale<double, 8>",
                                   "ops::scale<int,2>", "&ops::bias<float>"};
-    struct prog_spec s = {.src = src, .name = "scale.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts,
-                          .n_exprs = ARRAY_N(exprs), .exprs = exprs};
+    struct prog_spec s = {.src = src,
+                          .name = "scale.cu",
+                          .n_opts = ARRAY_N(opts),
+                          .opts = opts,
+                          .n_exprs = ARRAY_N(exprs),
+                          .exprs = exprs};
     compile_case(b, c, &s, CACHEABLE);
 }
 
@@ -357,12 +359,11 @@ static void case_name_expr(struct buf *b, struct ctx *c)
  * first may lack it: NVRTC then probes it and goes on to the next). */
 static void case_incdir(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "#include \"kc_test_header.h\"\n"
-        "extern \"C\" __global__ void fill(unsigned *out)\n"
-        "{\n"
-        "    out[threadIdx.x] = KC_TEST_VALUE + threadIdx.x;\n"
-        "}\n";
+    static const char src[] = "#include \"kc_test_header.h\"\n"
+                              "extern \"C\" __global__ void fill(unsigned *out)\n"
+                              "{\n"
+                              "    out[threadIdx.x] = KC_TEST_VALUE + threadIdx.x;\n"
+                              "}\n";
     char inc[MAX_INCDIRS][4096];
     const char *opts[1 + MAX_INCDIRS] = {"-arch=compute_90"};
     if (!c->n_incdirs) {
@@ -373,56 +374,52 @@ static void case_incdir(struct buf *b, struct ctx *c)
         snprintf(inc[i], sizeof inc[i], "-I%s", c->incdirs[i]);
         opts[1 + i] = inc[i];
     }
-    struct prog_spec s = {.src = src, .name = "fill.cu",
-                          .n_opts = 1 + c->n_incdirs, .opts = opts};
+    struct prog_spec s = {.src = src, .name = "fill.cu", .n_opts = 1 + c->n_incdirs, .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
 /* In-memory headers, one with a directory in its include name. */
 static void case_mem_headers(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "#include \"mem_a.h\"\n"
-        "#include <sub/mem_b.h>\n"
-        "extern \"C\" __global__ void k(int *o) { o[0] = MEM_A * MEM_B; }\n";
-    static const char *headers[] = {"#define MEM_A 17\n",
-                                    "#pragma once\n#define MEM_B 23\n"};
+    static const char src[] = "#include \"mem_a.h\"\n"
+                              "#include <sub/mem_b.h>\n"
+                              "extern \"C\" __global__ void k(int *o) { o[0] = MEM_A * MEM_B; }\n";
+    static const char *headers[] = {"#define MEM_A 17\n", "#pragma once\n#define MEM_B 23\n"};
     static const char *names[] = {"mem_a.h", "sub/mem_b.h"};
     static const char *opts[] = {"-arch=sm_90"};
-    struct prog_spec s = {.src = src, .name = "mem.cu",
-                          .n_headers = 2, .headers = headers,
+    struct prog_spec s = {.src = src,
+                          .name = "mem.cu",
+                          .n_headers = 2,
+                          .headers = headers,
                           .include_names = names,
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+                          .n_opts = ARRAY_N(opts),
+                          .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
 /* A compile error: NVRTC_ERROR_COMPILATION and its log, replayed exactly. */
 static void case_compile_error(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "extern \"C\" __global__ void broken(int *o)\n"
-        "{\n"
-        "    o[0] = undeclared_thing + 1;\n"
-        "    int unused_variable;\n"
-        "}\n";
+    static const char src[] = "extern \"C\" __global__ void broken(int *o)\n"
+                              "{\n"
+                              "    o[0] = undeclared_thing + 1;\n"
+                              "    int unused_variable;\n"
+                              "}\n";
     static const char *opts[] = {"-arch=sm_90"};
-    struct prog_spec s = {.src = src, .name = "broken.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {.src = src, .name = "broken.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
 /* A warning but no error: the log of a successful compile. */
 static void case_warning(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "extern \"C\" __global__ void warns(int *o)\n"
-        "{\n"
-        "    int unused_variable;\n"
-        "    o[0] = 1;\n"
-        "}\n";
+    static const char src[] = "extern \"C\" __global__ void warns(int *o)\n"
+                              "{\n"
+                              "    int unused_variable;\n"
+                              "    o[0] = 1;\n"
+                              "}\n";
     static const char *opts[] = {"-arch=compute_90", "--display-error-number"};
-    struct prog_spec s = {.src = src, .name = "warns.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {.src = src, .name = "warns.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
@@ -430,8 +427,8 @@ static void case_warning(struct buf *b, struct ctx *c)
 static void case_dlto(struct buf *b, struct ctx *c)
 {
     static const char *opts[] = {"-arch=sm_90", "-dlto", "-rdc=true"};
-    struct prog_spec s = {.src = saxpy_src, .name = "saxpy_lto.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {
+        .src = saxpy_src, .name = "saxpy_lto.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, CACHEABLE);
 }
 
@@ -439,8 +436,8 @@ static void case_dlto(struct buf *b, struct ctx *c)
 static void case_bad_option(struct buf *b, struct ctx *c)
 {
     static const char *opts[] = {"-arch=sm_90", "--no-such-option-kcache"};
-    struct prog_spec s = {.src = saxpy_src, .name = "saxpy_bad.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {
+        .src = saxpy_src, .name = "saxpy_bad.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, UNCACHED);
 }
 
@@ -459,13 +456,13 @@ static void case_time_trace(struct buf *b, struct ctx *c)
     unlink(written);
     snprintf(opt, sizeof opt, "--fdevice-time-trace=%s", c->trace);
     const char *opts[] = {"-arch=compute_90", opt};
-    struct prog_spec s = {.src = saxpy_src, .name = "saxpy_trace.cu",
-                          .n_opts = ARRAY_N(opts), .opts = opts};
+    struct prog_spec s = {
+        .src = saxpy_src, .name = "saxpy_trace.cu", .n_opts = ARRAY_N(opts), .opts = opts};
     compile_case(b, c, &s, PASSTHROUGH);
     struct stat st;
     /* NVRTC 13 appends ".json" to the name it is given. */
-    bool ok = (stat(c->trace, &st) == 0 && st.st_size > 0) ||
-              (stat(written, &st) == 0 && st.st_size > 0);
+    bool ok =
+        (stat(c->trace, &st) == 0 && st.st_size > 0) || (stat(written, &st) == 0 && st.st_size > 0);
     buf_printf(b, "@trace.written %s\n", ok ? "yes" : "no");
 }
 
@@ -636,12 +633,10 @@ static void case_info(struct buf *b, struct ctx *c)
 /* Automatic PCH: passes through; its status calls answer as NVRTC's own. */
 static void case_pch(struct buf *b, struct ctx *c)
 {
-    static const char src[] =
-        "#include <cuda/std/type_traits>\n"
-        "extern \"C\" __global__ void pch_k(int *o)\n"
-        "{ o[0] = cuda::std::is_same<int, int>::value; }\n";
-    static const char *opts[] = {"-arch=compute_90", "-pch",
-                                 "-I/usr/local/cuda/include/cccl",
+    static const char src[] = "#include <cuda/std/type_traits>\n"
+                              "extern \"C\" __global__ void pch_k(int *o)\n"
+                              "{ o[0] = cuda::std::is_same<int, int>::value; }\n";
+    static const char *opts[] = {"-arch=compute_90", "-pch", "-I/usr/local/cuda/include/cccl",
                                  "-I/usr/local/cuda/include"};
     nvrtcProgram prog = NULL;
     nvrtcResult rc = N(nvrtcCreateProgram)(&prog, src, "pch.cu", 0, NULL, NULL);
@@ -751,8 +746,7 @@ int main(int argc, char **argv)
             barrier = true;
         } else if (i + 1 < argc && !strcmp(a, "--dump")) {
             dump = argv[++i];
-        } else if (i + 1 < argc && !strcmp(a, "--incdir") &&
-                   n_incdirs < MAX_INCDIRS) {
+        } else if (i + 1 < argc && !strcmp(a, "--incdir") && n_incdirs < MAX_INCDIRS) {
             incdirs[n_incdirs++] = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--rounds")) {
             rounds = atoi(argv[++i]);
@@ -766,8 +760,7 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if (!dump || threads < 0 || threads > 64 || rounds < 1 ||
-        (rounds > 1 && threads))
+    if (!dump || threads < 0 || threads > 64 || rounds < 1 || (rounds > 1 && threads))
         usage();
     for (int k = 0; k < N_CASES; k++) {
         if (!only) {
@@ -872,8 +865,8 @@ int main(int argc, char **argv)
         perror(dump);
         return 2;
     }
-    printf("nvrtc_client: threads=%d cacheable=%d uncached=%d passthrough=%d\n",
-           nw, total.cacheable, total.uncached, total.passthrough);
+    printf("nvrtc_client: threads=%d cacheable=%d uncached=%d passthrough=%d\n", nw,
+           total.cacheable, total.uncached, total.passthrough);
     free(w);
     return 0;
 }

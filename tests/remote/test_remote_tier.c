@@ -586,8 +586,7 @@ Test(tier, server_killed)
 static struct kc_remote *open_short(void)
 {
     char url[400];
-    snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=300|connect-timeout=300",
-             srv.sock);
+    snprintf(url, sizeof url, "redis+unix:%s|operation-timeout=300|connect-timeout=300", srv.sock);
     return open_with((struct opts){.url = url, .signing = wkey, .trusted = trusted});
 }
 

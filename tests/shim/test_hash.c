@@ -32,7 +32,8 @@ static int ref_build_id(const unsigned char *m, size_t size, kc_digest *out)
         return -1;
     const Elf64_Phdr *ph = (const Elf64_Phdr *)(m + eh->e_phoff);
     for (int i = 0; i < eh->e_phnum; i++) {
-        if (ph[i].p_type != PT_NOTE || ph[i].p_offset > size || ph[i].p_filesz > size - ph[i].p_offset)
+        if (ph[i].p_type != PT_NOTE || ph[i].p_offset > size ||
+            ph[i].p_filesz > size - ph[i].p_offset)
             continue;
         size_t off = ph[i].p_offset, end = off + ph[i].p_filesz;
         while (end - off >= sizeof(Elf64_Nhdr)) {
@@ -124,8 +125,8 @@ Test(hash, real_files_as_before)
     dl_iterate_phdr(each_loaded, &n);
     cr_assert_gt(n, 0);
     same_as_ref("/proc/self/exe");
-    const char *more[] = {"/usr/local/cuda/lib64/libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc-builtins.so",
-                          "/bin/sh", "/etc/passwd"};
+    const char *more[] = {"/usr/local/cuda/lib64/libnvrtc.so",
+                          "/usr/local/cuda/lib64/libnvrtc-builtins.so", "/bin/sh", "/etc/passwd"};
     for (size_t i = 0; i < sizeof more / sizeof *more; i++)
         if (access(more[i], R_OK) == 0)
             same_as_ref(more[i]);
@@ -176,18 +177,18 @@ Test(hash, crafted_files_as_before)
         uint64_t noteoff, notesz;
         int other;
     } c[] = {
-        {1024, 64, 2, 512, 44, 0},          /* all in the first read */
-        {1024, 64, 2, 512, 44, 1},          /* no build-id: the contents */
-        {20000, 64, 2, 9000, 44, 0},        /* note past the first read */
-        {20000, 12000, 3, 600, 44, 0},      /* program headers past it */
-        {20000, 12000, 3, 15000, 44, 0},    /* both */
-        {1024, 64, 2, 512, 4000, 0},        /* note reaching past the end */
-        {1024, 64, 2, 5000, 44, 0},         /* note starting past the end */
-        {1024, 1000, 2, 512, 44, 0},        /* headers reaching past the end */
-        {1024, 5000, 2, 512, 44, 0},        /* headers starting past the end */
-        {1024, 64, 0, 512, 44, 0},          /* no program headers */
-        {8192, 4000, 2, 4090, 44, 0},       /* both straddling the first read */
-        {1024, 64, 2, 512, 10, 0},          /* truncated note */
+        {1024, 64, 2, 512, 44, 0},       /* all in the first read */
+        {1024, 64, 2, 512, 44, 1},       /* no build-id: the contents */
+        {20000, 64, 2, 9000, 44, 0},     /* note past the first read */
+        {20000, 12000, 3, 600, 44, 0},   /* program headers past it */
+        {20000, 12000, 3, 15000, 44, 0}, /* both */
+        {1024, 64, 2, 512, 4000, 0},     /* note reaching past the end */
+        {1024, 64, 2, 5000, 44, 0},      /* note starting past the end */
+        {1024, 1000, 2, 512, 44, 0},     /* headers reaching past the end */
+        {1024, 5000, 2, 512, 44, 0},     /* headers starting past the end */
+        {1024, 64, 0, 512, 44, 0},       /* no program headers */
+        {8192, 4000, 2, 4090, 44, 0},    /* both straddling the first read */
+        {1024, 64, 2, 512, 10, 0},       /* truncated note */
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
         snprintf(p, sizeof p, "%s/elf%zu", tmpdir, i);

@@ -13,8 +13,13 @@ static struct kc__lrec *sample(void)
     struct kc__lrec *r = calloc(1, sizeof *r);
     r->api = KC_LREC_NVJITLINK;
     r->complete_rc = 4;
-    r->out[LOUT_CUBIN] = (struct kc__lout){.size_rc = 0, .size_set = 1, .size = 5, .get_rc = 0,
-                                           .size_null_rc = 10, .get_null_rc = 10, .nbytes = 5};
+    r->out[LOUT_CUBIN] = (struct kc__lout){.size_rc = 0,
+                                           .size_set = 1,
+                                           .size = 5,
+                                           .get_rc = 0,
+                                           .size_null_rc = 10,
+                                           .get_null_rc = 10,
+                                           .nbytes = 5};
     r->out[LOUT_CUBIN].bytes = strdup("\177ELFx");
     r->out[LOUT_ERROR_LOG] = (struct kc__lout){.size_set = 1, .size = 0, .nbytes = 1};
     r->out[LOUT_ERROR_LOG].bytes = calloc(1, 2);

@@ -74,31 +74,42 @@
 /* ---- call counters ------------------------------------------------- */
 
 /* Every exported entry point, for the counters and for cuGetProcAddress. */
-#define SI_FUNCS(X)                                                                              \
-    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)          \
-    X(cuDeviceGetAttribute) X(cuDeviceComputeCapability) X(cuDeviceTotalMem)                       \
-    X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4)    \
-    X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetId)         \
-    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2)               \
-    X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuDevicePrimaryCtxRetain)                           \
-    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)        \
-    X(cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState) X(cuModuleLoadData)                \
-    X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) X(cuModuleGetFunction)        \
-    X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction)           \
-    X(cuKernelGetName) X(cuKernelGetLibrary) X(cuFuncGetName) X(cuFuncGetModule)                   \
-    X(cuLinkCreate) X(cuLinkCreate_v2) X(cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)      \
-    X(cuLinkAddFile) X(cuLinkAddFile_v2) X(cuLinkDestroy) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo)   \
-    X(cuMemGetInfo_v2) X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
-    X(cuPointerGetAttributes) X(cuPointerSetAttribute)                                             \
-    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)          \
-    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)            \
-    X(cuGetErrorString) X(cuGetErrorName)
+#define SI_FUNCS(X)                                                                                \
+    X(cuInit)                                                                                      \
+    X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(                 \
+        cuDeviceGetAttribute) X(cuDeviceComputeCapability) X(cuDeviceTotalMem)                     \
+        X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(               \
+            cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxGetCurrent)                  \
+            X(cuCtxSetCurrent) X(cuCtxGetId) X(cuCtxGetDevice) X(cuCtxSynchronize) X(              \
+                cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2)  \
+                X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                           \
+                    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(                  \
+                        cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState)                  \
+                        X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(      \
+                            cuModuleUnload) X(cuModuleGetFunction) X(cuLibraryLoadData)            \
+                            X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(     \
+                                cuKernelGetName) X(cuKernelGetLibrary) X(cuFuncGetName)            \
+                                X(cuFuncGetModule) X(cuLinkCreate) X(cuLinkCreate_v2) X(           \
+                                    cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)           \
+                                    X(cuLinkAddFile) X(cuLinkAddFile_v2) X(cuLinkDestroy) X(       \
+                                        cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2)  \
+                                        X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuMemAllocManaged)    \
+                                            X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
+                                                X(cuPointerGetAttributes) X(cuPointerSetAttribute) \
+                                                    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds)     \
+                                                        X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) \
+                                                            X(cuLaunchKernel)                      \
+                                                                X(cuLaunchKernel_ptsz)             \
+                                                                    X(cuGetProcAddress)            \
+                                                                        X(cuGetProcAddress_v2)     \
+                                                                            X(cuGetErrorString)    \
+                                                                                X(cuGetErrorName)
 
 enum {
 #define SI_ENUM(n) SI_F_##n,
     SI_FUNCS(SI_ENUM)
 #undef SI_ENUM
-    SI_F_COUNT
+        SI_F_COUNT
 };
 
 static const char *const si_fnames[] = {
@@ -108,8 +119,8 @@ static const char *const si_fnames[] = {
 };
 
 static _Atomic uint64_t si_calls[SI_F_COUNT];
-static _Atomic uint64_t si_jit;            /* PTX compilations */
-static _Atomic uint64_t si_jit_ns;         /* time spent in them */
+static _Atomic uint64_t si_jit;             /* PTX compilations */
+static _Atomic uint64_t si_jit_ns;          /* time spent in them */
 static _Atomic uint64_t si_live_at_destroy; /* allocations a context destroy freed */
 static int si_trace;
 static int si_reuse;
@@ -140,11 +151,20 @@ static uint64_t parse_size(const char *s, uint64_t dflt)
         return dflt;
     unsigned long long v = strtoull(s, &end, 10);
     switch (toupper((unsigned char)*end)) {
-    case 'K': v <<= 10; break;
-    case 'M': v <<= 20; break;
-    case 'G': v <<= 30; break;
-    case 'T': v <<= 40; break;
-    default: break;
+    case 'K':
+        v <<= 10;
+        break;
+    case 'M':
+        v <<= 20;
+        break;
+    case 'G':
+        v <<= 30;
+        break;
+    case 'T':
+        v <<= 40;
+        break;
+    default:
+        break;
     }
     return v;
 }
@@ -158,19 +178,22 @@ static void counts_write(void)
     char *line = malloc(cap);
     if (!line)
         return;
-    len += (size_t)snprintf(line + len, cap - len, "standin pid=%d jit=%llu jit_ns=%llu live_at_destroy=%llu",
+    len += (size_t)snprintf(line + len, cap - len,
+                            "standin pid=%d jit=%llu jit_ns=%llu live_at_destroy=%llu",
                             (int)getpid(), (unsigned long long)atomic_load(&si_jit),
                             (unsigned long long)atomic_load(&si_jit_ns),
                             (unsigned long long)atomic_load(&si_live_at_destroy));
     for (int i = 0; i < SI_F_COUNT && len < cap - 64; i++) {
         uint64_t c = atomic_load(&si_calls[i]);
         if (c)
-            len += (size_t)snprintf(line + len, cap - len, " %s=%llu", si_fnames[i], (unsigned long long)c);
+            len += (size_t)snprintf(line + len, cap - len, " %s=%llu", si_fnames[i],
+                                    (unsigned long long)c);
     }
     line[len++] = '\n';
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (fd >= 0) {
-        ssize_t w = write(fd, line, len); /* one write: lines of concurrent processes never interleave */
+        ssize_t w =
+            write(fd, line, len); /* one write: lines of concurrent processes never interleave */
         (void)w;
         close(fd);
     }
@@ -263,10 +286,10 @@ struct ctx {
 
 struct mod {
     bool alive;
-    int ctx;        /* slot */
+    int ctx; /* slot */
     uint64_t ctx_id;
     struct image img;
-    int lib;        /* owning library slot, or 0 */
+    int lib; /* owning library slot, or 0 */
 };
 
 struct func {
@@ -321,7 +344,8 @@ static void *handle_of(int type, int slot)
 static int slot_of(int type, const void *h)
 {
     uint64_t v = (uint64_t)(uintptr_t)h;
-    if ((v & ~((1ull << 40) - 1)) != HANDLE_BASE || ((v >> 36) & 0xf) != (uint64_t)type || (v & 0xf))
+    if ((v & ~((1ull << 40) - 1)) != HANDLE_BASE || ((v >> 36) & 0xf) != (uint64_t)type ||
+        (v & 0xf))
         return 0;
     uint64_t slot = (v & ((1ull << 36) - 1)) >> 4;
     if (slot == 0 || slot >= (uint64_t)si_tab[type].n)
@@ -407,8 +431,8 @@ struct alloc {
     uint64_t ctx_id;
     bool alive;
     bool managed;
-    bool sync_memops;   /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, off when allocated */
-    uint64_t buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused in the process */
+    bool sync_memops;       /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, off when allocated */
+    uint64_t buffer_id;     /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused in the process */
     unsigned char *backing; /* calloc'd on first copy */
 };
 
@@ -441,7 +465,8 @@ static struct alloc *alloc_containing(uint64_t ptr, size_t len)
 {
     for (size_t i = 0; i < si_alloc_cap; i++) {
         struct alloc *a = si_allocs[i];
-        if (a && a->alive && ptr >= a->ptr && ptr - a->ptr <= a->size && len <= a->size - (ptr - a->ptr))
+        if (a && a->alive && ptr >= a->ptr && ptr - a->ptr <= a->size &&
+            len <= a->size - (ptr - a->ptr))
             return a;
     }
     return NULL;
@@ -625,7 +650,8 @@ static CUresult fatbin_scan(const void *p, size_t *total, int major, int minor,
                             const struct fatbin_entry **sass, bool *has_sass, bool *has_ptx)
 {
     const struct fatbin_header *fh = p;
-    if (!fh || fh->magic != FATBIN_MAGIC || fh->header_size < sizeof *fh || fh->fat_size > MAX_IMAGE)
+    if (!fh || fh->magic != FATBIN_MAGIC || fh->header_size < sizeof *fh ||
+        fh->fat_size > MAX_IMAGE)
         return CUDA_ERROR_INVALID_IMAGE;
     *total = fh->header_size + fh->fat_size;
     *sass = NULL;
@@ -664,7 +690,7 @@ struct jit_opts {
     const char *argv[16];
     char argbuf[8][48];
     int argc, nbuf;
-    int target;                        /* sm, 0: the device's */
+    int target; /* sm, 0: the device's */
     bool verbose;
 };
 
@@ -679,12 +705,26 @@ static CUresult jit_opts_parse(unsigned n, const CUjit_option *opt, void **val, 
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)val[i];
         switch (opt[i]) {
-        case CU_JIT_INFO_LOG_BUFFER: o->info_buf = val[i]; break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: o->info_size = (unsigned)v; o->info_idx = (int)i; break;
-        case CU_JIT_ERROR_LOG_BUFFER: o->error_buf = val[i]; break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: o->error_size = (unsigned)v; o->error_idx = (int)i; break;
-        case CU_JIT_WALL_TIME: o->wall_idx = (int)i; break;
-        case CU_JIT_LOG_VERBOSE: o->verbose = v != 0; break;
+        case CU_JIT_INFO_LOG_BUFFER:
+            o->info_buf = val[i];
+            break;
+        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+            o->info_size = (unsigned)v;
+            o->info_idx = (int)i;
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER:
+            o->error_buf = val[i];
+            break;
+        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+            o->error_size = (unsigned)v;
+            o->error_idx = (int)i;
+            break;
+        case CU_JIT_WALL_TIME:
+            o->wall_idx = (int)i;
+            break;
+        case CU_JIT_LOG_VERBOSE:
+            o->verbose = v != 0;
+            break;
         case CU_JIT_TARGET:
             if (v < 30 || v > 130)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -767,7 +807,8 @@ static void jit_opts_finish(struct jit_opts *o, void **vals, const char *info, c
 static char *jitlink_log(nvJitLinkHandle h, bool info)
 {
     size_t n = 0;
-    if ((info ? nvJitLinkGetInfoLogSize(h, &n) : nvJitLinkGetErrorLogSize(h, &n)) != NVJITLINK_SUCCESS)
+    if ((info ? nvJitLinkGetInfoLogSize(h, &n) : nvJitLinkGetErrorLogSize(h, &n)) !=
+        NVJITLINK_SUCCESS)
         return strdup("");
     char *s = calloc(1, n + 1);
     if (s && n)
@@ -887,7 +928,8 @@ static CUresult image_load(const void *image, int dev_major, int dev_minor, unsi
     } else if (looks_like_ptx(image)) {
         void *cubin = NULL;
         size_t clen = 0;
-        rc = jit_compile(image, strlen(image) + 1, NVJITLINK_INPUT_PTX, sm, &o, &cubin, &clen, &info, &error);
+        rc = jit_compile(image, strlen(image) + 1, NVJITLINK_INPUT_PTX, sm, &o, &cubin, &clen,
+                         &info, &error);
         if (rc == CUDA_SUCCESS)
             rc = image_from_cubin(cubin, clen, im);
         free(cubin);
@@ -1001,15 +1043,33 @@ SI_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUde
         return CUDA_ERROR_INVALID_VALUE;
     DEV_CHECK(dev);
     switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = cfg_major; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = cfg_minor; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
-    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *pi = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = dev + 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+        *pi = cfg_major;
+        break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+        *pi = cfg_minor;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        *pi = 132;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *pi = 1024;
+        break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+        *pi = 32;
+        break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+        *pi = 1;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+        *pi = 1;
+        break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        *pi = dev + 1;
+        break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+        *pi = 49152;
+        break;
     default:
         if ((int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
             return CUDA_ERROR_INVALID_VALUE;
@@ -1111,8 +1171,8 @@ SI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
     return ctx_create(pctx, flags, dev);
 }
 
-SI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
-                                  CUdevice dev)
+SI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                                  unsigned int flags, CUdevice dev)
 {
     COUNT(cuCtxCreate_v3);
     if (n < 0 || (n > 0 && !params))
@@ -1120,7 +1180,8 @@ SI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, 
     return ctx_create(pctx, flags, dev);
 }
 
-SI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+SI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                  CUdevice dev)
 {
     COUNT(cuCtxCreate_v4);
     if (params && (params->numExecAffinityParams < 0 ||
@@ -1403,7 +1464,8 @@ SI_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags,
 
 /* ---- modules ------------------------------------------------------------- */
 
-static CUresult module_load(CUmodule *out, const void *image, unsigned n, CUjit_option *opt, void **val)
+static CUresult module_load(CUmodule *out, const void *image, unsigned n, CUjit_option *opt,
+                            void **val)
 {
     INIT_CHECK();
     if (!out)
@@ -1445,8 +1507,8 @@ SI_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return module_load(module, image, 0, NULL, NULL);
 }
 
-SI_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n, CUjit_option *options,
-                                      void **values)
+SI_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
+                                      CUjit_option *options, void **values)
 {
     COUNT(cuModuleLoadDataEx);
     return module_load(module, image, n, options, values);
@@ -1576,8 +1638,8 @@ SI_EXPORT CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
     return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                       unsigned bz)
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz)
 {
     INIT_CHECK();
     LOCK();
@@ -1596,16 +1658,17 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 }
 
 SI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                  CUstream s, void **params, void **extra)
+                                  unsigned int bx, unsigned int by, unsigned int bz,
+                                  unsigned int shmem, CUstream s, void **params, void **extra)
 {
     COUNT(cuLaunchKernel);
     return launch(f, gx, gy, gz, bx, by, bz);
 }
 
-SI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
-                                       CUstream s, void **params, void **extra)
+SI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                       unsigned int gz, unsigned int bx, unsigned int by,
+                                       unsigned int bz, unsigned int shmem, CUstream s,
+                                       void **params, void **extra)
 {
     COUNT(cuLaunchKernel_ptsz);
     return launch(f, gx, gy, gz, bx, by, bz);
@@ -1628,7 +1691,8 @@ SI_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
         if (libraryOptions[i] >= CU_LIBRARY_NUM_OPTIONS)
             return CUDA_ERROR_INVALID_VALUE;
     struct image im = {0};
-    CUresult rc = image_load(code, cfg_major, cfg_minor, numJitOptions, jitOptions, jitOptionsValues, &im);
+    CUresult rc =
+        image_load(code, cfg_major, cfg_minor, numJitOptions, jitOptions, jitOptionsValues, &im);
     if (rc)
         return rc;
     struct lib *l = calloc(1, sizeof *l);
@@ -1848,7 +1912,8 @@ static CUresult link_create(unsigned n, CUjit_option *opt, void **val, CUlinkSta
     if (!l)
         return CUDA_ERROR_OUT_OF_MEMORY;
     l->started = now_ns();
-    if (jitlink_create(&l->h, &o, o.target ? o.target : cfg_major * 10 + cfg_minor) != NVJITLINK_SUCCESS) {
+    if (jitlink_create(&l->h, &o, o.target ? o.target : cfg_major * 10 + cfg_minor) !=
+        NVJITLINK_SUCCESS) {
         free(l);
         return CUDA_ERROR_JIT_COMPILER_NOT_FOUND;
     }
@@ -1870,13 +1935,15 @@ static CUresult link_create(unsigned n, CUjit_option *opt, void **val, CUlinkSta
     return CUDA_SUCCESS;
 }
 
-SI_EXPORT CUresult cuLinkCreate(unsigned int n, CUjit_option *options, void **values, CUlinkState *out)
+SI_EXPORT CUresult cuLinkCreate(unsigned int n, CUjit_option *options, void **values,
+                                CUlinkState *out)
 {
     COUNT(cuLinkCreate);
     return link_create(n, options, values, out);
 }
 
-SI_EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *options, void **values, CUlinkState *out)
+SI_EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *options, void **values,
+                                   CUlinkState *out)
 {
     COUNT(cuLinkCreate_v2);
     return link_create(n, options, values, out);
@@ -1893,8 +1960,8 @@ static void link_logs(struct link *l)
         jit_opts_finish(&o, l->vals, l->info, l->error, l->started);
 }
 
-static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
-                         unsigned n, CUjit_option *opt, void **val)
+static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                         const char *name, unsigned n, CUjit_option *opt, void **val)
 {
     INIT_CHECK();
     LOCK();
@@ -1927,7 +1994,8 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
         bool has_sass, has_ptx;
         size_t total;
         if (size < sizeof(struct fatbin_header) ||
-            fatbin_scan(data, &total, cfg_major, cfg_minor, &sass, &has_sass, &has_ptx) || total > size)
+            fatbin_scan(data, &total, cfg_major, cfg_minor, &sass, &has_sass, &has_ptx) ||
+            total > size)
             return CUDA_ERROR_INVALID_IMAGE;
         if (!has_sass && !has_ptx)
             return CUDA_ERROR_NO_BINARY_FOR_GPU;
@@ -1936,9 +2004,14 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
         t = NVJITLINK_INPUT_FATBIN;
         break;
     }
-    case CU_JIT_INPUT_OBJECT: t = NVJITLINK_INPUT_OBJECT; break;
-    case CU_JIT_INPUT_LIBRARY: t = NVJITLINK_INPUT_LIBRARY; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_JIT_INPUT_OBJECT:
+        t = NVJITLINK_INPUT_OBJECT;
+        break;
+    case CU_JIT_INPUT_LIBRARY:
+        t = NVJITLINK_INPUT_LIBRARY;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
     /* An unnamed input is named in logs as the loader names an image: the
      * loader's JIT is this linker with no input name. */
@@ -1955,15 +2028,17 @@ static CUresult link_add(CUlinkState state, CUjitInputType type, void *data, siz
     return CUDA_SUCCESS;
 }
 
-SI_EXPORT CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size, const char *name,
-                                 unsigned int n, CUjit_option *options, void **values)
+SI_EXPORT CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void *data, size_t size,
+                                 const char *name, unsigned int n, CUjit_option *options,
+                                 void **values)
 {
     COUNT(cuLinkAddData);
     return link_add(state, type, data, size, name, n, options, values);
 }
 
 SI_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void *data, size_t size,
-                                    const char *name, unsigned int n, CUjit_option *options, void **values)
+                                    const char *name, unsigned int n, CUjit_option *options,
+                                    void **values)
 {
     COUNT(cuLinkAddData_v2);
     return link_add(state, type, data, size, name, n, options, values);
@@ -2011,20 +2086,21 @@ static CUresult link_add_file(CUlinkState state, CUjitInputType type, const char
     }
     close(fd);
     buf[len] = 0; /* PTX read from a file is text: NUL-terminated */
-    CUresult rc = link_add(state, type, buf, type == CU_JIT_INPUT_PTX ? len + 1 : len, path, n, opt, val);
+    CUresult rc =
+        link_add(state, type, buf, type == CU_JIT_INPUT_PTX ? len + 1 : len, path, n, opt, val);
     free(buf);
     return rc;
 }
 
-SI_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path, unsigned int n,
-                                 CUjit_option *options, void **values)
+SI_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char *path,
+                                 unsigned int n, CUjit_option *options, void **values)
 {
     COUNT(cuLinkAddFile);
     return link_add_file(state, type, path, n, options, values);
 }
 
-SI_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path, unsigned int n,
-                                    CUjit_option *options, void **values)
+SI_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char *path,
+                                    unsigned int n, CUjit_option *options, void **values)
 {
     COUNT(cuLinkAddFile_v2);
     return link_add_file(state, type, path, n, options, values);
@@ -2271,28 +2347,44 @@ SI_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUde
 static size_t attr_size(CUpointer_attribute attr)
 {
     switch (attr) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned);
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
-    case CU_POINTER_ATTRIBUTE_P2P_TOKENS: return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: return sizeof(unsigned long long);
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: return sizeof(size_t);
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: return sizeof(unsigned long long);
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return sizeof(unsigned);
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: return sizeof(CUmemoryPool);
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: return sizeof(size_t);
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: return sizeof(CUdeviceptr);
-    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        return sizeof(unsigned);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+        return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        return sizeof(unsigned);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        return sizeof(CUmemoryPool);
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+        return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+        return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        return sizeof(unsigned long long);
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_MAPPED:
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return sizeof(int);
-    default: return 0;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        return sizeof(int);
+    default:
+        return 0;
     }
 }
 
@@ -2300,7 +2392,9 @@ static size_t attr_size(CUpointer_attribute attr)
 static CUresult attr_get(struct alloc *a, uint64_t ptr, CUpointer_attribute attr, void *data)
 {
     switch (attr) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = handle_of(T_CTX, a->ctx); break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = handle_of(T_CTX, a->ctx);
+        break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned *)data = a->managed ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_DEVICE;
         break;
@@ -2321,27 +2415,58 @@ static CUresult attr_get(struct alloc *a, uint64_t ptr, CUpointer_attribute attr
         ((CUDA_POINTER_ATTRIBUTE_P2P_TOKENS *)data)->vaSpaceToken = 1;
         a->sync_memops = true; /* documented side effect */
         break;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = a->sync_memops; break;
-    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a->buffer_id; break;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = a->managed; break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = OBJ(T_CTX, ctx, a->ctx)->dev; break;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = !a->managed; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->ptr; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
-    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = 1; break;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = !a->managed; break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+        *(int *)data = a->sync_memops;
+        break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = a->buffer_id;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(int *)data = a->managed;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = OBJ(T_CTX, ctx, a->ctx)->dev;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *(int *)data = !a->managed;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = a->ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = a->size;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+        *(int *)data = 1;
+        break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+        *(unsigned long long *)data = 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        *(int *)data = !a->managed;
+        break;
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
         if (cur_ctx(NULL, NULL))
             return CUDA_ERROR_INVALID_CONTEXT;
         *(unsigned *)data = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
         break;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(CUmemoryPool *)data = NULL; break;
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = (a->size + 511) & ~(size_t)511; break;
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(CUdeviceptr *)data = a->ptr; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = a->buffer_id; break;
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: *(int *)data = 0; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        *(CUmemoryPool *)data = NULL;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+        *(size_t *)data = (a->size + 511) & ~(size_t)511;
+        break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+        *(CUdeviceptr *)data = a->ptr;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        *(unsigned long long *)data = a->buffer_id;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        *(int *)data = 0;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -2377,16 +2502,18 @@ static bool attr_multi(CUpointer_attribute attr)
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: return true;
-    default: return false;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
+        return true;
+    default:
+        return false;
     }
 }
 
 /* As documented: no error for a pointer the driver does not know, every
  * attribute then gets its zero ("NULL") value; an attribute with no value
  * for a known pointer (the host address of device memory) gets it too. */
-SI_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes, void **data,
-                                          CUdeviceptr ptr)
+SI_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attributes,
+                                          void **data, CUdeviceptr ptr)
 {
     COUNT(cuPointerGetAttributes);
     INIT_CHECK();
@@ -2404,7 +2531,8 @@ SI_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a
     return CUDA_SUCCESS;
 }
 
-SI_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute, CUdeviceptr ptr)
+SI_EXPORT CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attribute,
+                                         CUdeviceptr ptr)
 {
     COUNT(cuPointerSetAttribute);
     INIT_CHECK();
@@ -2510,8 +2638,14 @@ struct proc {
     void *fn;
 };
 
-#define PROC(base, sym, ver) {#base, #sym, ver, false, (void *)sym}
-#define PROC_PT(base, sym, ver) {#base, #sym, ver, true, (void *)sym}
+#define PROC(base, sym, ver)                                                                       \
+    {                                                                                              \
+#base, #sym, ver, false, (void *)sym                                                       \
+    }
+#define PROC_PT(base, sym, ver)                                                                    \
+    {                                                                                              \
+#base, #sym, ver, true, (void *)sym                                                        \
+    }
 
 static const struct proc si_procs[] = {
     PROC(cuInit, cuInit, 2000),
@@ -2593,7 +2727,8 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int version, cuuint6
 {
     if (!symbol || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
-    if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
+    if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
         return CUDA_ERROR_INVALID_VALUE;
     if (version > cfg_version)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2614,18 +2749,21 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int version, cuuint6
     *pfn = best ? best->fn : NULL;
     if (status)
         *status = best ? CU_GET_PROC_ADDRESS_SUCCESS
-                       : (found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+                       : (found ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     return CUDA_SUCCESS;
 }
 
-SI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+SI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
                                        CUdriverProcAddressQueryResult *symbolStatus)
 {
     COUNT(cuGetProcAddress_v2);
     return proc_lookup(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
-SI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+SI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags)
 {
     COUNT(cuGetProcAddress);
     return proc_lookup(symbol, pfn, cudaVersion, flags, NULL);

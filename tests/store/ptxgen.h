@@ -66,14 +66,10 @@ static inline char *ptxgen(uint64_t seed, size_t len)
                           2 * params + 1);
     /* The unrolled pattern: a few instruction kinds chosen from the seed. */
     static const char *const kinds[] = {
-        "\tld.global.f32 \t%%f%u, [%%rd%u+%u];\n",
-        "\tfma.rn.f32 \t%%f%u, %%f%u, %%f%u, %%f%u;\n",
-        "\tmul.f32 \t%%f%u, %%f%u, %%f%u;\n",
-        "\tadd.f32 \t%%f%u, %%f%u, %%f%u;\n",
-        "\tst.global.f32 \t[%%rd%u+%u], %%f%u;\n",
-        "\tmax.f32 \t%%f%u, %%f%u, %%f%u;\n",
-        "\tadd.s32 \t%%r%u, %%r%u, %u;\n",
-        "\tsetp.lt.s32 \t%%p%u, %%r%u, %%r%u;\n",
+        "\tld.global.f32 \t%%f%u, [%%rd%u+%u];\n", "\tfma.rn.f32 \t%%f%u, %%f%u, %%f%u, %%f%u;\n",
+        "\tmul.f32 \t%%f%u, %%f%u, %%f%u;\n",      "\tadd.f32 \t%%f%u, %%f%u, %%f%u;\n",
+        "\tst.global.f32 \t[%%rd%u+%u], %%f%u;\n", "\tmax.f32 \t%%f%u, %%f%u, %%f%u;\n",
+        "\tadd.s32 \t%%r%u, %%r%u, %u;\n",         "\tsetp.lt.s32 \t%%p%u, %%r%u, %%r%u;\n",
     };
     unsigned pat[12], npat = 4 + (unsigned)(ptxgen_next(&s) % 8);
     for (unsigned i = 0; i < npat; i++)
@@ -84,14 +80,32 @@ static inline char *ptxgen(uint64_t seed, size_t len)
     while (n < len) {
         for (unsigned i = 0; i < npat && n < len; i++) {
             switch (pat[i]) {
-            case 0: n += (size_t)snprintf(out + n, 512, kinds[0], f, rd, off); f++; break;
-            case 1: n += (size_t)snprintf(out + n, 512, kinds[1], f, f - 1, f > 2 ? f - 2 : 1, f > 3 ? f - 3 : 1); f++; break;
+            case 0:
+                n += (size_t)snprintf(out + n, 512, kinds[0], f, rd, off);
+                f++;
+                break;
+            case 1:
+                n += (size_t)snprintf(out + n, 512, kinds[1], f, f - 1, f > 2 ? f - 2 : 1,
+                                      f > 3 ? f - 3 : 1);
+                f++;
+                break;
             case 2:
             case 3:
-            case 5: n += (size_t)snprintf(out + n, 512, kinds[pat[i]], f, f - 1, f > 2 ? f - 2 : 1); f++; break;
-            case 4: n += (size_t)snprintf(out + n, 512, kinds[4], rd, off, f - 1); break;
-            case 6: n += (size_t)snprintf(out + n, 512, kinds[6], r + 1, r, stride); r++; break;
-            default: n += (size_t)snprintf(out + n, 512, kinds[7], p, r, 4); p++; break;
+            case 5:
+                n += (size_t)snprintf(out + n, 512, kinds[pat[i]], f, f - 1, f > 2 ? f - 2 : 1);
+                f++;
+                break;
+            case 4:
+                n += (size_t)snprintf(out + n, 512, kinds[4], rd, off, f - 1);
+                break;
+            case 6:
+                n += (size_t)snprintf(out + n, 512, kinds[6], r + 1, r, stride);
+                r++;
+                break;
+            default:
+                n += (size_t)snprintf(out + n, 512, kinds[7], p, r, 4);
+                p++;
+                break;
             }
         }
         off += stride;

@@ -139,7 +139,8 @@ static kc_key key_of(uint64_t i)
 }
 
 /* A put file as st_put writes it, without the pending-put bookkeeping. */
-static int bulk_put(const char *dir, const char *ns, const kc_key *key, const void *body, size_t len)
+static int bulk_put(const char *dir, const char *ns, const kc_key *key, const void *body,
+                    size_t len)
 {
     static uint64_t created;
     struct kc__hdr h = {0};
@@ -286,7 +287,8 @@ int main(int argc, char **argv)
         }
         kc_key k = key_of(i);
         uint64_t a = now_ns();
-        rc = bulk ? bulk_put(dir, NS, &k, body, len) : api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, len, 1000000);
+        rc = bulk ? bulk_put(dir, NS, &k, body, len)
+                  : api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, len, 1000000);
         put_ns += now_ns() - a;
         free(body);
         if (rc < 0) {
@@ -324,8 +326,8 @@ int main(int argc, char **argv)
             break;
         double a, b, c, d;
         int prc;
-        if (fscanf(p, "first dlopen_us=%lf open_us=%lf get_us=%lf total_us=%lf rc=%d", &a, &b,
-                   &c, &d, &prc) == 5 &&
+        if (fscanf(p, "first dlopen_us=%lf open_us=%lf get_us=%lf total_us=%lf rc=%d", &a, &b, &c,
+                   &d, &prc) == 5 &&
             prc == 0) {
             fr[nfr][0] = a;
             fr[nfr][1] = b;

@@ -55,8 +55,8 @@ int main(int argc, char **argv)
     int rc = db->ops->get(db, argv[3], &k, &b, &n, NULL);
     uint64_t t3 = now_ns();
     free(b);
-    printf("first dlopen_us=%.1f open_us=%.1f get_us=%.1f total_us=%.1f rc=%d\n",
-           (t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, (t3 - t0) / 1e3, rc);
+    printf("first dlopen_us=%.1f open_us=%.1f get_us=%.1f total_us=%.1f rc=%d\n", (t1 - t0) / 1e3,
+           (t2 - t1) / 1e3, (t3 - t2) / 1e3, (t3 - t0) / 1e3, rc);
     /* Exit without closing, as a short-lived process does. */
     fflush(stdout);
     _exit(rc == 0 ? 0 : 1);

@@ -91,8 +91,8 @@ static int check_one(struct kc_store *st, uint64_t seed, uint64_t *us)
     char *exp = ptxgen(seed, want);
     int bad = len != want || memcmp(exp, body, len) != 0;
     if (bad)
-        fprintf(stderr, "store_worker: %016" PRIx64 " reads back wrong (%zu vs %zu bytes)\n",
-                seed, len, want);
+        fprintf(stderr, "store_worker: %016" PRIx64 " reads back wrong (%zu vs %zu bytes)\n", seed,
+                len, want);
     free(exp);
     api->free(body);
     return bad;
@@ -239,7 +239,8 @@ int main(int argc, char **argv)
         return cmd_work(dir, atoi(arg(argc, argv, "--id", "0")), atoi(arg(argc, argv, "--n", "20")),
                         atoi(arg(argc, argv, "--ids", "8")));
     if (strcmp(cmd, "check") == 0)
-        return cmd_check(dir, atoi(arg(argc, argv, "--ids", "8")), atoi(arg(argc, argv, "--n", "20")));
+        return cmd_check(dir, atoi(arg(argc, argv, "--ids", "8")),
+                         atoi(arg(argc, argv, "--n", "20")));
     if (strcmp(cmd, "killput") == 0)
         return cmd_killput(dir, arg(argc, argv, "--log", "/dev/null"),
                            strtoull(arg(argc, argv, "--seed", "1"), NULL, 0));

@@ -110,8 +110,13 @@ Test(meta, counters_namespace_and_generation_are_the_documented_bytes)
 
 Test(meta, kernels_values_and_sources_keys_decode_only_their_layout)
 {
-    struct kc__hdr h = {.kind = KC_KIND_BLOB, .format = KC_FORMAT_VERSION, .body_size = 5,
-                        .created_ns = 11, .last_hit_ns = 12, .hits = 13, .saved_ns = 14,
+    struct kc__hdr h = {.kind = KC_KIND_BLOB,
+                        .format = KC_FORMAT_VERSION,
+                        .body_size = 5,
+                        .created_ns = 11,
+                        .last_hit_ns = 12,
+                        .hits = 13,
+                        .saved_ns = 14,
                         .body_xxh = kc__body_xxh("hello", 5)};
     unsigned char d[16], v[KC__KVAL_LEN + 1];
     sample_digest(d);
@@ -207,8 +212,7 @@ static void check_meta_entry(const unsigned char *k, size_t kl, const unsigned c
         s->ns_a |= strcmp(name, NS_A) == 0;
         s->ns_b |= strcmp(name, NS_B) == 0;
     } else {
-        cr_assert_fail("a META key meta.h does not document: \"%.*s\" (%zu bytes)", (int)kl, k,
-                       kl);
+        cr_assert_fail("a META key meta.h does not document: \"%.*s\" (%zu bytes)", (int)kl, k, kl);
     }
 }
 
@@ -286,9 +290,9 @@ Test(meta, every_key_a_session_writes_has_its_documented_layout)
         unsigned char rk[KC__META_REF_KEY_LEN];
         char *rv;
         size_t rvl;
-        cr_assert_eq(kc__db_get(d, KC__CF_META, rk, kc__meta_ref_key(kc__kval_digest(v, vl), rk),
-                                &rv, &rvl),
-                     0, "a kernel's body has a refcount");
+        cr_assert_eq(
+            kc__db_get(d, KC__CF_META, rk, kc__meta_ref_key(kc__kval_digest(v, vl), rk), &rv, &rvl),
+            0, "a kernel's body has a refcount");
         free(rv);
         if (key.id.lo == 1)
             cr_assert_eq(h.hits, 2, "hit logs folded into the entry");

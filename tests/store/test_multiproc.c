@@ -154,8 +154,8 @@ static void verify_clean(void)
     cr_assert_eq(S->open(&o, &st), 0);
     struct kc_verify_report r;
     cr_assert_eq(adm->verify(st, 0, &r, NULL, NULL), 0);
-    printf("verify: checked=%" PRIu64 " bad=%" PRIu64 " spool_bad=%" PRIu64 "\n", r.checked,
-           r.bad, r.spool_bad);
+    printf("verify: checked=%" PRIu64 " bad=%" PRIu64 " spool_bad=%" PRIu64 "\n", r.checked, r.bad,
+           r.spool_bad);
     cr_assert_eq(r.bad, 0, "unreadable records");
     cr_assert_eq(r.spool_bad, 0, "unreadable spool files");
     api->close(st);
@@ -169,8 +169,8 @@ Test(multiproc, eight_processes_write_and_read_one_directory)
     char ids[N][8];
     for (int i = 0; i < N; i++) {
         snprintf(ids[i], sizeof ids[i], "%d", i);
-        char *args[] = {(char *)worker, "work", "--dir", dir, "--id", ids[i], "--n", "40",
-                        "--ids", "8", NULL};
+        char *args[] = {(char *)worker, "work", "--dir", dir, "--id", ids[i],
+                        "--n",          "40",   "--ids", "8", NULL};
         pids[i] = start(args, &fds[i]);
     }
     uint64_t max_get = 0, max_put = 0;
@@ -227,8 +227,8 @@ Test(multiproc, kill_9_loses_nothing_acknowledged)
             snprintf(logs[nlogs], sizeof logs[0], "%s/log-%d-%d", dir, t, i);
             char s[32];
             snprintf(s, sizeof s, "%" PRIu64, seed * 1000 + (uint64_t)(t * 2 + i));
-            char *args[] = {(char *)worker, "killput", "--dir", dir, "--log", logs[nlogs],
-                            "--seed", s, NULL};
+            char *args[] = {(char *)worker, "killput", "--dir", dir, "--log",
+                            logs[nlogs],    "--seed",  s,       NULL};
             w[i] = start(args, NULL);
             if (nlogs < 63)
                 nlogs++;
@@ -270,8 +270,7 @@ Test(multiproc, kill_9_loses_nothing_acknowledged)
         args[a++] = logs[i];
     }
     args[a] = NULL;
-    cr_assert_eq(run(args), 0, "an acknowledged put does not read back (seed %" PRIu64 ")",
-                 seed);
+    cr_assert_eq(run(args), 0, "an acknowledged put does not read back (seed %" PRIu64 ")", seed);
     verify_clean();
     drain_all();
     cr_assert_eq(run(args), 0, "lost in the drain (seed %" PRIu64 ")", seed);

@@ -49,8 +49,8 @@ TestSuite(store, .init = setup, .fini = teardown, .timeout = 60);
 
 static struct kc_store *open_at(const char *d, int readonly, uint64_t max)
 {
-    struct kc_store_options o = {.dir = d, .readonly = readonly, .max_size = max,
-                                 .tool = "/bin/true"};
+    struct kc_store_options o = {
+        .dir = d, .readonly = readonly, .max_size = max, .tool = "/bin/true"};
     struct kc_store *st = NULL;
     int rc = S->open(&o, &st);
     cr_assert_eq(rc, 0, "open %s: %s", d, strerror(-rc));
@@ -281,8 +281,7 @@ static void corrupt_body(const kc_key *k)
     cr_assert_eq(kc__db_get(d, KC__CF_BODIES, kv + KC__HDR_LEN, 16, &bv, &bvl), 0);
     bv[bvl / 2] ^= 0x20;
     char *err = NULL;
-    rocksdb_put_cf(d->db, d->wo_sync, d->cf[KC__CF_BODIES], kv + KC__HDR_LEN, 16, bv, bvl,
-                   &err);
+    rocksdb_put_cf(d->db, d->wo_sync, d->cf[KC__CF_BODIES], kv + KC__HDR_LEN, 16, bv, bvl, &err);
     cr_assert_null(err);
     free(kv);
     free(bv);
@@ -448,7 +447,7 @@ static int find_cb(const struct kc_entry *e, void *arg)
 static void entry_info(struct kc_store *st, const kc_key *k, struct kc_record_info *info)
 {
     struct find f = {.key = *k};
-    cr_assert_eq(adm->foreach(st, NS, find_cb, &f), 0);
+    cr_assert_eq(adm->foreach (st, NS, find_cb, &f), 0);
     cr_assert_eq(f.found, 1, "listed once");
     *info = f.info;
 }
@@ -596,7 +595,7 @@ Test(store, tool_operations_work_on_an_empty_or_missing_directory)
         cr_assert_eq(s->max_size, KC_DEFAULT_MAX_SIZE);
         adm->stats_free(s);
         int n = 0;
-        cr_assert_eq(adm->foreach(st, NULL, count_cb, &n), 0);
+        cr_assert_eq(adm->foreach (st, NULL, count_cb, &n), 0);
         cr_assert_eq(n, 0);
         struct kc_verify_report r;
         cr_assert_eq(adm->verify(st, 1, &r, NULL, NULL), 0);
@@ -625,10 +624,10 @@ Test(store, foreach_stats_and_clear)
     api->count(st, "jit", &c);
     cr_assert_eq(api->flush(st), 0);
     int n = 0;
-    cr_assert_eq(adm->foreach(st, NS, count_cb, &n), 0);
+    cr_assert_eq(adm->foreach (st, NS, count_cb, &n), 0);
     cr_assert_eq(n, 6);
     n = 0;
-    cr_assert_eq(adm->foreach(st, "other", count_cb, &n), 0);
+    cr_assert_eq(adm->foreach (st, "other", count_cb, &n), 0);
     cr_assert_eq(n, 0);
     struct kc_store_stats *s;
     cr_assert_eq(adm->stats(st, &s), 0);
@@ -944,10 +943,18 @@ static unsigned char *lz4_input(int kind, size_t n, uint64_t seed)
     for (size_t i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         switch (kind) {
-        case 1: p[i] = (unsigned char)s; break;
-        case 2: p[i] = 'a'; break;
-        case 3: p[i] = "xyz"[i % 3]; break;
-        default: p[i] = (i / 97) % 2 ? (unsigned char)s : (unsigned char)('A' + i % 7); break;
+        case 1:
+            p[i] = (unsigned char)s;
+            break;
+        case 2:
+            p[i] = 'a';
+            break;
+        case 3:
+            p[i] = "xyz"[i % 3];
+            break;
+        default:
+            p[i] = (i / 97) % 2 ? (unsigned char)s : (unsigned char)('A' + i % 7);
+            break;
         }
     }
     return p;
@@ -1002,19 +1009,34 @@ Test(store, lz4_blocks_unpack_as_liblz4_packed_them)
         const char *b;
         size_t n, cap;
     } bad[] = {
-        {"\x10" "a\x00\x00\x00", 5, 5},      /* offset 0 */
-        {"\x10" "a\x02\x00\x00", 5, 5},      /* offset past the output */
-        {"\x10" "a\x01\x00", 4, 5},          /* no last (literals only) sequence */
-        {"\x1f" "a\x01\x00\xff\xff", 6, 64}, /* match length continued past the end */
-        {"\xf0\xff", 2, 64},                 /* literal length continued past the end */
-        {"\x10" "a\x01", 3, 5},              /* offset cut short */
-        {"\x10" "a\x01\x00\x00", 5, 4},      /* match past cap */
-        {"", 0, 0},                          /* no token at all */
+        {"\x10"
+         "a\x00\x00\x00",
+         5, 5}, /* offset 0 */
+        {"\x10"
+         "a\x02\x00\x00",
+         5, 5}, /* offset past the output */
+        {"\x10"
+         "a\x01\x00",
+         4, 5}, /* no last (literals only) sequence */
+        {"\x1f"
+         "a\x01\x00\xff\xff",
+         6, 64},             /* match length continued past the end */
+        {"\xf0\xff", 2, 64}, /* literal length continued past the end */
+        {"\x10"
+         "a\x01",
+         3, 5}, /* offset cut short */
+        {"\x10"
+         "a\x01\x00\x00",
+         5, 4},     /* match past cap */
+        {"", 0, 0}, /* no token at all */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_eq(kc__lz4_unpack(bad[i].b, bad[i].n, o, bad[i].cap), -EBADMSG, "case %zu", i);
     /* And what they look like when right: literal "a", then 4 more. */
-    cr_assert_eq(kc__lz4_unpack("\x10" "a\x01\x00\x00", 5, o, 5), 0);
+    cr_assert_eq(kc__lz4_unpack("\x10"
+                                "a\x01\x00\x00",
+                                5, o, 5),
+                 0);
     cr_assert_eq(memcmp(o, "aaaaa", 5), 0);
 }
 
@@ -1023,7 +1045,9 @@ static struct kc__buf packed_put(const kc_key *k, const unsigned char *b, size_t
 {
     struct kc__sp_put sp = {.key = *k, .body = b, .body_len = n};
     snprintf(sp.ns, sizeof sp.ns, "%s", NS);
-    sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC, .format = KC_FORMAT_VERSION, .body_size = n,
+    sp.hdr = (struct kc__hdr){.kind = KC_KIND_NVRTC,
+                              .format = KC_FORMAT_VERSION,
+                              .body_size = n,
                               .created_ns = 1700000000000000000ull,
                               .body_xxh = kc__body_xxh(b, n)};
     char *z = malloc((size_t)LZ4_compressBound((int)n));
@@ -1071,7 +1095,7 @@ Test(store, packed_puts_unpack_to_the_plain_put_and_refuse_any_damage)
         struct kc__buf g = {0};
         kc__buf_add(&g, f.p, f.len);
         if (how == 0)
-            g.p[g.len - 40] ^= 0x01;                                          /* packed bytes */
+            g.p[g.len - 40] ^= 0x01; /* packed bytes */
         if (how == 3)
             g.p[g.len - 1] = (unsigned char)(g.p[g.len - 1] + 1); /* last literal */
         if (how == 1 || how == 2) { /* body size: one more, or past LZ4's 255:1 */
@@ -1223,8 +1247,8 @@ static int cf_runs_on_disk(const char *d, const char *cf)
     for (int i = 0; i < KC__N_CF; i++)
         co[i] = o;
     char *err = NULL;
-    rocksdb_t *db = rocksdb_open_for_read_only_column_families(o, path, KC__N_CF, names, co, h,
-                                                               0, &err);
+    rocksdb_t *db =
+        rocksdb_open_for_read_only_column_families(o, path, KC__N_CF, names, co, h, 0, &err);
     cr_assert_null(err, "open %s: %s", path, err);
     int runs = -1;
     for (int i = 0; i < KC__N_CF; i++) {
