@@ -38,15 +38,30 @@ void *kc__cu_hooked_real(const char *name);
 /* Wrappers defined in memo.c, under hidden aliases so that the hook table in
  * driver.c points at our own code whatever the symbol lookup order (the
  * address is the exported function's, so dladdr names it correctly). */
+/* One entry a line (clang-format would run them together). */
+// clang-format off
 #define KC_MEMO_WRAPPERS(X)                                                                        \
     X(cuModuleGetFunction)                                                                         \
-    X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuModuleUnload) X(cuLibraryUnload)              \
-        X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuDevicePrimaryCtxRetain)                             \
-            X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2)                           \
-                X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2) X(cuMemAlloc_v2)          \
-                    X(cuMemFree_v2) X(cuMemGetInfo_v2) X(cuMemGetInfo) X(cuMemGetAddressRange_v2)  \
-                        X(cuPointerGetAttribute) X(cuPointerGetAttributes)                         \
-                            X(cuPointerSetAttribute)
+    X(cuLibraryGetKernel)                                                                          \
+    X(cuKernelGetFunction)                                                                         \
+    X(cuModuleUnload)                                                                              \
+    X(cuLibraryUnload)                                                                             \
+    X(cuCtxDestroy)                                                                                \
+    X(cuCtxDestroy_v2)                                                                             \
+    X(cuDevicePrimaryCtxRetain)                                                                    \
+    X(cuDevicePrimaryCtxRelease)                                                                   \
+    X(cuDevicePrimaryCtxRelease_v2)                                                                \
+    X(cuDevicePrimaryCtxReset)                                                                     \
+    X(cuDevicePrimaryCtxReset_v2)                                                                  \
+    X(cuMemAlloc_v2)                                                                               \
+    X(cuMemFree_v2)                                                                                \
+    X(cuMemGetInfo_v2)                                                                             \
+    X(cuMemGetInfo)                                                                                \
+    X(cuMemGetAddressRange_v2)                                                                     \
+    X(cuPointerGetAttribute)                                                                       \
+    X(cuPointerGetAttributes)                                                                      \
+    X(cuPointerSetAttribute)
+// clang-format on
 
 #define KC_MEMO_ALIAS_DECL(name)                                                                   \
     extern __typeof__(name) kc__w_##name __attribute__((visibility("hidden")));

@@ -25,37 +25,31 @@
 
 /* Every entry point the scenarios use, by base name and the versioned
  * symbol the header maps it to. */
+/* One entry a line (clang-format would run them together). */
+// clang-format off
 #define DRV_FUNCS(X)                                                                               \
-    X(cuInit, cuInit)                                                                              \
-    X(cuDeviceGet, cuDeviceGet) X(cuCtxCreate, cuCtxCreate_v4) X(cuCtxDestroy, cuCtxDestroy_v2) X( \
-        cuCtxGetCurrent, cuCtxGetCurrent) X(cuCtxSetCurrent, cuCtxSetCurrent) X(cuCtxGetId,        \
-                                                                                cuCtxGetId)        \
-        X(cuCtxPushCurrent, cuCtxPushCurrent_v2) X(cuCtxPopCurrent, cuCtxPopCurrent_v2) X(         \
-            cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease,       \
-                                                                  cuDevicePrimaryCtxRelease_v2)    \
-            X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2) X(                              \
-                cuModuleLoadData, cuModuleLoadData) X(cuModuleLoadDataEx,                          \
-                                                      cuModuleLoadDataEx) X(cuModuleLoadFatBinary, \
-                                                                            cuModuleLoadFatBinary) \
-                X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction) X(   \
-                    cuLibraryLoadData, cuLibraryLoadData) X(cuLibraryUnload,                       \
-                                                            cuLibraryUnload) X(cuLibraryGetKernel, \
-                                                                               cuLibraryGetKernel) \
-                    X(cuKernelGetFunction, cuKernelGetFunction) X(cuFuncGetName, cuFuncGetName) X( \
-                        cuLaunchKernel, cuLaunchKernel) X(cuMemAlloc, cuMemAlloc_v2)               \
-                        X(cuMemFree, cuMemFree_v2) X(cuMemGetInfo, cuMemGetInfo_v2) X(             \
-                            cuMemAllocManaged, cuMemAllocManaged) X(cuPointerGetAttribute,         \
-                                                                    cuPointerGetAttribute)         \
-                            X(cuMemcpyHtoD, cuMemcpyHtoD_v2) X(cuMemcpyDtoH, cuMemcpyDtoH_v2) X(   \
-                                cuLinkCreate, cuLinkCreate_v2) X(cuLinkAddData, cuLinkAddData_v2)  \
-                                X(cuLinkComplete, cuLinkComplete) X(cuLinkDestroy, cuLinkDestroy)  \
-                                    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress,          \
-                                                                        cuGetProcAddress_v2)       \
-                                        X(cuMemGetAddressRange, cuMemGetAddressRange_v2)           \
-                                            X(cuPointerGetAttributes, cuPointerGetAttributes)      \
-                                                X(cuPointerSetAttribute, cuPointerSetAttribute)    \
-                                                    X(cuDevicePrimaryCtxGetState,                  \
-                                                      cuDevicePrimaryCtxGetState)
+    X(cuInit, cuInit) X(cuDeviceGet, cuDeviceGet) X(cuCtxCreate, cuCtxCreate_v4)                   \
+    X(cuCtxDestroy, cuCtxDestroy_v2) X(cuCtxGetCurrent, cuCtxGetCurrent)                           \
+    X(cuCtxSetCurrent, cuCtxSetCurrent) X(cuCtxGetId, cuCtxGetId)                                  \
+    X(cuCtxPushCurrent, cuCtxPushCurrent_v2) X(cuCtxPopCurrent, cuCtxPopCurrent_v2)                \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                          \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                                     \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2) X(cuModuleLoadData, cuModuleLoadData)   \
+    X(cuModuleLoadDataEx, cuModuleLoadDataEx) X(cuModuleLoadFatBinary, cuModuleLoadFatBinary)      \
+    X(cuModuleUnload, cuModuleUnload) X(cuModuleGetFunction, cuModuleGetFunction)                  \
+    X(cuLibraryLoadData, cuLibraryLoadData) X(cuLibraryUnload, cuLibraryUnload)                    \
+    X(cuLibraryGetKernel, cuLibraryGetKernel) X(cuKernelGetFunction, cuKernelGetFunction)          \
+    X(cuFuncGetName, cuFuncGetName) X(cuLaunchKernel, cuLaunchKernel)                              \
+    X(cuMemAlloc, cuMemAlloc_v2) X(cuMemFree, cuMemFree_v2) X(cuMemGetInfo, cuMemGetInfo_v2)       \
+    X(cuMemAllocManaged, cuMemAllocManaged) X(cuPointerGetAttribute, cuPointerGetAttribute)        \
+    X(cuMemcpyHtoD, cuMemcpyHtoD_v2) X(cuMemcpyDtoH, cuMemcpyDtoH_v2)                              \
+    X(cuLinkCreate, cuLinkCreate_v2) X(cuLinkAddData, cuLinkAddData_v2)                            \
+    X(cuLinkComplete, cuLinkComplete) X(cuLinkDestroy, cuLinkDestroy)                              \
+    X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress, cuGetProcAddress_v2)                     \
+    X(cuMemGetAddressRange, cuMemGetAddressRange_v2) X(cuPointerGetAttributes, cuPointerGetAttributes) \
+    X(cuPointerSetAttribute, cuPointerSetAttribute)                                                \
+    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)
+// clang-format on
 
 static struct {
 #define DRV_FIELD(base, sym) __typeof__(&sym) base;

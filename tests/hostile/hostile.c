@@ -153,10 +153,15 @@ static void getter(nvrtcProgram p, const char *sname, const char *gname, int whi
     SAY("  %s rc=%d bytes-hash=%lu first=%d", gname, rc, h, buf[0]);
 }
 
+/* One entry a line (clang-format would run them together). */
+// clang-format off
 #define GETTERS(X)                                                                                 \
     X(nvrtcGetPTXSize, nvrtcGetPTX)                                                                \
-    X(nvrtcGetCUBINSize, nvrtcGetCUBIN) X(nvrtcGetLTOIRSize, nvrtcGetLTOIR)                        \
-        X(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR) X(nvrtcGetProgramLogSize, nvrtcGetProgramLog)
+    X(nvrtcGetCUBINSize, nvrtcGetCUBIN)                                                            \
+    X(nvrtcGetLTOIRSize, nvrtcGetLTOIR)                                                            \
+    X(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR)                                                        \
+    X(nvrtcGetProgramLogSize, nvrtcGetProgramLog)
+// clang-format on
 
 /* ---- the driver ----------------------------------------------------------------------- */
 

@@ -50,17 +50,25 @@ static void jl_load(void)
         exit(2);
     }
 #define S(f, n)                                                                                    \
-    if (!(*(void **)&J.f = dlsym(h, n))) {                                                         \
-        fprintf(stderr, "dlsym %s\n", n);                                                          \
-        exit(2);                                                                                   \
-    }
-    S(create, "nvJitLinkCreate")
-    S(destroy, "nvJitLinkDestroy") S(add_data, "nvJitLinkAddData") S(add_file, "nvJitLinkAddFile")
-        S(complete, "nvJitLinkComplete") S(size[0], "nvJitLinkGetLinkedCubinSize")
-            S(get[0], "nvJitLinkGetLinkedCubin") S(size[1], "nvJitLinkGetLinkedPtxSize")
-                S(get[1], "nvJitLinkGetLinkedPtx") S(size[2], "nvJitLinkGetErrorLogSize")
-                    S(get[2], "nvJitLinkGetErrorLog") S(size[3], "nvJitLinkGetInfoLogSize")
-                        S(get[3], "nvJitLinkGetInfoLog")
+    do {                                                                                           \
+        if (!(*(void **)&J.f = dlsym(h, n))) {                                                     \
+            fprintf(stderr, "dlsym %s\n", n);                                                      \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+    S(create, "nvJitLinkCreate");
+    S(destroy, "nvJitLinkDestroy");
+    S(add_data, "nvJitLinkAddData");
+    S(add_file, "nvJitLinkAddFile");
+    S(complete, "nvJitLinkComplete");
+    S(size[0], "nvJitLinkGetLinkedCubinSize");
+    S(get[0], "nvJitLinkGetLinkedCubin");
+    S(size[1], "nvJitLinkGetLinkedPtxSize");
+    S(get[1], "nvJitLinkGetLinkedPtx");
+    S(size[2], "nvJitLinkGetErrorLogSize");
+    S(get[2], "nvJitLinkGetErrorLog");
+    S(size[3], "nvJitLinkGetInfoLogSize");
+    S(get[3], "nvJitLinkGetInfoLog");
 #undef S
 }
 #define JL(f) J.f

@@ -74,36 +74,28 @@
 /* ---- call counters ------------------------------------------------- */
 
 /* Every exported entry point, for the counters and for cuGetProcAddress. */
-#define SI_FUNCS(X)                                                                                \
-    X(cuInit)                                                                                      \
-    X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(                 \
-        cuDeviceGetAttribute) X(cuDeviceComputeCapability) X(cuDeviceTotalMem)                     \
-        X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(               \
-            cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxGetCurrent)                  \
-            X(cuCtxSetCurrent) X(cuCtxGetId) X(cuCtxGetDevice) X(cuCtxSynchronize) X(              \
-                cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2)  \
-                X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                           \
-                    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(                  \
-                        cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState)                  \
-                        X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(      \
-                            cuModuleUnload) X(cuModuleGetFunction) X(cuLibraryLoadData)            \
-                            X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(     \
-                                cuKernelGetName) X(cuKernelGetLibrary) X(cuFuncGetName)            \
-                                X(cuFuncGetModule) X(cuLinkCreate) X(cuLinkCreate_v2) X(           \
-                                    cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)           \
-                                    X(cuLinkAddFile) X(cuLinkAddFile_v2) X(cuLinkDestroy) X(       \
-                                        cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2)  \
-                                        X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuMemAllocManaged)    \
-                                            X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
-                                                X(cuPointerGetAttributes) X(cuPointerSetAttribute) \
-                                                    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds)     \
-                                                        X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds) \
-                                                            X(cuLaunchKernel)                      \
-                                                                X(cuLaunchKernel_ptsz)             \
-                                                                    X(cuGetProcAddress)            \
-                                                                        X(cuGetProcAddress_v2)     \
-                                                                            X(cuGetErrorString)    \
-                                                                                X(cuGetErrorName)
+/* One entry a line (clang-format would run them together). */
+// clang-format off
+#define SI_FUNCS(X)                                                                              \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)          \
+    X(cuDeviceGetAttribute) X(cuDeviceComputeCapability) X(cuDeviceTotalMem)                       \
+    X(cuDeviceTotalMem_v2) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4)    \
+    X(cuCtxDestroy) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetId)         \
+    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2)               \
+    X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuDevicePrimaryCtxRetain)                           \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset)        \
+    X(cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState) X(cuModuleLoadData)                \
+    X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) X(cuModuleGetFunction)        \
+    X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction)           \
+    X(cuKernelGetName) X(cuKernelGetLibrary) X(cuFuncGetName) X(cuFuncGetModule)                   \
+    X(cuLinkCreate) X(cuLinkCreate_v2) X(cuLinkAddData) X(cuLinkAddData_v2) X(cuLinkComplete)      \
+    X(cuLinkAddFile) X(cuLinkAddFile_v2) X(cuLinkDestroy) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemGetInfo)   \
+    X(cuMemGetInfo_v2) X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuPointerGetAttribute)    \
+    X(cuPointerGetAttributes) X(cuPointerSetAttribute)                                             \
+    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)          \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)            \
+    X(cuGetErrorString) X(cuGetErrorName)
+// clang-format on
 
 enum {
 #define SI_ENUM(n) SI_F_##n,
