@@ -520,7 +520,6 @@ static int culink(const char *dir, const char *only)
     return 0;
 }
 
-
 /* ---- bench: one link, timed (scripts/bench) ------------------------------------------ */
 
 static double now_us(void)
@@ -563,9 +562,9 @@ static double bench_link(const char *arch, int n, char **files, size_t *size, ui
                      slash ? files[i] : ".");
             size_t bytes;
             char *b = slurp(dir, slash ? slash + 1 : files[i], &bytes);
-            rc = JL(add_data)(h, strstr(files[i], ".ltoir") ? NVJITLINK_INPUT_LTOIR
-                                                            : NVJITLINK_INPUT_PTX,
-                              b, bytes, slash ? slash + 1 : files[i]);
+            rc = JL(add_data)(
+                h, strstr(files[i], ".ltoir") ? NVJITLINK_INPUT_LTOIR : NVJITLINK_INPUT_PTX, b,
+                bytes, slash ? slash + 1 : files[i]);
             free(b);
         }
     }
