@@ -14,6 +14,8 @@
  * --save DIR also writes each kernel's PTX to DIR/<kernel>.ptx (the inputs of
  * the driver section) and, when the target is a real architecture, its CUBIN
  * to DIR/<kernel>.cubin (with the PTX, the store section's real artifacts).
+ * With -dlto it writes the LTO-IR to DIR/<kernel>.ltoir instead of the PTX
+ * (the inputs of the link section).
  *
  * Prints one JSON line per kernel: the first compile's milliseconds, then
  * p50/p99 of the rest in microseconds, and the output size (PTX, or CUBIN
@@ -110,6 +112,9 @@ static int save_one(nvrtcProgram p, const char *label, const char *ext,
 
 static int save_outputs(nvrtcProgram p, const char *label)
 {
+    size_t lto = 0;
+    if (nvrtcGetLTOIRSize(p, &lto) == NVRTC_SUCCESS && lto > 0)
+        return save_one(p, label, "ltoir", nvrtcGetLTOIRSize, nvrtcGetLTOIR, 0, 1);
     return save_one(p, label, "ptx", nvrtcGetPTXSize, nvrtcGetPTX, 1, 1) ||
            save_one(p, label, "cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, 0, 0);
 }

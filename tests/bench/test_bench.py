@@ -46,6 +46,10 @@ SCHEMA = {
                 "remote_hit_over_compile", "remote_hit_over_local_hit"), "fresh_node",
                ("compiles_equal_distinct", "wall_over_single", "remote_hit_over_compile_cccl",
                 "miss_over_plain", "down_delay_bounded")),
+    "link": (("available", "reason", "scenarios", "reps", "goals"),
+             ("scenario", "inputs", "cubin_bytes", "cold_ms", "miss_ms", "hit_fresh_ms",
+              "hit_inproc_p50_us", "hit_over_cold", "miss_over_cold", "process_hit_over_cold",
+              "identical", "warnings"), "scenarios", ("demo_set_hit_over_cold",)),
 }
 RUN_FIELDS = ("wall_s", "cpu_s", "compiles")
 MEMO_FIELDS = ("get_function_hit_ns", "get_function_passthrough_ns", "mem_alloc_hit_ns",
@@ -109,6 +113,19 @@ def main():
                 problems.append(f"remote.down.{k} not a number")
     elif not remote.get("reason"):
         problems.append("remote unavailable without a reason")
+    link = res.get("link", {})
+    if link.get("available"):
+        names = [rw.get("scenario") for rw in link.get("scenarios") or []]
+        if names != ["two_units", "demo_set_devrt", "devrt"]:
+            problems.append(f"link.scenarios are {names}")
+        for rw in link.get("scenarios") or []:
+            # Not a timing: the cubin a hit returns is the one nvJitLink made.
+            if rw.get("identical") is not True:
+                problems.append(f"link: {rw.get('scenario')}: cubins differ between runs")
+            if rw.get("warnings"):
+                problems.append(f"link: {rw.get('scenario')}: {rw['warnings']}")
+    elif not link.get("reason"):
+        problems.append("link unavailable without a reason")
     for k in MEMO_FIELDS:
         if k not in res.get("driver", {}).get("memo", {}):
             problems.append(f"driver.memo.{k} missing")
@@ -118,6 +135,7 @@ def main():
                                  ("driver", "kernels", "hit_ms"),
                                  ("store", "sizes", "get_p50_us"),
                                  ("remote", "fresh_node", "remote_hit_ms"),
+                                 ("link", "scenarios", "hit_fresh_ms"),
                                  ("preload", "commands", "ratio")):
         if res.get(sec, {}).get("reason"):
             continue  # could not run here (say, no hyperfine), and says why

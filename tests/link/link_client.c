@@ -8,6 +8,12 @@
  *   link_client run DIR [THREADS] [SCEN]  the nvJitLink scenarios (all, or one)
  *   link_client culink DIR [SCEN]         the cuLink* scenarios (the stand-in
  *                                         driver first on LD_LIBRARY_PATH)
+ *   link_client bench ARCH ITERS FILE...  links FILEs (.ltoir and .ptx added
+ *                                         as data, .a by file) for ARCH ITERS
+ *                                         times in this process and prints one
+ *                                         JSON line: the first link's ms, p50
+ *                                         of the rest in us, the cubin's size
+ *                                         and digest (scripts/bench, section 9)
  *
  * Built twice: linked against libnvJitLink (the header's inline functions
  * call the versioned exports) and with -DKC_CLIENT_DLOPEN, which dlopen()s
@@ -28,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- nvJitLink, linked or dlopen'd ------------------------------------------ */
 
@@ -513,6 +520,109 @@ static int culink(const char *dir, const char *only)
     return 0;
 }
 
+/* ---- bench: one link, timed (scripts/bench) ------------------------------------------ */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Links files[0..n) for `arch` (create to destroy, the cubin read back):
+ * returns the microseconds it took, or a negative number on any failure
+ * (the error log on stderr). Sets *size and *digest from the cubin. */
+static double bench_link(const char *arch, int n, char **files, size_t *size, uint64_t *digest)
+{
+    char archopt[64];
+    snprintf(archopt, sizeof archopt, "-arch=%s", arch);
+    const char *opts[2] = {archopt, "-lto"};
+    int lto = 0;
+    for (int i = 0; i < n; i++)
+        lto |= strstr(files[i], ".ltoir") != NULL;
+    double t0 = now_us();
+    nvJitLinkHandle h = NULL;
+    if (JL(create)(&h, lto ? 2 : 1, opts) != NVJITLINK_SUCCESS)
+        return -1;
+    nvJitLinkResult rc = NVJITLINK_SUCCESS;
+    for (int i = 0; i < n && rc == NVJITLINK_SUCCESS; i++) {
+        size_t len = strlen(files[i]);
+        if (len > 2 && !strcmp(files[i] + len - 2, ".a")) {
+            rc = JL(add_file)(h, NVJITLINK_INPUT_LIBRARY, files[i]);
+        } else {
+            const char *slash = strrchr(files[i], '/');
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - files[i]) : 1,
+                     slash ? files[i] : ".");
+            size_t bytes;
+            char *b = slurp(dir, slash ? slash + 1 : files[i], &bytes);
+            rc = JL(add_data)(
+                h, strstr(files[i], ".ltoir") ? NVJITLINK_INPUT_LTOIR : NVJITLINK_INPUT_PTX, b,
+                bytes, slash ? slash + 1 : files[i]);
+            free(b);
+        }
+    }
+    if (rc == NVJITLINK_SUCCESS)
+        rc = JL(complete)(h);
+    unsigned char *cubin = NULL;
+    if (rc == NVJITLINK_SUCCESS)
+        rc = J.size[0](h, size);
+    if (rc == NVJITLINK_SUCCESS && (cubin = malloc(*size ? *size : 1)) != NULL)
+        rc = J.get[0](h, cubin);
+    if (rc != NVJITLINK_SUCCESS) {
+        size_t ln = 0;
+        if (J.size[2](h, &ln) == NVJITLINK_SUCCESS && ln > 0) {
+            char *log = malloc(ln);
+            if (log && J.get[2](h, log) == NVJITLINK_SUCCESS)
+                fprintf(stderr, "%s\n", log);
+            free(log);
+        }
+        fprintf(stderr, "link_client: link failed: %d\n", rc);
+    }
+    JL(destroy)(&h);
+    double t = now_us() - t0;
+    if (cubin != NULL && rc == NVJITLINK_SUCCESS)
+        *digest = fnv(cubin, *size);
+    free(cubin);
+    return rc == NVJITLINK_SUCCESS && cubin != NULL ? t : -1;
+}
+
+static int bench(const char *arch, int iters, int n, char **files)
+{
+    jl_load();
+    if (iters < 1)
+        iters = 1;
+    double *t = calloc((size_t)iters, sizeof *t);
+    size_t size = 0;
+    uint64_t digest = 0, first = 0;
+    for (int i = 0; i < iters; i++) {
+        if ((t[i] = bench_link(arch, n, files, &size, &digest)) < 0)
+            return 1;
+        if (i == 0)
+            first = digest;
+        else if (digest != first) {
+            fprintf(stderr, "link_client: link %d differs from the first\n", i);
+            return 1;
+        }
+    }
+    double p50 = 0;
+    if (iters > 1) {
+        qsort(t + 1, (size_t)iters - 1, sizeof *t, cmp_d);
+        p50 = t[1 + (iters - 1) / 2];
+    }
+    printf("{\"first_ms\": %.3f, \"p50_us\": %.2f, \"iters\": %d, \"cubin_bytes\": %zu, "
+           "\"fnv\": \"%016llx\"}\n",
+           t[0] / 1e3, p50, iters, size, (unsigned long long)first);
+    free(t);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "gen"))
@@ -521,6 +631,8 @@ int main(int argc, char **argv)
         return run(argv[2], argc > 3 ? atoi(argv[3]) : 1, argc > 4 ? argv[4] : NULL);
     if (argc >= 3 && !strcmp(argv[1], "culink"))
         return culink(argv[2], argc > 3 ? argv[3] : NULL);
-    fprintf(stderr, "usage: link_client gen|run|culink DIR ...\n");
+    if (argc >= 5 && !strcmp(argv[1], "bench"))
+        return bench(argv[2], atoi(argv[3]), argc - 4, argv + 4);
+    fprintf(stderr, "usage: link_client gen|run|culink DIR ... | bench ARCH ITERS FILE...\n");
     return 2;
 }
