@@ -5,6 +5,7 @@
  * by dlopen) and this machine's namespaces from usable.c.
  */
 #include "bundle.h"
+#include "cli.h"
 
 #include "../common/config.h"
 #include "../common/log.h"
@@ -24,54 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXIT_USAGE 2
-#define EXIT_RUNTIME 1
 #define DRAIN_WAIT_MS 15000
 #define MAX_GLOBS 64
-
-static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void err_line(const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    for (char *p = line; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fflush(stdout);
-    fprintf(stderr, "kcache: error: %s\n", line);
-}
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    char line[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    err_line("%s (see kcache --help)", line);
-    return EXIT_USAGE;
-}
-
-static const char *human(uint64_t n, char *buf, size_t len)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (n < 1024) {
-        snprintf(buf, len, "%" PRIu64 " B", n);
-        return buf;
-    }
-    double v = (double)n;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, "%.1f %s", v, units[u]);
-    return buf;
-}
 
 static const char *utc(uint64_t ns, char *buf, size_t len)
 {
@@ -187,25 +142,26 @@ static int crypto_open(struct crypto *k, const char *sign, const char *trusted)
     size_t sb = (k->na->generichash_statebytes() + 63) & ~(size_t)63;
     k->state = aligned_alloc(64, sb);
     if (k->state == NULL) {
-        err_line("out of memory");
+        kc_tool_err("out of memory");
         return -1;
     }
     if (sign != NULL && sign[0] != '\0') {
         int rc = kc__keys_load_secret(k->na, sign, &k->keys);
         if (rc != 0) {
-            err_line("signing key %s: %s", sign,
-                     rc == -EPERM     ? "must be a regular file of this user, mode 0600"
-                     : rc == -EBADMSG ? "not a kcache secret key (kcache keygen makes one)"
-                                      : strerror(-rc));
+            kc_tool_err("signing key %s: %s", sign,
+                        rc == -EPERM     ? "must be a regular file of this user, mode 0600"
+                        : rc == -EBADMSG ? "not a kcache secret key (kcache keygen makes one)"
+                                         : strerror(-rc));
             return -1;
         }
     }
     if (trusted != NULL && trusted[0] != '\0') {
         int rc = kc__keys_load_trusted(k->na, trusted, &k->keys);
         if (rc != 0) {
-            err_line("trusted keys %s: %s", trusted,
-                     rc == -EPERM ? "must not be writable by others, and be this user's or root's"
-                                  : strerror(-rc));
+            kc_tool_err("trusted keys %s: %s", trusted,
+                        rc == -EPERM
+                            ? "must not be writable by others, and be this user's or root's"
+                            : strerror(-rc));
             return -1;
         }
     }
@@ -236,10 +192,11 @@ static int open_store(const struct kc_store_api *api, const char *dir, uint64_t 
     struct kc_store_options o = {.dir = dir, .readonly = readonly, .max_size = max_size};
     int rc = api->open(&o, st);
     if (rc < 0 || *st == NULL) {
-        err_line("cannot use cache directory %s: %s", dir,
-                 rc == -EPERM ? "it, or a directory or link on the way to it, is owned by another "
-                                "user or writable by others"
-                              : strerror(rc < 0 ? -rc : EIO));
+        kc_tool_err("cannot use cache directory %s: %s", dir,
+                    rc == -EPERM
+                        ? "it, or a directory or link on the way to it, is owned by another "
+                          "user or writable by others"
+                        : strerror(rc < 0 ? -rc : EIO));
         *st = NULL;
         return -1;
     }
@@ -251,7 +208,7 @@ static bool api_ok(const struct kc_store_api *api)
     const struct kc_store_admin *adm = kc_store_admin();
     if (api == NULL || api->abi != KC_STORE_ABI || adm == NULL || adm->abi != KC_STORE_ABI ||
         adm->bundle_export == NULL || adm->bundle_import == NULL) {
-        err_line("the store library does not provide bundles");
+        kc_tool_err("the store library does not provide bundles");
         return false;
     }
     return true;
@@ -265,35 +222,35 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
 {
     const struct kc_store_api *api = kc_store_api();
     if (!api_ok(api))
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     bool to_stdout = strcmp(out, "-") == 0;
     if (to_stdout && isatty(STDOUT_FILENO)) {
-        err_line("not writing a bundle to a terminal; use -o FILE or a pipe");
-        return EXIT_RUNTIME;
+        kc_tool_err("not writing a bundle to a terminal; use -o FILE or a pipe");
+        return KC_EXIT_RUNTIME;
     }
     struct crypto k;
     const char *key = sign != NULL ? sign : t->cfg->remote_signing_key;
     int cr = crypto_open(&k, key, NULL);
     if (cr < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     if (cr == 1 && key != NULL && key[0] != '\0') {
-        err_line("cannot sign the bundle with %s: libsodium is not installed", key);
-        return EXIT_RUNTIME;
+        kc_tool_err("cannot sign the bundle with %s: libsodium is not installed", key);
+        return KC_EXIT_RUNTIME;
     }
     struct stat sb;
     if (stat(t->dir, &sb) != 0) {
         crypto_close(&k);
         if (errno != ENOENT) {
-            err_line("cannot use cache directory %s: %s", t->dir, strerror(errno));
-            return EXIT_RUNTIME;
+            kc_tool_err("cannot use cache directory %s: %s", t->dir, strerror(errno));
+            return KC_EXIT_RUNTIME;
         }
-        err_line("no store in %s: nothing to export", t->dir);
-        return EXIT_RUNTIME;
+        kc_tool_err("no store in %s: nothing to export", t->dir);
+        return KC_EXIT_RUNTIME;
     }
     struct kc_store *st;
     if (open_store(api, t->dir, t->cfg->max_size, t->cfg->readonly, &st) < 0) {
         crypto_close(&k);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     /* What the spool holds goes in too: drained first. */
     if (!t->cfg->readonly && kc_store_admin()->drain != NULL) {
@@ -310,14 +267,14 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
         if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out) >= (int)sizeof tmp) {
             api->ops->close(st);
             crypto_close(&k);
-            return usage_error("-o: path too long");
+            return kc_tool_usage_error("-o: path too long");
         }
         fd = mkostemp(tmp, O_CLOEXEC);
         if (fd < 0) {
-            err_line("cannot write %s: %s", out, strerror(errno));
+            kc_tool_err("cannot write %s: %s", out, strerror(errno));
             api->ops->close(st);
             crypto_close(&k);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
     }
     struct kc_bundle_export_opts o = {
@@ -353,23 +310,23 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
             unlink(tmp);
     }
     if (rc < 0) {
-        err_line("export failed: %s", info.why);
+        kc_tool_err("export failed: %s", info.why);
         free(info.ns);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     FILE *f = to_stdout ? stderr : stdout;
     char b1[32], b2[32];
     fprintf(f, "exported %" PRIu64 " entries of %zu namespace%s to %s: %s (%s uncompressed), %s\n",
             info.entries, info.n_ns, info.n_ns == 1 ? "" : "s", to_stdout ? "standard output" : out,
-            human(info.file_bytes, b1, sizeof b1), human(info.raw_bytes, b2, sizeof b2),
-            info.key_id ? "signed" : "unsigned");
+            kc_tool_human_size(info.file_bytes, b1, sizeof b1),
+            kc_tool_human_size(info.raw_bytes, b2, sizeof b2), info.key_id ? "signed" : "unsigned");
     if (info.key_id)
         fprintf(f, "signed by key %016" PRIx64 "\n", info.key_id);
     for (size_t i = 0; i < info.n_ns; i++)
         fprintf(f, "  %s: %" PRIu64 " entries, %s\n", info.ns[i].ns, info.ns[i].entries,
-                human(info.ns[i].raw_bytes, b1, sizeof b1));
+                kc_tool_human_size(info.ns[i].raw_bytes, b1, sizeof b1));
     free(info.ns);
-    return fflush(f) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(f) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- kcache import / bundle show --------------------------------------------- */
@@ -392,7 +349,7 @@ static int open_bundle(const char *path, int *fd)
     }
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (*fd < 0) {
-        err_line("cannot read %s: %s", path, strerror(errno));
+        kc_tool_err("cannot read %s: %s", path, strerror(errno));
         return -1;
     }
     return 0;
@@ -405,7 +362,7 @@ static void print_namespaces(const struct kc_bundle_info *info, bool counts)
         char d[200], b[32];
         kc_tool_ns_describe(e->ns, d, sizeof d);
         printf("  %s\n    %s; %s\n    %" PRIu64 " entries, %s", e->ns, d, usable_words(e->usable),
-               e->entries, human(e->raw_bytes, b, sizeof b));
+               e->entries, kc_tool_human_size(e->raw_bytes, b, sizeof b));
         if (counts)
             printf(": %" PRIu64 " imported, %" PRIu64 " already present, %" PRIu64 " skipped",
                    e->imported, e->present, e->skipped);
@@ -418,19 +375,19 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
 {
     const struct kc_store_api *api = kc_store_api();
     if (!api_ok(api))
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     if (t->cfg->readonly && !dry_run) {
-        err_line("KCACHE_READONLY is set: nothing can be imported");
-        return EXIT_RUNTIME;
+        kc_tool_err("KCACHE_READONLY is set: nothing can be imported");
+        return KC_EXIT_RUNTIME;
     }
     struct crypto k;
     int cr = crypto_open(&k, t->cfg->remote_signing_key, t->cfg->remote_trusted_keys);
     if (cr < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     int fd;
     if (open_bundle(path, &fd) < 0) {
         crypto_close(&k);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     struct kc_store *st = NULL;
     struct stat sb;
@@ -439,7 +396,7 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
         if (fd != STDIN_FILENO)
             close(fd);
         crypto_close(&k);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     struct kc_bundle_import_opts o = {
         .fd = fd,
@@ -457,12 +414,12 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
     if (fd != STDIN_FILENO)
         close(fd);
     if (rc < 0) {
-        err_line("import of %s refused: %s%s", path, info.why,
-                 rc == -EKEYREJECTED && cr == 1 ? " (libsodium is not installed: no signature "
-                                                  "can be verified)"
-                                                : "");
+        kc_tool_err("import of %s refused: %s%s", path, info.why,
+                    rc == -EKEYREJECTED && cr == 1 ? " (libsodium is not installed: no signature "
+                                                     "can be verified)"
+                                                   : "");
         free(info.ns);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     uint64_t imported = 0, present = 0, skipped = 0;
     for (size_t i = 0; i < info.n_ns; i++) {
@@ -484,22 +441,22 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
            skipped);
     print_namespaces(&info, true);
     free(info.ns);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 static int cmd_show(const struct kc_tool_ctx *t, const char *path)
 {
     const struct kc_store_api *api = kc_store_api();
     if (!api_ok(api))
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct crypto k;
     int cr = crypto_open(&k, t->cfg->remote_signing_key, t->cfg->remote_trusted_keys);
     if (cr < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     int fd;
     if (open_bundle(path, &fd) < 0) {
         crypto_close(&k);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     struct kc_bundle_import_opts o = {
         .fd = fd,
@@ -512,9 +469,9 @@ static int cmd_show(const struct kc_tool_ctx *t, const char *path)
         close(fd);
     if (rc < 0) {
         crypto_close(&k);
-        err_line("%s: %s", path, info.why);
+        kc_tool_err("%s: %s", path, info.why);
         free(info.ns);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     for (size_t i = 0; i < info.n_ns; i++)
         info.ns[i].usable = kc_tool_ns_usable(info.ns[i].ns);
@@ -522,9 +479,9 @@ static int cmd_show(const struct kc_tool_ctx *t, const char *path)
     printf("bundle %s: layout %u, record format %u, created %s\n", path, info.version, info.format,
            utc(info.created_ns, when, sizeof when));
     printf("%" PRIu64 " entries, %s uncompressed", info.entries,
-           human(info.raw_bytes, b1, sizeof b1));
+           kc_tool_human_size(info.raw_bytes, b1, sizeof b1));
     if (info.file_bytes > 0)
-        printf(", %s on disk", human(info.file_bytes, b2, sizeof b2));
+        printf(", %s on disk", kc_tool_human_size(info.file_bytes, b2, sizeof b2));
     if (info.trailer_seen)
         printf(", %" PRIu64 " blocks", info.blocks);
     printf("\n");
@@ -540,7 +497,7 @@ static int cmd_show(const struct kc_tool_ctx *t, const char *path)
     print_namespaces(&info, false);
     crypto_close(&k);
     free(info.ns);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- arguments ---------------------------------------------------------------- */
@@ -591,20 +548,20 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
         }
         if (!options) {
             if (npos >= 2)
-                return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+                return kc_tool_usage_error("unexpected argument '%s' for '%s'", a, cmd);
             pos[npos++] = a;
             continue;
         }
         if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
-                return usage_error("--dir needs a directory");
+                return kc_tool_usage_error("--dir needs a directory");
             if (val[0] == '/') {
                 snprintf(dir, sizeof dir, "%s", val);
             } else {
                 char cwd[PATH_MAX];
                 if (getcwd(cwd, sizeof cwd) == NULL ||
                     snprintf(dir, sizeof dir, "%s/%s", cwd, val) >= (int)sizeof dir)
-                    return usage_error("--dir: cannot resolve '%s'", val);
+                    return kc_tool_usage_error("--dir: cannot resolve '%s'", val);
             }
             t.dir = dir;
             continue;
@@ -612,51 +569,51 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
         if (is_export && ((r = opt_value(argc, argv, &i, "-o", &val)) != 0 ||
                           (r = opt_value(argc, argv, &i, "--output", &val)) != 0)) {
             if (r < 0 || val[0] == '\0')
-                return usage_error("-o needs a file (or - for standard output)");
+                return kc_tool_usage_error("-o needs a file (or - for standard output)");
             out = val;
             continue;
         }
         if (is_export && (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
-                return usage_error("--namespace needs a pattern");
+                return kc_tool_usage_error("--namespace needs a pattern");
             if (n_globs == MAX_GLOBS)
-                return usage_error("at most %d --namespace patterns", MAX_GLOBS);
+                return kc_tool_usage_error("at most %d --namespace patterns", MAX_GLOBS);
             globs[n_globs++] = val;
             continue;
         }
         if (is_export && (r = opt_value(argc, argv, &i, "--hit-since", &val)) != 0) {
             uint64_t d;
             if (r < 0 || parse_duration(val, &d) != 0)
-                return usage_error("--hit-since needs a duration (like 90m, 12h or 7d)");
+                return kc_tool_usage_error("--hit-since needs a duration (like 90m, 12h or 7d)");
             uint64_t now = (uint64_t)time(NULL) * 1000000000u;
             since = d < now ? now - d : 1;
             continue;
         }
         if (is_export && (r = opt_value(argc, argv, &i, "--max-size", &val)) != 0) {
             if (r < 0 || kc_parse_size(val, &max_size) != 0 || max_size == 0)
-                return usage_error("--max-size needs a size (like 512M or 5G)");
+                return kc_tool_usage_error("--max-size needs a size (like 512M or 5G)");
             continue;
         }
         if (is_export && (r = opt_value(argc, argv, &i, "--sign", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
-                return usage_error("--sign needs a secret key file (kcache keygen)");
+                return kc_tool_usage_error("--sign needs a secret key file (kcache keygen)");
             sign = val;
             continue;
         }
         if (is_export && (r = opt_value(argc, argv, &i, "--compress", &val)) != 0) {
             if (r < 0)
-                return usage_error("--compress needs zstd, lz4 or none");
+                return kc_tool_usage_error("--compress needs zstd, lz4 or none");
             if (strncmp(val, "zstd", 4) == 0 && (val[4] == '\0' || val[4] == ':')) {
                 codec = KC_BUNDLE_ZSTD;
                 level = val[4] == ':' ? atoi(val + 5) : 0;
                 if (val[4] == ':' && (level < 1 || level > 19))
-                    return usage_error("--compress zstd:LEVEL: LEVEL is 1 to 19");
+                    return kc_tool_usage_error("--compress zstd:LEVEL: LEVEL is 1 to 19");
             } else if (strcmp(val, "lz4") == 0) {
                 codec = KC_BUNDLE_LZ4;
             } else if (strcmp(val, "none") == 0) {
                 codec = KC_BUNDLE_RAW;
             } else {
-                return usage_error("--compress needs zstd, zstd:LEVEL, lz4 or none");
+                return kc_tool_usage_error("--compress needs zstd, zstd:LEVEL, lz4 or none");
             }
             continue;
         }
@@ -673,28 +630,28 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
             continue;
         }
         if (a[0] == '-' && a[1] != '\0')
-            return usage_error("unknown option '%s' for '%s'", a, cmd);
+            return kc_tool_usage_error("unknown option '%s' for '%s'", a, cmd);
         if (npos >= 2)
-            return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+            return kc_tool_usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }
     if (t.dir == NULL || t.dir[0] == '\0') {
-        err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
-        return EXIT_RUNTIME;
+        kc_tool_err("no cache directory (no home directory); set KCACHE_DIR or use --dir");
+        return KC_EXIT_RUNTIME;
     }
     if (is_export) {
         if (npos != 0)
-            return usage_error("unexpected argument '%s' for 'export'", pos[0]);
+            return kc_tool_usage_error("unexpected argument '%s' for 'export'", pos[0]);
         if (out == NULL)
-            return usage_error("export needs -o FILE (or -o - for standard output)");
+            return kc_tool_usage_error("export needs -o FILE (or -o - for standard output)");
         return cmd_export(&t, out, globs, n_globs, since, max_size, sign, codec, level);
     }
     if (is_import) {
         if (npos != 1)
-            return usage_error("import needs a FILE");
+            return kc_tool_usage_error("import needs a FILE");
         return cmd_import(&t, pos[0], trust_unsigned, dry_run, only_usable);
     }
     if (npos != 2 || strcmp(pos[0], "show") != 0)
-        return usage_error("bundle needs a subcommand: show FILE");
+        return kc_tool_usage_error("bundle needs a subcommand: show FILE");
     return cmd_show(&t, pos[1]);
 }

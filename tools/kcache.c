@@ -13,6 +13,7 @@
 #include "../store/remote/remote.h"
 #include "../store/store.h"
 #include "bundle.h"
+#include "cli.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,9 +33,6 @@
 #ifndef KC_VERSION
 #define KC_VERSION "unknown"
 #endif
-
-#define EXIT_USAGE 2
-#define EXIT_RUNTIME 1
 
 static const char usage_text[] =
     "Usage: kcache [--dir DIR] COMMAND [OPTIONS]\n"
@@ -91,34 +89,6 @@ struct ctx {
     bool progress;                    /* stderr is a terminal */
 };
 
-static void err_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void err_line(const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    /* One line, whatever the message held. */
-    for (char *p = line; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fflush(stdout);
-    fprintf(stderr, "kcache: error: %s\n", line);
-}
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int usage_error(const char *fmt, ...)
-{
-    char line[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    err_line("%s (see kcache --help)", line);
-    return EXIT_USAGE;
-}
-
 static const char *kind_name(uint32_t kind)
 {
     switch (kind) {
@@ -136,22 +106,6 @@ static const char *kind_name(uint32_t kind)
 }
 
 /* Formats a byte count for people: "512 B", "1.5 KiB", "3.2 GiB". */
-static const char *human_size(uint64_t n, char *buf, size_t len)
-{
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (n < 1024) {
-        snprintf(buf, len, "%" PRIu64 " B", n);
-        return buf;
-    }
-    double v = (double)n;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, len, "%.1f %s", v, units[u]);
-    return buf;
-}
 
 static const char *format_time(uint64_t t, char *buf, size_t len)
 {
@@ -226,8 +180,8 @@ static bool need(struct ctx *c, const void *fn, const char *name)
 {
     if (c->api != NULL && fn != NULL)
         return true;
-    err_line("the store library does not provide %s (store ABI %d)", name,
-             c->api != NULL ? c->api->abi : -1);
+    kc_tool_err("the store library does not provide %s (store ABI %d)", name,
+                c->api != NULL ? c->api->abi : -1);
     return false;
 }
 
@@ -271,18 +225,18 @@ static int probe_dir(struct ctx *c)
             fill_options(c, &o, true);
             int rc = need(c, (const void *)c->api->open, "open") ? c->api->open(&o, &st) : -ENOSYS;
             if (rc < 0 || st == NULL) {
-                err_line("cannot use cache directory %s: %s", c->dir,
-                         open_error(rc < 0 ? rc : -EIO));
+                kc_tool_err("cannot use cache directory %s: %s", c->dir,
+                            open_error(rc < 0 ? rc : -EIO));
                 return -1;
             }
             c->api->ops->close(st);
             return 0;
         }
-        err_line("cannot use cache directory %s: %s", c->dir, strerror(errno));
+        kc_tool_err("cannot use cache directory %s: %s", c->dir, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(sb.st_mode)) {
-        err_line("cannot use cache directory %s: %s", c->dir, strerror(ENOTDIR));
+        kc_tool_err("cannot use cache directory %s: %s", c->dir, strerror(ENOTDIR));
         return -1;
     }
     return 1;
@@ -305,7 +259,7 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
     fill_options(c, &o, readonly);
     int rc = c->api->open(&o, st);
     if (rc < 0 || *st == NULL) {
-        err_line("cannot use cache directory %s: %s", c->dir, open_error(rc < 0 ? rc : -EIO));
+        kc_tool_err("cannot use cache directory %s: %s", c->dir, open_error(rc < 0 ? rc : -EIO));
         *st = NULL;
         return -1;
     }
@@ -345,12 +299,12 @@ static void print_remote(const struct kc_remote_counters *r)
     uint64_t lookups = r->hits + r->misses;
     printf("Remote:\n");
     printf("  hits %" PRIu64 " (%s)  misses %" PRIu64, r->hits,
-           human_size(r->download_bytes, b1, sizeof b1), r->misses);
+           kc_tool_human_size(r->download_bytes, b1, sizeof b1), r->misses);
     if (lookups > 0)
         printf("  hit rate %.1f%%", 100.0 * (double)r->hits / (double)lookups);
     printf("  saved %.3fs\n", r->saved_ns / 1e9);
     printf("  uploads %" PRIu64 " (%s)  kept local (past KCACHE_REMOTE_MAX_ENTRY) %" PRIu64 "\n",
-           r->uploads, human_size(r->upload_bytes, b2, sizeof b2), r->skipped);
+           r->uploads, kc_tool_human_size(r->upload_bytes, b2, sizeof b2), r->skipped);
     printf("  errors %" PRIu64 "  timeouts %" PRIu64 "  bad signatures %" PRIu64 "\n", r->errors,
            r->timeouts, r->bad);
     printf("  locks %" PRIu64 " taken, %" PRIu64 " held by another node  connections %" PRIu64
@@ -363,7 +317,7 @@ static int cmd_stats(struct ctx *c, bool json)
     struct kc_store *st = NULL;
     int o = open_store(c, true, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct kc_store_stats *s = NULL;
     struct kc_store_stats empty;
     memset(&empty, 0, sizeof empty);
@@ -372,13 +326,13 @@ static int cmd_stats(struct ctx *c, bool json)
         if (!need(c, (const void *)c->adm->stats, "stats") ||
             !need(c, (const void *)c->adm->stats_free, "stats_free")) {
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
         int rc = c->adm->stats(st, &s);
         if (rc < 0 || s == NULL) {
-            err_line("cannot read statistics of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
+            kc_tool_err("cannot read statistics of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
     }
     const struct kc_store_stats *v = s != NULL ? s : &empty;
@@ -445,22 +399,24 @@ static int cmd_stats(struct ctx *c, bool json)
         if (v->spool_entries)
             printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
         printf("\n");
-        printf("Size on disk:         %s of %s limit", human_size(v->disk_bytes, b1, sizeof b1),
-               human_size(max_size, b2, sizeof b2));
+        printf("Size on disk:         %s of %s limit",
+               kc_tool_human_size(v->disk_bytes, b1, sizeof b1),
+               kc_tool_human_size(max_size, b2, sizeof b2));
         /* A running owner preallocates its write-ahead log (tens of MiB):
          * say so, or a small store looks large right after a run. */
         if (v->reserved_bytes >= (1u << 20) && v->reserved_bytes * 10 >= v->disk_bytes)
             printf(" (%s of it reserved by running kcache processes, freed when they exit)",
-                   human_size(v->reserved_bytes, b3, sizeof b3));
+                   kc_tool_human_size(v->reserved_bytes, b3, sizeof b3));
         printf("\n");
         printf("Artifact bytes:       %s raw, %s unique after dedup\n",
-               human_size(v->raw_bytes, b3, sizeof b3), human_size(v->unique_bytes, b4, sizeof b4));
+               kc_tool_human_size(v->raw_bytes, b3, sizeof b3),
+               kc_tool_human_size(v->unique_bytes, b4, sizeof b4));
         printf("Compile time saved:   %.3f s\n", saved_ns / 1e9);
         if (v->n_ns > 0) {
             printf("Namespaces:\n");
             for (size_t i = 0; i < v->n_ns; i++)
                 printf("  %-40s %8" PRIu64 " entries  %s\n", v->ns[i].ns, v->ns[i].entries,
-                       human_size(v->ns[i].raw_bytes, b1, sizeof b1));
+                       kc_tool_human_size(v->ns[i].raw_bytes, b1, sizeof b1));
         }
         printf("Backends:\n");
         for (size_t i = 0; i < nb; i++) {
@@ -483,7 +439,7 @@ static int cmd_stats(struct ctx *c, bool json)
         c->adm->stats_free(s);
     if (st != NULL)
         c->api->ops->close(st);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- ls / show --------------------------------------------------------- */
@@ -501,8 +457,8 @@ static int ls_cb(const struct kc_entry *e, void *arg)
 
 static int walk_error(struct ctx *c, int rc)
 {
-    err_line("cannot read the entries of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
-    return EXIT_RUNTIME;
+    kc_tool_err("cannot read the entries of %s: %s", c->dir, strerror(rc < 0 ? -rc : EIO));
+    return KC_EXIT_RUNTIME;
 }
 
 static int cmd_ls(struct ctx *c, const char *ns)
@@ -510,18 +466,18 @@ static int cmd_ls(struct ctx *c, const char *ns)
     struct kc_store *st = NULL;
     int o = open_store(c, true, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     if (st == NULL)
         return 0;
     if (!need(c, (const void *)c->adm->foreach, "foreach")) {
         c->api->ops->close(st);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     int rc = c->adm->foreach (st, ns, ls_cb, NULL);
     c->api->ops->close(st);
     if (rc != 0)
         return walk_error(c, rc);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 struct show_match {
@@ -570,11 +526,11 @@ static int cmd_show(struct ctx *c, const char *key)
     char prefix[33];
     size_t n = strlen(key);
     if (n < 4 || n > 32)
-        return usage_error("KEY must be 4 to 32 hex digits, got '%s'", key);
+        return kc_tool_usage_error("KEY must be 4 to 32 hex digits, got '%s'", key);
     for (size_t i = 0; i < n; i++) {
         char ch = key[i];
         if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F')))
-            return usage_error("KEY must be hex digits, got '%s'", key);
+            return kc_tool_usage_error("KEY must be hex digits, got '%s'", key);
         prefix[i] = (char)(ch >= 'A' && ch <= 'F' ? ch - 'A' + 'a' : ch);
     }
     prefix[n] = '\0';
@@ -582,12 +538,12 @@ static int cmd_show(struct ctx *c, const char *key)
     struct kc_store *st = NULL;
     int o = open_store(c, true, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct show_state s = {.prefix = prefix};
     if (st != NULL) {
         if (!need(c, (const void *)c->adm->foreach, "foreach")) {
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
         int rc = c->adm->foreach (st, NULL, show_cb, &s);
         c->api->ops->close(st);
@@ -597,14 +553,14 @@ static int cmd_show(struct ctx *c, const char *key)
         }
     }
     if (s.n == 0) {
-        err_line("no entry with key %s in %s", prefix, c->dir);
-        return EXIT_RUNTIME;
+        kc_tool_err("no entry with key %s in %s", prefix, c->dir);
+        return KC_EXIT_RUNTIME;
     }
     for (size_t i = 1; i < s.n; i++) {
         if (s.m[i].key.id.lo != s.m[0].key.id.lo || s.m[i].key.id.hi != s.m[0].key.id.hi) {
-            err_line("key prefix %s is ambiguous: it matches more than one key", prefix);
+            kc_tool_err("key prefix %s is ambiguous: it matches more than one key", prefix);
             free(s.m);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
     }
     for (size_t i = 0; i < s.n; i++) {
@@ -619,9 +575,9 @@ static int cmd_show(struct ctx *c, const char *key)
         printf("Kind:         %s\n", kind_name(m->info.kind));
         printf("Format:       %" PRIu32 "\n", m->info.format);
         printf("Size:         %" PRIu64 " bytes (%s)\n", m->info.body_size,
-               human_size(m->info.body_size, b1, sizeof b1));
+               kc_tool_human_size(m->info.body_size, b1, sizeof b1));
         printf("Stored:       %" PRIu64 " bytes (%s)\n", m->stored_bytes,
-               human_size(m->stored_bytes, b2, sizeof b2));
+               kc_tool_human_size(m->stored_bytes, b2, sizeof b2));
         printf("Created:      %s\n", format_time(m->info.created, t1, sizeof t1));
         printf("Last hit:     %s\n", format_time(m->info.last_hit, t2, sizeof t2));
         printf("Hits:         %" PRIu64 "\n", m->info.hits);
@@ -629,7 +585,7 @@ static int cmd_show(struct ctx *c, const char *key)
         printf("State:        %s\n", m->pending ? "pending (in the spool)" : "stored");
     }
     free(s.m);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- verify / gc / clear ---------------------------------------------- */
@@ -639,27 +595,27 @@ static int cmd_verify(struct ctx *c)
     struct kc_store *st = NULL;
     int o = open_store(c, false, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct kc_verify_report r;
     memset(&r, 0, sizeof r);
     if (st != NULL) {
         if (!need(c, (const void *)c->adm->verify, "verify")) {
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
         struct progress p = {.what = "verify"};
         int rc = c->adm->verify(st, 1, &r, c->progress ? progress_cb : NULL, &p);
         progress_end(&p);
         c->api->ops->close(st);
         if (rc < 0) {
-            err_line("verify of %s failed: %s", c->dir, strerror(-rc));
-            return EXIT_RUNTIME;
+            kc_tool_err("verify of %s failed: %s", c->dir, strerror(-rc));
+            return KC_EXIT_RUNTIME;
         }
     }
     printf("checked %" PRIu64 " records: %" PRIu64 " bad, %" PRIu64 " purged, %" PRIu64
            " bad spool files removed\n",
            r.checked, r.bad, r.purged, r.spool_bad);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 static int cmd_gc(struct ctx *c, uint64_t max_size)
@@ -667,28 +623,29 @@ static int cmd_gc(struct ctx *c, uint64_t max_size)
     struct kc_store *st = NULL;
     int o = open_store(c, false, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct kc_gc_report r;
     memset(&r, 0, sizeof r);
     if (st != NULL) {
         if (!need(c, (const void *)c->adm->gc, "gc")) {
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
         struct progress p = {.what = "gc"};
         int rc = c->adm->gc(st, max_size, &r, c->progress ? progress_cb : NULL, &p);
         progress_end(&p);
         c->api->ops->close(st);
         if (rc < 0) {
-            err_line("gc of %s failed: %s", c->dir, strerror(-rc));
-            return EXIT_RUNTIME;
+            kc_tool_err("gc of %s failed: %s", c->dir, strerror(-rc));
+            return KC_EXIT_RUNTIME;
         }
     }
     char b1[32], b2[32], b3[32];
     printf("evicted %" PRIu64 " entries: %s -> %s (limit %s)\n", r.evicted,
-           human_size(r.bytes_before, b1, sizeof b1), human_size(r.bytes_after, b2, sizeof b2),
-           human_size(max_size ? max_size : c->cfg.max_size, b3, sizeof b3));
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+           kc_tool_human_size(r.bytes_before, b1, sizeof b1),
+           kc_tool_human_size(r.bytes_after, b2, sizeof b2),
+           kc_tool_human_size(max_size ? max_size : c->cfg.max_size, b3, sizeof b3));
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 static int cmd_clear(struct ctx *c)
@@ -696,21 +653,21 @@ static int cmd_clear(struct ctx *c)
     struct kc_store *st = NULL;
     int o = open_store(c, false, &st);
     if (o < 0)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     if (st != NULL) {
         if (!need(c, (const void *)c->adm->clear, "clear")) {
             c->api->ops->close(st);
-            return EXIT_RUNTIME;
+            return KC_EXIT_RUNTIME;
         }
         int rc = c->adm->clear(st);
         c->api->ops->close(st);
         if (rc < 0) {
-            err_line("clear of %s failed: %s", c->dir, strerror(-rc));
-            return EXIT_RUNTIME;
+            kc_tool_err("clear of %s failed: %s", c->dir, strerror(-rc));
+            return KC_EXIT_RUNTIME;
         }
     }
     printf("cleared %s\n", c->dir);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- config / owner ---------------------------------------------------- */
@@ -762,7 +719,7 @@ static int cmd_config(struct ctx *c)
     for (int i = 0; i < rc.n_warnings; i++)
         printf("warning: %s\n", rc.warnings[i]);
     kc_remote_config_free(&rc);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- keygen / remote ping ---------------------------------------------- */
@@ -772,19 +729,19 @@ static int cmd_keygen(const char *path)
     char id[17];
     int rc = kc_remote_keygen(path, NULL, id);
     if (rc == -EEXIST) {
-        err_line("%s or %s.pub exists; not overwritten", path, path);
-        return EXIT_RUNTIME;
+        kc_tool_err("%s or %s.pub exists; not overwritten", path, path);
+        return KC_EXIT_RUNTIME;
     }
     if (rc != 0) {
-        err_line("keygen %s: %s", path,
-                 rc == -ENOSYS ? "libsodium is not installed" : strerror(-rc));
-        return EXIT_RUNTIME;
+        kc_tool_err("keygen %s: %s", path,
+                    rc == -ENOSYS ? "libsodium is not installed" : strerror(-rc));
+        return KC_EXIT_RUNTIME;
     }
     printf("secret key: %s (keep it private: KCACHE_REMOTE_SIGNING_KEY of the writers)\n"
            "public key: %s.pub (a line for every node's KCACHE_REMOTE_TRUSTED_KEYS file)\n"
            "key id %s\n",
            path, path, id);
-    return fflush(stdout) == 0 ? 0 : EXIT_RUNTIME;
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 static int cmd_remote_ping(struct ctx *c)
@@ -797,16 +754,16 @@ static int cmd_remote_ping(struct ctx *c)
     for (int i = 0; i < cfg.n_warnings; i++)
         kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
     if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
-        err_line("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
+        kc_tool_err("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
         kc_remote_config_free(&cfg);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     struct kc_remote *r = NULL;
     rc = kc_remote_open(&cfg, NULL, &r);
     kc_remote_config_free(&cfg);
     if (rc != 0) {
-        err_line("remote: %s", strerror(-rc));
-        return EXIT_RUNTIME;
+        kc_tool_err("remote: %s", strerror(-rc));
+        return KC_EXIT_RUNTIME;
     }
     static struct kc_remote_ping p;
     rc = kc_remote_ping(r, &p);
@@ -831,8 +788,8 @@ static int cmd_remote_ping(struct ctx *c)
         printf("signed entry: %s\n", strerror(-p.roundtrip_rc));
     kc_remote_close(r);
     if (fflush(stdout) != 0)
-        return EXIT_RUNTIME;
-    return rc == 0 ? 0 : EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
+    return rc == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- push -------------------------------------------------------------- */
@@ -878,7 +835,7 @@ static struct kc_remote *tool_remote(struct ctx *c)
     for (int i = 0; i < cfg.n_warnings; i++)
         kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
     if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
-        err_line("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
+        kc_tool_err("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
         kc_remote_config_free(&cfg);
         return NULL;
     }
@@ -886,7 +843,7 @@ static struct kc_remote *tool_remote(struct ctx *c)
     rc = kc_remote_open(&cfg, NULL, &r);
     kc_remote_config_free(&cfg);
     if (rc != 0)
-        err_line("remote: %s", strerror(-rc));
+        kc_tool_err("remote: %s", strerror(-rc));
     return rc == 0 ? r : NULL;
 }
 
@@ -899,14 +856,14 @@ static int cmd_push(struct ctx *c, const char *ns)
 {
     struct kc_remote *r = tool_remote(c);
     if (r == NULL)
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct kc_store *st = NULL;
     int o = open_store(c, true, &st);
     if (o < 0 || (st != NULL && !need(c, (const void *)c->adm->foreach, "foreach"))) {
         if (st != NULL)
             c->api->ops->close(st);
         kc_remote_close(r);
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     }
     struct push_list l = {0};
     int rc = st != NULL ? c->adm->foreach (st, ns, push_cb, &l) : 0;
@@ -959,7 +916,7 @@ static int cmd_push(struct ctx *c, const char *ns)
         c->api->ops->close(st);
     }
     char b[32];
-    printf("pushed %" PRIu64 " entries (%s)", pushed, human_size(bytes, b, sizeof b));
+    printf("pushed %" PRIu64 " entries (%s)", pushed, kc_tool_human_size(bytes, b, sizeof b));
     if (large > 0)
         printf("; %" PRIu64 " kept local (larger than KCACHE_REMOTE_MAX_ENTRY)", large);
     if (gone > 0)
@@ -968,16 +925,16 @@ static int cmd_push(struct ctx *c, const char *ns)
         printf("; %" PRIu64 " failed", failed);
     printf("\n");
     if (stop != 0) {
-        err_line("push stopped: %s",
-                 stop == -EROFS    ? "this node does not write to the remote (no usable "
-                                     "KCACHE_REMOTE_SIGNING_KEY, or read-only)"
-                 : stop == -ENOSPC ? "the remote is full (maxmemory)"
-                                   : "the remote failed; see the warning above");
-        return EXIT_RUNTIME;
+        kc_tool_err("push stopped: %s",
+                    stop == -EROFS    ? "this node does not write to the remote (no usable "
+                                        "KCACHE_REMOTE_SIGNING_KEY, or read-only)"
+                    : stop == -ENOSPC ? "the remote is full (maxmemory)"
+                                      : "the remote failed; see the warning above");
+        return KC_EXIT_RUNTIME;
     }
     if (fflush(stdout) != 0)
-        return EXIT_RUNTIME;
-    return failed == 0 ? 0 : EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
+    return failed == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* The owner outlives whoever started it: it keeps none of the starter's
@@ -1000,7 +957,7 @@ static int cmd_owner(struct ctx *c, int idle_ms)
 {
     owner_detach(c);
     if (!need(c, (const void *)c->adm->owner_run, "owner_run"))
-        return EXIT_RUNTIME;
+        return KC_EXIT_RUNTIME;
     struct kc_store_options o;
     fill_options(c, &o, false);
     int rc = c->adm->owner_run(&o, idle_ms);
@@ -1009,8 +966,8 @@ static int cmd_owner(struct ctx *c, int idle_ms)
         return 0;
     }
     if (rc < 0) {
-        err_line("owner of %s failed: %s", c->dir, open_error(rc));
-        return EXIT_RUNTIME;
+        kc_tool_err("owner of %s failed: %s", c->dir, open_error(rc));
+        return KC_EXIT_RUNTIME;
     }
     return 0;
 }
@@ -1021,20 +978,20 @@ static int cmd_owner(struct ctx *c, int idle_ms)
 static int set_dir(struct ctx *c, const char *d)
 {
     if (d[0] == '\0')
-        return usage_error("--dir needs a non-empty directory");
+        return kc_tool_usage_error("--dir needs a non-empty directory");
     if (d[0] == '/') {
         if (strlen(d) >= sizeof c->dir - 64)
-            return usage_error("--dir is too long");
+            return kc_tool_usage_error("--dir is too long");
         snprintf(c->dir, sizeof c->dir, "%s", d);
         return 0;
     }
     char cwd[PATH_MAX];
     if (getcwd(cwd, sizeof cwd) == NULL) {
-        err_line("cannot resolve %s: %s", d, strerror(errno));
-        return EXIT_RUNTIME;
+        kc_tool_err("cannot resolve %s: %s", d, strerror(errno));
+        return KC_EXIT_RUNTIME;
     }
     if (strlen(cwd) + strlen(d) + 2 >= sizeof c->dir - 64)
-        return usage_error("--dir is too long");
+        return kc_tool_usage_error("--dir is too long");
     size_t a = strlen(cwd), b = strlen(d);
     memcpy(c->dir, cwd, a);
     c->dir[a] = '/';
@@ -1086,7 +1043,7 @@ int main(int argc, char **argv)
         int r;
         if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
             if (r < 0)
-                return usage_error("--dir needs a directory");
+                return kc_tool_usage_error("--dir needs a directory");
             int rc = set_dir(&c, val);
             if (rc != 0)
                 return rc;
@@ -1116,46 +1073,46 @@ int main(int argc, char **argv)
         if (cmd != NULL && (strcmp(cmd, "ls") == 0 || strcmp(cmd, "push") == 0) &&
             (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
-                return usage_error("--namespace needs a namespace");
+                return kc_tool_usage_error("--namespace needs a namespace");
             ns = val;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "gc") == 0 &&
             (r = opt_value(argc, argv, &i, "--max-size", &val)) != 0) {
             if (r < 0)
-                return usage_error("--max-size needs a size");
+                return kc_tool_usage_error("--max-size needs a size");
             max_size_s = val;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "owner") == 0 &&
             (r = opt_value(argc, argv, &i, "--idle-ms", &val)) != 0) {
             if (r < 0)
-                return usage_error("--idle-ms needs a number of milliseconds");
+                return kc_tool_usage_error("--idle-ms needs a number of milliseconds");
             idle_s = val;
             continue;
         }
         if (a[0] == '-' && a[1] != '\0') {
             if (cmd == NULL)
-                return usage_error("unknown option '%s'", a);
-            return usage_error("unknown option '%s' for '%s'", a, cmd);
+                return kc_tool_usage_error("unknown option '%s'", a);
+            return kc_tool_usage_error("unknown option '%s' for '%s'", a, cmd);
         }
         if (cmd == NULL) {
             bool known = false;
             for (size_t k = 0; k < sizeof commands / sizeof *commands; k++)
                 known = known || strcmp(a, commands[k]) == 0;
             if (!known)
-                return usage_error("unknown command '%s'", a);
+                return kc_tool_usage_error("unknown command '%s'", a);
             cmd = a;
             continue;
         }
         if (npos >= 1 ||
             (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 && strcmp(cmd, "remote") != 0))
-            return usage_error("unexpected argument '%s' for '%s'", a, cmd);
+            return kc_tool_usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }
 
     if (cmd == NULL)
-        return usage_error("no command given");
+        return kc_tool_usage_error("no command given");
     c.prog_cmd = cmd;
     if (strcmp(cmd, "help") == 0) {
         fputs(usage_text, stdout);
@@ -1171,26 +1128,26 @@ int main(int argc, char **argv)
         return cmd_config(&c);
     if (strcmp(cmd, "keygen") == 0) {
         if (npos != 1)
-            return usage_error("keygen needs a PATH");
+            return kc_tool_usage_error("keygen needs a PATH");
         return cmd_keygen(pos[0]);
     }
     if (strcmp(cmd, "remote") == 0) {
         if (npos != 1 || strcmp(pos[0], "ping") != 0)
-            return usage_error("remote needs a subcommand: ping");
+            return kc_tool_usage_error("remote needs a subcommand: ping");
         return cmd_remote_ping(&c);
     }
     if (c.dir[0] == '\0') {
-        err_line("no cache directory (no home directory); set KCACHE_DIR or use --dir");
-        return EXIT_RUNTIME;
+        kc_tool_err("no cache directory (no home directory); set KCACHE_DIR or use --dir");
+        return KC_EXIT_RUNTIME;
     }
 
     c.api = kc_store_api();
     c.adm = kc_store_admin();
     if (c.api == NULL || c.api->abi != KC_STORE_ABI || c.api->ops == NULL || c.adm == NULL ||
         c.adm->abi != KC_STORE_ABI) {
-        err_line("the store library has ABI %d, this tool needs %d",
-                 c.api != NULL ? c.api->abi : -1, KC_STORE_ABI);
-        return EXIT_RUNTIME;
+        kc_tool_err("the store library has ABI %d, this tool needs %d",
+                    c.api != NULL ? c.api->abi : -1, KC_STORE_ABI);
+        return KC_EXIT_RUNTIME;
     }
 
     if (strcmp(cmd, "stats") == 0)
@@ -1201,7 +1158,7 @@ int main(int argc, char **argv)
         return cmd_ls(&c, ns);
     if (strcmp(cmd, "show") == 0) {
         if (npos != 1)
-            return usage_error("show needs a KEY");
+            return kc_tool_usage_error("show needs a KEY");
         return cmd_show(&c, pos[0]);
     }
     if (strcmp(cmd, "verify") == 0)
@@ -1209,7 +1166,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "gc") == 0) {
         uint64_t max_size = 0;
         if (max_size_s != NULL && kc_parse_size(max_size_s, &max_size) != 0)
-            return usage_error("--max-size: '%s' is not a size (like 512M or 5G)", max_size_s);
+            return kc_tool_usage_error("--max-size: '%s' is not a size (like 512M or 5G)",
+                                       max_size_s);
         return cmd_gc(&c, max_size);
     }
     if (strcmp(cmd, "clear") == 0)
@@ -1224,9 +1182,10 @@ int main(int argc, char **argv)
             errno = 0;
             idle_ms = strtol(idle_s, &end, 10);
             if (end == idle_s || *end != '\0' || errno != 0 || idle_ms < 0 || idle_ms > 86400000)
-                return usage_error("--idle-ms: '%s' is not a number of milliseconds", idle_s);
+                return kc_tool_usage_error("--idle-ms: '%s' is not a number of milliseconds",
+                                           idle_s);
         }
         return cmd_owner(&c, (int)idle_ms);
     }
-    return usage_error("unknown command '%s'", cmd);
+    return kc_tool_usage_error("unknown command '%s'", cmd);
 }

@@ -1,0 +1,24 @@
+/*
+ * cli.h: how the tool speaks: one-line errors, usage errors, sizes for
+ * people. Shared by kcache.c and bundle.c.
+ */
+#ifndef KCACHE_TOOLS_CLI_H
+#define KCACHE_TOOLS_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KC_EXIT_RUNTIME 1 /* something could not be done: one line on stderr */
+#define KC_EXIT_USAGE 2   /* the command line was wrong */
+
+/* Prints "kcache: error: MESSAGE" on stderr as one line (newlines in the
+ * message become spaces), after flushing stdout. */
+void kc_tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The same with " (see kcache --help)" appended; returns KC_EXIT_USAGE. */
+int kc_tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* n bytes in binary units ("512 B", "1.5 MiB"), into buf; returns buf. */
+const char *kc_tool_human_size(uint64_t n, char *buf, size_t len);
+
+#endif
