@@ -63,42 +63,8 @@ static void *real_of(void **slot, const char *name)
  * session: the option arrays stay the host's until cuLinkDestroy. */
 struct cl_priv {
     void **vals;
-    char *info_buf, *error_buf;
-    size_t info_size, error_size;
-    int info_idx, error_idx, wall_idx;
+    struct kc__jit_logs lg;
 };
-
-/* Whether option o with value v changes the code, and is an integer the
- * key can hold (the driver reads these values as 32-bit). */
-static bool code_option(CUjit_option o)
-{
-    switch (o) {
-    case CU_JIT_MAX_REGISTERS:
-    case CU_JIT_OPTIMIZATION_LEVEL:
-    case CU_JIT_TARGET_FROM_CUCONTEXT:
-    case CU_JIT_TARGET:
-    case CU_JIT_FALLBACK_STRATEGY:
-    case CU_JIT_GENERATE_DEBUG_INFO:
-    case CU_JIT_LOG_VERBOSE:
-    case CU_JIT_GENERATE_LINE_INFO:
-    case CU_JIT_CACHE_MODE:
-    case CU_JIT_NEW_SM3X_OPT:
-    case CU_JIT_FAST_COMPILE:
-    case CU_JIT_FTZ:
-    case CU_JIT_PREC_DIV:
-    case CU_JIT_PREC_SQRT:
-    case CU_JIT_FMA:
-    case CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES:
-    case CU_JIT_POSITION_INDEPENDENT_CODE:
-    case CU_JIT_MIN_CTA_PER_SM:
-    case CU_JIT_MAX_THREADS_PER_BLOCK:
-    case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
-    case CU_JIT_SPLIT_COMPILE:
-        return true;
-    default: /* THREADS_PER_BLOCK (in/out), symbols, names, LTO, ... */
-        return false;
-    }
-}
 
 /* Sorts cuLinkCreate's options into the logs and code-affecting ones, and
  * hashes the latter with the log buffers' sizes. False: not cacheable. */
@@ -106,41 +72,22 @@ static bool parse_create(unsigned n, CUjit_option *opt, void **val, struct cl_pr
                          struct kc__hasher *h)
 {
     memset(p, 0, sizeof *p);
-    p->info_idx = p->error_idx = p->wall_idx = -1;
+    kc__jit_logs_init(&p->lg);
     p->vals = val;
     if (n > 64 || (n > 0 && (opt == NULL || val == NULL)))
         return false;
     for (unsigned i = 0; i < n; i++) {
-        uintptr_t v = (uintptr_t)val[i];
-        switch (opt[i]) {
-        case CU_JIT_INFO_LOG_BUFFER:
-            p->info_buf = val[i];
-            break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
-            p->info_size = (unsigned)v;
-            p->info_idx = (int)i;
-            break;
-        case CU_JIT_ERROR_LOG_BUFFER:
-            p->error_buf = val[i];
-            break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
-            p->error_size = (unsigned)v;
-            p->error_idx = (int)i;
-            break;
-        case CU_JIT_WALL_TIME:
-            p->wall_idx = (int)i;
-            break;
-        default:
-            if (!code_option(opt[i]))
-                return false;
-            kc__hash_u64(h, (uint64_t)opt[i]);
-            kc__hash_u64(h, (uint64_t)(unsigned)v);
-        }
+        if (kc__jit_log_option(&p->lg, opt[i], val[i], i))
+            continue;
+        if (!kc__jit_code_option(opt[i]))
+            return false;
+        kc__hash_u64(h, (uint64_t)opt[i]);
+        kc__hash_u64(h, (uint64_t)(unsigned)(uintptr_t)val[i]);
     }
-    kc__hash_u64(h, p->info_buf != NULL);
-    kc__hash_u64(h, p->info_idx >= 0 ? p->info_size : UINT64_MAX);
-    kc__hash_u64(h, p->error_buf != NULL);
-    kc__hash_u64(h, p->error_idx >= 0 ? p->error_size : UINT64_MAX);
+    kc__hash_u64(h, p->lg.info_buf != NULL);
+    kc__hash_u64(h, p->lg.info_idx >= 0 ? p->lg.info_size : UINT64_MAX);
+    kc__hash_u64(h, p->lg.error_buf != NULL);
+    kc__hash_u64(h, p->lg.error_idx >= 0 ? p->lg.error_size : UINT64_MAX);
     return true;
 }
 
@@ -150,7 +97,7 @@ static bool input_options_usual(unsigned n, CUjit_option *opt, void **val)
     if (n > 16 || (n > 0 && (opt == NULL || val == NULL)))
         return false;
     for (unsigned i = 0; i < n; i++)
-        if (!code_option(opt[i]))
+        if (!kc__jit_code_option(opt[i]))
             return false;
     return true;
 }
@@ -432,8 +379,10 @@ static struct kc__lrec *capture(const struct cl_priv *p, CUresult rc, bool writt
     } else if (written && size > 0) {
         goto fail; /* a size without bytes to keep: not replayable */
     }
-    if (log_capture(p->info_buf, p->info_size, p->info_idx, p->vals, &r->out[LOUT_INFO_LOG]) ||
-        log_capture(p->error_buf, p->error_size, p->error_idx, p->vals, &r->out[LOUT_ERROR_LOG]))
+    if (log_capture(p->lg.info_buf, p->lg.info_size, p->lg.info_idx, p->vals,
+                    &r->out[LOUT_INFO_LOG]) ||
+        log_capture(p->lg.error_buf, p->lg.error_size, p->lg.error_idx, p->vals,
+                    &r->out[LOUT_ERROR_LOG]))
         goto fail;
     return r;
 fail:
@@ -458,11 +407,14 @@ KC_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *si
         rc = real(state, cubinOut, sizeOut);
     } else if (kc__link_complete_begin(s, t0)) {
         const struct kc__lrec *r = s->served;
-        log_replay(p->info_buf, p->info_size, p->info_idx, p->vals, &r->out[LOUT_INFO_LOG]);
-        log_replay(p->error_buf, p->error_size, p->error_idx, p->vals, &r->out[LOUT_ERROR_LOG]);
-        if (p->wall_idx >= 0) {
+        log_replay(p->lg.info_buf, p->lg.info_size, p->lg.info_idx, p->vals,
+                   &r->out[LOUT_INFO_LOG]);
+        log_replay(p->lg.error_buf, p->lg.error_size, p->lg.error_idx, p->vals,
+                   &r->out[LOUT_ERROR_LOG]);
+        if (p->lg.wall_idx >= 0) {
             float ms = (float)(kc_mono_ns() - t0) / 1e6f;
-            memcpy(&p->vals[p->wall_idx], &ms, sizeof ms); /* a float in the slot, as the driver */
+            memcpy(&p->vals[p->lg.wall_idx], &ms,
+                   sizeof ms); /* a float in the slot, as the driver */
         }
         if (r->out[LOUT_CUBIN].size_set) {
             /* Lives in the record until cuLinkDestroy. */

@@ -251,14 +251,73 @@ static enum image_kind fatbin_kind(const void *p, size_t *len, int major, int mi
 
 struct jit_req {
     /* The host's log buffers and where to write back. */
-    char *info_buf, *error_buf;
-    size_t info_size, error_size;
-    int info_idx, error_idx, wall_idx;
+    struct kc__jit_logs lg;
     /* Options for the linker: the host's code-affecting ones and ours. */
     unsigned n;
     CUjit_option opt[72];
     void *val[72];
 };
+
+void kc__jit_logs_init(struct kc__jit_logs *l)
+{
+    memset(l, 0, sizeof *l);
+    l->info_idx = l->error_idx = l->wall_idx = -1;
+}
+
+bool kc__jit_log_option(struct kc__jit_logs *l, CUjit_option o, void *v, unsigned i)
+{
+    switch (o) {
+    case CU_JIT_INFO_LOG_BUFFER:
+        l->info_buf = v;
+        return true;
+    case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
+        l->info_size = (unsigned)(uintptr_t)v;
+        l->info_idx = (int)i;
+        return true;
+    case CU_JIT_ERROR_LOG_BUFFER:
+        l->error_buf = v;
+        return true;
+    case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
+        l->error_size = (unsigned)(uintptr_t)v;
+        l->error_idx = (int)i;
+        return true;
+    case CU_JIT_WALL_TIME:
+        l->wall_idx = (int)i;
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool kc__jit_code_option(CUjit_option o)
+{
+    switch (o) {
+    case CU_JIT_MAX_REGISTERS:
+    case CU_JIT_OPTIMIZATION_LEVEL:
+    case CU_JIT_TARGET_FROM_CUCONTEXT:
+    case CU_JIT_TARGET:
+    case CU_JIT_FALLBACK_STRATEGY:
+    case CU_JIT_GENERATE_DEBUG_INFO:
+    case CU_JIT_LOG_VERBOSE: /* decides the info log we store */
+    case CU_JIT_GENERATE_LINE_INFO:
+    case CU_JIT_CACHE_MODE:
+    case CU_JIT_NEW_SM3X_OPT:
+    case CU_JIT_FAST_COMPILE:
+    case CU_JIT_FTZ:
+    case CU_JIT_PREC_DIV:
+    case CU_JIT_PREC_SQRT:
+    case CU_JIT_FMA:
+    case CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES:
+    case CU_JIT_POSITION_INDEPENDENT_CODE:
+    case CU_JIT_MIN_CTA_PER_SM:
+    case CU_JIT_MAX_THREADS_PER_BLOCK:
+    case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
+    case CU_JIT_SPLIT_COMPILE:
+        return true;
+    default: /* THREADS_PER_BLOCK (in/out), global symbols, referenced names, LTO... */
+        return false;
+    }
+}
 
 /* Sorts the host's options into log handling and code-affecting ones, and
  * hashes the latter. Returns false when the request cannot be replayed from
@@ -268,60 +327,20 @@ static bool jit_req_parse(unsigned n, CUjit_option *opt, void **val, struct jit_
                           struct kc__hasher *h)
 {
     memset(r, 0, sizeof *r);
-    r->info_idx = r->error_idx = r->wall_idx = -1;
+    kc__jit_logs_init(&r->lg);
     if (n && (!opt || !val))
         return false;
     if (n > 64)
         return false;
     for (unsigned i = 0; i < n; i++) {
-        uintptr_t v = (uintptr_t)val[i];
-        switch (opt[i]) {
-        case CU_JIT_INFO_LOG_BUFFER:
-            r->info_buf = val[i];
-            break;
-        case CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES:
-            r->info_size = (unsigned)v;
-            r->info_idx = (int)i;
-            break;
-        case CU_JIT_ERROR_LOG_BUFFER:
-            r->error_buf = val[i];
-            break;
-        case CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES:
-            r->error_size = (unsigned)v;
-            r->error_idx = (int)i;
-            break;
-        case CU_JIT_WALL_TIME:
-            r->wall_idx = (int)i;
-            break;
-        case CU_JIT_MAX_REGISTERS:
-        case CU_JIT_OPTIMIZATION_LEVEL:
-        case CU_JIT_TARGET_FROM_CUCONTEXT:
-        case CU_JIT_TARGET:
-        case CU_JIT_FALLBACK_STRATEGY:
-        case CU_JIT_GENERATE_DEBUG_INFO:
-        case CU_JIT_LOG_VERBOSE: /* decides the info log we store */
-        case CU_JIT_GENERATE_LINE_INFO:
-        case CU_JIT_CACHE_MODE:
-        case CU_JIT_NEW_SM3X_OPT:
-        case CU_JIT_FAST_COMPILE:
-        case CU_JIT_FTZ:
-        case CU_JIT_PREC_DIV:
-        case CU_JIT_PREC_SQRT:
-        case CU_JIT_FMA:
-        case CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES:
-        case CU_JIT_POSITION_INDEPENDENT_CODE:
-        case CU_JIT_MIN_CTA_PER_SM:
-        case CU_JIT_MAX_THREADS_PER_BLOCK:
-        case CU_JIT_OVERRIDE_DIRECTIVE_VALUES:
-        case CU_JIT_SPLIT_COMPILE:
-            kc__hash_u64(h, (uint64_t)opt[i]);
-            kc__hash_u64(h, (uint64_t)(unsigned)v); /* the driver reads these as 32-bit values */
-            r->opt[r->n] = opt[i];
-            r->val[r->n++] = val[i];
-            break;
-        default: /* THREADS_PER_BLOCK (in/out), global symbols, referenced names, LTO... */
-            return false;
-        }
+        if (kc__jit_log_option(&r->lg, opt[i], val[i], i))
+            continue;
+        if (!kc__jit_code_option(opt[i]))
+            return false; /* THREADS_PER_BLOCK (in/out), global symbols, names, LTO... */
+        kc__hash_u64(h, (uint64_t)opt[i]);
+        kc__hash_u64(h, (uint64_t)(unsigned)(uintptr_t)val[i]); /* read as 32-bit values */
+        r->opt[r->n] = opt[i];
+        r->val[r->n++] = val[i];
     }
     return true;
 }
@@ -345,11 +364,12 @@ static void log_fill(char *buf, size_t size, int idx, void **vals, const char *l
 static void req_finish(const struct jit_req *r, void **vals, const char *info, size_t info_len,
                        uint64_t started)
 {
-    log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, info_len);
-    log_fill(r->error_buf, r->error_size, r->error_idx, vals, "", 0);
-    if (r->wall_idx >= 0) {
+    log_fill(r->lg.info_buf, r->lg.info_size, r->lg.info_idx, vals, info, info_len);
+    log_fill(r->lg.error_buf, r->lg.error_size, r->lg.error_idx, vals, "", 0);
+    if (r->lg.wall_idx >= 0) {
         float ms = (float)(kc_mono_ns() - started) / 1e6f;
-        memcpy(&vals[r->wall_idx], &ms, sizeof ms); /* a float in the pointer slot, as the driver */
+        memcpy(&vals[r->lg.wall_idx], &ms,
+               sizeof ms); /* a float in the pointer slot, as the driver */
     }
 }
 
@@ -357,11 +377,11 @@ static void req_finish(const struct jit_req *r, void **vals, const char *info, s
 static void req_fail(const struct jit_req *r, void **vals, const char *info, const char *error,
                      uint64_t started)
 {
-    log_fill(r->info_buf, r->info_size, r->info_idx, vals, info, strlen(info));
-    log_fill(r->error_buf, r->error_size, r->error_idx, vals, error, strlen(error));
-    if (r->wall_idx >= 0) {
+    log_fill(r->lg.info_buf, r->lg.info_size, r->lg.info_idx, vals, info, strlen(info));
+    log_fill(r->lg.error_buf, r->lg.error_size, r->lg.error_idx, vals, error, strlen(error));
+    if (r->lg.wall_idx >= 0) {
         float ms = (float)(kc_mono_ns() - started) / 1e6f;
-        memcpy(&vals[r->wall_idx], &ms, sizeof ms);
+        memcpy(&vals[r->lg.wall_idx], &ms, sizeof ms);
     }
 }
 

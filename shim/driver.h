@@ -73,4 +73,22 @@ KC_MEMO_WRAPPERS(KC_MEMO_ALIAS_DECL)
 KC_MEMO_WRAPPERS(KC_MEMO_REAL_DECL)
 #undef KC_MEMO_REAL_DECL
 
+/* The host's log options in a JIT option array: its buffers, their sizes
+ * and where the driver writes back (indices; -1: not given). */
+struct kc__jit_logs {
+    char *info_buf, *error_buf;
+    size_t info_size, error_size;
+    int info_idx, error_idx, wall_idx;
+};
+void kc__jit_logs_init(struct kc__jit_logs *l);
+
+/* Takes option o (value v, at index i) into *l when it is a log option
+ * (log buffers, their sizes, wall time): true; false for any other. */
+bool kc__jit_log_option(struct kc__jit_logs *l, CUjit_option o, void *v, unsigned i);
+
+/* Whether option o changes the code and is an integer a key can hold (the
+ * driver reads these values as 32-bit). The rest (in/out, pointers,
+ * symbols, LTO) cannot be replayed from the cache. */
+bool kc__jit_code_option(CUjit_option o);
+
 #endif

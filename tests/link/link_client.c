@@ -377,6 +377,22 @@ static int run(const char *dir, int threads, const char *only)
         if (t[i].o.n != t[0].o.n || memcmp(t[i].o.p, t[0].o.p, t[0].o.n))
             bad++;
     printf("threads=%d differing=%d\n", threads, bad);
+    /* Each thread's dump to DIR/thread-<i>.out when asked: verbose links'
+     * logs hold compile times that differ between threads with or without
+     * kcache, so the caller compares them with those masked. */
+    const char *keep = getenv("KCACHE_TEST_LINK_THREAD_OUT");
+    if (keep != NULL && keep[0] != '\0') {
+        for (int i = 0; i < threads; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/thread-%d.out", keep, i);
+            FILE *f = fopen(path, "w");
+            if (f == NULL)
+                return 1;
+            fwrite(t[i].o.p, 1, t[i].o.n, f);
+            fclose(f);
+        }
+        return 0;
+    }
     return bad != 0;
 }
 
