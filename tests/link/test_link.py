@@ -15,6 +15,8 @@ Usage: test_link.py TEST
   switch           KCACHE_LINK=0, KCACHE_READONLY=1, KCACHE_RECACHE=1
   culink           cuLink* against the stand-in driver, logs and all
   core             cuda.core's Linker (nvJitLink backend) from the venv
+  numba            numba-cuda from the venv, no GPU: NVVM to PTX/LTO-IR, its
+                   linker's three links to cubins, cold and warm
 
 Environment (tests/link/meson.build): KCACHE_SHIM, KCACHE_TOOL,
 KCACHE_TEST_LINK_LINKED, KCACHE_TEST_LINK_DLOPEN, KCACHE_TEST_STANDIN_DIR,
@@ -370,6 +372,26 @@ def t_core(tmp):
         check((h, m, p, e) == expect + (0, 0), "cuda.core %s: %s (%s)" % (label, expect, (h, m, p, s, e)))
 
 
+def t_numba(tmp):
+    """numba-cuda (no GPU here): its NVVM compiles to PTX and LTO-IR and its
+    linker's three links to cubins, under the shim: outputs as without it;
+    cold three link misses, warm three hits."""
+    if not os.path.exists(VENV_PY):
+        print("SKIP: no venv python at %s" % VENV_PY)
+        return 77
+    script = os.path.join(HERE, "numba_link.py")
+    store = os.path.join(tmp, "store")
+    env = dict(CUDA_HOME="/usr/local/cuda", PYTHONDONTWRITEBYTECODE=1,
+               NUMBA_CACHE_DIR=os.path.join(tmp, "numba-cache"))
+    ref, _ = run([VENV_PY, script], store, shim=False, **env)
+    check(ref.count("cubin from") == 3, "numba links three cubins without a GPU")
+    for label, expect in (("cold", (0, 3)), ("warm", (3, 0))):
+        out, err = run([VENV_PY, script], store, **env)
+        check(out == ref, "numba %s: outputs as without kcache" % label)
+        h, m, p, s, e = stats(err)
+        check((h, m, p, e) == expect + (0, 0), "numba %s: %s (%s)" % (label, expect, (h, m, p, s, e)))
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -381,7 +403,7 @@ def main():
             rc = t_identity(tmp, LINKED)
         elif t == "identity-dlopen":
             rc = t_identity(tmp, DLOPEN)
-        elif t in ("edit", "options", "threads", "multiproc", "switch", "culink", "core"):
+        elif t in ("edit", "options", "threads", "multiproc", "switch", "culink", "core", "numba"):
             rc = globals()["t_" + t](tmp)
         else:
             print(__doc__, file=sys.stderr)
