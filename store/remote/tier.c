@@ -457,11 +457,10 @@ int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const 
     return rc;
 }
 
-int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
+/* DEL of `del`, routed by `k` (the entry's name: a lock shares its slot):
+ * 0 (deleted or not there), or the failure. A full server still deletes. */
+static int del_key(struct kc_remote *r, const char *k, const char *del)
 {
-    char k[KC_REMOTE_KEY_MAX];
-    if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
-        return -EINVAL;
     pthread_mutex_lock(&r->mu);
     int rc = activate(r);
     if (rc == 0)
@@ -471,7 +470,7 @@ int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
     else if (rc != 0)
         goto out;
     struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 2, "DEL", k);
+    kc__cmd_set(&cmd, 2, "DEL", del);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
@@ -486,6 +485,14 @@ int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
 out:
     pthread_mutex_unlock(&r->mu);
     return rc;
+}
+
+int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
+{
+    char k[KC_REMOTE_KEY_MAX];
+    if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
+        return -EINVAL;
+    return del_key(r, k, k);
 }
 
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
@@ -568,30 +575,7 @@ int kc_remote_lock_clear(struct kc_remote *r, const char *ns, const kc_key *key)
     if (kc_remote_key_name(ns, key, k, sizeof k) != 0 ||
         kc_remote_lock_name(ns, key, lk, sizeof lk) != 0)
         return -EINVAL;
-    pthread_mutex_lock(&r->mu);
-    int rc = activate(r);
-    if (rc == 0)
-        rc = may_write(r, k);
-    if (rc == -ENOSPC)
-        rc = 0; /* a full server still deletes */
-    else if (rc != 0)
-        goto out;
-    struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 2, "DEL", lk);
-    redisReply *rep = NULL;
-    struct kc__node *nd = NULL;
-    rc = run(r, k, &cmd, &rep, &nd);
-    if (rc == 0) {
-        if (rep->type == REDIS_REPLY_INTEGER)
-            r->hi->free_reply(rep);
-        else if (rep->type == REDIS_REPLY_ERROR)
-            rc = write_error(r, nd, rep);
-        else
-            rc = garbage(r, nd, rep);
-    }
-out:
-    pthread_mutex_unlock(&r->mu);
-    return rc;
+    return del_key(r, k, lk);
 }
 
 uint64_t kc_remote_max_entry(struct kc_remote *r)
