@@ -744,29 +744,15 @@ static int cmd_keygen(const char *path)
     return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
+static struct kc_remote *tool_remote(struct ctx *c);
+
 static int cmd_remote_ping(struct ctx *c)
 {
-    struct kc_remote_settings rs;
-    struct kc_remote_config cfg;
-    char why[400];
-    kc_remote_settings_from_config(&c->cfg, &rs);
-    int rc = kc_remote_config_parse(&rs, &cfg, why, sizeof why);
-    for (int i = 0; i < cfg.n_warnings; i++)
-        kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
-    if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
-        kc_tool_err("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
-        kc_remote_config_free(&cfg);
+    struct kc_remote *r = tool_remote(c);
+    if (r == NULL)
         return KC_EXIT_RUNTIME;
-    }
-    struct kc_remote *r = NULL;
-    rc = kc_remote_open(&cfg, NULL, &r);
-    kc_remote_config_free(&cfg);
-    if (rc != 0) {
-        kc_tool_err("remote: %s", strerror(-rc));
-        return KC_EXIT_RUNTIME;
-    }
     static struct kc_remote_ping p;
-    rc = kc_remote_ping(r, &p);
+    int rc = kc_remote_ping(r, &p);
     for (int i = 0; i < p.n; i++) {
         const struct kc_remote_ping_server *s = &p.server[i];
         if (s->rc == 0)
