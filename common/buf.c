@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kc_buf_add(struct kc_buf *b, const void *p, size_t n)
+int kc_buf_reserve(struct kc_buf *b, size_t n)
 {
     if (b->err)
-        return;
+        return b->err;
     if (n > SIZE_MAX - b->len) {
         b->err = -ENOMEM;
-        return;
+        return b->err;
     }
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
@@ -24,11 +24,18 @@ void kc_buf_add(struct kc_buf *b, const void *p, size_t n)
         unsigned char *q = realloc(b->p, cap);
         if (q == NULL) {
             b->err = -ENOMEM;
-            return;
+            return b->err;
         }
         b->p = q;
         b->cap = cap;
     }
+    return 0;
+}
+
+void kc_buf_add(struct kc_buf *b, const void *p, size_t n)
+{
+    if (kc_buf_reserve(b, n) != 0)
+        return;
     if (n > 0) /* p may be NULL for nothing: memcpy(dst, NULL, 0) is undefined */
         memcpy(b->p + b->len, p, n);
     b->len += n;

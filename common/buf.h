@@ -65,6 +65,9 @@ struct kc_buf {
     int err;
 };
 
+/* Makes room for n more bytes (p + len .. p + len + n writable, len
+ * unchanged): 0, or -ENOMEM (and err set). */
+int kc_buf_reserve(struct kc_buf *b, size_t n);
 /* Appends n bytes from p (p may be NULL when n is 0). */
 void kc_buf_add(struct kc_buf *b, const void *p, size_t n);
 /* Appends an integer, little-endian. */

@@ -108,8 +108,8 @@ int kc__verify_once(struct kc__owner *o, int repair, struct kc_verify_report *re
         if (!bad) {
             char *bv = NULL;
             size_t bvl = 0;
-            bad = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) != 0 ||
-                  bvl != h.body_size || kc__body_xxh(bv, bvl) != h.body_xxh;
+            bad = kc__body_get(&o->d, digest, &bv, &bvl) != 0 || bvl != h.body_size ||
+                  kc__body_xxh(bv, bvl) != h.body_xxh;
             free(bv);
         }
         r.checked++;

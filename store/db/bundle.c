@@ -304,8 +304,7 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
 {
     char *body = NULL;
     size_t bl = 0;
-    int rc =
-        c->digest != NULL ? kc__db_get(s->d, KC__CF_BODIES, c->digest, 16, &body, &bl) : -EBADMSG;
+    int rc = c->digest != NULL ? kc__body_get(s->d, c->digest, &body, &bl) : -EBADMSG;
     if (rc == 0 && (bl != c->h.body_size || kc__body_xxh(body, bl) != c->h.body_xxh))
         rc = -EBADMSG;
     if (rc < 0) {

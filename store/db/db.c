@@ -3,7 +3,7 @@
  * the owner (primary).
  *
  * Column families: kernels (ns \0 key -> header + body digest, small, in
- * SST files), bodies (digest -> body, zstd-compressed, one body per SST
+ * SST files), bodies (digest -> body as stored by body.c, one body per SST
  * block), sources (ns \0 source digest -> key), meta
  * (b/<backend> counters, n/<ns> namespace names, r/<digest> refcount+size).
  */
@@ -78,22 +78,17 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
     }
     rocksdb_options_set_write_buffer_size(o, cf == KC__CF_BODIES ? (32u << 20) : (8u << 20));
     if (cf == KC__CF_BODIES) {
-        /* Bodies in SST blocks, zstd-compressed, one value per block.
-         * Not BlobDB: RocksDB 7.8's secondary instance
+        /* Bodies in SST blocks, one value per block, each already a zstd
+         * frame (body.c): RocksDB does not compress them again, so a
+         * flush or a compaction copies them, and a bundle reads them as
+         * they lie. Not BlobDB: RocksDB 7.8's secondary instance
          * (ReactiveVersionSet) binds the blob cache key's db_id and
          * db_session_id to temporaries, and a blob read through a
          * secondary then reads freed memory (crashes seen here after the
-         * primary compacted). Revisit with RocksDB >= 8. */
-        rocksdb_options_set_compression(o, 7 /* zstd */);
-        /* With a dictionary per table, trained on its own bodies: each body
-         * is compressed alone (one per block), and alone a few KB of PTX or
-         * cubin shares nothing with its neighbours; with the dictionary
-         * they share their PTX preamble, ELF layout and common sequences.
-         * The demo set's real artifacts, 1-64 KB: the tables shrink by a
-         * fifth (0.24 -> 0.19 of the raw bytes). */
-        rocksdb_options_set_compression_options(o, -14, 32767 /* zstd's default level */, 0,
-                                                KC__ZSTD_DICT_BYTES);
-        rocksdb_options_set_compression_options_zstd_max_train_bytes(o, 100 * KC__ZSTD_DICT_BYTES);
+         * primary compacted). Revisit with RocksDB >= 8. Tables written
+         * by an earlier version (zstd blocks with a dictionary per table)
+         * are still read; compactions rewrite them uncompressed. */
+        rocksdb_options_set_compression(o, 0 /* none */);
     } else if (cf == KC__CF_KERNELS) {
         rocksdb_options_set_compression(o, 0 /* none */);
     } else {
@@ -432,7 +427,7 @@ int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body,
         free(kv);
         return -EBADMSG;
     }
-    rc = kc__db_get(d, KC__CF_BODIES, kc__kval_digest(kv, kvl), 16, &bv, &bvl);
+    rc = kc__body_get(d, kc__kval_digest(kv, kvl), &bv, &bvl);
     free(kv);
     if (rc < 0)
         return rc;

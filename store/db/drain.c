@@ -166,12 +166,19 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
     /* The body must be there and whole; rewrite it when it is not. */
     char *bv = NULL;
     size_t bvl = 0;
-    bool body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
-                   bvl == sp->body_len && kc__body_xxh(bv, bvl) == h.body_xxh;
+    bool body_ok = kc__body_get(&o->d, digest, &bv, &bvl) == 0 && bvl == sp->body_len &&
+                   kc__body_xxh(bv, bvl) == h.body_xxh;
     free(bv);
-    if (!body_ok)
-        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
-                                  (const char *)sp->body, sp->body_len);
+    if (!body_ok) {
+        struct kc_buf stored = {0};
+        rc = kc__body_encode(sp->body, sp->body_len, &stored);
+        if (rc == 0)
+            rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
+                                      (const char *)stored.p, stored.len);
+        kc_buf_free(&stored);
+        if (rc < 0)
+            goto out;
+    }
     if (need_ref || cnt == 0) {
         if (cnt == 0)
             o->unique += sp->body_len;

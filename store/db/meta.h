@@ -21,7 +21,16 @@
  *             stats, verify).
  *
  *   bodies    key    the body's digest (16).
- *             value  the body's bytes (compressed by RocksDB, db.c).
+ *             value  the body as stored (body.c, KC__BODY_*): u32 magic
+ *                    KC__BODY_MAGIC (bytes ff 'K' 'B' '1'), u8 codec
+ *                    (KC__BODY_RAW, KC__BODY_ZSTD), u8 0, u16 0, u64 the
+ *                    body's size, then the body: as it is, or one zstd
+ *                    frame (level KC__BODY_LEVEL) stating that size. A
+ *                    value without the magic is a body an earlier version
+ *                    stored as it is (RocksDB compressed those): read as
+ *                    such, and checked against its header as every body.
+ *                    RocksDB does not compress this family (db.c), so a
+ *                    bundle carries these bytes as they are.
  *             Written by drain.c (when missing or failing its checksum);
  *             deleted by refcount.c with its last reference and by
  *             admin.c (verify with repair: bodies nothing names, clear).
@@ -116,6 +125,28 @@ void kc__meta_gen_value(uint64_t gen, unsigned char out[KC__META_GEN_VAL_LEN]);
 /* Reads the generation: 0 with *gen set, -EBADMSG when the value is not 8
  * bytes, or kc__db_get's error (-ENOENT: none yet); *gen is set only on 0. */
 int kc__meta_gen_get(struct kc__db *d, uint64_t *gen);
+
+/* ---- the bodies family (body.c) ----------------------------------------- */
+
+#define KC__BODY_MAGIC 0x31424bffu
+#define KC__BODY_HDR 16
+#define KC__BODY_LEVEL 3
+/* A body at most 1 GiB (a stored value claiming more is not ours). */
+#define KC__BODY_MAX (1ull << 30)
+enum { KC__BODY_RAW = 0, KC__BODY_ZSTD = 1, KC__BODY_LEGACY = 255 };
+
+/* Appends body (n bytes) as stored to out: zstd when that shrinks it, as it
+ * is otherwise. 0 or -ENOMEM. */
+int kc__body_encode(const void *body, size_t n, struct kc_buf *out);
+/* A stored value's body size and codec (KC__BODY_LEGACY: a value without
+ * the magic, the body itself), without inflating it: 0 or -EBADMSG. */
+int kc__body_info(const void *v, size_t vl, uint64_t *raw_len, int *codec);
+/* Inflates a stored value: 0 with *body (malloc'd, *n bytes: the size the
+ * value states), -EBADMSG (not a stored body, or not inflating to exactly
+ * its stated size) or -ENOMEM. The caller checks it against its header. */
+int kc__body_decode(const void *v, size_t vl, char **body, size_t *n);
+/* kc__db_get of the bodies family, then kc__body_decode. */
+int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, size_t *n);
 
 /* ---- the kernels and sources families ----------------------------------- */
 
