@@ -142,15 +142,3 @@ int kc__body_decode(const void *v, size_t vl, char **body, size_t *n)
     *n = (size_t)raw;
     return 0;
 }
-
-int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, size_t *n)
-{
-    char *v = NULL;
-    size_t vl = 0;
-    int rc = kc__db_get(d, KC__CF_BODIES, digest, 16, &v, &vl);
-    if (rc < 0)
-        return rc;
-    rc = kc__body_decode(v, vl, body, n);
-    free(v);
-    return rc;
-}

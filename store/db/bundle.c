@@ -57,13 +57,16 @@ struct cand {
     size_t kl;
     struct kc__hdr h;
     const unsigned char *digest;
-    uint64_t used, size; /* last used (ns); record bytes in the bundle */
+    uint64_t used; /* last used (ns) */
+    uint64_t size; /* what it takes: bytes in the bundle (blocks: on disk) */
+    uint64_t raw;  /* its record with its body inflated (the header's count) */
 };
 
 struct sel {
     const struct kc_bundle_export_opts *o;
     struct kc__db *d;
     bool blocks; /* sizes in 4 KiB blocks (hot files), not bundle bytes */
+    bool exact;  /* sizes as the bodies are stored (a read of each body) */
     /* The cut: entries used after t, and at t those up to kkey k. */
     bool cut;
     uint64_t t;
@@ -116,7 +119,26 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
         c.kk = (const unsigned char *)k;
         c.kl = kl;
         c.digest = kc__kval_digest(v, vl);
-        c.size = s->blocks ? (ps + 4095) / 4096 * 4096 : KC__BUNDLE_REC_SIZE(ps);
+        c.raw = KC__BUNDLE_REC_SIZE(ps);
+        c.size = s->blocks ? (ps + 4095) / 4096 * 4096 : c.raw;
+        if (s->exact && c.digest != NULL) {
+            /* The record carries the body as stored: its size is the
+             * stored value's (an entry whose body is missing counts as
+             * plain; the export then stops at it). */
+            char *err = NULL;
+            rocksdb_pinnableslice_t *ps_v = rocksdb_get_pinned_cf(
+                s->d->db, s->d->ro, s->d->cf[KC__CF_BODIES], (const char *)c.digest, 16, &err);
+            if (err != NULL) {
+                rc = kc__db_err(err, "get");
+            } else if (ps_v != NULL) {
+                size_t sl = 0;
+                rocksdb_pinnableslice_value(ps_v, &sl);
+                c.size = KC__BUNDLE_REC_SIZE(put_size(strlen(c.ns), sl));
+            }
+            rocksdb_pinnableslice_destroy(ps_v);
+            if (rc != 0)
+                break;
+        }
         rc = fn(s, &c, arg);
     }
     int ie = kc__db_iter_err(s->d, it);
@@ -265,9 +287,9 @@ static int add_ns(struct sel *s, const struct cand *c, void *arg)
     if (e == NULL)
         return l->err;
     e->entries++;
-    e->raw_bytes += c->size;
+    e->raw_bytes += c->raw;
     l->info->entries++;
-    l->info->raw_bytes += c->size;
+    l->info->raw_bytes += c->raw;
     return 0;
 }
 
@@ -300,24 +322,35 @@ static bool own_source(struct kc__db *d, const struct cand *c, kc_digest *src)
     return mine;
 }
 
+/* Writes one entry: its body as the store keeps it (an 'S' put, the bytes
+ * on disk: nothing is inflated or compressed again; the importer inflates
+ * and checks every one), or plain (a 'P' put) for a body an earlier
+ * version stored as it is. */
 static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const kc_digest *src)
 {
-    char *body = NULL;
-    size_t bl = 0;
-    int rc = c->digest != NULL ? kc__body_get(s->d, c->digest, &body, &bl) : -EBADMSG;
-    if (rc == 0 && (bl != c->h.body_size || kc__body_xxh(body, bl) != c->h.body_xxh))
+    char *v = NULL;
+    size_t vl = 0;
+    uint64_t raw = 0;
+    int codec = 0;
+    int rc = c->digest != NULL ? kc__db_get(s->d, KC__CF_BODIES, c->digest, 16, &v, &vl) : -EBADMSG;
+    if (rc == 0 && (kc__body_info(v, vl, &raw, &codec) != 0 || raw != c->h.body_size ||
+                    (codec == KC__BODY_LEGACY && kc__body_xxh(v, vl) != c->h.body_xxh)))
         rc = -EBADMSG;
     if (rc < 0) {
-        free(body);
+        free(v);
         return why(
             e->info, rc == -ENOENT ? -EBADMSG : rc,
             "an entry of %s is damaged in the store (%s); run kcache verify and export again",
             c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
     }
     e->put.len = 0;
-    kc__spool_put_encode(&e->put, c->ns, &c->key, src, &c->h, body, bl);
-    kc_digest bd = kc_digest_of(body, bl);
-    free(body);
+    if (codec == KC__BODY_LEGACY)
+        kc__spool_put_encode(&e->put, c->ns, &c->key, src, &c->h, v, vl);
+    else
+        kc__spool_put_encode_stored(&e->put, c->ns, &c->key, src, &c->h, v, vl);
+    free(v);
+    kc_digest bd;
+    kc__digest_decode(c->digest, &bd);
     if (e->put.err)
         return why(e->info, e->put.err, "out of memory");
     rc = kc__bundle_writer_add(&e->w, c->ns, &c->key, &bd, e->put.p, e->put.len);
@@ -355,7 +388,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
 
     struct kc__db *d = NULL;
     bool have = kc__store_reader_hold(st, &d) == 0;
-    struct sel s = {.o = o, .d = d};
+    struct sel s = {.o = o, .d = d, .exact = o->max_size > 0};
     struct nslist l = {.info = info};
     int rc = 0;
     if (have) {
@@ -389,6 +422,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
                     rc = find_cut(&s, budget);
             }
         }
+        s.exact = false; /* the cut is made: what follows needs no stored size */
         if (rc == 0)
             rc = each_cand(&s, add_ns, &l);
     }
@@ -587,6 +621,9 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     struct kc_bundle_info again;
     struct kc__bundle_reader r;
     rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &again, o->crypto, o->trust_unsigned != 0);
+    /* The first reading inflated and checked every body; the bytes are the
+     * same (a private file), and their digest is checked again at the end. */
+    r.trust_bodies = true;
     uint64_t round_n = 0, round_bytes = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
@@ -617,7 +654,9 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
             continue;
         }
         bool applied = false;
-        rc = kc__apply_put(ow, &sp, &applied);
+        rc = r.entry_stored != NULL ? kc__apply_put_stored(ow, &sp, r.entry_digest, r.entry_stored,
+                                                           r.entry_stored_len, &applied)
+                                    : kc__apply_put(ow, &sp, &applied);
         if (rc < 0) {
             why(info, rc, "cannot write to the store: %s", strerror(-rc));
             break;

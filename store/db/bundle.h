@@ -14,7 +14,8 @@
  *           12  u32 flags: 1 signed
  *           16  u64 created, ns since the epoch
  *           24  u64 entries (records in the blocks)
- *           32  u64 raw bytes (the records' bytes, uncompressed)
+ *           32  u64 raw bytes (the records' bytes, uncompressed: a record
+ *               with a stored body counted with its body inflated)
  *           40  u64 signer's key id (0: unsigned)
  *           48  u32 namespaces
  *           52  u32 text length
@@ -43,7 +44,11 @@
  *           24  16 the body's digest (kc_digest_of, the bodies family's key)
  *           40  the put file: the spool's own checksummed format
  *               (store/local/record.c: namespace, key, source, record
- *               header, body), as the owner drains it
+ *               header, body). Since layout 2 the body is as the
+ *               database keeps it (an 'S' put: store/db/body.c's 16-byte
+ *               header and zstd frame, carried as it lies on disk, no
+ *               second compression), or plain (a 'P' put: a body stored
+ *               by an earlier version, and every body of layout 1)
  *
  *   trailer  0  magic "KCBTRAIL"                                  8
  *            8  u64 entries
@@ -72,7 +77,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define KC__BUNDLE_VERSION 1
+#define KC__BUNDLE_VERSION 2
+/* The oldest layout a reader takes (1: every body plain). */
+#define KC__BUNDLE_VERSION_MIN 1
+/* A stored body inflates at most this many times its stored size. */
+#define KC__BUNDLE_MAX_RATIO 4096u
 #define KC__BUNDLE_MAGIC "KCBUNDLE"
 #define KC__BUNDLE_BLOCK_MAGIC "KCBBLOCK"
 #define KC__BUNDLE_TRAILER_MAGIC "KCBTRAIL"
@@ -177,6 +186,17 @@ struct kc__bundle_reader {
     uint64_t *ns_entries, *ns_bytes; /* tallies per namespace of info->ns */
     void *zdctx;                     /* ZSTD_DCtx */
     bool done;
+    /* Set by the caller: a stored entry's body is not inflated again (a
+     * second reading of bytes a first one checked whole); sp->body is then
+     * NULL. */
+    bool trust_bodies;
+    /* The entry kc__bundle_reader_next returned: its body as stored (an
+     * 'S' put: NULL for a plain one), its inflated body when it was
+     * inflated (sp->body points there), and its body digest (16 bytes). */
+    const unsigned char *entry_stored;
+    size_t entry_stored_len;
+    char *plain;
+    const unsigned char *entry_digest;
 };
 
 /* Starts reading a bundle from fd (or the n bytes at mem when fd is -1)

@@ -6,6 +6,7 @@
  * what a bundle merely declares.
  */
 #include "bundle.h"
+#include "meta.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -551,9 +552,9 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
     info->raw_bytes = kc__get_u64(f + 32);
     info->key_id = kc__get_u64(f + 40);
     uint32_t nns = kc__get_u32(f + 48), tlen = kc__get_u32(f + 52), hlen = kc__get_u32(f + 60);
-    if (info->version != KC__BUNDLE_VERSION)
-        return fail(r, -EPROTO, "bundle layout version %u; this kcache reads version %d",
-                    info->version, KC__BUNDLE_VERSION);
+    if (info->version < KC__BUNDLE_VERSION_MIN || info->version > KC__BUNDLE_VERSION)
+        return fail(r, -EPROTO, "bundle layout version %u; this kcache reads versions %d to %d",
+                    info->version, KC__BUNDLE_VERSION_MIN, KC__BUNDLE_VERSION);
     if (info->format != KC_FORMAT_VERSION)
         return fail(r, -EPROTO,
                     "the bundle holds records of format %u; this kcache keeps format %d",
@@ -890,8 +891,52 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                     "damaged: entry %" PRIu64 " declares %" PRIu64 " bytes, its block holds %zu",
                     no, n, left - KC__BUNDLE_REC_HDR);
     const unsigned char *file = p + KC__BUNDLE_REC_HDR;
-    if (kc__spool_put_decode(file, (size_t)n, sp) != 0)
+    free(r->plain);
+    r->plain = NULL;
+    r->entry_stored = NULL;
+    r->entry_stored_len = 0;
+    /* Layout 1 has plain bodies only. */
+    bool stored = n > 4 && file[4] == KC__SP_STORED && r->info->version >= 2;
+    if ((stored ? kc__spool_put_decode_stored(file, (size_t)n, sp)
+                : kc__spool_put_decode(file, (size_t)n, sp)) != 0)
         return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " is not a whole put record", no);
+    if (stored) {
+        /* Its body as the store keeps it: a frame that states the header's
+         * size, within KC__BUNDLE_MAX_RATIO of its own (an inflation bomb
+         * is refused before anything is allocated for it), and inflates to
+         * the body the header describes. */
+        uint64_t raw;
+        int codec;
+        if (kc__body_info(sp->body, sp->body_len, &raw, &codec) != 0 || codec == KC__BODY_LEGACY ||
+            raw != sp->hdr.body_size || raw / KC__BUNDLE_MAX_RATIO > sp->body_len)
+            return fail(r, -EBADMSG,
+                        "damaged: entry %" PRIu64 " in %s: its body is not a stored body of "
+                        "the size its header declares",
+                        no, sp->ns);
+        r->entry_stored = sp->body;
+        r->entry_stored_len = sp->body_len;
+        if (r->trust_bodies) {
+            sp->body = NULL;
+            sp->body_len = 0;
+        } else {
+            char *b = NULL;
+            size_t bl = 0;
+            int rc = kc__body_decode(r->entry_stored, r->entry_stored_len, &b, &bl);
+            if (rc == -ENOMEM)
+                return fail(r, rc, "out of memory");
+            if (rc != 0 || kc__body_xxh(b, bl) != sp->hdr.body_xxh) {
+                free(b);
+                return fail(r, -EBADMSG,
+                            "damaged: entry %" PRIu64 " in %s: its body does not inflate to "
+                            "the one its header describes",
+                            no, sp->ns);
+            }
+            r->plain = b;
+            sp->body = (const unsigned char *)b;
+            sp->body_len = bl;
+        }
+    }
+    r->entry_digest = p + 24;
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     kc_digest name = kc_digest_of(kk, kc__kkey(sp->ns, &sp->key, kk)), want;
     kc__digest_decode(p + 8, &want);
@@ -899,9 +944,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         return fail(r, -EBADMSG,
                     "entry %" PRIu64 " in %s: its key does not match the name it is filed under",
                     no, sp->ns);
-    kc_digest bd = kc_digest_of(sp->body, sp->body_len);
+    kc_digest bd = sp->body != NULL ? kc_digest_of(sp->body, sp->body_len) : (kc_digest){0};
     kc__digest_decode(p + 24, &want);
-    if (bd.lo != want.lo || bd.hi != want.hi)
+    if (sp->body != NULL && (bd.lo != want.lo || bd.hi != want.hi))
         return fail(r, -EBADMSG, "entry %" PRIu64 " in %s: its body does not match its digest", no,
                     sp->ns);
     size_t i;
@@ -915,9 +960,13 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         return fail(r, -EBADMSG,
                     "damaged: more entries than the header declares (entry %" PRIu64 " in %s)", no,
                     sp->ns);
+    /* The header counts every entry as its plain put (a stored body at its
+     * inflated size). */
+    uint64_t plain = KC__BUNDLE_REC_SIZE(n - r->entry_stored_len +
+                                         (r->entry_stored != NULL ? sp->hdr.body_size : 0));
     r->ns_entries[i]++;
-    r->ns_bytes[i] += KC__BUNDLE_REC_SIZE(n);
-    r->seen_raw += KC__BUNDLE_REC_SIZE(n);
+    r->ns_bytes[i] += plain;
+    r->seen_raw += plain;
     r->raw_pos += KC__BUNDLE_REC_HDR + (size_t)n;
     r->block_left--;
     r->record_no = no;
@@ -933,6 +982,7 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
 void kc__bundle_reader_free(struct kc__bundle_reader *r)
 {
     kc__bs_free(&r->s);
+    free(r->plain);
     free(r->stored);
     free(r->raw);
     free(r->ns_entries);

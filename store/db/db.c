@@ -406,6 +406,18 @@ int kc__db_get(struct kc__db *d, int cf, const void *k, size_t klen, char **val,
     return 0;
 }
 
+int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, size_t *n)
+{
+    char *v = NULL;
+    size_t vl = 0;
+    int rc = kc__db_get(d, KC__CF_BODIES, digest, 16, &v, &vl);
+    if (rc < 0)
+        return rc;
+    rc = kc__body_decode(v, vl, body, n);
+    free(v);
+    return rc;
+}
+
 int kc__db_catch_up(struct kc__db *d)
 {
     char *err = NULL;

@@ -115,9 +115,17 @@ static int list_spool(const char *spool, struct listing *l)
 
 /* ---- applying spool files ---------------------------------------------- */
 
-/* Applies a put; *applied tells whether it is now the entry (false: the
- * database holds a newer one). */
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
+{
+    kc_digest dg = kc_digest_of(sp->body, sp->body_len);
+    unsigned char digest[16];
+    kc__digest_encode(&dg, digest);
+    return kc__apply_put_stored(o, sp, digest, NULL, 0, applied);
+}
+
+int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
+                         const unsigned char digest[16], const void *stored, size_t stored_len,
+                         bool *applied)
 {
     /* The filter first: it must never say "absent" for a key a reader
      * could have stopped finding in the spool. */
@@ -126,9 +134,6 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
         kc__filter_add(&o->f, kc__fhash_source(sp->ns, &sp->source));
     unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     size_t kl = kc__kkey(sp->ns, &sp->key, kk);
-    kc_digest dg = kc_digest_of(sp->body, sp->body_len);
-    unsigned char digest[16];
-    kc__digest_encode(&dg, digest);
     struct kc__hdr h = sp->hdr;
     bool need_ref = true;
 
@@ -163,26 +168,38 @@ int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applie
     rc = kc__ref_get(o, digest, &cnt, &size);
     if (rc < 0 && rc != -ENOENT)
         goto out;
-    /* The body must be there and whole; rewrite it when it is not. */
+    /* The body must be there and whole; rewrite it when it is not. A
+     * stored body given (an import's, checked when its bundle was read)
+     * is whole when the store holds the same bytes. */
     char *bv = NULL;
     size_t bvl = 0;
-    bool body_ok = kc__body_get(&o->d, digest, &bv, &bvl) == 0 && bvl == sp->body_len &&
-                   kc__body_xxh(bv, bvl) == h.body_xxh;
+    bool body_ok;
+    if (stored != NULL)
+        body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
+                  bvl == stored_len && memcmp(bv, stored, bvl) == 0;
+    else
+        body_ok = kc__body_get(&o->d, digest, &bv, &bvl) == 0 && bvl == sp->body_len &&
+                  kc__body_xxh(bv, bvl) == h.body_xxh;
     free(bv);
     if (!body_ok) {
-        struct kc_buf stored = {0};
-        rc = kc__body_encode(sp->body, sp->body_len, &stored);
+        struct kc_buf enc = {0};
+        rc = 0;
+        if (stored == NULL) {
+            rc = kc__body_encode(sp->body, sp->body_len, &enc);
+            stored = enc.p;
+            stored_len = enc.len;
+        }
         if (rc == 0)
             rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
-                                      (const char *)stored.p, stored.len);
-        kc_buf_free(&stored);
+                                      (const char *)stored, stored_len);
+        kc_buf_free(&enc);
         if (rc < 0)
             goto out;
     }
     if (need_ref || cnt == 0) {
         if (cnt == 0)
-            o->unique += sp->body_len;
-        kc__ref_put(o, wb, digest, cnt + 1, sp->body_len);
+            o->unique += h.body_size;
+        kc__ref_put(o, wb, digest, cnt + 1, h.body_size);
     }
 
     unsigned char kv[KC__KVAL_LEN];

@@ -120,6 +120,12 @@ void kc__owner_filter_maybe_rebuild(struct kc__owner *o);
 /* Applies a put (not committed): 0 with *applied whether it is now the
  * entry (false: the database holds a newer one), or a negative errno. */
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied);
+/* The same with the body given as stored (body.c; sp->body unused) under
+ * digest, the plain body's kc_digest_of, which the caller has checked: a
+ * bundle's entry. With stored NULL, sp->body is encoded (kc__apply_put). */
+int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
+                         const unsigned char digest[16], const void *stored, size_t stored_len,
+                         bool *applied);
 
 /* Adds c to the statistics' counters of `backend` (not committed). 0 or a
  * negative errno. */

@@ -98,6 +98,9 @@ int kc__kkey_split(const unsigned char *k, size_t len, char ns[KC__NS_MAX + 1], 
 enum {
     KC__SP_PUT = 'P',
     KC__SP_PACKED = 'Z',
+    /* A bundle's entry (store/db/bundle.h): a put whose body is as the
+     * database stores it (store/db/body.c). Never in the spool. */
+    KC__SP_STORED = 'S',
     KC__SP_PURGE = 'X',
     KC__SP_HITS = 'H',
     KC__SP_COUNT = 'C'
@@ -151,6 +154,16 @@ int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *k
                                size_t len, unsigned flags);
 /* Decodes and fully checks a put file (record checksums included). */
 int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
+/* A stored put ('S'): sp's put with `stored`, its body as the database
+ * stores it (store/db/body.c), in place of the body; h is the plain
+ * body's header (body_size, body_xxh). */
+int kc__spool_put_encode_stored(struct kc_buf *b, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h,
+                                const void *stored, size_t len);
+/* Decodes a stored put: the file's checksum, its fixed part and header are
+ * checked; out->body and body_len are the stored bytes, which this layer
+ * does not read (the caller inflates and checks them). 0 or -EBADMSG. */
+int kc__spool_put_decode_stored(const void *file, size_t len, struct kc__sp_put *out);
 /* A packed put ('Z', the owner's hot files): sp's put with `packed`, its
  * body as one LZ4 block, in place of the body (sp->hdr is the plain
  * body's: body_size, body_xxh). */

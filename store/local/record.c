@@ -221,8 +221,8 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
     const unsigned char *p = kc_rd_take(&r, (size_t)n);
     if (sum != XXH3_64bits(p, n))
         return -EBADMSG;
-    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_PURGE && t != KC__SP_HITS &&
-        t != KC__SP_COUNT)
+    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_STORED && t != KC__SP_PURGE &&
+        t != KC__SP_HITS && t != KC__SP_COUNT)
         return -EBADMSG;
     *type = t;
     *payload = p;
@@ -276,6 +276,13 @@ int kc__spool_put_pack(struct kc_buf *b, const struct kc__sp_put *sp, const void
                       &sp->hdr, packed, plen, sp->from_remote ? KC__PUT_FROM_REMOTE : 0);
 }
 
+int kc__spool_put_encode_stored(struct kc_buf *b, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h,
+                                const void *stored, size_t len)
+{
+    return put_encode(b, KC__SP_STORED, ns, key, source, h, stored, len, 0);
+}
+
 /* The put payload's fixed part, namespace and record header; out->record
  * and record_len: everything after the namespace. */
 static int put_head(const unsigned char *p, size_t n, struct kc__sp_put *out)
@@ -317,6 +324,19 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
         return -EBADMSG;
     out->body = body;
     out->body_len = blen;
+    return 0;
+}
+
+int kc__spool_put_decode_stored(const void *file, size_t len, struct kc__sp_put *out)
+{
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (kc__spool_check(file, len, &type, &p, &n) != 0 || type != KC__SP_STORED ||
+        put_head(p, n, out) != 0 || out->record_len < KC__HDR_LEN)
+        return -EBADMSG;
+    out->body = out->record + KC__HDR_LEN;
+    out->body_len = out->record_len - KC__HDR_LEN;
     return 0;
 }
 

@@ -145,7 +145,7 @@ def test_roundtrip(env, t, client):
           f"bundle show: not every nvrtc namespace usable here: {show!r}")
     with open(bundle, "rb") as f:
         head = f.read(600)
-    check(b"kcache bundle, layout 1" in head and nss[0].encode() in head,
+    check(b"kcache bundle, layout 2" in head and nss[0].encode() in head,
           f"the header is not readable text: {head[:300]!r}")
 
     # Dry run: counts, writes nothing.
@@ -422,12 +422,13 @@ def test_select(env, t, populate):
     check(b"not a kcache bundle" in p.stderr, f"show junk: {p.stderr!r}")
     with open(full, "rb") as f:
         data = bytearray(f.read())
+    layout = data[8]
     data[8] = 9  # layout version 9
     with open(junk, "wb") as f:
         f.write(bytes(data))
     p = t.run(["bundle", "show", junk], check_rc=1)
     check(b"layout version 9" in p.stderr, f"show foreign layout: {p.stderr!r}")
-    data[8] = 1
+    data[8] = layout
     record_format = data[10]
     data[10] = 7  # record format 7
     with open(junk, "wb") as f:
