@@ -293,11 +293,9 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     crypto_close(&k);
     if (!to_stdout) {
         /* mkostemp's 0600: a bundle holds the store's entries, as private
-         * as the store until its owner shares it. */
-        if (rc == 0 && fsync(fd) != 0) {
-            rc = -errno;
-            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
-        }
+         * as the store until its owner shares it. Not fsynced (as tar and
+         * cp do not): the rename shows it whole to every process, and one
+         * an OS crash tore is refused whole by import (its trailer). */
         if (close(fd) != 0 && rc == 0) {
             rc = -errno;
             snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));

@@ -298,25 +298,43 @@ struct emit {
     struct kc__buf put;
     struct kc_bundle_info *info;
     uint64_t done;
+    rocksdb_iterator_t *sources; /* own_source's walk */
+    bool sources_started;
 };
 
 /* The source mapping to carry with an entry: the one the store has under
  * the entry's own id (an NVRTC result is recorded as its source), when it
- * names this entry. */
-static bool own_source(struct kc__db *d, const struct cand *c, kc_digest *src)
+ * names this entry. Entries come in kernels key order (ns \0 id.lo id.hi
+ * build, little-endian) and their source keys (ns \0 id.lo id.hi) sort the
+ * same way, so one iterator over the sources family walks forward beside
+ * them (a merge join: no lookup per entry). */
+static bool own_source(struct emit *e, const struct cand *c, kc_digest *src)
 {
     unsigned char sk[KC__NS_MAX + 1 + 16];
     size_t sl = kc__skey(c->ns, &c->key.id, sk);
-    char *v = NULL;
-    size_t vl = 0;
+    rocksdb_iterator_t *it = e->sources;
+    if (!e->sources_started) {
+        rocksdb_iter_seek(it, (const char *)sk, sl);
+        e->sources_started = true;
+    }
+    int cmp = 1;
+    while (rocksdb_iter_valid(it)) {
+        size_t kl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        cmp = kcmp((const unsigned char *)k, kl, sk, sl);
+        if (cmp >= 0)
+            break;
+        rocksdb_iter_next(it);
+    }
     bool mine = false;
-    if (kc__db_get(d, KC__CF_SOURCES, sk, sl, &v, &vl) == 0) {
-        kc_key k;
+    if (cmp == 0 && rocksdb_iter_valid(it)) {
+        size_t vl;
+        const char *v = rocksdb_iter_value(it, &vl);
         if (vl == KC__KEY_LEN) {
+            kc_key k;
             kc__key_decode((const unsigned char *)v, &k);
             mine = k.id.lo == c->key.id.lo && k.id.hi == c->key.id.hi && k.build == c->key.build;
         }
-        free(v);
     }
     *src = c->key.id;
     return mine;
@@ -328,16 +346,28 @@ static bool own_source(struct kc__db *d, const struct cand *c, kc_digest *src)
  * version stored as it is. */
 static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const kc_digest *src)
 {
-    char *v = NULL;
+    const char *v = NULL;
     size_t vl = 0;
     uint64_t raw = 0;
     int codec = 0;
-    int rc = c->digest != NULL ? kc__db_get(s->d, KC__CF_BODIES, c->digest, 16, &v, &vl) : -EBADMSG;
+    /* Pinned: the value as RocksDB holds it (with mmap reads, the mapped
+     * table itself), copied once, into the put. */
+    char *err = NULL;
+    rocksdb_pinnableslice_t *pv =
+        c->digest != NULL ? rocksdb_get_pinned_cf(s->d->db, s->d->ro, s->d->cf[KC__CF_BODIES],
+                                                  (const char *)c->digest, 16, &err)
+                          : NULL;
+    int rc = c->digest == NULL ? -EBADMSG
+             : err != NULL     ? kc__db_err(err, "get")
+             : pv == NULL      ? -ENOENT
+                               : 0;
+    if (rc == 0)
+        v = rocksdb_pinnableslice_value(pv, &vl);
     if (rc == 0 && (kc__body_info(v, vl, &raw, &codec) != 0 || raw != c->h.body_size ||
                     (codec == KC__BODY_LEGACY && kc__body_xxh(v, vl) != c->h.body_xxh)))
         rc = -EBADMSG;
     if (rc < 0) {
-        free(v);
+        rocksdb_pinnableslice_destroy(pv);
         return why(
             e->info, rc == -ENOENT ? -EBADMSG : rc,
             "an entry of %s is damaged in the store (%s); run kcache verify and export again",
@@ -348,7 +378,7 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
         kc__spool_put_encode(&e->put, c->ns, &c->key, src, &c->h, v, vl);
     else
         kc__spool_put_encode_stored(&e->put, c->ns, &c->key, src, &c->h, v, vl);
-    free(v);
+    rocksdb_pinnableslice_destroy(pv);
     kc_digest bd;
     kc__digest_decode(c->digest, &bd);
     if (e->put.err)
@@ -365,7 +395,7 @@ static int emit_cand(struct sel *s, const struct cand *c, void *arg)
     if (!selected(s, c))
         return 0;
     kc_digest src;
-    bool has = own_source(s->d, c, &src);
+    bool has = own_source(arg, c, &src);
     return emit_one(s, c, arg, has ? &src : NULL);
 }
 
@@ -439,8 +469,14 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     rc = kc__bundle_writer_begin(&e.w, o->fd, info, o->codec, o->level, crypto);
     if (rc < 0)
         why(info, rc, "cannot write the bundle: %s", strerror(-rc));
-    if (rc == 0 && have)
+    if (rc == 0 && have) {
+        e.sources = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[KC__CF_SOURCES]);
         rc = each_cand(&s, emit_cand, &e);
+        int ie = kc__db_iter_err(d, e.sources);
+        rocksdb_iter_destroy(e.sources);
+        if (rc == 0 && ie != 0)
+            rc = why(info, ie, "cannot read the store: %s", strerror(-ie));
+    }
     if (have)
         kc__store_reader_release(st);
     if (rc == 0 && e.done != info->entries)

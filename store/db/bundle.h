@@ -149,6 +149,7 @@ struct kc__bundle_writer {
     unsigned char *out; /* compressed block */
     size_t out_cap;
     uint32_t block_records;
+    uint64_t block_plain; /* bytes of the block's plain puts (compressed) */
     uint64_t entries, blocks, raw_bytes;
     void *zcctx; /* ZSTD_CCtx */
 };

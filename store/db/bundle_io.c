@@ -332,7 +332,12 @@ static int writer_flush_block(struct kc__bundle_writer *w)
     size_t raw = w->raw.len, stored = raw;
     const unsigned char *sp = w->raw.p;
     uint32_t codec = KC_BUNDLE_RAW;
-    if (w->codec != KC_BUNDLE_RAW) {
+    /* A block of bodies as the store keeps them (zstd frames) is carried
+     * as it is: a second compression would cost time and save nothing.
+     * Only what holds plain bodies (an earlier version's) is compressed. */
+    bool worth = w->block_plain >= raw / 8;
+    w->block_plain = 0;
+    if (w->codec != KC_BUNDLE_RAW && worth) {
         size_t bound = w->codec == KC_BUNDLE_ZSTD ? ZSTD_compressBound(raw)
                                                   : (size_t)LZ4_compressBound((int)raw);
         if (w->out_cap < bound) {
@@ -390,6 +395,8 @@ int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_
     kc__buf_add(&w->raw, put, len);
     if (w->raw.err)
         return w->raw.err;
+    if (len <= 4 || ((const unsigned char *)put)[4] != KC__SP_STORED)
+        w->block_plain += len;
     w->block_records++;
     w->entries++;
     w->raw_bytes += KC__BUNDLE_REC_SIZE(len);
