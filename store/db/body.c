@@ -68,6 +68,11 @@ int kc__body_info(const void *v, size_t vl, uint64_t *raw_len, int *codec)
     if (p[5] != 0 || kc_le_get_u16(p + 6) != 0 || (c != KC__BODY_RAW && c != KC__BODY_ZSTD) ||
         (c == KC__BODY_RAW && n != vl - KC__BODY_HDR) || n > KC__BODY_MAX)
         return -EBADMSG;
+    /* A frame states the size it inflates to (kc__body_encode's do): the
+     * header's, checked without inflating it. */
+    if (c == KC__BODY_ZSTD &&
+        ZSTD_getFrameContentSize(p + KC__BODY_HDR, vl - KC__BODY_HDR) != (unsigned long long)n)
+        return -EBADMSG;
     *raw_len = n;
     *codec = (int)c;
     return 0;

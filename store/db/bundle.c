@@ -41,13 +41,6 @@ static int why(struct kc_bundle_info *info, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* The size of the put file of an entry of namespace length nl and body
- * size bs (record.c's layout: spool header, fixed part, ns, record). */
-static uint64_t put_size(size_t nl, uint64_t bs)
-{
-    return KC__SPOOL_HDR + 8 + KC__KEY_LEN + 16 + nl + KC__HDR_LEN + bs;
-}
-
 /* ---- export: selection ---------------------------------------------------- */
 
 struct cand {
@@ -111,7 +104,7 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
         c.used = c.h.last_hit_ns > c.h.created_ns ? c.h.last_hit_ns : c.h.created_ns;
         if (c.used < s->o->since_ns)
             continue;
-        uint64_t ps = put_size(strlen(c.ns), c.h.body_size);
+        uint64_t ps = kc__put_file_size(strlen(c.ns), c.h.body_size);
         if (ps > KC__BUNDLE_MAX_RECORD) {
             s->too_big++;
             continue;
@@ -133,7 +126,7 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
             } else if (ps_v != NULL) {
                 size_t sl = 0;
                 rocksdb_pinnableslice_value(ps_v, &sl);
-                c.size = KC__BUNDLE_REC_SIZE(put_size(strlen(c.ns), sl));
+                c.size = KC__BUNDLE_REC_SIZE(kc__put_file_size(strlen(c.ns), sl));
             }
             rocksdb_pinnableslice_destroy(ps_v);
             if (rc != 0)
@@ -295,7 +288,6 @@ static int add_ns(struct sel *s, const struct cand *c, void *arg)
 
 struct emit {
     struct kc__bundle_writer w;
-    struct kc__buf put;
     struct kc_bundle_info *info;
     uint64_t done;
     rocksdb_iterator_t *sources; /* own_source's walk */
@@ -373,17 +365,11 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
             "an entry of %s is damaged in the store (%s); run kcache verify and export again",
             c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
     }
-    e->put.len = 0;
-    if (codec == KC__BODY_LEGACY)
-        kc__spool_put_encode(&e->put, c->ns, &c->key, src, &c->h, v, vl);
-    else
-        kc__spool_put_encode_stored(&e->put, c->ns, &c->key, src, &c->h, v, vl);
-    rocksdb_pinnableslice_destroy(pv);
     kc_digest bd;
     kc__digest_decode(c->digest, &bd);
-    if (e->put.err)
-        return why(e->info, e->put.err, "out of memory");
-    rc = kc__bundle_writer_add(&e->w, c->ns, &c->key, &bd, e->put.p, e->put.len);
+    rc = kc__bundle_writer_add_entry(&e->w, c->ns, &c->key, src, &c->h, &bd, v, vl,
+                                     codec != KC__BODY_LEGACY);
+    rocksdb_pinnableslice_destroy(pv);
     if (rc < 0)
         return why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
     e->done++;
@@ -488,7 +474,6 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     }
     info->blocks = e.w.blocks;
     kc__bundle_writer_free(&e.w);
-    kc__buf_free(&e.put);
     if (rc < 0 && info->why[0] == '\0')
         why(info, rc, "cannot read the store: %s", strerror(-rc));
     info->verified = rc == 0;
@@ -581,6 +566,10 @@ static int verify_pass(struct kc_store *st, const struct kc_bundle_import_opts *
 {
     struct kc__bundle_reader r;
     int rc = kc__bundle_reader_begin(&r, fd, NULL, 0, info, o->crypto, o->trust_unsigned != 0);
+    /* A dry run (the command that checks a bundle) inflates every body; an
+     * import checks each against its digest and its frame's stated size,
+     * and every get inflates and checks a body before it is served. */
+    r.check_bodies = o->dry_run != 0;
     struct kc__db *d = NULL;
     bool have = rc == 0 && st != NULL && o->dry_run && kc__store_reader_hold(st, &d) == 0;
     for (size_t i = 0; rc == 0 && i < info->n_ns; i++)
@@ -654,12 +643,18 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     if (rc < 0)
         return why(info, rc, "cannot become the store's owner: %s",
                    rc == -EBUSY ? "another kcache operation holds it" : strerror(-rc));
+    /* Into a store with no entry: as tables, ingested whole (bulk.c). */
+    bool hot_done = false;
+    int bulk = kc__bulk_import(ow, fd, o, info, &hot_done);
+    if (bulk != 0 || lseek(fd, 0, SEEK_SET) != 0) {
+        rc = bulk < 0 ? bulk : bulk > 0 ? 0 : why(info, -errno, "cannot read the bundle again");
+        goto done;
+    }
     struct kc_bundle_info again;
     struct kc__bundle_reader r;
     rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &again, o->crypto, o->trust_unsigned != 0);
-    /* The first reading inflated and checked every body; the bytes are the
-     * same (a private file), and their digest is checked again at the end. */
-    r.trust_bodies = true;
+    /* The first reading checked every body; the bytes are the same (a
+     * private file), and their digests are checked again. */
     uint64_t round_n = 0, round_bytes = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
@@ -711,6 +706,7 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
         snprintf(info->why, sizeof info->why, "%s", again.why);
     free(again.ns);
     kc__bundle_reader_free(&r);
+done:;
     int crc = kc__owner_commit(ow);
     if (rc == 0 && crc < 0)
         rc = why(info, crc, "cannot write to the store: %s", strerror(-crc));
@@ -718,7 +714,8 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
         kc__enforce_limit(ow);
         if (ow->f.map != NULL && kc__filter_stale(&ow->f) && kc__owner_filter_rebuild(ow) == 0)
             kc__filter_set_stamp(&ow->f, KC__FILTER_LIVE);
-        import_hot(ow);
+        if (!hot_done)
+            import_hot(ow);
     }
     kc__store_end_owner(st, ow);
     return rc;

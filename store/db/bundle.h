@@ -41,7 +41,8 @@
  *   record   0  u64 length of the put file
  *            8  16 the entry's name: XXH3-128 of ns \0 key (kc__kkey's
  *               bytes), as its hot file is named
- *           24  16 the body's digest (kc_digest_of, the bodies family's key)
+ *           24  16 the body's digest (kc_digest_of of the body as stored: the
+ *               bodies family's key, meta.h)
  *           40  the put file: the spool's own checksummed format
  *               (store/local/record.c: namespace, key, source, record
  *               header, body). Since layout 2 the body is as the
@@ -74,6 +75,7 @@
 
 #include "../local/local.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -152,6 +154,16 @@ struct kc__bundle_writer {
     uint64_t block_plain; /* bytes of the block's plain puts (compressed) */
     uint64_t entries, blocks, raw_bytes;
     void *zcctx; /* ZSTD_CCtx */
+    /* The output thread (out_main): compresses and writes the block in
+     * spare while the next is filled. */
+    struct kc__buf spare;
+    uint32_t spare_records;
+    uint64_t spare_plain;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool th_started, pending, stop;
+    int th_rc; /* its first error */
 };
 
 /* Writes the header (info: created_ns, entries, raw_bytes, key_id,
@@ -163,12 +175,26 @@ int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc
  * digest is body_digest. 0 or a negative errno. */
 int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
                           const kc_digest *body_digest, const void *put, size_t len);
+/* Adds one entry, its put file built in place in the block: (ns, key) with
+ * header h and its body as stored (stored: an 'S' put) or plain (a 'P'
+ * put), whose digest is body_digest. 0 or a negative errno. */
+int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h,
+                                const kc_digest *body_digest, const void *body, size_t len,
+                                bool stored);
 /* Closes the last block, writes the trailer (signed when crypto has a
  * key) and flushes. *file_bytes: the bundle's size. 0 or a negative errno. */
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes);
 void kc__bundle_writer_free(struct kc__bundle_writer *w);
 /* The header's size for info (the writer's, exactly). */
 size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec);
+/* The size of the put file of an entry of namespace length nl and body
+ * size bs (store/local/record.c's layout: spool header, fixed part, ns,
+ * record header, body). */
+static inline uint64_t kc__put_file_size(size_t nl, uint64_t bs)
+{
+    return KC__SPOOL_HDR + 8 + KC__KEY_LEN + 16 + nl + KC__HDR_LEN + bs;
+}
 /* The bytes a record of a put file of len bytes takes in a block. */
 #define KC__BUNDLE_REC_SIZE(len) ((uint64_t)KC__BUNDLE_REC_HDR + (len))
 
@@ -187,15 +213,20 @@ struct kc__bundle_reader {
     uint64_t *ns_entries, *ns_bytes; /* tallies per namespace of info->ns */
     void *zdctx;                     /* ZSTD_DCtx */
     bool done;
-    /* Set by the caller: a stored entry's body is not inflated again (a
-     * second reading of bytes a first one checked whole); sp->body is then
-     * NULL. */
-    bool trust_bodies;
+    /* Set by the caller: inflate every stored body and check it against
+     * its header (sp->body then points to it); otherwise a stored entry's
+     * sp->body is NULL, and its stored bytes are checked against its
+     * digest and its frame's stated size only (every get inflates and
+     * checks a body against its header before serving it). */
+    bool check_bodies;
     /* The entry kc__bundle_reader_next returned: its body as stored (an
      * 'S' put: NULL for a plain one), its inflated body when it was
      * inflated (sp->body points there), and its body digest (16 bytes). */
     const unsigned char *entry_stored;
     size_t entry_stored_len;
+    uint64_t entry_stored_at; /* its offset in the stream (UINT64_MAX: in a
+                               * compressed block) */
+    uint64_t block_at;        /* the current block's records' offset */
     char *plain;
     const unsigned char *entry_digest;
 };
@@ -243,5 +274,18 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
                       struct kc_bundle_info *info);
 int kc__bundle_import(struct kc_store *st, const struct kc_bundle_import_opts *opts,
                       struct kc_bundle_info *info);
+
+/* ---- bulk import (bulk.c) ------------------------------------------------- */
+
+/* Imports a verified bundle (fd: a private regular file, read from 0) into
+ * the owner's database when that holds no entry, as sorted tables
+ * ingested whole: 1 when done (info's per-namespace counts set; *hot_done
+ * when it wrote the hot files of the newest entries too), 0 when
+ * the bundle or the store does not qualify (nothing written: import as
+ * drained puts), or a negative errno with info->why. */
+int kc__bulk_import(struct kc__owner *ow, int fd, const struct kc_bundle_import_opts *o,
+                    struct kc_bundle_info *info, bool *hot_done);
+/* Removes bulk.c's tables a killed import left in DIR/db. */
+void kc__bulk_sweep(struct kc__owner *ow);
 
 #endif

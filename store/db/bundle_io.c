@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <lz4.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -145,18 +146,27 @@ bool kc__bs_at_end(struct kc__bstream *s)
     return s->pos == s->len;
 }
 
+static int write_all(int fd, const unsigned char *p, size_t n);
+
 int kc__bs_flush(struct kc__bstream *s)
 {
+    int rc = write_all(s->fd, s->buf, s->len);
+    if (rc == 0)
+        s->len = 0;
+    return rc;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n)
+{
     size_t done = 0;
-    while (done < s->len) {
-        ssize_t w = write(s->fd, s->buf + done, s->len - done);
+    while (done < n) {
+        ssize_t w = write(fd, p + done, n - done);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
             return w < 0 ? -errno : -EIO;
         done += (size_t)w;
     }
-    s->len = 0;
     return 0;
 }
 
@@ -165,6 +175,11 @@ int kc__bs_write(struct kc__bstream *s, const void *p, size_t n)
     const unsigned char *q = p;
     bs_hash(s, q, n);
     s->off += n;
+    if (n >= s->cap && s->fd >= 0) {
+        /* A block: written from where it lies, not through the buffer. */
+        int rc = kc__bs_flush(s);
+        return rc < 0 ? rc : write_all(s->fd, q, n);
+    }
     while (n > 0) {
         if (s->len == s->cap) {
             int rc = kc__bs_flush(s);
@@ -299,6 +314,8 @@ size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec)
     return n;
 }
 
+static void *out_main(void *arg);
+
 int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc_bundle_info *info,
                             int codec, int level, const struct kc_bundle_crypto *crypto)
 {
@@ -322,21 +339,32 @@ int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc
     header_encode(&h, info, codec);
     rc = h.err ? h.err : kc__bs_write(&w->s, h.p, h.len);
     kc__buf_free(&h);
+    if (rc == 0 && fd >= 0 && pthread_mutex_init(&w->mu, NULL) == 0) {
+        if (pthread_cond_init(&w->cv, NULL) != 0)
+            pthread_mutex_destroy(&w->mu);
+        else if (pthread_create(&w->th, NULL, out_main, w) == 0)
+            w->th_started = true;
+        else {
+            pthread_cond_destroy(&w->cv);
+            pthread_mutex_destroy(&w->mu);
+        }
+    }
     return rc;
 }
 
-static int writer_flush_block(struct kc__bundle_writer *w)
+/* Compresses (when worth it) and writes one block of `records` records
+ * (raw: their bytes, plain: of them, plain puts' bytes). On the output
+ * thread when there is one. */
+static int out_block(struct kc__bundle_writer *w, struct kc__buf *rawb, uint32_t records,
+                     uint64_t plain)
 {
-    if (w->block_records == 0)
-        return 0;
-    size_t raw = w->raw.len, stored = raw;
-    const unsigned char *sp = w->raw.p;
+    size_t raw = rawb->len, stored = raw;
+    const unsigned char *sp = rawb->p;
     uint32_t codec = KC_BUNDLE_RAW;
     /* A block of bodies as the store keeps them (zstd frames) is carried
      * as it is: a second compression would cost time and save nothing.
      * Only what holds plain bodies (an earlier version's) is compressed. */
-    bool worth = w->block_plain >= raw / 8;
-    w->block_plain = 0;
+    bool worth = plain >= raw / 8;
     if (w->codec != KC_BUNDLE_RAW && worth) {
         size_t bound = w->codec == KC_BUNDLE_ZSTD ? ZSTD_compressBound(raw)
                                                   : (size_t)LZ4_compressBound((int)raw);
@@ -349,11 +377,11 @@ static int writer_flush_block(struct kc__bundle_writer *w)
         }
         size_t got = 0;
         if (w->codec == KC_BUNDLE_ZSTD) {
-            size_t z = ZSTD_compressCCtx(w->zcctx, w->out, w->out_cap, w->raw.p, raw,
+            size_t z = ZSTD_compressCCtx(w->zcctx, w->out, w->out_cap, rawb->p, raw,
                                          w->level ? w->level : 3);
             got = ZSTD_isError(z) ? 0 : z;
         } else if (raw <= (size_t)LZ4_MAX_INPUT_SIZE) {
-            int z = LZ4_compress_default((const char *)w->raw.p, (char *)w->out, (int)raw,
+            int z = LZ4_compress_default((const char *)rawb->p, (char *)w->out, (int)raw,
                                          (int)w->out_cap);
             got = z > 0 ? (size_t)z : 0;
         }
@@ -367,7 +395,7 @@ static int writer_flush_block(struct kc__bundle_writer *w)
     unsigned char h[KC__BUNDLE_BLOCK_HDR];
     memcpy(h, KC__BUNDLE_BLOCK_MAGIC, 8);
     kc__put_u32(h + 8, codec);
-    kc__put_u32(h + 12, w->block_records);
+    kc__put_u32(h + 12, records);
     kc__put_u64(h + 16, raw);
     kc__put_u64(h + 24, stored);
     kc__put_u64(h + 32, XXH3_64bits(sp, stored));
@@ -376,8 +404,84 @@ static int writer_flush_block(struct kc__bundle_writer *w)
     if (rc == 0)
         rc = kc__bs_write(&w->s, sp, stored);
     w->blocks++;
+    rawb->len = 0;
+    return rc;
+}
+
+/* The output thread: writes each block handed to it (w->spare), so that
+ * reading the store and writing the file go on at once. */
+static void *out_main(void *arg)
+{
+    struct kc__bundle_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->pending && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->pending)
+            break;
+        pthread_mutex_unlock(&w->mu);
+        int rc = w->th_rc == 0 ? out_block(w, &w->spare, w->spare_records, w->spare_plain) : 0;
+        pthread_mutex_lock(&w->mu);
+        if (rc < 0 && w->th_rc == 0)
+            w->th_rc = rc;
+        w->pending = false;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* Waits until the output thread holds no block: its first error, or 0. */
+static int out_wait(struct kc__bundle_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->pending)
+        pthread_cond_wait(&w->cv, &w->mu);
+    int rc = w->th_rc;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+static int writer_flush_block(struct kc__bundle_writer *w)
+{
+    if (w->block_records == 0)
+        return 0;
+    uint32_t records = w->block_records;
+    uint64_t plain = w->block_plain;
     w->block_records = 0;
+    w->block_plain = 0;
+    if (!w->th_started)
+        return out_block(w, &w->raw, records, plain);
+    int rc = out_wait(w);
+    if (rc < 0)
+        return rc;
+    struct kc__buf t = w->spare;
+    pthread_mutex_lock(&w->mu);
+    w->spare = w->raw;
+    w->spare_records = records;
+    w->spare_plain = plain;
+    w->pending = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    w->raw = t;
     w->raw.len = 0;
+    return 0;
+}
+
+/* Stops the output thread (after the block it holds). */
+static int out_stop(struct kc__bundle_writer *w)
+{
+    if (!w->th_started)
+        return 0;
+    int rc = out_wait(w);
+    pthread_mutex_lock(&w->mu);
+    w->stop = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    w->th_started = false;
     return rc;
 }
 
@@ -405,9 +509,46 @@ int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_
     return 0;
 }
 
+int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h,
+                                const kc_digest *body_digest, const void *body, size_t len,
+                                bool stored)
+{
+    size_t at = w->raw.len;
+    unsigned char rh[KC__BUNDLE_REC_HDR] = {0}, kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    kc__buf_add(&w->raw, rh, sizeof rh); /* filled in below */
+    int rc = stored ? kc__spool_put_encode_stored(&w->raw, ns, key, source, h, body, len)
+                    : kc__spool_put_encode(&w->raw, ns, key, source, h, body, len);
+    if (rc != 0 || w->raw.err) {
+        w->raw.len = at;
+        return rc != 0 ? rc : w->raw.err;
+    }
+    uint64_t plen = w->raw.len - at - KC__BUNDLE_REC_HDR;
+    if (plen > KC__BUNDLE_MAX_RECORD) {
+        w->raw.len = at;
+        return -EFBIG;
+    }
+    unsigned char *p = w->raw.p + at;
+    kc__put_u64(p, plen);
+    kc_digest name = kc_digest_of(kk, kc__kkey(ns, key, kk));
+    kc__digest_encode(&name, p + 8);
+    kc__digest_encode(body_digest, p + 24);
+    if (!stored)
+        w->block_plain += plen;
+    w->block_records++;
+    w->entries++;
+    w->raw_bytes += KC__BUNDLE_REC_SIZE(plen);
+    if (w->raw.len >= KC__BUNDLE_BLOCK_TARGET)
+        return writer_flush_block(w);
+    return 0;
+}
+
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes)
 {
     int rc = writer_flush_block(w);
+    int src = out_stop(w);
+    if (rc == 0)
+        rc = src;
     if (rc < 0)
         return rc;
     unsigned char t[KC__BUNDLE_TRAILER] = {0};
@@ -442,8 +583,10 @@ int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes)
 
 void kc__bundle_writer_free(struct kc__bundle_writer *w)
 {
+    out_stop(w);
     kc__bs_free(&w->s);
     kc__buf_free(&w->raw);
+    kc__buf_free(&w->spare);
     free(w->out);
     if (w->zcctx != NULL)
         ZSTD_freeCCtx(w->zcctx);
@@ -834,6 +977,8 @@ static int read_block(struct kc__bundle_reader *r)
         return fail(r, -EBADMSG,
                     "damaged: block %" PRIu64 " at byte %" PRIu64 " (its checksum does not match)",
                     no, at);
+    /* Where the block's records lie in the stream, when as they are. */
+    r->block_at = codec == KC_BUNDLE_RAW ? at + KC__BUNDLE_BLOCK_HDR : UINT64_MAX;
     if (codec == KC_BUNDLE_RAW) {
         /* The stored bytes are the records: swap the buffers. */
         unsigned char *t = r->raw;
@@ -902,6 +1047,7 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
     r->plain = NULL;
     r->entry_stored = NULL;
     r->entry_stored_len = 0;
+    r->entry_stored_at = UINT64_MAX;
     /* Layout 1 has plain bodies only. */
     bool stored = n > 4 && file[4] == KC__SP_STORED && r->info->version >= 2;
     if ((stored ? kc__spool_put_decode_stored(file, (size_t)n, sp)
@@ -922,7 +1068,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                         no, sp->ns);
         r->entry_stored = sp->body;
         r->entry_stored_len = sp->body_len;
-        if (r->trust_bodies) {
+        r->entry_stored_at =
+            r->block_at == UINT64_MAX ? UINT64_MAX : r->block_at + (uint64_t)(sp->body - r->raw);
+        if (!r->check_bodies) {
             sp->body = NULL;
             sp->body_len = 0;
         } else {
@@ -951,9 +1099,12 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         return fail(r, -EBADMSG,
                     "entry %" PRIu64 " in %s: its key does not match the name it is filed under",
                     no, sp->ns);
-    kc_digest bd = sp->body != NULL ? kc_digest_of(sp->body, sp->body_len) : (kc_digest){0};
+    /* The digest names the body as the store keeps it: the stored bytes,
+     * or the plain body of a 'P' put (which is how it is kept). */
+    kc_digest bd = stored ? kc_digest_of(r->entry_stored, r->entry_stored_len)
+                          : kc_digest_of(sp->body, sp->body_len);
     kc__digest_decode(p + 24, &want);
-    if (sp->body != NULL && (bd.lo != want.lo || bd.hi != want.hi))
+    if (bd.lo != want.lo || bd.hi != want.hi)
         return fail(r, -EBADMSG, "entry %" PRIu64 " in %s: its body does not match its digest", no,
                     sp->ns);
     size_t i;

@@ -99,8 +99,6 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
         rocksdb_options_set_create_missing_column_families(o, !secondary);
         rocksdb_options_set_max_background_jobs(o, 2);
         rocksdb_options_set_max_total_wal_size(o, 64u << 20);
-        if (secondary)
-            rocksdb_options_set_allow_mmap_reads(o, 1);
     }
     return o;
 }

@@ -117,10 +117,16 @@ static int list_spool(const char *spool, struct listing *l)
 
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
 {
-    kc_digest dg = kc_digest_of(sp->body, sp->body_len);
-    unsigned char digest[16];
-    kc__digest_encode(&dg, digest);
-    return kc__apply_put_stored(o, sp, digest, NULL, 0, applied);
+    struct kc_buf stored = {0};
+    int rc = kc__body_encode(sp->body, sp->body_len, &stored);
+    if (rc == 0) {
+        kc_digest dg = kc_digest_of(stored.p, stored.len);
+        unsigned char digest[16];
+        kc__digest_encode(&dg, digest);
+        rc = kc__apply_put_stored(o, sp, digest, stored.p, stored.len, applied);
+    }
+    kc_buf_free(&stored);
+    return rc;
 }
 
 int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
@@ -168,34 +174,17 @@ int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
     rc = kc__ref_get(o, digest, &cnt, &size);
     if (rc < 0 && rc != -ENOENT)
         goto out;
-    /* The body must be there and whole; rewrite it when it is not. A
-     * stored body given (an import's, checked when its bundle was read)
-     * is whole when the store holds the same bytes. */
+    /* The body must be there and whole: the bytes its digest names (the
+     * digest is of the stored bytes); rewrite it when it is not. */
     char *bv = NULL;
     size_t bvl = 0;
-    bool body_ok;
-    if (stored != NULL)
-        body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
-                  bvl == stored_len && memcmp(bv, stored, bvl) == 0;
-    else
-        body_ok = kc__body_get(&o->d, digest, &bv, &bvl) == 0 && bvl == sp->body_len &&
-                  kc__body_xxh(bv, bvl) == h.body_xxh;
+    bool body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
+                   bvl == stored_len && memcmp(bv, stored, bvl) == 0;
     free(bv);
-    if (!body_ok) {
-        struct kc_buf enc = {0};
-        rc = 0;
-        if (stored == NULL) {
-            rc = kc__body_encode(sp->body, sp->body_len, &enc);
-            stored = enc.p;
-            stored_len = enc.len;
-        }
-        if (rc == 0)
-            rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
-                                      (const char *)stored, stored_len);
-        kc_buf_free(&enc);
-        if (rc < 0)
-            goto out;
-    }
+    rc = 0;
+    if (!body_ok)
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
+                                  (const char *)stored, stored_len);
     if (need_ref || cnt == 0) {
         if (cnt == 0)
             o->unique += h.body_size;

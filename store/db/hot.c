@@ -148,12 +148,21 @@ uint64_t kc__hot_limit(struct kc__owner *o)
  * and the database (at least 64 MiB and 5% free). */
 static bool hot_room(struct kc__owner *o)
 {
+    /* Asked at most every 100 ms: a pass writing thousands of hot files
+     * (an import) does not statvfs before each. */
+    uint64_t now = kc_mono_ns();
+    if (o->hot_room_at != 0 && now - o->hot_room_at < 100000000u)
+        return o->hot_room_ok;
     struct statvfs v;
-    if (statvfs(o->p.hot, &v) != 0)
-        return false;
-    uint64_t free_b = (uint64_t)v.f_bavail * v.f_frsize;
-    uint64_t total = (uint64_t)v.f_blocks * v.f_frsize;
-    return free_b >= (64ull << 20) && free_b >= total / 20;
+    bool ok = false;
+    if (statvfs(o->p.hot, &v) == 0) {
+        uint64_t free_b = (uint64_t)v.f_bavail * v.f_frsize;
+        uint64_t total = (uint64_t)v.f_blocks * v.f_frsize;
+        ok = free_b >= (64ull << 20) && free_b >= total / 20;
+    }
+    o->hot_room_at = now;
+    o->hot_room_ok = ok;
+    return ok;
 }
 
 /* Packs the plain hot file f: 0 with f->size its new size; nonzero when
@@ -268,15 +277,30 @@ void kc__hot_touch(struct kc__owner *o, const char *ns, const kc_key *key)
     struct kc__hdr h;
     if (kc__lookup(&o->d, ns, key, &body, &len, &h) != 0)
         return;
+    kc__hot_write(o, ns, key, &h, body, len);
+    free(body);
+}
+
+bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const struct kc__hdr *h,
+                   const void *body, size_t len)
+{
     struct kc__buf b = {0};
-    if (kc__spool_put_encode(&b, ns, key, NULL, &h, body, len) == 0) {
+    bool ok = false;
+    if (kc__spool_put_encode(&b, ns, key, NULL, h, body, len) == 0) {
         char name[40];
         kc__spool_name(ns, key, 0, name);
-        if (kc__spool_write(o->p.hot, name, b.p, b.len, false) == 0)
+        if (kc__spool_write(o->p.hot, name, b.p, b.len, false) == 0) {
             o->hot_bytes += hot_blocks(b.len);
+            ok = true;
+        }
     }
     kc__buf_free(&b);
-    free(body);
+    return ok;
+}
+
+bool kc__hot_can_write(struct kc__owner *o)
+{
+    return o->hot_max > 0 && hot_room(o);
 }
 
 /* After the batch holding them is synced: each applied put file becomes

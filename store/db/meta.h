@@ -11,7 +11,9 @@
  *                    the spool and the filter hash the same bytes).
  *             value  the record header (KC__HDR_LEN = 72, kc__hdr_encode)
  *                    then the body's digest (16, kc__digest_encode of
- *                    kc_digest_of(body)): KC__KVAL_LEN bytes. kc__kval_*.
+ *                    kc_digest_of of the body as stored, below; for a
+ *                    body an earlier version stored, of the body itself):
+ *                    KC__KVAL_LEN bytes. kc__kval_*.
  *             Written by drain.c (a put: the whole value) and evict.c (a
  *             hit: the header's hits and last hit); deleted by
  *             refcount.c's kc__kernel_delete (purges, eviction) and by
@@ -20,7 +22,9 @@
  *             evict.c, admin.c, filter_sync.c (keys) and store.c (ls,
  *             stats, verify).
  *
- *   bodies    key    the body's digest (16).
+ *   bodies    key    the digest of the value (16): the same body stored
+ *                    the same way is stored once. A bundle's entry is
+ *                    checked against it without inflating its body.
  *             value  the body as stored (body.c, KC__BODY_*): u32 magic
  *                    KC__BODY_MAGIC (bytes ff 'K' 'B' '1'), u8 codec
  *                    (KC__BODY_RAW, KC__BODY_ZSTD), u8 0, u16 0, u64 the

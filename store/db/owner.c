@@ -18,6 +18,7 @@
  * first.
  */
 #include "owner.h"
+#include "bundle.h"
 #include "../../common/log.h"
 
 #include <dirent.h>
@@ -89,6 +90,7 @@ bool kc__stop_asked(struct kc__owner *o)
 static void clean_stale(struct kc__owner *o)
 {
     kc__dir_sweep(o->p.sec, "");
+    kc__bulk_sweep(o); /* tables of a killed import (bulk.c) */
     /* Temp files of dead writers: host processes' in the spool, a killed
      * owner's in the spool and DIR/hot. */
     const char *dirs[] = {o->p.spool, o->p.hot};

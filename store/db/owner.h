@@ -37,6 +37,8 @@ struct kc__owner {
     struct kc__filter_rw f; /* DIR/filter; unmapped: none (readers fall back) */
     uint64_t hot_bytes;     /* bytes in DIR/hot, as the owner counted them */
     uint64_t hot_max;       /* 0: no hot files */
+    uint64_t hot_room_at;   /* when hot_room last asked the file system (mono ns) */
+    bool hot_room_ok;       /* what it said */
     bool recovering;        /* inside kc__owner_recover */
 };
 
@@ -89,6 +91,12 @@ void kc__hot_remove_kk(struct kc__owner *o, const unsigned char *kk, size_t kl);
 uint64_t kc__hot_list(struct kc__owner *o, struct kc__hotf **out, size_t *nout);
 /* DIR/hot's bound now (it follows the database's size). */
 uint64_t kc__hot_limit(struct kc__owner *o);
+/* Writes the hot file of (ns, key) holding body, whose header is h: whether
+ * it was written (o->hot_bytes counts it). */
+bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const struct kc__hdr *h,
+                   const void *body, size_t len);
+/* Whether hot files may be written now (a bound, and room on the disk). */
+bool kc__hot_can_write(struct kc__owner *o);
 /* Past the bound, packs and removes the least recently hit hot files. */
 void kc__hot_enforce(struct kc__owner *o);
 /* Removes every hot file. */
@@ -120,9 +128,9 @@ void kc__owner_filter_maybe_rebuild(struct kc__owner *o);
 /* Applies a put (not committed): 0 with *applied whether it is now the
  * entry (false: the database holds a newer one), or a negative errno. */
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied);
-/* The same with the body given as stored (body.c; sp->body unused) under
- * digest, the plain body's kc_digest_of, which the caller has checked: a
- * bundle's entry. With stored NULL, sp->body is encoded (kc__apply_put). */
+/* The same with the body given as stored (body.c; sp->body unused) and
+ * digest, kc_digest_of the stored bytes (the bodies family's key), which
+ * the caller has checked: a bundle's entry, or kc__apply_put's. */
 int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
                          const unsigned char digest[16], const void *stored, size_t stored_len,
                          bool *applied);

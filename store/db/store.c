@@ -470,6 +470,10 @@ static int st_drain(struct kc_store *store, int timeout_ms)
     if (st->readonly)
         return -EROFS;
     kc__chain_flush(store);
+    /* Nothing in the spool (puts, purges, hit logs, counters): nothing to
+     * drain, and no owner session to open and settle. */
+    if (!kc__spool_pending(st->p.spool))
+        return 0;
     struct kc__owner *o;
     int rc = kc__owner_begin(st->p.dir, st->max_size, timeout_ms < 0 ? 0 : timeout_ms, &o);
     if (rc < 0)

@@ -123,10 +123,14 @@ enum { KC__PUT_FROM_REMOTE = 8 };
 #define kc__get_u32 kc_le_get_u32
 #define kc__get_u64 kc_le_get_u64
 
-/* Starts a spool file of `type` in b (header placeholder). */
-void kc__spool_begin(struct kc_buf *b, int type);
-/* Fills in length and checksum. */
+/* Starts a spool file of `type` at the end of b (header placeholder);
+ * returns where it starts. */
+size_t kc__spool_begin(struct kc_buf *b, int type);
+/* Fills in length and checksum of the spool file starting at b's start
+ * (kc__spool_end) or at `start`, running to b's end. The put encoders
+ * below append a whole put file to b this way. */
 void kc__spool_end(struct kc_buf *b);
+void kc__spool_end_at(struct kc_buf *b, size_t start);
 /* Checks a whole spool file; 0 with *type and the payload, or -EBADMSG. */
 int kc__spool_check(const void *file, size_t len, int *type, const unsigned char **payload,
                     size_t *plen);
@@ -144,6 +148,7 @@ struct kc__sp_put {
     const unsigned char *body;
     size_t body_len;
 };
+/* The put encoders append the put file to b. */
 int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
                          const kc_digest *source, const struct kc__hdr *h, const void *body,
                          size_t len);

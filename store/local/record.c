@@ -186,23 +186,31 @@ int kc__parse_record(const void *rec, size_t len, struct kc_record_info *info, c
 
 /* Spool file: magic u32, type u8, version u8 (1), pad u16, payload length
  * u64, XXH3-64 of the payload u64, then the payload. */
-void kc__spool_begin(struct kc_buf *b, int type)
+size_t kc__spool_begin(struct kc_buf *b, int type)
 {
+    size_t start = b->len;
     kc_buf_put_u32(b, KC__SPOOL_MAGIC);
     kc_buf_put_u8(b, (uint8_t)type);
     kc_buf_put_u8(b, 1);
     kc_buf_put_u16(b, 0);
     kc_buf_put_u64(b, 0); /* payload length and checksum: kc__spool_end */
     kc_buf_put_u64(b, 0);
+    return start;
+}
+
+void kc__spool_end_at(struct kc_buf *b, size_t start)
+{
+    if (b->err || b->len < start + KC__SPOOL_HDR)
+        return;
+    unsigned char *f = b->p + start;
+    size_t plen = b->len - start - KC__SPOOL_HDR;
+    kc_le_put_u64(f + 8, plen);
+    kc_le_put_u64(f + 16, XXH3_64bits(f + KC__SPOOL_HDR, plen));
 }
 
 void kc__spool_end(struct kc_buf *b)
 {
-    if (b->err || b->len < KC__SPOOL_HDR)
-        return;
-    size_t plen = b->len - KC__SPOOL_HDR;
-    kc_le_put_u64(b->p + 8, plen);
-    kc_le_put_u64(b->p + 16, XXH3_64bits(b->p + KC__SPOOL_HDR, plen));
+    kc__spool_end_at(b, 0);
 }
 
 int kc__spool_check(const void *file, size_t len, int *type, const unsigned char **payload,
@@ -242,7 +250,7 @@ static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *
     size_t n = strlen(ns);
     unsigned char hb[KC__HDR_LEN];
     kc__hdr_encode(h, hb);
-    kc__spool_begin(b, type);
+    size_t start = kc__spool_begin(b, type);
     kc_buf_put_u16(b, (uint16_t)n);
     kc_buf_put_u16(b, (uint16_t)((source ? KC__PF_SOURCE : 0) | (extra & KC__PUT_FROM_REMOTE)));
     kc_buf_put_u32(b, 0);
@@ -251,7 +259,7 @@ static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *
     kc_buf_add(b, ns, n);
     kc_buf_add(b, hb, sizeof hb);
     kc_buf_add(b, bytes, len);
-    kc__spool_end(b);
+    kc__spool_end_at(b, start);
     return b->err;
 }
 

@@ -187,6 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kc__bundle_reader r;
     struct kc_bundle_info info;
     int rc = kc__bundle_reader_begin(&r, -1, p, n, &info, crypto, true);
+    r.check_bodies = true;
     uint64_t records = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
