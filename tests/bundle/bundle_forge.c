@@ -15,9 +15,19 @@
  *   lz4-bomb      a block declaring 1 MiB, one LZ4 block inflating to 64 MiB
  *   ns-missing    an entry in a namespace the header does not list
  *   extra-bytes   a valid bundle with bytes after its trailer
+ *   stored-valid  two entries with their bodies as the store keeps them
+ *                 ('S' puts: store/db/body.c), the control for:
+ *   stored-size   a stored body whose frame states another size than its
+ *                 header
+ *   stored-bomb   a header declaring a 1 GiB body, stored as a 29-byte
+ *                 frame stating 1 GiB
+ *   stored-garbage a stored body whose frame states the right size but
+ *                 does not inflate (its digest is of those bytes): an
+ *                 import takes it, a dry run refuses it
  * Exit status 0 once written, 2 on bad usage, 1 on an error.
  */
 #include "bundle.h"
+#include "meta.h"
 #include "remote_internal.h"
 
 #include <errno.h>
@@ -80,6 +90,50 @@ static void make_put(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest 
     b->len = 0;
     kc__spool_put_encode(b, NS, key, &src, &h, body, n);
     *bd = kc_digest_of(body, n);
+    free(body);
+}
+
+/* A stored put ('S') of (NS, key i) with a body of n bytes, its digest
+ * (of the stored bytes) in *bd; how: 0 as kcache stores it, 1 its header
+ * declaring one byte more, 2 its frame's data damaged, 3 a bomb. */
+static void make_stored(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest *bd, int how)
+{
+    unsigned char *body = malloc(n);
+    for (size_t j = 0; j < n; j++)
+        body[j] = (unsigned char)('a' + (j * 7 + (size_t)i) % 26);
+    *key = (kc_key){.id = {.lo = 0x1000u + (uint64_t)i, .hi = 0xfeedu}, .build = 1};
+    struct kc__hdr h = {.kind = KC_KIND_NVRTC,
+                        .format = KC_FORMAT_VERSION,
+                        .body_size = n + (how == 1),
+                        .created_ns = 1000,
+                        .body_xxh = kc__body_xxh(body, n)};
+    struct kc__buf st = {0};
+    if (how == 3) {
+        /* 16-byte header stating 1 GiB, then a zstd frame header stating
+         * 1 GiB (single segment, 8-byte content size) and one empty raw
+         * last block: 29 bytes. */
+        h.body_size = 1ull << 30;
+        kc_buf_put_u32(&st, KC__BODY_MAGIC);
+        kc_buf_put_u8(&st, KC__BODY_ZSTD);
+        kc_buf_put_u8(&st, 0);
+        kc_buf_put_u16(&st, 0);
+        kc_buf_put_u64(&st, 1ull << 30);
+        static const unsigned char frame[] = {0x28, 0xb5, 0x2f, 0xfd, 0xe0};
+        kc__buf_add(&st, frame, sizeof frame);
+        kc_buf_put_u64(&st, 1ull << 30);
+        static const unsigned char last[] = {0x01, 0x00, 0x00};
+        kc__buf_add(&st, last, sizeof last);
+    } else {
+        kc__body_encode(body, n, &st);
+        if (how == 2) /* past the 16-byte header and the frame's own */
+            for (size_t j = KC__BODY_HDR + 8; j < st.len; j += 3)
+                st.p[j] ^= 0x5a;
+    }
+    kc_digest src = key->id;
+    b->len = 0;
+    kc__spool_put_encode_stored(b, NS, key, &src, &h, st.p, st.len);
+    *bd = kc_digest_of(st.p, st.len);
+    kc__buf_free(&st);
     free(body);
 }
 
@@ -200,6 +254,35 @@ int main(int argc, char **argv)
         kc_digest d = kc_digest_of(body, sizeof body);
         rc = rc ? rc : kc__bundle_writer_add(&w, "nvrtc-tesu", &k1, &d, other.p, other.len);
         kc__buf_free(&other);
+    } else if (strncmp(mode, "stored-", 7) == 0) {
+        int how = strcmp(mode, "stored-valid") == 0     ? 0
+                  : strcmp(mode, "stored-size") == 0    ? 1
+                  : strcmp(mode, "stored-garbage") == 0 ? 2
+                  : strcmp(mode, "stored-bomb") == 0    ? 3
+                                                        : -1;
+        if (how < 0) {
+            fprintf(stderr, "bundle_forge: unknown mode %s\n", mode);
+            return 2;
+        }
+        /* The header counts entries with their bodies inflated: rewritten
+         * for these (a new writer: nothing was written yet). */
+        kc__bundle_writer_free(&w);
+        if (lseek(fd, 0, SEEK_SET) != 0 || ftruncate(fd, 0) != 0)
+            return 1;
+        struct kc__buf s0 = {0}, s1 = {0};
+        make_stored(&s0, 0, 2000, &k0, &b0, 0);
+        make_stored(&s1, 1, 3000, &k1, &b1, how);
+        struct kc__sp_put p0, p1;
+        kc__spool_put_decode_stored(s0.p, s0.len, &p0);
+        kc__spool_put_decode_stored(s1.p, s1.len, &p1);
+        ns.raw_bytes = KC__BUNDLE_REC_SIZE(s0.len - p0.body_len + p0.hdr.body_size) +
+                       KC__BUNDLE_REC_SIZE(s1.len - p1.body_len + p1.hdr.body_size);
+        info.raw_bytes = ns.raw_bytes;
+        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto);
+        rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, s0.p, s0.len);
+        rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k1, &b1, s1.p, s1.len);
+        kc__buf_free(&s0);
+        kc__buf_free(&s1);
     } else if (strcmp(mode, "huge-block") == 0) {
         add_record(&rec, NS, &k0, &b0, put.p, put.len, put.len);
         w.entries = 2;

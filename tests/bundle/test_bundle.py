@@ -262,6 +262,8 @@ def test_hostile(env, t, forge, populate):
         "lz4-bomb": "does not inflate to its declared 1048576 bytes",
         "ns-missing": "which the header lacks",
         "extra-bytes": "bytes follow the trailer",
+        "stored-size": "is not a stored body of the size its header declares",
+        "stored-bomb": "is not a stored body of the size its header declares",
     }
     for mode, words in expect.items():
         f = os.path.join(env.tmp, mode + ".kcb")
@@ -289,6 +291,30 @@ def test_hostile(env, t, forge, populate):
     out = import_ok(t, ok2, unsigned, "--trust-unsigned")
     check("imported 300 of 300 entries" in out and "unsigned" in out, f"unsigned: {out!r}")
     check(len(t.entries(ok2)) == 300, "unsigned import: entries missing")
+
+    # Bodies as the store keeps them ('S' entries): the forged control
+    # imports; one whose frame does not inflate to its header is refused by
+    # a dry run (which inflates every body), taken by an import (which
+    # checks each against its digest and its frame's stated size only) and
+    # never served: verify finds it bad and purges it, leaving the other.
+    f = os.path.join(env.tmp, "stored-valid.kcb")
+    subprocess.run([forge, "stored-valid", f], check=True)
+    sv = env.store("stored-valid")
+    out = import_ok(t, sv, f, "--trust-unsigned")
+    check("imported 2 of 2 entries" in out, f"forged stored bundle: {out!r}")
+    v = t.run(["--dir", sv, "verify"]).stdout.decode()
+    check("0 bad" in v, f"stored-valid: verify: {v!r}")
+    f = os.path.join(env.tmp, "stored-garbage.kcb")
+    subprocess.run([forge, "stored-garbage", f], check=True)
+    sg = env.store("stored-garbage")
+    msg = refused(t, sg, f, "stored-garbage (dry run)", "--trust-unsigned", "--dry-run")
+    check("does not inflate to the one its header describes" in msg,
+          f"stored-garbage (dry run): {msg!r}")
+    out = import_ok(t, sg, f, "--trust-unsigned")
+    check("imported 2 of 2 entries" in out, f"stored-garbage: {out!r}")
+    v = t.run(["--dir", sg, "verify"]).stdout.decode()
+    check("1 bad" in v and "1 purged" in v, f"stored-garbage: verify: {v!r}")
+    check(len(t.entries(sg)) == 1, f"stored-garbage: entries left: {t.entries(sg)}")
 
 
 def patched_shim(env):

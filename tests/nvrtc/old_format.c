@@ -20,6 +20,7 @@
 #include "buf.h"
 #include "codec.h"
 #include "internal.h"
+#include "meta.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -211,7 +212,8 @@ static int convert_db(struct kc__db *d)
         memcpy(odg, v + KC__HDR_LEN, 16);
         char *body = NULL;
         size_t bl = 0;
-        int rc = kc__db_get(d, KC__CF_BODIES, odg, 16, &body, &bl);
+        /* Inflated (body.c): the previous layout kept bodies as they are. */
+        int rc = kc__body_get(d, odg, &body, &bl);
         if (rc < 0)
             die("body", rc);
         struct kc_buf nb = {0};
