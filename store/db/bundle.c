@@ -4,9 +4,10 @@
  * whole export, so every pass sees the same entries) in a few passes over
  * the kernels family, which holds headers only: select, cut to the size
  * asked for (the most recently used entries first), count, then write each
- * entry's put record with its body and source mapping. Import verifies the
- * whole bundle first, then applies its records as the owner, as it applies
- * drained puts (kc__apply_put), in rounds of synced commits.
+ * entry's put record with its body as stored and its source mapping. Import
+ * verifies the whole bundle first, then, as the owner, writes it into a
+ * store with no entry as tables (bulk.c), or applies its records as it
+ * applies drained puts (kc__apply_put_stored), in rounds of synced commits.
  */
 #include "bundle.h"
 #include "owner.h"

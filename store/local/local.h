@@ -265,8 +265,6 @@ void kc__paths_init(struct kc__paths *p, const char *dir);
  * demo set's records and manifests take 464 KiB plain. */
 #define KC__HOT_MAX (1ull << 30)
 #define KC__HOT_MIN (512ull << 10)
-/* The zstd dictionary of each table of bodies (db.c). */
-#define KC__ZSTD_DICT_BYTES (16 << 10)
 
 /* The file name of (ns, key) in the spool: prefix '-' 32 hex digits; with
  * prefix 0, the bare 32 hex digits (its name in DIR/hot). */

@@ -16,6 +16,7 @@
 #include "fuzz.h"
 
 #include "bundle.h"
+#include "meta.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -252,6 +253,21 @@ static int seed(const char *dir, const char *name, unsigned mode, int codec,
                             .created_ns = 1700000000000000000ull + (uint64_t)i,
                             .body_xxh = kc__body_xxh(body, (size_t)bl)};
         int which = i == 1;
+        if (i == 2) {
+            /* As the store keeps it (an 'S' put, layout 2): one zstd frame. */
+            struct kc_buf st = {0};
+            kc__body_encode(body, (size_t)bl, &st);
+            kc__spool_put_encode_stored(&puts[i], nss[which], &keys[i], &keys[i].id, &h, st.p,
+                                        st.len);
+            bds[i] = kc_digest_of(st.p, st.len);
+            ns[which].raw_bytes += KC__BUNDLE_REC_SIZE(puts[i].len - st.len + (uint64_t)bl);
+            info.raw_bytes += KC__BUNDLE_REC_SIZE(puts[i].len - st.len + (uint64_t)bl);
+            kc_buf_free(&st);
+            snprintf(ns[which].ns, sizeof ns[which].ns, "%s", nss[which]);
+            ns[which].entries++;
+            info.entries++;
+            continue;
+        }
         kc__spool_put_encode(&puts[i], nss[which], &keys[i], which ? NULL : &keys[i].id, &h, body,
                              (size_t)bl);
         bds[i] = kc_digest_of(body, (size_t)bl);
