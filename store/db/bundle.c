@@ -404,6 +404,10 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         return why(info, -EINVAL, "invalid arguments (signing hooks)");
 
     struct kc__db *d = NULL;
+    /* Every body is read once, in no order: from the mapped tables (no
+     * read call and no copy per body; the pages mapped are the page
+     * cache's, which the process's resident size then counts). */
+    kc__db_bulk_reads();
     bool have = kc__store_reader_hold(st, &d) == 0;
     struct sel s = {.o = o, .d = d, .exact = o->max_size > 0};
     struct nslist l = {.info = info};
