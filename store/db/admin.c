@@ -228,6 +228,7 @@ int kc__owner_clear(struct kc__owner *o)
         rocksdb_writebatch_destroy(wb);
     }
     o->unique = 0;
+    kc__dict_reset(o); /* its dictionaries went with the rest */
     kc__hot_clear(o);
     if (rc == 0)
         rc = kc__owner_commit(o);

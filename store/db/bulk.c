@@ -422,8 +422,8 @@ static void *bulk_hot(void *arg)
         char *body = NULL;
         size_t bl = 0;
         if (e->at <= j->map_len && e->len <= j->map_len - e->at &&
-            kc__body_decode(j->map + e->at, (size_t)e->len, &body, &bl) == 0 && bl == h.body_size &&
-            kc__body_xxh(body, bl) == h.body_xxh)
+            kc__body_decode(j->map + e->at, (size_t)e->len, &j->ow->d.dicts, &body, &bl) == 0 &&
+            bl == h.body_size && kc__body_xxh(body, bl) == h.body_xxh)
             kc__hot_write(ow, ns, &key, &h, body, bl);
         free(body);
         if (!kc__hot_can_write(ow))

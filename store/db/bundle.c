@@ -239,7 +239,67 @@ static int find_cut(struct sel *s, uint64_t budget)
     return each_cand(s, add_tie, &t);
 }
 
-/* ---- export: namespaces and writing ----------------------------------------- */
+/* ---- export: namespaces, dictionaries and writing ---------------------------- */
+
+/* The store's dictionaries ("z/"), for the bundle's header: all of them
+ * (a few per GiB of bodies; which ones the selected entries name would
+ * take a read of every body before the header). */
+struct dictlist {
+    struct kc__bundle_dict *v;
+    size_t n;
+    char **bytes;
+};
+
+static void dicts_free(struct dictlist *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->bytes[i]);
+    free(l->bytes);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int dicts_collect(struct kc__db *d, struct dictlist *l)
+{
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[KC__CF_META]);
+    int rc = 0;
+    size_t cap = 0;
+    for (rocksdb_iter_seek(it, KC__META_DICT_PREFIX, 2); rc == 0 && rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (!kc__meta_is(k, kl, KC__META_DICT_PREFIX))
+            break;
+        const char *v = rocksdb_iter_value(it, &vl);
+        uint64_t id = kl == KC__META_DICT_KEY_LEN ? kc_le_get_u64((const unsigned char *)k + 2) : 0;
+        if (id == 0 || vl == 0 || vl > KC__BUNDLE_MAX_DICT || kc__dict_id(v, vl) != id)
+            continue; /* not one (a body naming it is a miss, and refused by import) */
+        if (l->n == cap) {
+            cap = cap ? 2 * cap : 8;
+            void *nv = realloc(l->v, cap * sizeof *l->v),
+                 *nb = realloc(l->bytes, cap * sizeof *l->bytes);
+            if (nv != NULL)
+                l->v = nv;
+            if (nb != NULL)
+                l->bytes = nb;
+            if (nv == NULL || nb == NULL) {
+                rc = -ENOMEM;
+                break;
+            }
+        }
+        l->bytes[l->n] = malloc(vl);
+        if (l->bytes[l->n] == NULL) {
+            rc = -ENOMEM;
+            break;
+        }
+        memcpy(l->bytes[l->n], v, vl);
+        l->v[l->n] = (struct kc__bundle_dict){.id = id, .p = l->bytes[l->n], .len = vl};
+        l->n++;
+    }
+    int ie = kc__db_iter_err(d, it);
+    rocksdb_iter_destroy(it);
+    return rc != 0 ? rc : ie;
+}
 
 struct nslist {
     struct kc_bundle_info *info;
@@ -356,7 +416,7 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
                                : 0;
     if (rc == 0)
         v = rocksdb_pinnableslice_value(pv, &vl);
-    if (rc == 0 && (kc__body_info(v, vl, &raw, &codec) != 0 || raw != c->h.body_size ||
+    if (rc == 0 && (kc__body_info(v, vl, &raw, &codec, NULL) != 0 || raw != c->h.body_size ||
                     (codec == KC__BODY_LEGACY && kc__body_xxh(v, vl) != c->h.body_xxh)))
         rc = -EBADMSG;
     if (rc < 0) {
@@ -411,8 +471,9 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     bool have = kc__store_reader_hold(st, &d) == 0;
     struct sel s = {.o = o, .d = d, .exact = o->max_size > 0};
     struct nslist l = {.info = info};
-    int rc = 0;
-    if (have) {
+    struct dictlist dl = {0};
+    int rc = have ? dicts_collect(d, &dl) : 0;
+    if (have && rc == 0) {
         if (o->max_size > 0) {
             struct total all = {0};
             rc = each_cand(&s, add_total, &all);
@@ -422,8 +483,8 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
              * block header per KC__BUNDLE_BLOCK_TARGET bytes and one more. */
             if (rc == 0)
                 rc = each_cand(&s, add_ns, &l);
-            uint64_t fixed =
-                kc__bundle_header_size(info, o->codec) + KC__BUNDLE_TRAILER + KC__BUNDLE_BLOCK_HDR;
+            uint64_t fixed = kc__bundle_header_size(info, o->codec, dl.v, dl.n) +
+                             KC__BUNDLE_TRAILER + KC__BUNDLE_BLOCK_HDR;
             free(info->ns);
             info->ns = NULL;
             info->n_ns = 0;
@@ -450,6 +511,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     if (rc != 0) {
         if (have)
             kc__store_reader_release(st);
+        dicts_free(&dl);
         return info->why[0] ? rc : why(info, rc, "cannot read the store: %s", strerror(-rc));
     }
     if (s.too_big > 0)
@@ -457,7 +519,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
                (unsigned long long)KC__BUNDLE_MAX_RECORD);
 
     struct emit e = {.info = info};
-    rc = kc__bundle_writer_begin(&e.w, o->fd, info, o->codec, o->level, crypto);
+    rc = kc__bundle_writer_begin(&e.w, o->fd, info, o->codec, o->level, crypto, dl.v, dl.n);
     if (rc < 0)
         why(info, rc, "cannot write the bundle: %s", strerror(-rc));
     if (rc == 0 && have) {
@@ -479,6 +541,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     }
     info->blocks = e.w.blocks;
     kc__bundle_writer_free(&e.w);
+    dicts_free(&dl);
     if (rc < 0 && info->why[0] == '\0')
         why(info, rc, "cannot read the store: %s", strerror(-rc));
     info->verified = rc == 0;
@@ -639,6 +702,57 @@ static void import_hot(struct kc__owner *ow)
     kc__hot_enforce(ow);
 }
 
+/* The bundle's dictionaries into the store, synced before any body naming
+ * one is written; the store's own current one stays (or, when it has none,
+ * the bundle's last becomes it). */
+static int import_dicts(struct kc__owner *ow, int fd, const struct kc_bundle_import_opts *o,
+                        struct kc_bundle_info *info)
+{
+    if (lseek(fd, 0, SEEK_SET) != 0)
+        return why(info, -errno, "cannot read the bundle again: %s", strerror(errno));
+    struct kc_bundle_info hi;
+    struct kc__bundle_reader r;
+    int rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &hi, o->crypto, o->trust_unsigned != 0);
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    size_t added = 0;
+    for (size_t i = 0; rc == 0 && i < r.n_dicts; i++) {
+        unsigned char k[KC__META_DICT_KEY_LEN];
+        size_t kl = kc__meta_dict_key(r.dict[i].id, k);
+        char *v = NULL;
+        size_t vl = 0;
+        int g = kc__db_get(&ow->d, KC__CF_META, k, kl, &v, &vl);
+        free(v);
+        if (g == -ENOENT) {
+            rocksdb_writebatch_put_cf(wb, ow->d.cf[KC__CF_META], (char *)k, kl,
+                                      (char *)r.dict_data + r.dict[i].off, r.dict[i].len);
+            added++;
+        } else if (g < 0) {
+            rc = g;
+        }
+    }
+    char *cur = NULL;
+    size_t cl = 0;
+    if (rc == 0 && r.n_dicts > 0 &&
+        kc__db_get(&ow->d, KC__CF_META, KC__META_DICT_CURRENT, 2, &cur, &cl) == -ENOENT) {
+        unsigned char id[8];
+        kc_le_put_u64(id, r.dict[r.n_dicts - 1].id);
+        rocksdb_writebatch_put_cf(wb, ow->d.cf[KC__CF_META], KC__META_DICT_CURRENT, 2, (char *)id,
+                                  sizeof id);
+        added++;
+    }
+    free(cur);
+    if (rc == 0 && added > 0 && (rc = kc__owner_write(ow, wb, true)) == 0)
+        kc__dict_load(ow);
+    rocksdb_writebatch_destroy(wb);
+    free(hi.ns);
+    kc__bundle_reader_free(&r);
+    if (rc < 0 && info->why[0] == '\0')
+        why(info, rc, "cannot write to the store: %s", strerror(-rc));
+    if (rc == 0 && lseek(fd, 0, SEEK_SET) != 0)
+        rc = why(info, -errno, "cannot read the bundle again: %s", strerror(errno));
+    return rc;
+}
+
 /* Pass 2: applies every record the store lacks, as the owner. */
 static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *o, int fd,
                        struct kc_bundle_info *info)
@@ -648,9 +762,17 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     if (rc < 0)
         return why(info, rc, "cannot become the store's owner: %s",
                    rc == -EBUSY ? "another kcache operation holds it" : strerror(-rc));
-    /* Into a store with no entry: as tables, ingested whole (bulk.c). */
+    /* Its dictionaries first; into a store with no entry, the entries as
+     * tables, ingested whole (bulk.c). */
     bool hot_done = false;
-    int bulk = kc__bulk_import(ow, fd, o, info, &hot_done);
+    int bulk = 0;
+    rc = import_dicts(ow, fd, o, info);
+    if (rc == 0)
+        bulk = kc__bulk_import(ow, fd, o, info, &hot_done);
+    if (rc < 0) {
+        kc__store_end_owner(st, ow);
+        return rc;
+    }
     if (bulk != 0 || lseek(fd, 0, SEEK_SET) != 0) {
         rc = bulk < 0 ? bulk : bulk > 0 ? 0 : why(info, -errno, "cannot read the bundle again");
         goto done;

@@ -26,6 +26,10 @@
  *               namespace with its fingerprint described)
  *           ..  per namespace: u16 length, u16 0, u32 0, u64 entries,
  *               u64 raw bytes, the name (1..127 bytes, no NUL)
+ *           ..  u32 dictionaries, u32 0; per dictionary: u64 its id
+ *               (kc__dict_id of its bytes), u32 length, u32 0, its bytes:
+ *               the zstd dictionaries the entries' bodies name (meta.h
+ *               "z/"), imported with them
  *           ..  u64 XXH3-64 of the header's bytes before it
  *
  *   block    0  magic "KCBBLOCK"                                  8
@@ -74,6 +78,7 @@
 #define KCACHE_STORE_BUNDLE_H
 
 #include "../local/local.h"
+#include "meta.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -91,6 +96,9 @@
 #define KC__BUNDLE_HDR_FIXED 64
 #define KC__BUNDLE_NS_FIXED 24
 #define KC__BUNDLE_BLOCK_HDR 48
+#define KC__BUNDLE_DICT_FIXED 16
+#define KC__BUNDLE_MAX_DICTS 4096u
+#define KC__BUNDLE_MAX_DICT (1u << 20)
 #define KC__BUNDLE_REC_HDR 40
 #define KC__BUNDLE_TRAILER 176
 #define KC__BUNDLE_SIGNED 1u
@@ -143,6 +151,13 @@ kc_digest kc__bs_digest(struct kc__bstream *s);
 
 /* ---- the writer (bundle_io.c) ------------------------------------------- */
 
+/* A dictionary for the header. */
+struct kc__bundle_dict {
+    uint64_t id;
+    const void *p;
+    size_t len;
+};
+
 struct kc__bundle_writer {
     struct kc__bstream s;
     const struct kc_bundle_crypto *crypto; /* signs when key_id != 0 */
@@ -170,7 +185,8 @@ struct kc__bundle_writer {
  * namespaces with their counts) and starts the blocks. 0 or a negative
  * errno. */
 int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc_bundle_info *info,
-                            int codec, int level, const struct kc_bundle_crypto *crypto);
+                            int codec, int level, const struct kc_bundle_crypto *crypto,
+                            const struct kc__bundle_dict *dicts, size_t n_dicts);
 /* Adds one record: the put file (len bytes) of (ns, key) whose body
  * digest is body_digest. 0 or a negative errno. */
 int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
@@ -187,7 +203,8 @@ int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, con
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes);
 void kc__bundle_writer_free(struct kc__bundle_writer *w);
 /* The header's size for info (the writer's, exactly). */
-size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec);
+size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec,
+                              const struct kc__bundle_dict *dicts, size_t n_dicts);
 /* The size of the put file of an entry of namespace length nl and body
  * size bs (store/local/record.c's layout: spool header, fixed part, ns,
  * record header, body). */
@@ -229,6 +246,15 @@ struct kc__bundle_reader {
     uint64_t block_at;        /* the current block's records' offset */
     char *plain;
     const unsigned char *entry_digest;
+    /* The header's dictionaries: ids, where their bytes lie in dict_data,
+     * and loaded for inflating (check_bodies). */
+    struct {
+        uint64_t id;
+        size_t off, len;
+    } * dict;
+    size_t n_dicts;
+    unsigned char *dict_data;
+    struct kc__dicts dicts;
 };
 
 /* Starts reading a bundle from fd (or the n bytes at mem when fd is -1)
@@ -247,6 +273,8 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
 int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                            const unsigned char **put, size_t *len, size_t *ns_index);
 void kc__bundle_reader_free(struct kc__bundle_reader *r);
+/* Whether the header carries dictionary id. */
+bool kc__bundle_reader_has_dict(const struct kc__bundle_reader *r, uint64_t id);
 /* Parses a trailer (KC__BUNDLE_TRAILER bytes) into info's entries, blocks,
  * key_id, is_signed: 0 or -EBADMSG. For `bundle show`; checks only its
  * magics and its own checksum. */

@@ -268,13 +268,16 @@ static void header_text(struct kc__buf *t, const struct kc_bundle_info *info, in
 
 /* ---- the writer ----------------------------------------------------------- */
 
-static void header_encode(struct kc__buf *b, const struct kc_bundle_info *info, int codec)
+static void header_encode(struct kc__buf *b, const struct kc_bundle_info *info, int codec,
+                          const struct kc__bundle_dict *dicts, size_t n_dicts)
 {
     struct kc__buf t = {0};
     header_text(&t, info, codec);
-    size_t total = KC__BUNDLE_HDR_FIXED + t.len + 8;
+    size_t total = KC__BUNDLE_HDR_FIXED + t.len + 8 + 8;
     for (size_t i = 0; i < info->n_ns; i++)
         total += KC__BUNDLE_NS_FIXED + strlen(info->ns[i].ns);
+    for (size_t i = 0; i < n_dicts; i++)
+        total += KC__BUNDLE_DICT_FIXED + dicts[i].len;
     unsigned char f[KC__BUNDLE_HDR_FIXED] = {0};
     memcpy(f, KC__BUNDLE_MAGIC, 8);
     kc__put_u16(f + 8, KC__BUNDLE_VERSION);
@@ -300,15 +303,26 @@ static void header_encode(struct kc__buf *b, const struct kc_bundle_info *info, 
         kc__buf_add(b, e, sizeof e);
         kc__buf_add(b, info->ns[i].ns, nl);
     }
+    unsigned char dn[8] = {0};
+    kc__put_u32(dn, (uint32_t)n_dicts);
+    kc__buf_add(b, dn, sizeof dn);
+    for (size_t i = 0; i < n_dicts; i++) {
+        unsigned char e[KC__BUNDLE_DICT_FIXED] = {0};
+        kc__put_u64(e, dicts[i].id);
+        kc__put_u32(e + 8, (uint32_t)dicts[i].len);
+        kc__buf_add(b, e, sizeof e);
+        kc__buf_add(b, dicts[i].p, dicts[i].len);
+    }
     unsigned char x[8];
     kc__put_u64(x, b->err ? 0 : XXH3_64bits(b->p, b->len));
     kc__buf_add(b, x, 8);
 }
 
-size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec)
+size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec,
+                              const struct kc__bundle_dict *dicts, size_t n_dicts)
 {
     struct kc__buf b = {0};
-    header_encode(&b, info, codec);
+    header_encode(&b, info, codec, dicts, n_dicts);
     size_t n = b.err ? SIZE_MAX : b.len;
     kc__buf_free(&b);
     return n;
@@ -317,7 +331,8 @@ size_t kc__bundle_header_size(const struct kc_bundle_info *info, int codec)
 static void *out_main(void *arg);
 
 int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc_bundle_info *info,
-                            int codec, int level, const struct kc_bundle_crypto *crypto)
+                            int codec, int level, const struct kc_bundle_crypto *crypto,
+                            const struct kc__bundle_dict *dicts, size_t n_dicts)
 {
     memset(w, 0, sizeof *w);
     int rc = kc__bs_init(&w->s, fd, NULL, 0);
@@ -336,7 +351,7 @@ int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc
         w->s.hashing = true;
     }
     struct kc__buf h = {0};
-    header_encode(&h, info, codec);
+    header_encode(&h, info, codec, dicts, n_dicts);
     rc = h.err ? h.err : kc__bs_write(&w->s, h.p, h.len);
     kc__buf_free(&h);
     if (rc == 0 && fd >= 0 && pthread_mutex_init(&w->mu, NULL) == 0) {
@@ -665,6 +680,71 @@ static int read_grow(struct kc__bundle_reader *r, unsigned char **buf, size_t *c
     return 0;
 }
 
+/* The header's dictionaries (after the namespace table, at *o of the n
+ * bytes at h): each one's id checked against its bytes, copied into the
+ * reader (r->dict, r->dict_data), and loadable for inflating (r->dicts). */
+static int dict_load(void *arg, uint64_t id, char **p, size_t *n)
+{
+    struct kc__bundle_reader *r = arg;
+    for (size_t i = 0; i < r->n_dicts; i++)
+        if (r->dict[i].id == id) {
+            *p = malloc(r->dict[i].len);
+            if (*p == NULL)
+                return -ENOMEM;
+            memcpy(*p, r->dict_data + r->dict[i].off, r->dict[i].len);
+            *n = r->dict[i].len;
+            return 0;
+        }
+    return -ENOENT;
+}
+
+static int read_dicts(struct kc__bundle_reader *r, const unsigned char *h, size_t n, size_t *o)
+{
+    if (n - *o < 8 || kc__get_u32(h + *o + 4) != 0)
+        return fail(r, -EBADMSG, "damaged header: dictionary table");
+    uint32_t nd = kc__get_u32(h + *o);
+    *o += 8;
+    if (nd > KC__BUNDLE_MAX_DICTS)
+        return fail(r, -EFBIG, "header declares %u dictionaries, past the limit of %u", nd,
+                    KC__BUNDLE_MAX_DICTS);
+    r->dict = calloc(nd ? nd : 1, sizeof *r->dict);
+    if (r->dict == NULL)
+        return fail(r, -ENOMEM, "out of memory");
+    size_t total = 0, start = *o;
+    for (uint32_t i = 0; i < nd; i++) {
+        if (n - *o < KC__BUNDLE_DICT_FIXED || kc__get_u32(h + *o + 12) != 0)
+            return fail(r, -EBADMSG, "damaged header: dictionary %u", i + 1);
+        uint64_t id = kc__get_u64(h + *o);
+        size_t len = kc__get_u32(h + *o + 8);
+        if (len == 0 || len > KC__BUNDLE_MAX_DICT || n - *o - KC__BUNDLE_DICT_FIXED < len ||
+            kc__dict_id(h + *o + KC__BUNDLE_DICT_FIXED, len) != id)
+            return fail(r, -EBADMSG, "damaged header: dictionary %u is not its id's", i + 1);
+        r->dict[i].id = id;
+        r->dict[i].len = len;
+        r->dict[i].off = total;
+        total += len;
+        *o += KC__BUNDLE_DICT_FIXED + len;
+    }
+    r->dict_data = malloc(total ? total : 1);
+    if (r->dict_data == NULL)
+        return fail(r, -ENOMEM, "out of memory");
+    for (size_t i = 0, at = start; i < nd; i++) {
+        memcpy(r->dict_data + r->dict[i].off, h + at + KC__BUNDLE_DICT_FIXED, r->dict[i].len);
+        at += KC__BUNDLE_DICT_FIXED + r->dict[i].len;
+    }
+    r->n_dicts = nd;
+    kc__dicts_init(&r->dicts, dict_load, r);
+    return 0;
+}
+
+bool kc__bundle_reader_has_dict(const struct kc__bundle_reader *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->n_dicts; i++)
+        if (r->dict[i].id == id)
+            return true;
+    return false;
+}
+
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                             bool trust_unsigned)
@@ -797,11 +877,13 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
         sum_bytes += e->raw_bytes;
         o += KC__BUNDLE_NS_FIXED + nl;
     }
-    free(h);
     info->n_ns = nns;
+    rc = read_dicts(r, h, rest - 8, &o);
+    free(h);
+    if (rc < 0)
+        return rc;
     if (o != rest - 8)
-        return fail(r, -EBADMSG, "damaged header: %zu bytes after its namespace table",
-                    rest - 8 - o);
+        return fail(r, -EBADMSG, "damaged header: %zu bytes after its dictionaries", rest - 8 - o);
     if (sum_entries != info->entries || sum_bytes != info->raw_bytes)
         return fail(r, -EBADMSG, "damaged header: its namespaces do not add up to its totals");
     r->zdctx = ZSTD_createDCtx();
@@ -1058,13 +1140,19 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
          * size, within KC__BUNDLE_MAX_RATIO of its own (an inflation bomb
          * is refused before anything is allocated for it), and inflates to
          * the body the header describes. */
-        uint64_t raw;
+        uint64_t raw, dict;
         int codec;
-        if (kc__body_info(sp->body, sp->body_len, &raw, &codec) != 0 || codec == KC__BODY_LEGACY ||
-            raw != sp->hdr.body_size || raw / KC__BUNDLE_MAX_RATIO > sp->body_len)
+        if (kc__body_info(sp->body, sp->body_len, &raw, &codec, &dict) != 0 ||
+            codec == KC__BODY_LEGACY || raw != sp->hdr.body_size ||
+            raw / KC__BUNDLE_MAX_RATIO > sp->body_len)
             return fail(r, -EBADMSG,
                         "damaged: entry %" PRIu64 " in %s: its body is not a stored body of "
                         "the size its header declares",
+                        no, sp->ns);
+        if (dict != 0 && !kc__bundle_reader_has_dict(r, dict))
+            return fail(r, -EBADMSG,
+                        "damaged: entry %" PRIu64 " in %s: its body names a dictionary the "
+                        "header lacks",
                         no, sp->ns);
         r->entry_stored = sp->body;
         r->entry_stored_len = sp->body_len;
@@ -1076,7 +1164,7 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
         } else {
             char *b = NULL;
             size_t bl = 0;
-            int rc = kc__body_decode(r->entry_stored, r->entry_stored_len, &b, &bl);
+            int rc = kc__body_decode(r->entry_stored, r->entry_stored_len, &r->dicts, &b, &bl);
             if (rc == -ENOMEM)
                 return fail(r, rc, "out of memory");
             if (rc != 0 || kc__body_xxh(b, bl) != sp->hdr.body_xxh) {
@@ -1140,6 +1228,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
 void kc__bundle_reader_free(struct kc__bundle_reader *r)
 {
     kc__bs_free(&r->s);
+    kc__dicts_free(&r->dicts);
+    free(r->dict);
+    free(r->dict_data);
     free(r->plain);
     free(r->stored);
     free(r->raw);

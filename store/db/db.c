@@ -297,9 +297,18 @@ static void log_reserve(struct kc__db *d, const char *secpath)
     close(fd);
 }
 
+/* Loads dictionary id from the meta family ("z/" id). */
+static int dict_load(void *arg, uint64_t id, char **p, size_t *n)
+{
+    unsigned char k[KC__META_DICT_KEY_LEN];
+    size_t kl = kc__meta_dict_key(id, k);
+    return kc__db_get(arg, KC__CF_META, k, kl, p, n);
+}
+
 static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
 {
     memset(d, 0, sizeof *d);
+    kc__dicts_init(&d->dicts, dict_load, d);
     d->secondary = secpath != NULL;
     d->cache = rocksdb_cache_create_lru(secpath ? (8u << 20) : (32u << 20));
     for (int i = 0; i <= KC__N_CF; i++)
@@ -366,6 +375,7 @@ bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t 
 
 void kc__db_close(struct kc__db *d)
 {
+    kc__dicts_free(&d->dicts);
     if (d->db != NULL && d->leak) {
         /* Closing would flush its log onto a full disk (log_reserve). */
         memset(d, 0, sizeof *d);
@@ -423,7 +433,7 @@ int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, 
     int rc = kc__db_get(d, KC__CF_BODIES, digest, 16, &v, &vl);
     if (rc < 0)
         return rc;
-    rc = kc__body_decode(v, vl, body, n);
+    rc = kc__body_decode(v, vl, &d->dicts, body, n);
     free(v);
     return rc;
 }

@@ -118,7 +118,8 @@ static int list_spool(const char *spool, struct listing *l)
 int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
 {
     struct kc_buf stored = {0};
-    int rc = kc__body_encode(sp->body, sp->body_len, &stored);
+    int rc = kc__body_encode(sp->body, sp->body_len, &o->cdict, &stored);
+    kc__dict_sample(o, sp->body, sp->body_len);
     if (rc == 0) {
         kc_digest dg = kc_digest_of(stored.p, stored.len);
         unsigned char digest[16];
@@ -411,6 +412,7 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
             kc__upload_round(o, l.drain.v + i, keep, end - i);
             kc__hot_retire_puts(o, l.drain.v + i, keep, size, end - i);
             done += end - i;
+            rc = kc__dict_maybe_train(o);
         }
     }
     for (size_t i = 0; rc == 0 && i < l.put.n; i += ROUND_FILES) {
@@ -437,6 +439,7 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
             kc__upload_round(o, cl, keep, claimed);
             kc__hot_retire_puts(o, cl, keep, size, claimed);
             done += claimed;
+            rc = kc__dict_maybe_train(o);
         }
     }
     struct names *rest[3] = {&l.purge, &l.hits, &l.count};

@@ -19,6 +19,20 @@
 
 enum { KC__CF_DEFAULT, KC__CF_KERNELS, KC__CF_BODIES, KC__CF_SOURCES, KC__CF_META, KC__N_CF };
 
+/* Decoding dictionaries (body.c), loaded once each through load (the
+ * database's meta family, or a bundle's header) and kept. Thread-safe. */
+struct kc__dicts {
+    pthread_mutex_t mu;
+    struct {
+        uint64_t id;
+        void *dd;
+    } * v;
+    size_t n, cap;
+    int (*load)(void *arg, uint64_t id, char **p, size_t *n);
+    void *arg;
+    bool live;
+};
+
 struct kc__db {
     rocksdb_t *db;
     rocksdb_column_family_handle_t *cf[KC__N_CF];
@@ -28,8 +42,9 @@ struct kc__db {
     rocksdb_writeoptions_t *wo;      /* not synced */
     rocksdb_writeoptions_t *wo_sync; /* synced */
     bool secondary;
-    bool corrupt; /* RocksDB reported a corruption (get or iterate) */
-    bool leak;    /* a secondary whose log has no room reserved: never closed */
+    bool corrupt;           /* RocksDB reported a corruption (get or iterate) */
+    bool leak;              /* a secondary whose log has no room reserved: never closed */
+    struct kc__dicts dicts; /* the bodies' dictionaries ("z/" in meta) */
 };
 
 /* Makes readers (secondaries) opened from now on in this process map the

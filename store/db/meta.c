@@ -133,3 +133,10 @@ int kc__skey_split(const void *k, size_t kl, char ns[KC__NS_MAX + 1], kc_digest 
     kc__digest_decode(z + 1, src);
     return 0;
 }
+
+size_t kc__meta_dict_key(uint64_t id, unsigned char out[KC__META_DICT_KEY_LEN])
+{
+    memcpy(out, KC__META_DICT_PREFIX, 2);
+    kc_le_put_u64(out + 2, id);
+    return KC__META_DICT_KEY_LEN;
+}

@@ -27,9 +27,11 @@
  *                    checked against it without inflating its body.
  *             value  the body as stored (body.c, KC__BODY_*): u32 magic
  *                    KC__BODY_MAGIC (bytes ff 'K' 'B' '1'), u8 codec
- *                    (KC__BODY_RAW, KC__BODY_ZSTD), u8 0, u16 0, u64 the
- *                    body's size, then the body: as it is, or one zstd
- *                    frame (level KC__BODY_LEVEL) stating that size. A
+ *                    (KC__BODY_RAW, KC__BODY_ZSTD, KC__BODY_ZSTD_DICT),
+ *                    u8 0, u16 0, u64 the body's size, [with a dictionary:
+ *                    u64 its id ("z/" below)], then the body: as it is, or
+ *                    one zstd frame (level KC__BODY_LEVEL) stating that
+ *                    size. A
  *                    value without the magic is a body an earlier version
  *                    stored as it is (RocksDB compressed those): read as
  *                    such, and checked against its header as every body.
@@ -76,6 +78,16 @@
  *     "n/" ns         (2 + 1..127) value: empty. The namespace has had an
  *                     entry. Written by drain.c with every put; nothing
  *                     reads it yet; clear removes it.
+ *     "z/" id         (2 + 8) value: a zstd dictionary (at most
+ *                     KC__DICT_BYTES), id its kc__dict_id (XXH3-64 of
+ *                     its bytes). Trained by the owner (dict.c) on the
+ *                     bodies it drains; bodies compressed with it name it
+ *                     (KC__BODY_ZSTD_DICT). Never deleted but by clear (a
+ *                     few per GiB of bodies). Read by every reader that
+ *                     inflates such a body (db.c), exported in a bundle's
+ *                     header and imported from it.
+ *     "zc"            (2) value: u64, the id of the dictionary the owner
+ *                     compresses new bodies with.
  *
  *   default   unused (RocksDB requires it).
  *
@@ -137,20 +149,52 @@ int kc__meta_gen_get(struct kc__db *d, uint64_t *gen);
 #define KC__BODY_LEVEL 3
 /* A body at most 1 GiB (a stored value claiming more is not ours). */
 #define KC__BODY_MAX (1ull << 30)
-enum { KC__BODY_RAW = 0, KC__BODY_ZSTD = 1, KC__BODY_LEGACY = 255 };
+enum { KC__BODY_RAW = 0, KC__BODY_ZSTD = 1, KC__BODY_ZSTD_DICT = 2, KC__BODY_LEGACY = 255 };
+/* A store's compression dictionary: at most this big. */
+#define KC__DICT_BYTES (16u << 10)
 
-/* Appends body (n bytes) as stored to out: zstd when that shrinks it, as it
- * is otherwise. 0 or -ENOMEM. */
-int kc__body_encode(const void *body, size_t n, struct kc_buf *out);
-/* A stored value's body size and codec (KC__BODY_LEGACY: a value without
- * the magic, the body itself), without inflating it: 0 or -EBADMSG. */
-int kc__body_info(const void *v, size_t vl, uint64_t *raw_len, int *codec);
-/* Inflates a stored value: 0 with *body (malloc'd, *n bytes: the size the
- * value states), -EBADMSG (not a stored body, or not inflating to exactly
- * its stated size) or -ENOMEM. The caller checks it against its header. */
-int kc__body_decode(const void *v, size_t vl, char **body, size_t *n);
-/* kc__db_get of the bodies family, then kc__body_decode. */
+/* An encoding dictionary (ZSTD_CDict) and its id. */
+struct kc__cdict {
+    uint64_t id;
+    void *cd;
+};
+int kc__cdict_make(struct kc__cdict *c, const void *p, size_t n);
+void kc__cdict_free(struct kc__cdict *c);
+/* A dictionary's id: XXH3-64 of its bytes, never 0. */
+uint64_t kc__dict_id(const void *p, size_t n);
+/* Trains a dictionary (at most KC__DICT_BYTES) on n samples laid end to
+ * end, appended to out: 0, or -EINVAL (too few or too alike) or -ENOMEM. */
+int kc__dict_train(const void *samples, const size_t *sizes, unsigned n, struct kc_buf *out);
+
+/* Decoding dictionaries (struct kc__dicts: internal.h). */
+void kc__dicts_init(struct kc__dicts *d, int (*load)(void *arg, uint64_t id, char **p, size_t *n),
+                    void *arg);
+void kc__dicts_free(struct kc__dicts *d);
+
+/* Appends body (n bytes) as stored to out: zstd (with cd's dictionary, when
+ * given) when that shrinks it, as it is otherwise. 0 or -ENOMEM. */
+int kc__body_encode(const void *body, size_t n, const struct kc__cdict *cd, struct kc_buf *out);
+/* A stored value's body size, codec (KC__BODY_LEGACY: a value without the
+ * magic, the body itself) and dictionary (*dict, 0: none; may be NULL),
+ * without inflating it: 0 or -EBADMSG. */
+int kc__body_info(const void *v, size_t vl, uint64_t *raw_len, int *codec, uint64_t *dict);
+/* Inflates a stored value (its dictionary from dicts): 0 with *body
+ * (malloc'd, *n bytes: the size the value states), -EBADMSG (not a stored
+ * body, its dictionary unknown, or not inflating to exactly its stated
+ * size) or -ENOMEM. The caller checks it against its header. */
+int kc__body_decode(const void *v, size_t vl, struct kc__dicts *dicts, char **body, size_t *n);
+/* kc__db_get of the bodies family, then kc__body_decode with d's
+ * dictionaries. */
 int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, size_t *n);
+
+/* ---- dictionaries (meta family) ---------------------------------------- */
+
+/* "z/" id: a dictionary's bytes; "zc": the id of the one the owner
+ * compresses new bodies with (u64). */
+#define KC__META_DICT_PREFIX "z/"
+#define KC__META_DICT_KEY_LEN (2 + 8)
+#define KC__META_DICT_CURRENT "zc"
+size_t kc__meta_dict_key(uint64_t id, unsigned char out[KC__META_DICT_KEY_LEN]);
 
 /* ---- the kernels and sources families ----------------------------------- */
 

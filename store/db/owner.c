@@ -205,6 +205,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* a new session */
     o->unique = kc__count_unique(o);
     kc__meta_gen_get(&o->d, &o->gen_seq);
+    kc__dict_load(o);
     clean_stale(o);
     kc__owner_filter_begin(o);
     o->hot_max = kc__hot_limit(o);
@@ -244,6 +245,7 @@ void kc__owner_end(struct kc__owner *o)
         if (kc__db_flush_all(&o->d) == 0 && !o->d.corrupt)
             kc__settle_levels(o);
         kc__db_close(&o->d);
+        kc__dict_reset(o);
         /* The filter holds every key up to this generation. */
         kc__filter_set_stamp(&o->f, o->gen_seq);
         /* The single-flight lock files of compiles that are over. */

@@ -40,7 +40,27 @@ struct kc__owner {
     uint64_t hot_room_at;   /* when hot_room last asked the file system (mono ns) */
     bool hot_room_ok;       /* what it said */
     bool recovering;        /* inside kc__owner_recover */
+    /* The dictionary new bodies are compressed with, and the samples the
+     * next is trained on (dict.c). */
+    struct kc__cdict cdict;
+    struct kc_buf dict_samples;
+    size_t *dict_sizes;
+    size_t dict_n, dict_cap;
+    uint64_t dict_since; /* body bytes drained since the last training */
 };
+
+/* ---- dictionaries (dict.c) ------------------------------------------------ */
+
+/* Loads the current dictionary ("zc") to compress new bodies with: 0, or a
+ * read error (none is used then). */
+int kc__dict_load(struct kc__owner *o);
+/* Forgets the dictionary and the samples (clear; session end). */
+void kc__dict_reset(struct kc__owner *o);
+/* Notes a drained body (n bytes) as a sample for the next dictionary. */
+void kc__dict_sample(struct kc__owner *o, const void *body, size_t n);
+/* Trains and writes (synced) a new dictionary when there are samples
+ * enough: 0 (trained or not), or a write error. */
+int kc__dict_maybe_train(struct kc__owner *o);
 
 /* ---- the session (owner.c) ---------------------------------------------- */
 

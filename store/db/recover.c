@@ -110,6 +110,7 @@ int kc__owner_recover(struct kc__owner *o, const char *why)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* readers reopen */
     o->gen_seq = 0;
     kc__meta_gen_get(&o->d, &o->gen_seq);
+    kc__dict_load(o); /* the one the database still has, or none */
     o->unique = kc__count_unique(o);
     /* The filter must cover what hot_salvage puts back before it is
      * rebuilt from the database (verify below). */

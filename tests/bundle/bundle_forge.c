@@ -124,7 +124,7 @@ static void make_stored(struct kc__buf *b, int i, size_t n, kc_key *key, kc_dige
         static const unsigned char last[] = {0x01, 0x00, 0x00};
         kc__buf_add(&st, last, sizeof last);
     } else {
-        kc__body_encode(body, n, &st);
+        kc__body_encode(body, n, NULL, &st);
         if (how == 2) /* past the 16-byte header and the frame's own */
             for (size_t j = KC__BODY_HDR + 8; j < st.len; j += 3)
                 st.p[j] ^= 0x5a;
@@ -217,7 +217,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (strcmp(mode, "huge-header") == 0) {
         /* A header whose fixed part declares 2^31 namespaces. */
-        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_RAW, 0, crypto);
+        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_RAW, 0, crypto, NULL, 0);
         kc__bs_flush(&w.s);
         kc__bundle_writer_free(&w);
         unsigned char f[64];
@@ -229,7 +229,7 @@ int main(int argc, char **argv)
         close(fd);
         return rc < 0;
     }
-    rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto);
+    rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
     if (strcmp(mode, "valid") == 0 || strcmp(mode, "extra-bytes") == 0) {
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, put.p, put.len);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k1, &b1, put1.p, put1.len);
@@ -278,7 +278,7 @@ int main(int argc, char **argv)
         ns.raw_bytes = KC__BUNDLE_REC_SIZE(s0.len - p0.body_len + p0.hdr.body_size) +
                        KC__BUNDLE_REC_SIZE(s1.len - p1.body_len + p1.hdr.body_size);
         info.raw_bytes = ns.raw_bytes;
-        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto);
+        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, s0.p, s0.len);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k1, &b1, s1.p, s1.len);
         kc__buf_free(&s0);

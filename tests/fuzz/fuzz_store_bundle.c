@@ -256,7 +256,7 @@ static int seed(const char *dir, const char *name, unsigned mode, int codec,
         if (i == 2) {
             /* As the store keeps it (an 'S' put, layout 2): one zstd frame. */
             struct kc_buf st = {0};
-            kc__body_encode(body, (size_t)bl, &st);
+            kc__body_encode(body, (size_t)bl, NULL, &st);
             kc__spool_put_encode_stored(&puts[i], nss[which], &keys[i], &keys[i].id, &h, st.p,
                                         st.len);
             bds[i] = kc_digest_of(st.p, st.len);
@@ -278,7 +278,7 @@ static int seed(const char *dir, const char *name, unsigned mode, int codec,
         info.raw_bytes += KC__BUNDLE_REC_SIZE(puts[i].len);
     }
     struct kc__bundle_writer w;
-    int rc = kc__bundle_writer_begin(&w, fd, &info, codec, 0, crypto);
+    int rc = kc__bundle_writer_begin(&w, fd, &info, codec, 0, crypto, NULL, 0);
     for (int i = 0; rc == 0 && i < 3; i++)
         rc = kc__bundle_writer_add(&w, nss[i == 1], &keys[i], &bds[i], puts[i].p, puts[i].len);
     uint64_t size = 0;
