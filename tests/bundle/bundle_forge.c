@@ -21,6 +21,8 @@
  *                 header
  *   stored-bomb   a header declaring a 1 GiB body, stored as a 29-byte
  *                 frame stating 1 GiB
+ *   stored-nodict a stored body compressed with a dictionary the header
+ *                 does not carry
  *   stored-garbage a stored body whose frame states the right size but
  *                 does not inflate (its digest is of those bytes): an
  *                 import takes it, a dry run refuses it
@@ -95,7 +97,8 @@ static void make_put(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest 
 
 /* A stored put ('S') of (NS, key i) with a body of n bytes, its digest
  * (of the stored bytes) in *bd; how: 0 as kcache stores it, 1 its header
- * declaring one byte more, 2 its frame's data damaged, 3 a bomb. */
+ * declaring one byte more, 2 its frame's data damaged, 3 a bomb, 4 naming
+ * a dictionary (one trained here, which the bundle does not carry). */
 static void make_stored(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest *bd, int how)
 {
     unsigned char *body = malloc(n);
@@ -123,6 +126,21 @@ static void make_stored(struct kc__buf *b, int i, size_t n, kc_key *key, kc_dige
         kc_buf_put_u64(&st, 1ull << 30);
         static const unsigned char last[] = {0x01, 0x00, 0x00};
         kc__buf_add(&st, last, sizeof last);
+    } else if (how == 4) {
+        /* A dictionary from the body itself, repeated as samples. */
+        size_t sizes[64];
+        struct kc__buf smp = {0}, d = {0};
+        for (int j = 0; j < 64; j++) {
+            sizes[j] = n / 2;
+            kc__buf_add(&smp, body + (j * 13) % (n / 2), n / 2);
+        }
+        struct kc__cdict cd = {0};
+        if (kc__dict_train(smp.p, sizes, 64, &d) != 0 || kc__cdict_make(&cd, d.p, d.len) != 0)
+            exit(1);
+        kc__body_encode(body, n, &cd, &st);
+        kc__cdict_free(&cd);
+        kc__buf_free(&smp);
+        kc__buf_free(&d);
     } else {
         kc__body_encode(body, n, NULL, &st);
         if (how == 2) /* past the 16-byte header and the frame's own */
@@ -259,6 +277,7 @@ int main(int argc, char **argv)
                   : strcmp(mode, "stored-size") == 0    ? 1
                   : strcmp(mode, "stored-garbage") == 0 ? 2
                   : strcmp(mode, "stored-bomb") == 0    ? 3
+                  : strcmp(mode, "stored-nodict") == 0  ? 4
                                                         : -1;
         if (how < 0) {
             fprintf(stderr, "bundle_forge: unknown mode %s\n", mode);

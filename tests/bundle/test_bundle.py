@@ -264,6 +264,7 @@ def test_hostile(env, t, forge, populate):
         "extra-bytes": "bytes follow the trailer",
         "stored-size": "is not a stored body of the size its header declares",
         "stored-bomb": "is not a stored body of the size its header declares",
+        "stored-nodict": "names a dictionary the header lacks",
     }
     for mode, words in expect.items():
         f = os.path.join(env.tmp, mode + ".kcb")
@@ -387,6 +388,10 @@ def test_select(env, t, populate):
     check(len(got) == 200 and all(l.split()[1] == "jit-test" for l in got),
           f"--namespace jit-*: {len(got)} entries, namespaces "
           f"{sorted(set(l.split()[1] for l in got))}")
+    # 400 bodies drained: the store trained a dictionary, its bundle carries
+    # it, and every imported body inflates with it (verify reads them all).
+    v = t.run(["--dir", b, "verify"]).stdout.decode()
+    check("checked 200 records: 0 bad" in v, f"--namespace jit-*: verify: {v!r}")
     # Patterns are ORed.
     t.run(["--dir", a, "export", "-o", out, "--namespace", "nomatch", "--namespace", "nvrtc-t?st"])
     show = t.run(["bundle", "show", out]).stdout.decode()

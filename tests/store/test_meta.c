@@ -213,6 +213,12 @@ static void check_meta_entry(const unsigned char *k, size_t kl, const unsigned c
         s->n_counters++;
         if (strcmp(name, "nvrtc") == 0)
             s->nvrtc_hits = cc.hits;
+    } else if (kc__meta_is(k, kl, KC__META_DICT_PREFIX)) {
+        cr_assert_eq(kl, KC__META_DICT_KEY_LEN);
+        cr_assert(vl > 0 && vl <= KC__DICT_BYTES);
+        cr_assert_eq(kc__dict_id(v, vl), kc__get_u64(k + 2), "a dictionary under another id");
+    } else if (kl == 2 && memcmp(k, KC__META_DICT_CURRENT, 2) == 0) {
+        cr_assert_eq(vl, 8);
     } else if (kc__meta_is(k, kl, KC__META_NS_PREFIX)) {
         cr_assert_eq(vl, 0);
         cr_assert(kl > 2 && kl - 2 <= KC__NS_MAX);
@@ -345,5 +351,97 @@ Test(meta, every_key_a_session_writes_has_its_documented_layout)
     }
     rocksdb_iter_destroy(it);
     cr_assert_eq(bodies, 2);
+    kc__owner_end(o);
+}
+
+/* A body of a few KB that looks like PTX, different for every i. */
+static char *ptx_like(int i, size_t *n)
+{
+    struct kc_buf b = {0};
+    char line[160];
+    int l = snprintf(line, sizeof line, "//\n// kernel %d\n.version 8.8\n.target sm_90\n", i);
+    kc_buf_add(&b, line, (size_t)l);
+    for (int j = 0; j < 40 + i % 30; j++) {
+        l = snprintf(line, sizeof line,
+                     "\tld.global.f32 %%f%d, [%%rd%d+%d];\n\tfma.rn.f32 %%f%d, %%f%d, "
+                     "%%f%d, 0f3F800000;\n",
+                     j, (i * 7 + j) % 13, 4 * j, j + 1, j, (j * i) % 17);
+        kc_buf_add(&b, line, (size_t)l);
+    }
+    kc_buf_add(&b, "\tret;\n}\n", 8);
+    *n = b.len;
+    return (char *)b.p;
+}
+
+Test(meta, a_dictionary_is_trained_named_by_later_bodies_and_cleared)
+{
+    const struct kc_store_api *S = kc_store_api();
+    const struct kc_store_ops *api = S->ops;
+    const struct kc_store_admin *adm = kc_store_admin();
+    struct kc_store_options opts = {.dir = tmp, .tool = "/bin/true"};
+    struct kc_store *st = NULL;
+    cr_assert_eq(S->open(&opts, &st), 0);
+    /* Two rounds: enough samples to train on, then bodies that use it. */
+    for (int round = 0; round < 2; round++) {
+        for (int i = round * 150; i < (round + 1) * 150; i++) {
+            size_t n;
+            char *body = ptx_like(i, &n);
+            kc_key k = mkkey(1000 + (uint64_t)i);
+            cr_assert_eq(api->put(st, NS_A, &k, NULL, KC_KIND_BLOB, body, n, 1), 0);
+            free(body);
+        }
+        cr_assert_eq(adm->drain(st, 5000), 0);
+    }
+    api->close(st);
+
+    struct kc__owner *o;
+    cr_assert_eq(kc__owner_begin(tmp, 0, 5000, &o), 0);
+    struct kc__db *d = kc__owner_db(o);
+    char *v = NULL;
+    size_t vl = 0;
+    cr_assert_eq(kc__db_get(d, KC__CF_META, KC__META_DICT_CURRENT, 2, &v, &vl), 0,
+                 "no dictionary after 300 bodies");
+    cr_assert_eq(vl, 8);
+    uint64_t id = kc__get_u64((unsigned char *)v);
+    free(v);
+    unsigned char dk[KC__META_DICT_KEY_LEN];
+    cr_assert_eq(kc__db_get(d, KC__CF_META, dk, kc__meta_dict_key(id, dk), &v, &vl), 0);
+    cr_assert_eq(kc__dict_id(v, vl), id);
+    free(v);
+    int named = 0, plain = 0;
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[KC__CF_BODIES]);
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t bl;
+        const char *b = rocksdb_iter_value(it, &bl);
+        uint64_t raw, dict;
+        int codec;
+        cr_assert_eq(kc__body_info(b, bl, &raw, &codec, &dict), 0);
+        named += codec == KC__BODY_ZSTD_DICT && dict == id;
+        plain += codec == KC__BODY_ZSTD;
+    }
+    rocksdb_iter_destroy(it);
+    cr_assert(named >= 150 && plain > 0, "%d bodies name the dictionary, %d none", named, plain);
+    kc__owner_end(o);
+
+    /* A new process's reader loads it and serves every body as put. */
+    cr_assert_eq(S->open(&opts, &st), 0);
+    for (int i = 0; i < 300; i++) {
+        size_t n;
+        char *body = ptx_like(i, &n);
+        kc_key k = mkkey(1000 + (uint64_t)i);
+        void *got = NULL;
+        size_t gn = 0;
+        cr_assert_eq(api->get(st, NS_A, &k, &got, &gn, NULL), 0, "entry %d", i);
+        cr_assert(gn == n && memcmp(got, body, n) == 0, "entry %d: other bytes", i);
+        api->free(got);
+        free(body);
+    }
+    /* Clear takes the dictionaries with the entries. */
+    cr_assert_eq(adm->clear(st), 0);
+    api->close(st);
+    cr_assert_eq(kc__owner_begin(tmp, 0, 5000, &o), 0);
+    d = kc__owner_db(o);
+    cr_assert_eq(kc__db_get(d, KC__CF_META, KC__META_DICT_CURRENT, 2, &v, &vl), -ENOENT);
+    cr_assert_eq(kc__db_get(d, KC__CF_META, dk, sizeof dk, &v, &vl), -ENOENT);
     kc__owner_end(o);
 }
