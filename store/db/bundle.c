@@ -61,6 +61,10 @@ struct sel {
     struct kc__db *d;
     bool blocks; /* sizes in 4 KiB blocks (hot files), not bundle bytes */
     bool exact;  /* sizes as the bodies are stored (a read of each body) */
+    /* The reads' options (NULL: d's). An export's skip RocksDB's block
+     * checksums: each body is checked against its digest instead (a
+     * check from the key to the bytes, the one import makes). */
+    rocksdb_readoptions_t *ro;
     /* The cut: entries used after t, and at t those up to kkey k. */
     bool cut;
     uint64_t t;
@@ -68,6 +72,11 @@ struct sel {
     size_t kl; /* 0: none at t */
     uint64_t too_big;
 };
+
+static rocksdb_readoptions_t *sel_ro(const struct sel *s)
+{
+    return s->ro != NULL ? s->ro : s->d->ro;
+}
 
 static bool ns_wanted(const struct kc_bundle_export_opts *o, const char *ns)
 {
@@ -91,7 +100,7 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
                      void *arg)
 {
     rocksdb_iterator_t *it =
-        rocksdb_create_iterator_cf(s->d->db, s->d->ro, s->d->cf[KC__CF_KERNELS]);
+        rocksdb_create_iterator_cf(s->d->db, sel_ro(s), s->d->cf[KC__CF_KERNELS]);
     int rc = 0;
     s->too_big = 0;
     for (rocksdb_iter_seek_to_first(it); rc == 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
@@ -121,7 +130,7 @@ static int each_cand(struct sel *s, int (*fn)(struct sel *s, const struct cand *
              * plain; the export then stops at it). */
             char *err = NULL;
             rocksdb_pinnableslice_t *ps_v = rocksdb_get_pinned_cf(
-                s->d->db, s->d->ro, s->d->cf[KC__CF_BODIES], (const char *)c.digest, 16, &err);
+                s->d->db, sel_ro(s), s->d->cf[KC__CF_BODIES], (const char *)c.digest, 16, &err);
             if (err != NULL) {
                 rc = kc__db_err(err, "get");
             } else if (ps_v != NULL) {
@@ -407,7 +416,7 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
      * table itself), copied once, into the put. */
     char *err = NULL;
     rocksdb_pinnableslice_t *pv =
-        c->digest != NULL ? rocksdb_get_pinned_cf(s->d->db, s->d->ro, s->d->cf[KC__CF_BODIES],
+        c->digest != NULL ? rocksdb_get_pinned_cf(s->d->db, sel_ro(s), s->d->cf[KC__CF_BODIES],
                                                   (const char *)c->digest, 16, &err)
                           : NULL;
     int rc = c->digest == NULL ? -EBADMSG
@@ -416,6 +425,14 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
                                : 0;
     if (rc == 0)
         v = rocksdb_pinnableslice_value(pv, &vl);
+    kc_digest bd = {0};
+    if (c->digest != NULL)
+        kc__digest_decode(c->digest, &bd);
+    if (rc == 0) {
+        kc_digest got = kc_digest_of(v, vl);
+        if (got.lo != bd.lo || got.hi != bd.hi)
+            rc = -EBADMSG; /* not the bytes its key names */
+    }
     if (rc == 0 && (kc__body_info(v, vl, &raw, &codec, NULL) != 0 || raw != c->h.body_size ||
                     (codec == KC__BODY_LEGACY && kc__body_xxh(v, vl) != c->h.body_xxh)))
         rc = -EBADMSG;
@@ -426,8 +443,6 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
             "an entry of %s is damaged in the store (%s); run kcache verify and export again",
             c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
     }
-    kc_digest bd;
-    kc__digest_decode(c->digest, &bd);
     rc = kc__bundle_writer_add_entry(&e->w, c->ns, &c->key, src, &c->h, &bd, v, vl,
                                      codec != KC__BODY_LEGACY);
     rocksdb_pinnableslice_destroy(pv);
@@ -469,7 +484,9 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
      * cache's, which the process's resident size then counts). */
     kc__db_bulk_reads();
     bool have = kc__store_reader_hold(st, &d) == 0;
-    struct sel s = {.o = o, .d = d, .exact = o->max_size > 0};
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_verify_checksums(ro, 0);
+    struct sel s = {.o = o, .d = d, .exact = o->max_size > 0, .ro = ro};
     struct nslist l = {.info = info};
     struct dictlist dl = {0};
     int rc = have ? dicts_collect(d, &dl) : 0;
@@ -512,6 +529,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         if (have)
             kc__store_reader_release(st);
         dicts_free(&dl);
+        rocksdb_readoptions_destroy(ro);
         return info->why[0] ? rc : why(info, rc, "cannot read the store: %s", strerror(-rc));
     }
     if (s.too_big > 0)
@@ -523,7 +541,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     if (rc < 0)
         why(info, rc, "cannot write the bundle: %s", strerror(-rc));
     if (rc == 0 && have) {
-        e.sources = rocksdb_create_iterator_cf(d->db, d->ro, d->cf[KC__CF_SOURCES]);
+        e.sources = rocksdb_create_iterator_cf(d->db, sel_ro(&s), d->cf[KC__CF_SOURCES]);
         rc = each_cand(&s, emit_cand, &e);
         int ie = kc__db_iter_err(d, e.sources);
         rocksdb_iter_destroy(e.sources);
@@ -542,6 +560,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
     info->blocks = e.w.blocks;
     kc__bundle_writer_free(&e.w);
     dicts_free(&dl);
+    rocksdb_readoptions_destroy(ro);
     if (rc < 0 && info->why[0] == '\0')
         why(info, rc, "cannot read the store: %s", strerror(-rc));
     info->verified = rc == 0;
