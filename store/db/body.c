@@ -147,9 +147,12 @@ void kc__dicts_free(struct kc__dicts *d)
     memset(d, 0, sizeof *d);
 }
 
-/* The decoding dictionary of id, loaded once (NULL: none such). */
-static const ZSTD_DDict *dicts_get(struct kc__dicts *d, uint64_t id)
+/* The decoding dictionary of id, loaded once: NULL with *rc -EBADMSG when
+ * there is none such (the body cannot be read: a bad entry), or another
+ * errno when it could not be loaded now (a miss, not a bad entry). */
+static const ZSTD_DDict *dicts_get(struct kc__dicts *d, uint64_t id, int *rc)
 {
+    *rc = -EBADMSG;
     if (d == NULL || !d->live)
         return NULL;
     pthread_mutex_lock(&d->mu);
@@ -160,15 +163,20 @@ static const ZSTD_DDict *dicts_get(struct kc__dicts *d, uint64_t id)
     char *p = NULL;
     size_t n = 0;
     /* Loaded under the lock: rare (once per dictionary and process). */
-    if (dd == NULL && d->load != NULL && d->load(d->arg, id, &p, &n) == 0 &&
-        kc__dict_id(p, n) == id) {
+    int lr = dd == NULL && d->load != NULL ? d->load(d->arg, id, &p, &n) : -ENOENT;
+    if (dd == NULL && lr != 0 && lr != -ENOENT)
+        *rc = lr;
+    if (dd == NULL && lr == 0 && kc__dict_id(p, n) == id) {
         ZSTD_DDict *nd = ZSTD_createDDict(p, n);
+        if (nd == NULL)
+            *rc = -ENOMEM;
         if (nd != NULL && d->n == d->cap) {
             size_t cap = d->cap ? 2 * d->cap : 4;
             void *v = realloc(d->v, cap * sizeof *d->v);
             if (v == NULL) {
                 ZSTD_freeDDict(nd);
                 nd = NULL;
+                *rc = -ENOMEM;
             } else {
                 d->v = v;
                 d->cap = cap;
@@ -231,8 +239,9 @@ int kc__body_decode(const void *v, size_t vl, struct kc__dicts *dicts, char **bo
     if (kc__body_info(v, vl, &raw, &codec, &id) != 0)
         return -EBADMSG;
     const ZSTD_DDict *dd = NULL;
-    if (codec == KC__BODY_ZSTD_DICT && (dd = dicts_get(dicts, id)) == NULL)
-        return -EBADMSG; /* a dictionary the store does not have */
+    int drc = 0;
+    if (codec == KC__BODY_ZSTD_DICT && (dd = dicts_get(dicts, id, &drc)) == NULL)
+        return drc; /* -EBADMSG: a dictionary the store does not have */
     const unsigned char *p = v;
     size_t at = codec == KC__BODY_LEGACY ? 0 : frame_at(codec);
     const unsigned char *src = p + at;
