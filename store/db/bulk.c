@@ -422,7 +422,7 @@ static void *bulk_hot(void *arg)
         char *body = NULL;
         size_t bl = 0;
         if (e->at <= j->map_len && e->len <= j->map_len - e->at &&
-            kc__body_decode(j->map + e->at, (size_t)e->len, &j->ow->d.dicts, &body, &bl) == 0 &&
+            kc__body_decode(j->map + e->at, (size_t)e->len, j->ow->d.dicts, &body, &bl) == 0 &&
             bl == h.body_size && kc__body_xxh(body, bl) == h.body_xxh)
             kc__hot_write(ow, ns, &key, &h, body, bl);
         free(body);

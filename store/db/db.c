@@ -297,18 +297,48 @@ static void log_reserve(struct kc__db *d, const char *secpath)
     close(fd);
 }
 
+/* A database's dictionaries, and what loading one from it takes. */
+struct db_dicts {
+    struct kc__dicts dicts; /* first: kc__db's pointer is to it */
+    rocksdb_t *db;
+    rocksdb_column_family_handle_t *meta;
+    rocksdb_readoptions_t *ro;
+};
+
 /* Loads dictionary id from the meta family ("z/" id). */
 static int dict_load(void *arg, uint64_t id, char **p, size_t *n)
 {
+    struct db_dicts *x = arg;
     unsigned char k[KC__META_DICT_KEY_LEN];
-    size_t kl = kc__meta_dict_key(id, k);
-    return kc__db_get(arg, KC__CF_META, k, kl, p, n);
+    size_t kl = kc__meta_dict_key(id, k), vl = 0;
+    char *err = NULL;
+    char *v = rocksdb_get_cf(x->db, x->ro, x->meta, (const char *)k, kl, &vl, &err);
+    if (err != NULL) {
+        free(v);
+        return kc__db_err(err, "get");
+    }
+    if (v == NULL)
+        return -ENOENT;
+    *p = v;
+    *n = vl;
+    return 0;
+}
+
+static void dicts_attach(struct kc__db *d)
+{
+    struct db_dicts *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return; /* bodies naming a dictionary are then misses */
+    x->db = d->db;
+    x->meta = d->cf[KC__CF_META];
+    x->ro = d->ro;
+    kc__dicts_init(&x->dicts, dict_load, x);
+    d->dicts = &x->dicts;
 }
 
 static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why)
 {
     memset(d, 0, sizeof *d);
-    kc__dicts_init(&d->dicts, dict_load, d);
     d->secondary = secpath != NULL;
     d->cache = rocksdb_cache_create_lru(secpath ? (8u << 20) : (32u << 20));
     for (int i = 0; i <= KC__N_CF; i++)
@@ -337,6 +367,7 @@ static int db_open(struct kc__db *d, const char *dbpath, const char *secpath, ch
     d->wo = rocksdb_writeoptions_create();
     d->wo_sync = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(d->wo_sync, 1);
+    dicts_attach(d);
     return 0;
 }
 
@@ -375,7 +406,11 @@ bool kc__db_cf_runs(rocksdb_t *db, rocksdb_column_family_handle_t *cf, uint64_t 
 
 void kc__db_close(struct kc__db *d)
 {
-    kc__dicts_free(&d->dicts);
+    if (d->dicts != NULL) {
+        kc__dicts_free(d->dicts);
+        free(d->dicts); /* the db_dicts it is the first member of */
+        d->dicts = NULL;
+    }
     if (d->db != NULL && d->leak) {
         /* Closing would flush its log onto a full disk (log_reserve). */
         memset(d, 0, sizeof *d);
@@ -433,7 +468,7 @@ int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, 
     int rc = kc__db_get(d, KC__CF_BODIES, digest, 16, &v, &vl);
     if (rc < 0)
         return rc;
-    rc = kc__body_decode(v, vl, &d->dicts, body, n);
+    rc = kc__body_decode(v, vl, d->dicts, body, n);
     free(v);
     return rc;
 }

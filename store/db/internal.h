@@ -42,9 +42,11 @@ struct kc__db {
     rocksdb_writeoptions_t *wo;      /* not synced */
     rocksdb_writeoptions_t *wo_sync; /* synced */
     bool secondary;
-    bool corrupt;           /* RocksDB reported a corruption (get or iterate) */
-    bool leak;              /* a secondary whose log has no room reserved: never closed */
-    struct kc__dicts dicts; /* the bodies' dictionaries ("z/" in meta) */
+    bool corrupt; /* RocksDB reported a corruption (get or iterate) */
+    bool leak;    /* a secondary whose log has no room reserved: never closed */
+    /* The bodies' dictionaries ("z/" in meta), loaded once each. On the
+     * heap: a kc__db is copied (a replaced reader) and this stays put. */
+    struct kc__dicts *dicts;
 };
 
 /* Makes readers (secondaries) opened from now on in this process map the

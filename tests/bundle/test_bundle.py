@@ -288,6 +288,10 @@ def test_hostile(env, t, forge, populate):
     check("imported 2 of 2 entries" in out, f"forged valid bundle: {out!r}")
     out = import_ok(t, ok, good, KCACHE_REMOTE_TRUSTED_KEYS=trusted)
     check("imported 300 of 300 entries" in out, f"good bundle: {out!r}")
+    # Into a store with entries: as puts (not tables), the bundle's
+    # dictionary with them; every body inflates (verify reads them all).
+    v = t.run(["--dir", ok, "verify"]).stdout.decode()
+    check("checked 302 records: 0 bad" in v, f"good bundle into a store with entries: {v!r}")
     ok2 = env.store("ok2")
     out = import_ok(t, ok2, unsigned, "--trust-unsigned")
     check("imported 300 of 300 entries" in out and "unsigned" in out, f"unsigned: {out!r}")

@@ -7,6 +7,7 @@
  * deterministic. The multi-process behaviour is in test_multiproc.c.
  */
 #include "internal.h"
+#include "meta.h"
 #include "ptxgen.h"
 #include "store.h"
 
@@ -291,6 +292,91 @@ static void corrupt_body(const kc_key *k)
     kc__spool_name(NS, k, 0, name);
     snprintf(path, sizeof path, "%s/hot/%s", dir, name);
     unlink(path);
+}
+
+/* Rewrites the entry of `k` as a store of an earlier version kept it: its
+ * body as it is (no body.c header; RocksDB compressed those tables) under
+ * the digest of the plain body, which its kernels value names. */
+static void store_as_earlier_version(const kc_key *k)
+{
+    struct kc__owner *o;
+    cr_assert_eq(kc__owner_begin(dir, 0, 5000, &o), 0);
+    struct kc__db *d = kc__owner_db(o);
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl = kc__kkey(NS, k, kk);
+    char *kv;
+    size_t kvl;
+    cr_assert_eq(kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl), 0);
+    char *body;
+    size_t bl;
+    cr_assert_eq(kc__body_get(d, (unsigned char *)kv + KC__HDR_LEN, &body, &bl), 0);
+    kc_digest pd = kc_digest_of(body, bl);
+    unsigned char dg[16];
+    kc__digest_encode(&pd, dg);
+    memcpy(kv + KC__HDR_LEN, dg, 16);
+    unsigned char rk[KC__META_REF_KEY_LEN], rv[KC__META_REF_VAL_LEN];
+    kc__meta_ref_key(dg, rk);
+    kc__meta_ref_value(1, bl, rv);
+    char *err = NULL;
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_BODIES], (char *)dg, 16, body, bl);
+    rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_META], (char *)rk, sizeof rk, (char *)rv, sizeof rv);
+    rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl);
+    rocksdb_write(d->db, d->wo_sync, wb, &err);
+    cr_assert_null(err);
+    rocksdb_writebatch_destroy(wb);
+    free(kv);
+    free(body);
+    kc__owner_end(o);
+    char name[40], path[4300];
+    kc__spool_name(NS, k, 0, name);
+    snprintf(path, sizeof path, "%s/hot/%s", dir, name);
+    unlink(path);
+}
+
+Test(store, a_body_an_earlier_version_stored_as_it_is_is_served_exported_and_imported)
+{
+    struct kc_store *st = open_at(dir, 0, 0);
+    kc_key k = key(11, 1);
+    char *body = ptxgen(11, 9000);
+    cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, body, 9000, 0), 0);
+    drain(st);
+    api->close(st);
+    store_as_earlier_version(&k);
+
+    st = open_at(dir, 0, 0);
+    void *b;
+    size_t n;
+    cr_assert_eq(api->get(st, NS, &k, &b, &n, NULL), 0, "an earlier version's body");
+    cr_assert(n == 9000 && memcmp(b, body, n) == 0);
+    api->free(b);
+    struct kc_verify_report r;
+    cr_assert_eq(adm->verify(st, 0, &r, NULL, NULL), 0);
+    cr_assert_eq(r.bad, 0);
+
+    /* Exported as a plain entry, imported elsewhere, served there. */
+    char bundle[4300], other[4300];
+    snprintf(bundle, sizeof bundle, "%s/b.kcb", dir);
+    snprintf(other, sizeof other, "%s/other", dir);
+    int fd = open(bundle, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    cr_assert(fd >= 0);
+    struct kc_bundle_export_opts eo = {.fd = fd, .codec = KC_BUNDLE_ZSTD};
+    struct kc_bundle_info info;
+    cr_assert_eq(adm->bundle_export(st, &eo, &info), 0, "%s", info.why);
+    free(info.ns);
+    api->close(st);
+    cr_assert_eq(mkdir(other, 0700), 0);
+    struct kc_store *st2 = open_at(other, 0, 0);
+    lseek(fd, 0, SEEK_SET);
+    struct kc_bundle_import_opts io = {.fd = fd, .trust_unsigned = 1};
+    cr_assert_eq(adm->bundle_import(st2, &io, &info), 0, "%s", info.why);
+    free(info.ns);
+    close(fd);
+    cr_assert_eq(api->get(st2, NS, &k, &b, &n, NULL), 0, "imported");
+    cr_assert(n == 9000 && memcmp(b, body, n) == 0);
+    api->free(b);
+    api->close(st2);
+    free(body);
 }
 
 Test(store, a_record_failing_its_checksum_is_a_miss_and_purged)
