@@ -228,7 +228,7 @@ static int collect(const struct kc_bundle_import_opts *o, int fd, struct kc_bund
         }
         if (o->only_usable && info->ns[idx].usable == 0)
             continue;
-        if (r.entry_stored == NULL || r.entry_stored_at == UINT64_MAX) {
+        if ((r.entry_stored == NULL && !r.entry_detached) || r.entry_stored_at == UINT64_MAX) {
             ok = 0; /* a plain body, or a compressed block */
             break;
         }

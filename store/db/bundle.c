@@ -444,7 +444,7 @@ static int emit_one(struct sel *s, const struct cand *c, struct emit *e, const k
             c->ns, strerror(rc == -ENOENT ? EBADMSG : -rc));
     }
     rc = kc__bundle_writer_add_entry(&e->w, c->ns, &c->key, src, &c->h, &bd, v, vl,
-                                     codec != KC__BODY_LEGACY);
+                                     codec != KC__BODY_LEGACY ? KC__SP_STORED : KC__SP_PUT);
     rocksdb_pinnableslice_destroy(pv);
     if (rc < 0)
         return why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
@@ -459,6 +459,60 @@ static int emit_cand(struct sel *s, const struct cand *c, void *arg)
     kc_digest src;
     bool has = own_source(arg, c, &src);
     return emit_one(s, c, arg, has ? &src : NULL);
+}
+
+/* A whole store's export (layout 3): every body once, in the bodies
+ * family's order (one sequential read of its tables, no lookup per body),
+ * each checked against its digest, then the entries naming them ('E'
+ * puts). Bodies nothing names go too (the importer writes none of them). */
+static int emit_bodies(struct sel *s, struct emit *e)
+{
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(s->d->db, sel_ro(s), s->d->cf[KC__CF_BODIES]);
+    int rc = 0;
+    for (rocksdb_iter_seek_to_first(it); rc == 0 && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        kc_digest want, got = kc_digest_of(v, vl);
+        uint64_t raw;
+        int codec;
+        if (kl != 16)
+            continue;
+        kc__digest_decode((const unsigned char *)k, &want);
+        if (got.lo != want.lo || got.hi != want.hi ||
+            kc__body_info(v, vl, &raw, &codec, NULL) != 0) {
+            rc = why(e->info, -EBADMSG,
+                     "a body is damaged in the store; run kcache verify and export again");
+            break;
+        }
+        rc = kc__bundle_writer_add_body(&e->w, &want, v, vl);
+        if (rc < 0)
+            why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
+    }
+    int ie = kc__db_iter_err(s->d, it);
+    rocksdb_iter_destroy(it);
+    return rc != 0 ? rc : ie;
+}
+
+static int emit_entry_cand(struct sel *s, const struct cand *c, void *arg)
+{
+    struct emit *e = arg;
+    if (!selected(s, c))
+        return 0;
+    if (c->digest == NULL)
+        return why(e->info, -EBADMSG,
+                   "an entry of %s is damaged in the store; run kcache verify and export again",
+                   c->ns);
+    kc_digest src, bd;
+    bool has = own_source(e, c, &src);
+    kc__digest_decode(c->digest, &bd);
+    int rc = kc__bundle_writer_add_entry(&e->w, c->ns, &c->key, has ? &src : NULL, &c->h, &bd, NULL,
+                                         0, KC__SP_ENTRY);
+    if (rc < 0)
+        return why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
+    e->done++;
+    return 0;
 }
 
 int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o,
@@ -542,7 +596,12 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         why(info, rc, "cannot write the bundle: %s", strerror(-rc));
     if (rc == 0 && have) {
         e.sources = rocksdb_create_iterator_cf(d->db, sel_ro(&s), d->cf[KC__CF_SOURCES]);
-        rc = each_cand(&s, emit_cand, &e);
+        /* The whole store: bodies in table order, then the entries. */
+        bool whole = o->n_globs == 0 && o->since_ns == 0 && o->max_size == 0;
+        if (whole)
+            rc = emit_bodies(&s, &e);
+        if (rc == 0)
+            rc = each_cand(&s, whole ? emit_entry_cand : emit_cand, &e);
         int ie = kc__db_iter_err(d, e.sources);
         rocksdb_iter_destroy(e.sources);
         if (rc == 0 && ie != 0)
@@ -801,6 +860,7 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &again, o->crypto, o->trust_unsigned != 0);
     /* The first reading checked every body; the bytes are the same (a
      * private file), and their digests are checked again. */
+    struct kc__buf body = {0};
     uint64_t round_n = 0, round_bytes = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
@@ -831,9 +891,28 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
             continue;
         }
         bool applied = false;
-        rc = r.entry_stored != NULL ? kc__apply_put_stored(ow, &sp, r.entry_digest, r.entry_stored,
-                                                           r.entry_stored_len, &applied)
-                                    : kc__apply_put(ow, &sp, &applied);
+        if (r.entry_detached) {
+            /* Its body is a body record read before: from the file (the
+             * same private bytes, checked then). */
+            rc = kc_buf_reserve(&body, r.entry_stored_len);
+            if (rc == 0 && pread(fd, body.p, r.entry_stored_len, (off_t)r.entry_stored_at) !=
+                               (ssize_t)r.entry_stored_len)
+                rc = -EIO;
+            if (rc == 0 &&
+                kc_digest_of(body.p, r.entry_stored_len).lo != kc__get_u64(r.entry_digest))
+                rc = -EIO;
+            if (rc < 0) {
+                why(info, rc, "the bundle changed between its readings");
+                break;
+            }
+            rc =
+                kc__apply_put_stored(ow, &sp, r.entry_digest, body.p, r.entry_stored_len, &applied);
+        } else {
+            rc = r.entry_stored != NULL
+                     ? kc__apply_put_stored(ow, &sp, r.entry_digest, r.entry_stored,
+                                            r.entry_stored_len, &applied)
+                     : kc__apply_put(ow, &sp, &applied);
+        }
         if (rc < 0) {
             why(info, rc, "cannot write to the store: %s", strerror(-rc));
             break;
@@ -850,6 +929,7 @@ static int import_pass(struct kc_store *st, const struct kc_bundle_import_opts *
     }
     if (rc < 0 && info->why[0] == '\0')
         snprintf(info->why, sizeof info->why, "%s", again.why);
+    kc__buf_free(&body);
     free(again.ns);
     kc__bundle_reader_free(&r);
 done:;

@@ -42,7 +42,8 @@
  *           48  the stored bytes: the records, compressed as one zstd
  *               frame or LZ4 block, or raw when that did not shrink them
  *
- *   record   0  u64 length of the put file
+ *   record   0  u64 length of the put file (bit 63 set: a body record,
+ *               layout 3: the length of the body that follows)
  *            8  16 the entry's name: XXH3-128 of ns \0 key (kc__kkey's
  *               bytes), as its hot file is named
  *           24  16 the body's digest (kc_digest_of of the body as stored: the
@@ -53,7 +54,13 @@
  *               database keeps it (an 'S' put: store/db/body.c's 16-byte
  *               header and zstd frame, carried as it lies on disk, no
  *               second compression), or plain (a 'P' put: a body stored
- *               by an earlier version, and every body of layout 1)
+ *               by an earlier version, and every body of layout 1). Since
+ *               layout 3 a whole store's export carries each body once, as
+ *               a body record (16 zero bytes for a name, its digest, the
+ *               value as the bodies family keeps it; only in uncompressed
+ *               blocks), read in table order, before the entries, which
+ *               are then 'E' puts: the put without its body, naming a body
+ *               record by its digest
  *
  *   trailer  0  magic "KCBTRAIL"                                  8
  *            8  u64 entries
@@ -84,7 +91,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define KC__BUNDLE_VERSION 2
+#define KC__BUNDLE_VERSION 3
 /* The oldest layout a reader takes (1: every body plain). */
 #define KC__BUNDLE_VERSION_MIN 1
 /* A stored body inflates at most this many times its stored size. */
@@ -100,6 +107,7 @@
 #define KC__BUNDLE_MAX_DICTS 4096u
 #define KC__BUNDLE_MAX_DICT (1u << 20)
 #define KC__BUNDLE_REC_HDR 40
+#define KC__BUNDLE_REC_BODY (1ull << 63)
 #define KC__BUNDLE_TRAILER 176
 #define KC__BUNDLE_SIGNED 1u
 #define KC__BUNDLE_SIG_CONTEXT "kcache-bundle-v1"
@@ -197,7 +205,11 @@ int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_
 int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
                                 const kc_digest *source, const struct kc__hdr *h,
                                 const kc_digest *body_digest, const void *body, size_t len,
-                                bool stored);
+                                int type);
+/* Adds a body record (layout 3): value (len bytes, as the bodies family
+ * keeps it) under digest. Entries naming it follow as KC__SP_ENTRY puts. */
+int kc__bundle_writer_add_body(struct kc__bundle_writer *w, const kc_digest *digest,
+                               const void *value, size_t len);
 /* Closes the last block, writes the trailer (signed when crypto has a
  * key) and flushes. *file_bytes: the bundle's size. 0 or a negative errno. */
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes);
@@ -216,6 +228,14 @@ static inline uint64_t kc__put_file_size(size_t nl, uint64_t bs)
 #define KC__BUNDLE_REC_SIZE(len) ((uint64_t)KC__BUNDLE_REC_HDR + (len))
 
 /* ---- the reader (bundle_io.c) ------------------------------------------- */
+
+/* A body record as the reader found it. */
+struct kc__bodyref {
+    unsigned char digest[16];
+    uint64_t raw, at, xxh; /* xxh: of the inflated body (check_bodies) */
+    uint64_t len;
+    bool used;
+};
 
 struct kc__bundle_reader {
     struct kc__bstream s;
@@ -246,6 +266,12 @@ struct kc__bundle_reader {
     uint64_t block_at;        /* the current block's records' offset */
     char *plain;
     const unsigned char *entry_digest;
+    /* An 'E' entry's body lies in a body record read before (its bytes at
+     * entry_stored_at, entry_stored_len; entry_stored NULL). */
+    bool entry_detached;
+    /* The body records read so far, by digest (layout 3). */
+    struct kc__bodyref *bodies;
+    size_t n_bodies, cap_bodies;
     /* The header's dictionaries: ids, where their bytes lie in dict_data,
      * and loaded for inflating (check_bodies). */
     struct {

@@ -524,16 +524,37 @@ int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_
     return 0;
 }
 
+int kc__bundle_writer_add_body(struct kc__bundle_writer *w, const kc_digest *digest,
+                               const void *value, size_t len)
+{
+    if (len > KC__BUNDLE_MAX_RECORD)
+        return -EFBIG;
+    unsigned char h[KC__BUNDLE_REC_HDR] = {0};
+    kc__put_u64(h, (uint64_t)len | KC__BUNDLE_REC_BODY);
+    kc__digest_encode(digest, h + 24);
+    kc__buf_add(&w->raw, h, sizeof h);
+    kc__buf_add(&w->raw, value, len);
+    if (w->raw.err)
+        return w->raw.err;
+    w->block_records++;
+    if (w->raw.len >= KC__BUNDLE_BLOCK_TARGET)
+        return writer_flush_block(w);
+    return 0;
+}
+
 int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, const kc_key *key,
                                 const kc_digest *source, const struct kc__hdr *h,
                                 const kc_digest *body_digest, const void *body, size_t len,
-                                bool stored)
+                                int type)
 {
+    bool stored = type != KC__SP_PUT;
     size_t at = w->raw.len;
     unsigned char rh[KC__BUNDLE_REC_HDR] = {0}, kk[KC__NS_MAX + 1 + KC__KEY_LEN];
     kc__buf_add(&w->raw, rh, sizeof rh); /* filled in below */
-    int rc = stored ? kc__spool_put_encode_stored(&w->raw, ns, key, source, h, body, len)
-                    : kc__spool_put_encode(&w->raw, ns, key, source, h, body, len);
+    int rc = type == KC__SP_ENTRY ? kc__spool_put_encode_entry(&w->raw, ns, key, source, h)
+             : type == KC__SP_STORED
+                 ? kc__spool_put_encode_stored(&w->raw, ns, key, source, h, body, len)
+                 : kc__spool_put_encode(&w->raw, ns, key, source, h, body, len);
     if (rc != 0 || w->raw.err) {
         w->raw.len = at;
         return rc != 0 ? rc : w->raw.err;
@@ -1087,11 +1108,101 @@ static int read_block(struct kc__bundle_reader *r)
     return 0;
 }
 
+/* The body records read so far: open addressing on the digest's first
+ * bytes (a digest is uniform). */
+static const struct kc__bodyref *body_find(const struct kc__bundle_reader *r,
+                                           const unsigned char digest[16])
+{
+    if (r->cap_bodies == 0)
+        return NULL;
+    size_t mask = r->cap_bodies - 1, i = (size_t)kc__get_u64(digest) & mask;
+    for (; r->bodies[i].used; i = (i + 1) & mask)
+        if (memcmp(r->bodies[i].digest, digest, 16) == 0)
+            return &r->bodies[i];
+    return NULL;
+}
+
+static int body_add(struct kc__bundle_reader *r, const struct kc__bodyref *b)
+{
+    if (2 * (r->n_bodies + 1) > r->cap_bodies) {
+        size_t cap = r->cap_bodies ? 2 * r->cap_bodies : 1024;
+        struct kc__bodyref *v = calloc(cap, sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        for (size_t i = 0; i < r->cap_bodies; i++) {
+            if (!r->bodies[i].used)
+                continue;
+            size_t j = (size_t)kc__get_u64(r->bodies[i].digest) & (cap - 1);
+            while (v[j].used)
+                j = (j + 1) & (cap - 1);
+            v[j] = r->bodies[i];
+        }
+        free(r->bodies);
+        r->bodies = v;
+        r->cap_bodies = cap;
+    }
+    size_t mask = r->cap_bodies - 1, i = (size_t)kc__get_u64(b->digest) & mask;
+    while (r->bodies[i].used)
+        i = (i + 1) & mask;
+    r->bodies[i] = *b;
+    r->bodies[i].used = true;
+    r->n_bodies++;
+    return 0;
+}
+
+/* A body record (layout 3) at p (left bytes in its block; n its body's
+ * length): in an uncompressed block, filed under no name, not seen before,
+ * a body as the store keeps one (a dictionary it names in the header;
+ * within KC__BUNDLE_MAX_RATIO; with check_bodies, inflating to its stated
+ * size), its bytes its digest's. Noted for the entries that name it. */
+static int read_body_record(struct kc__bundle_reader *r, const unsigned char *p, size_t left,
+                            uint64_t n)
+{
+    static const unsigned char zero[16];
+    uint64_t no = r->n_bodies + 1;
+    if (n > left - KC__BUNDLE_REC_HDR || r->block_at == UINT64_MAX || memcmp(p + 8, zero, 16) != 0)
+        return fail(r, -EBADMSG, "damaged: body record %" PRIu64 " in block %" PRIu64, no,
+                    r->block_no);
+    const unsigned char *v = p + KC__BUNDLE_REC_HDR;
+    uint64_t raw, dict;
+    int codec;
+    kc_digest d = kc_digest_of(v, (size_t)n), want;
+    kc__digest_decode(p + 24, &want);
+    if (kc__body_info(v, (size_t)n, &raw, &codec, &dict) != 0 || raw / KC__BUNDLE_MAX_RATIO > n ||
+        d.lo != want.lo || d.hi != want.hi)
+        return fail(r, -EBADMSG,
+                    "damaged: body record %" PRIu64 " is not the body its digest names", no);
+    if (dict != 0 && !kc__bundle_reader_has_dict(r, dict))
+        return fail(r, -EBADMSG,
+                    "damaged: body record %" PRIu64 " names a dictionary the header lacks", no);
+    if (body_find(r, p + 24) != NULL)
+        return fail(r, -EBADMSG, "damaged: body record %" PRIu64 " is there twice", no);
+    struct kc__bodyref b = {.raw = raw, .len = n, .at = r->block_at + (uint64_t)(v - r->raw)};
+    memcpy(b.digest, p + 24, 16);
+    if (r->check_bodies) {
+        char *plain = NULL;
+        size_t pl = 0;
+        int rc = kc__body_decode(v, (size_t)n, &r->dicts, &plain, &pl);
+        if (rc == -ENOMEM)
+            return fail(r, rc, "out of memory");
+        if (rc != 0) {
+            free(plain);
+            return fail(r, -EBADMSG, "damaged: body record %" PRIu64 " does not inflate", no);
+        }
+        b.xxh = kc__body_xxh(plain, pl);
+        free(plain);
+    }
+    if (body_add(r, &b) != 0)
+        return fail(r, -ENOMEM, "out of memory");
+    return 0;
+}
+
 int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                            const unsigned char **put, size_t *len, size_t *ns_index)
 {
     if (r->done)
         return 0;
+again:
     while (r->block_left == 0) {
         if (r->raw_pos != r->raw_len)
             return fail(r, -EBADMSG, "damaged: block %" PRIu64 " holds bytes past its records",
@@ -1120,6 +1231,14 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
     if (left < KC__BUNDLE_REC_HDR)
         return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " is cut short", no);
     uint64_t n = kc__get_u64(p);
+    if ((n & KC__BUNDLE_REC_BODY) != 0 && r->info->version >= 3) {
+        int rc = read_body_record(r, p, left, n & ~KC__BUNDLE_REC_BODY);
+        if (rc < 0)
+            return rc;
+        r->raw_pos += KC__BUNDLE_REC_HDR + (size_t)(n & ~KC__BUNDLE_REC_BODY);
+        r->block_left--;
+        goto again; /* the entries come after their bodies */
+    }
     if (n > left - KC__BUNDLE_REC_HDR)
         return fail(r, -EBADMSG,
                     "damaged: entry %" PRIu64 " declares %" PRIu64 " bytes, its block holds %zu",
@@ -1130,11 +1249,31 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
     r->entry_stored = NULL;
     r->entry_stored_len = 0;
     r->entry_stored_at = UINT64_MAX;
-    /* Layout 1 has plain bodies only. */
+    r->entry_detached = false;
+    /* Layout 1 has plain bodies only; layout 3 adds entries naming a body
+     * record. */
     bool stored = n > 4 && file[4] == KC__SP_STORED && r->info->version >= 2;
-    if ((stored ? kc__spool_put_decode_stored(file, (size_t)n, sp)
-                : kc__spool_put_decode(file, (size_t)n, sp)) != 0)
+    bool detached = n > 4 && file[4] == KC__SP_ENTRY && r->info->version >= 3;
+    if ((detached ? kc__spool_put_decode_entry(file, (size_t)n, sp)
+         : stored ? kc__spool_put_decode_stored(file, (size_t)n, sp)
+                  : kc__spool_put_decode(file, (size_t)n, sp)) != 0)
         return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " is not a whole put record", no);
+    if (detached) {
+        const struct kc__bodyref *b = body_find(r, p + 24);
+        if (b == NULL)
+            return fail(r, -EBADMSG,
+                        "damaged: entry %" PRIu64 " in %s names a body the bundle does not hold "
+                        "before it",
+                        no, sp->ns);
+        if (b->raw != sp->hdr.body_size || (r->check_bodies && b->xxh != sp->hdr.body_xxh))
+            return fail(r, -EBADMSG,
+                        "damaged: entry %" PRIu64 " in %s: its body is not the one its header "
+                        "describes",
+                        no, sp->ns);
+        r->entry_detached = true;
+        r->entry_stored_at = b->at;
+        r->entry_stored_len = (size_t)b->len;
+    }
     if (stored) {
         /* Its body as the store keeps it: a frame that states the header's
          * size, within KC__BUNDLE_MAX_RATIO of its own (an inflation bomb
@@ -1188,11 +1327,13 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                     "entry %" PRIu64 " in %s: its key does not match the name it is filed under",
                     no, sp->ns);
     /* The digest names the body as the store keeps it: the stored bytes,
-     * or the plain body of a 'P' put (which is how it is kept). */
-    kc_digest bd = stored ? kc_digest_of(r->entry_stored, r->entry_stored_len)
-                          : kc_digest_of(sp->body, sp->body_len);
+     * or the plain body of a 'P' put (which is how it is kept); a body
+     * record's was checked when it was read. */
+    kc_digest bd = detached ? (kc_digest){0}
+                   : stored ? kc_digest_of(r->entry_stored, r->entry_stored_len)
+                            : kc_digest_of(sp->body, sp->body_len);
     kc__digest_decode(p + 24, &want);
-    if (bd.lo != want.lo || bd.hi != want.hi)
+    if (!detached && (bd.lo != want.lo || bd.hi != want.hi))
         return fail(r, -EBADMSG, "entry %" PRIu64 " in %s: its body does not match its digest", no,
                     sp->ns);
     size_t i;
@@ -1208,8 +1349,9 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
                     sp->ns);
     /* The header counts every entry as its plain put (a stored body at its
      * inflated size). */
-    uint64_t plain = KC__BUNDLE_REC_SIZE(n - r->entry_stored_len +
-                                         (r->entry_stored != NULL ? sp->hdr.body_size : 0));
+    uint64_t plain = KC__BUNDLE_REC_SIZE(
+        detached ? n + sp->hdr.body_size
+                 : n - r->entry_stored_len + (r->entry_stored != NULL ? sp->hdr.body_size : 0));
     r->ns_entries[i]++;
     r->ns_bytes[i] += plain;
     r->seen_raw += plain;
@@ -1228,6 +1370,7 @@ int kc__bundle_reader_next(struct kc__bundle_reader *r, struct kc__sp_put *sp,
 void kc__bundle_reader_free(struct kc__bundle_reader *r)
 {
     kc__bs_free(&r->s);
+    free(r->bodies);
     kc__dicts_free(&r->dicts);
     free(r->dict);
     free(r->dict_data);

@@ -101,6 +101,9 @@ enum {
     /* A bundle's entry (store/db/bundle.h): a put whose body is as the
      * database stores it (store/db/body.c). Never in the spool. */
     KC__SP_STORED = 'S',
+    /* A bundle's entry whose body is a body record of the bundle (store/db/
+     * bundle.h, layout 3): the put without its body. Never in the spool. */
+    KC__SP_ENTRY = 'E',
     KC__SP_PURGE = 'X',
     KC__SP_HITS = 'H',
     KC__SP_COUNT = 'C'
@@ -165,6 +168,12 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
 int kc__spool_put_encode_stored(struct kc_buf *b, const char *ns, const kc_key *key,
                                 const kc_digest *source, const struct kc__hdr *h,
                                 const void *stored, size_t len);
+/* An entry put ('E'): sp's put without a body; h is its body's header. */
+int kc__spool_put_encode_entry(struct kc_buf *b, const char *ns, const kc_key *key,
+                               const kc_digest *source, const struct kc__hdr *h);
+/* Decodes an entry put: checksum, fixed part and header checked; no body
+ * (out->body NULL, body_len 0). 0 or -EBADMSG. */
+int kc__spool_put_decode_entry(const void *file, size_t len, struct kc__sp_put *out);
 /* Decodes a stored put: the file's checksum, its fixed part and header are
  * checked; out->body and body_len are the stored bytes, which this layer
  * does not read (the caller inflates and checks them). 0 or -EBADMSG. */

@@ -229,8 +229,8 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
     const unsigned char *p = kc_rd_take(&r, (size_t)n);
     if (sum != XXH3_64bits(p, n))
         return -EBADMSG;
-    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_STORED && t != KC__SP_PURGE &&
-        t != KC__SP_HITS && t != KC__SP_COUNT)
+    if (t != KC__SP_PUT && t != KC__SP_PACKED && t != KC__SP_STORED && t != KC__SP_ENTRY &&
+        t != KC__SP_PURGE && t != KC__SP_HITS && t != KC__SP_COUNT)
         return -EBADMSG;
     *type = t;
     *payload = p;
@@ -332,6 +332,25 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
         return -EBADMSG;
     out->body = body;
     out->body_len = blen;
+    return 0;
+}
+
+int kc__spool_put_encode_entry(struct kc_buf *b, const char *ns, const kc_key *key,
+                               const kc_digest *source, const struct kc__hdr *h)
+{
+    return put_encode(b, KC__SP_ENTRY, ns, key, source, h, NULL, 0, 0);
+}
+
+int kc__spool_put_decode_entry(const void *file, size_t len, struct kc__sp_put *out)
+{
+    int type;
+    const unsigned char *p;
+    size_t n;
+    if (kc__spool_check(file, len, &type, &p, &n) != 0 || type != KC__SP_ENTRY ||
+        put_head(p, n, out) != 0 || out->record_len != KC__HDR_LEN)
+        return -EBADMSG;
+    out->body = NULL;
+    out->body_len = 0;
     return 0;
 }
 

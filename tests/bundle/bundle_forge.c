@@ -21,6 +21,10 @@
  *                 header
  *   stored-bomb   a header declaring a 1 GiB body, stored as a 29-byte
  *                 frame stating 1 GiB
+ *   layout3-valid two entries naming two body records (layout 3), the
+ *                 control for:
+ *   layout3-nobody an entry naming a body the bundle does not hold
+ *   layout3-baddigest a body record filed under another body's digest
  *   stored-nodict a stored body compressed with a dictionary the header
  *                 does not carry
  *   stored-garbage a stored body whose frame states the right size but
@@ -300,6 +304,40 @@ int main(int argc, char **argv)
         rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, s0.p, s0.len);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k1, &b1, s1.p, s1.len);
+        kc__buf_free(&s0);
+        kc__buf_free(&s1);
+    } else if (strncmp(mode, "layout3-", 8) == 0) {
+        /* Layout 3: the bodies as body records, then 'E' entries naming
+         * them; -nobody leaves the second body out, -baddigest files it
+         * under the first one's digest. */
+        kc__bundle_writer_free(&w);
+        if (lseek(fd, 0, SEEK_SET) != 0 || ftruncate(fd, 0) != 0)
+            return 1;
+        struct kc__buf s0 = {0}, s1 = {0};
+        make_stored(&s0, 0, 2000, &k0, &b0, 0);
+        make_stored(&s1, 1, 3000, &k1, &b1, 0);
+        struct kc__sp_put p0, p1;
+        kc__spool_put_decode_stored(s0.p, s0.len, &p0);
+        kc__spool_put_decode_stored(s1.p, s1.len, &p1);
+        struct kc__buf e = {0};
+        kc__spool_put_encode_entry(&e, NS, &k0, NULL, &p0.hdr);
+        size_t elen = e.len;
+        ns.raw_bytes = KC__BUNDLE_REC_SIZE(elen + p0.hdr.body_size) +
+                       KC__BUNDLE_REC_SIZE(elen + p1.hdr.body_size);
+        info.raw_bytes = ns.raw_bytes;
+        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
+        rc = rc ? rc : kc__bundle_writer_add_body(&w, &b0, p0.body, p0.body_len);
+        if (strcmp(mode, "layout3-nobody") != 0)
+            rc = rc ? rc
+                    : kc__bundle_writer_add_body(&w, strcmp(mode, "layout3-baddigest") ? &b1 : &b0,
+                                                 p1.body, p1.body_len);
+        rc = rc ? rc
+                : kc__bundle_writer_add_entry(&w, NS, &k0, NULL, &p0.hdr, &b0, NULL, 0,
+                                              KC__SP_ENTRY);
+        rc = rc ? rc
+                : kc__bundle_writer_add_entry(&w, NS, &k1, NULL, &p1.hdr, &b1, NULL, 0,
+                                              KC__SP_ENTRY);
+        kc__buf_free(&e);
         kc__buf_free(&s0);
         kc__buf_free(&s1);
     } else if (strcmp(mode, "huge-block") == 0) {

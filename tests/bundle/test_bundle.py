@@ -145,7 +145,7 @@ def test_roundtrip(env, t, client):
           f"bundle show: not every nvrtc namespace usable here: {show!r}")
     with open(bundle, "rb") as f:
         head = f.read(600)
-    check(b"kcache bundle, layout 2" in head and nss[0].encode() in head,
+    check(b"kcache bundle, layout 3" in head and nss[0].encode() in head,
           f"the header is not readable text: {head[:300]!r}")
 
     # Dry run: counts, writes nothing.
@@ -265,6 +265,8 @@ def test_hostile(env, t, forge, populate):
         "stored-size": "is not a stored body of the size its header declares",
         "stored-bomb": "is not a stored body of the size its header declares",
         "stored-nodict": "names a dictionary the header lacks",
+        "layout3-nobody": "names a body the bundle does not hold",
+        "layout3-baddigest": "is not the body its digest names",
     }
     for mode, words in expect.items():
         f = os.path.join(env.tmp, mode + ".kcb")
@@ -302,13 +304,14 @@ def test_hostile(env, t, forge, populate):
     # a dry run (which inflates every body), taken by an import (which
     # checks each against its digest and its frame's stated size only) and
     # never served: verify finds it bad and purges it, leaving the other.
-    f = os.path.join(env.tmp, "stored-valid.kcb")
-    subprocess.run([forge, "stored-valid", f], check=True)
-    sv = env.store("stored-valid")
-    out = import_ok(t, sv, f, "--trust-unsigned")
-    check("imported 2 of 2 entries" in out, f"forged stored bundle: {out!r}")
-    v = t.run(["--dir", sv, "verify"]).stdout.decode()
-    check("0 bad" in v, f"stored-valid: verify: {v!r}")
+    for mode in ("stored-valid", "layout3-valid"):
+        f = os.path.join(env.tmp, mode + ".kcb")
+        subprocess.run([forge, mode, f], check=True)
+        sv = env.store(mode)
+        out = import_ok(t, sv, f, "--trust-unsigned")
+        check("imported 2 of 2 entries" in out, f"forged {mode} bundle: {out!r}")
+        v = t.run(["--dir", sv, "verify"]).stdout.decode()
+        check("checked 2 records: 0 bad" in v, f"{mode}: verify: {v!r}")
     f = os.path.join(env.tmp, "stored-garbage.kcb")
     subprocess.run([forge, "stored-garbage", f], check=True)
     sg = env.store("stored-garbage")
