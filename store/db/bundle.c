@@ -533,10 +533,6 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         return why(info, -EINVAL, "invalid arguments (signing hooks)");
 
     struct kc__db *d = NULL;
-    /* Every body is read once, in no order: from the mapped tables (no
-     * read call and no copy per body; the pages mapped are the page
-     * cache's, which the process's resident size then counts). */
-    kc__db_bulk_reads();
     bool have = kc__store_reader_hold(st, &d) == 0;
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(ro, 0);

@@ -23,14 +23,6 @@
 
 static const char *const cf_names[KC__N_CF] = {"default", "kernels", "bodies", "sources", "meta"};
 
-/* Readers opened from now on map the tables (kc__db_bulk_reads). */
-static bool bulk_reads;
-
-void kc__db_bulk_reads(void)
-{
-    bulk_reads = true;
-}
-
 static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool secondary)
 {
     rocksdb_options_t *o = rocksdb_options_create();
@@ -107,8 +99,6 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
         rocksdb_options_set_create_missing_column_families(o, !secondary);
         rocksdb_options_set_max_background_jobs(o, 2);
         rocksdb_options_set_max_total_wal_size(o, 64u << 20);
-        if (secondary && bulk_reads)
-            rocksdb_options_set_allow_mmap_reads(o, 1);
     }
     return o;
 }

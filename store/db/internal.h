@@ -49,12 +49,6 @@ struct kc__db {
     struct kc__dicts *dicts;
 };
 
-/* Makes readers (secondaries) opened from now on in this process map the
- * tables rather than read them (RocksDB's allow_mmap_reads): a bundle's
- * export reads every body once, and a read costs no system call and no
- * copy; host processes never call it (their resident memory would count the
- * mapped pages they touch). */
-void kc__db_bulk_reads(void);
 /* Opens DIR/db as the primary (creating it) or as a secondary in `secpath`. */
 int kc__db_open(struct kc__db *d, const char *dbpath, const char *secpath, char **why);
 void kc__db_close(struct kc__db *d);
