@@ -265,18 +265,34 @@ Test(store, identical_bodies_are_stored_once)
     free(other);
 }
 
+/* An owner session on the store, and the kernels key and value of `k`
+ * (kv malloc'd). */
+struct owned {
+    struct kc__owner *o;
+    struct kc__db *d;
+    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
+    size_t kl;
+    char *kv;
+    size_t kvl;
+};
+
+static void own_entry(const kc_key *k, struct owned *w)
+{
+    cr_assert_eq(kc__owner_begin(dir, 0, 5000, &w->o), 0);
+    w->d = kc__owner_db(w->o);
+    w->kl = kc__kkey(NS, k, w->kk);
+    cr_assert_eq(kc__db_get(w->d, KC__CF_KERNELS, w->kk, w->kl, &w->kv, &w->kvl), 0);
+}
+
 /* Replaces the body stored for `k` with same-length bytes that fail the
  * record's checksum, straight in the primary. */
 static void corrupt_body(const kc_key *k)
 {
-    struct kc__owner *o;
-    cr_assert_eq(kc__owner_begin(dir, 0, 5000, &o), 0);
-    struct kc__db *d = kc__owner_db(o);
-    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-    size_t kl = kc__kkey(NS, k, kk);
-    char *kv;
-    size_t kvl;
-    cr_assert_eq(kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl), 0);
+    struct owned w;
+    own_entry(k, &w);
+    struct kc__owner *o = w.o;
+    struct kc__db *d = w.d;
+    char *kv = w.kv;
     char *bv;
     size_t bvl;
     cr_assert_eq(kc__db_get(d, KC__CF_BODIES, kv + KC__HDR_LEN, 16, &bv, &bvl), 0);
@@ -299,14 +315,12 @@ static void corrupt_body(const kc_key *k)
  * the digest of the plain body, which its kernels value names. */
 static void store_as_earlier_version(const kc_key *k)
 {
-    struct kc__owner *o;
-    cr_assert_eq(kc__owner_begin(dir, 0, 5000, &o), 0);
-    struct kc__db *d = kc__owner_db(o);
-    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-    size_t kl = kc__kkey(NS, k, kk);
-    char *kv;
-    size_t kvl;
-    cr_assert_eq(kc__db_get(d, KC__CF_KERNELS, kk, kl, &kv, &kvl), 0);
+    struct owned w;
+    own_entry(k, &w);
+    struct kc__owner *o = w.o;
+    struct kc__db *d = w.d;
+    char *kv = w.kv;
+    size_t kvl = w.kvl;
     char *body;
     size_t bl;
     cr_assert_eq(kc__body_get(d, (unsigned char *)kv + KC__HDR_LEN, &body, &bl), 0);
@@ -321,7 +335,7 @@ static void store_as_earlier_version(const kc_key *k)
     rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_BODIES], (char *)dg, 16, body, bl);
     rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_META], (char *)rk, sizeof rk, (char *)rv, sizeof rv);
-    rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl);
+    rocksdb_writebatch_put_cf(wb, d->cf[KC__CF_KERNELS], (char *)w.kk, w.kl, kv, kvl);
     rocksdb_write(d->db, d->wo_sync, wb, &err);
     cr_assert_null(err);
     rocksdb_writebatch_destroy(wb);
