@@ -7,6 +7,7 @@
 #include "bundle.h"
 #include "cli.h"
 
+#include "../common/clock.h"
 #include "../common/config.h"
 #include "../common/log.h"
 #include "../store/remote/remote_internal.h"
@@ -583,7 +584,8 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
             uint64_t d;
             if (r < 0 || parse_duration(val, &d) != 0)
                 return kc_tool_usage_error("--hit-since needs a duration (like 90m, 12h or 7d)");
-            uint64_t now = (uint64_t)time(NULL) * 1000000000u;
+            uint64_t now = kc_wall_ns(); /* entries carry nanoseconds: a whole second would admit up
+                                            to 1 s more */
             since = d < now ? now - d : 1;
             continue;
         }
