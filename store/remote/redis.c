@@ -612,6 +612,7 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
         return -ENETDOWN; /* no node serves the slot */
     }
     struct kc__node *nd = cl->nodes[cl->slot[slot]];
+    struct kc__node *moved_from = NULL; /* the node that last sent MOVED */
     bool asking = false;
     for (int hop = 0; hop <= KC__MAX_REDIRECTS; hop++) {
         struct kc__cmd cmds[2];
@@ -653,6 +654,15 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
                 } else {
                     rc->ctr->moved++;
                     asking = false;
+                    /* MOVED back to the node that just sent us here: two
+                     * nodes each name the other, as between the SETSLOT
+                     * NODE commands of a migration done source first.
+                     * Wait for it to end (1, 2, 4, ... ms; 31 in all). */
+                    if (to == moved_from) {
+                        struct timespec ts = {0, (1L << (hop - 1)) * 1000000L};
+                        nanosleep(&ts, NULL);
+                    }
+                    moved_from = nd;
                     /* The map changed: read it again (from the new owner),
                      * and trust the redirection for this slot meanwhile. */
                     kc__cluster_refresh(rc, cl, to);

@@ -264,7 +264,8 @@ int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__
 
 /* Runs one single-key command (argv[1] the key, or the key given apart for
  * EVAL) on the key's slot owner, following MOVED (map updated and read
- * again) and ASK (ASKING first), at most KC__MAX_REDIRECTS times. As
+ * again) and ASK (ASKING first), at most KC__MAX_REDIRECTS times (a
+ * MOVED back to the node that sent the last one waits a little first). As
  * kc__node_exec for one command; *from: the node that answered. A node
  * that fails is off and its keys fail fast (-ENETDOWN) until the map
  * names another owner; the map is read again at the next operation. */

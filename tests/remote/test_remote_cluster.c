@@ -450,3 +450,38 @@ Test(cluster, primary_killed)
     cr_assert_eq(get_rc(late, alive), 0);
     cr_assert_eq(ctr(late).errors, 1);
 }
+
+/* A slot migration finished source first: the source already names the
+ * importing node, which (still importing) names the source back. The
+ * client follows the MOVEDs a bounded number of times, waiting 1, 2, 4 ...
+ * ms between them (31 ms in all) for the migration to end, then gives up:
+ * a miss, counted as an error; once both nodes agree, the entry is served. */
+Test(cluster, two_nodes_naming_each_other)
+{
+    int seed = 0;
+    struct kc_remote *r = open_cluster(1, &seed);
+    const int A = 0, B = 1;
+    uint64_t k = find_entry(0, A, -1, -1);
+    unsigned s = slot_n(k);
+    put_ok(r, k);
+    cr_assert_eq(get_rc(r, k), 0);
+    setslot(B, s, "IMPORTING", node_id[A]);
+    setslot(A, s, "MIGRATING", node_id[B]);
+    migrate_key(A, B, k);
+    setslot(A, s, "NODE", node_id[B]);
+    struct kc_remote_counters before = ctr(r);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_neq(get_rc(r, k), 0, "served through a redirection loop");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    struct kc_remote_counters c = ctr(r);
+    cr_assert_eq(c.moved - before.moved, KC__MAX_REDIRECTS + 1);
+    cr_assert_eq(c.errors - before.errors, 1);
+    cr_assert(ms >= 30.0, "gave up after %.1f ms: no wait between the redirections", ms);
+    /* The migration ends: both (and the third node) name B. */
+    setslot(B, s, "NODE", node_id[B]);
+    setslot(2, s, "NODE", node_id[B]);
+    cr_assert_eq(get_rc(r, k), 0);
+    cr_assert_eq(holder(k), B);
+}

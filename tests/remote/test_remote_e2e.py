@@ -815,7 +815,12 @@ def cluster(ctx):
                 b.cmd('CLUSTER', 'SETSLOT', sl, 'IMPORTING', node_id(a))
                 a.cmd('CLUSTER', 'SETSLOT', sl, 'MIGRATING', node_id(b))
                 a.cmd('MIGRATE', '127.0.0.1', b.port, '', 0, 5000, 'KEYS', k)
-                for p in prim:
+                # The importing node first, then the source, then the rest
+                # (CLUSTER SETSLOT's documented order, as redis-cli reshard
+                # does it): in the other order the source answers MOVED to
+                # the importing node while that one, still importing,
+                # answers MOVED back, and a read in that window is a miss.
+                for p in [b, a] + [p for p in prim if p is not a and p is not b]:
                     p.cmd('CLUSTER', 'SETSLOT', sl, 'NODE', node_id(b))
             except RedisError as e:
                 print('migration of %s: %s' % (k, e))
