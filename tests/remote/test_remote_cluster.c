@@ -339,8 +339,12 @@ static void setslot(int i, unsigned slot, const char *how, const char *id)
     raw_ok(i, 5, argv);
 }
 
+/* Entry n's slot half-migrated from node `from` to node `to` (importing,
+ * migrating), and the entry moved there: the slot is still `from`'s. */
 static void migrate_key(int from, int to, uint64_t n)
 {
+    setslot(to, slot_n(n), "IMPORTING", node_id[from]);
+    setslot(from, slot_n(n), "MIGRATING", node_id[to]);
     char k[KC_REMOTE_KEY_MAX], port[16];
     name_n(n, k);
     snprintf(port, sizeof port, "%d", node[to].port);
@@ -365,8 +369,6 @@ Test(cluster, slot_migrated_during_the_run)
     cr_assert_eq(get_rc(r, k1), 0);
 
     /* Slot s half-migrated: k1 moved to B, the slot still A's. */
-    setslot(B, s, "IMPORTING", node_id[A]);
-    setslot(A, s, "MIGRATING", node_id[B]);
     migrate_key(A, B, k1);
     cr_assert_eq(holder(k1), -1, "visible only through ASKING while migrating");
     cr_assert_eq(get_rc(r, k1), 0, "ASK not followed");
@@ -378,8 +380,6 @@ Test(cluster, slot_migrated_during_the_run)
     cr_assert_eq(ctr(r).moved, 0);
 
     /* Slot s2 migrated whole meanwhile. */
-    setslot(B, s2, "IMPORTING", node_id[A]);
-    setslot(A, s2, "MIGRATING", node_id[B]);
     migrate_key(A, B, k4);
     for (int i = 0; i < 3; i++)
         setslot(i == 0 ? B : i == 1 ? A : 2, s2, "NODE", node_id[B]);
@@ -465,8 +465,6 @@ Test(cluster, two_nodes_naming_each_other)
     unsigned s = slot_n(k);
     put_ok(r, k);
     cr_assert_eq(get_rc(r, k), 0);
-    setslot(B, s, "IMPORTING", node_id[A]);
-    setslot(A, s, "MIGRATING", node_id[B]);
     migrate_key(A, B, k);
     setslot(A, s, "NODE", node_id[B]);
     struct kc_remote_counters before = ctr(r);
