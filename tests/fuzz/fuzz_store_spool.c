@@ -76,13 +76,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         KC_FUZZ_ASSERT(put.body == put.record + KC__HDR_LEN &&
                        put.body_len == put.record_len - KC__HDR_LEN);
         KC_FUZZ_ASSERT(put.hdr.body_size == put.body_len && kc__ns_ok(put.ns));
-        /* Re-encoding what was decoded gives the same file (the source
-         * bytes of a put without one are not canonical: skip those). */
+        /* Re-encoding what was decoded (its flags too) gives the same
+         * file (the source bytes of a put without one are not canonical:
+         * skip those). */
         struct kc_buf b = {0};
         if (!put.has_source && (put.source.lo || put.source.hi))
             goto items;
-        kc__spool_put_encode(&b, put.ns, &put.key, put.has_source ? &put.source : NULL, &put.hdr,
-                             put.body, put.body_len);
+        kc__spool_put_encode_flags(&b, put.ns, &put.key, put.has_source ? &put.source : NULL,
+                                   &put.hdr, put.body, put.body_len,
+                                   put.from_remote ? KC__PUT_FROM_REMOTE : 0);
         KC_FUZZ_ASSERT(b.err == 0 && b.len == n && memcmp(b.p, p, n) == 0);
         kc_buf_free(&b);
     }
