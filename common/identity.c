@@ -403,3 +403,73 @@ int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, c
         *fp = d;
     return 0;
 }
+
+/* ---- exports of a loaded object ------------------------------------------------ */
+
+/* The number of dynamic symbols, from DT_HASH's nchain or by walking
+ * DT_GNU_HASH's chains to their last entry; 0 when neither is there. */
+static size_t dynsym_count(const ElfW(Word) *hash, const uint32_t *gnu)
+{
+    if (hash != NULL)
+        return hash[1];
+    if (gnu == NULL)
+        return 0;
+    uint32_t nbuckets = gnu[0], symoff = gnu[1], bloom = gnu[2];
+    const uint32_t *buckets = gnu + 4 + bloom * (sizeof(ElfW(Addr)) / 4);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t last = 0;
+    for (uint32_t b = 0; b < nbuckets; b++)
+        if (buckets[b] > last)
+            last = buckets[b];
+    if (last < symoff)
+        return symoff;
+    while ((chain[last - symoff] & 1) == 0)
+        last++;
+    return (size_t)last + 1;
+}
+
+int kc__loaded_exports(const void *addr, int (*each)(const char *name, void *arg), void *arg)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (addr == NULL || dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL ||
+        lm->l_ld == NULL)
+        return -ENOENT;
+    const ElfW(Sym) *sym = NULL;
+    const char *str = NULL;
+    const ElfW(Word) *hash = NULL;
+    const uint32_t *gnu = NULL;
+    uintptr_t base = (uintptr_t)lm->l_addr;
+    /* The loader relocates these entries in place where the dynamic
+     * section is writable; where it is not they are still link-time
+     * addresses. */
+#define KC__DYNPTR(d) ((d) < base ? (d) + base : (d))
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        uintptr_t p = KC__DYNPTR((uintptr_t)d->d_un.d_ptr);
+        if (d->d_tag == DT_SYMTAB)
+            sym = (const ElfW(Sym) *)p;
+        else if (d->d_tag == DT_STRTAB)
+            str = (const char *)p;
+        else if (d->d_tag == DT_HASH)
+            hash = (const ElfW(Word) *)p;
+        else if (d->d_tag == DT_GNU_HASH)
+            gnu = (const uint32_t *)p;
+    }
+#undef KC__DYNPTR
+    if (sym == NULL || str == NULL)
+        return -ENOENT;
+    size_t n = dynsym_count(hash, gnu);
+    for (size_t i = 1; i < n; i++) {
+        const ElfW(Sym) *s = &sym[i];
+        if (s->st_shndx == SHN_UNDEF || s->st_name == 0 ||
+            (ELF64_ST_BIND(s->st_info) != STB_GLOBAL && ELF64_ST_BIND(s->st_info) != STB_WEAK))
+            continue;
+        int t = ELF64_ST_TYPE(s->st_info);
+        if (t != STT_FUNC && t != STT_GNU_IFUNC)
+            continue;
+        int rc = each(str + s->st_name, arg);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}

@@ -45,6 +45,13 @@ int kc__file_identity(const char *path, kc_digest *out);
  * system call), else the file's identity. 0 or negative errno. */
 int kc__loaded_identity(const void *addr, kc_digest *out);
 
+/* Calls each(name, arg) for every function the loaded object holding
+ * `addr` exports (defined global or weak functions of its dynamic symbol
+ * table, read from memory), in table order, until one returns non-zero.
+ * Returns that value, 0 when all were seen, or -ENOENT when the object or
+ * its table cannot be found. */
+int kc__loaded_exports(const void *addr, int (*each)(const char *name, void *arg), void *arg);
+
 /* NVRTC's namespace, "nvrtc:<major>.<minor>-<16 hex digits>-f<format>",
  * and the identity digest behind it (*id, when not NULL): the version and
  * the build-ids of the libnvrtc holding `compile` (the real

@@ -83,8 +83,12 @@ static char *get_blob(struct kc_rd *r, uint64_t *len)
  * lowered_null_name_rc, lowered_null_out_rc, add_after_rc, pch_status_rc,
  * pch_required_rc, pch_required_set, pch_required_null_rc, u64
  * pch_required. The magic's last byte counts layouts: 2 was written in the
- * host's byte order (format 1), 3 is little-endian. */
-#define REPLAY_MAGIC 0x334b434e56ull /* "KCNV" 3 */
+ * host's byte order (format 1), 3 is little-endian with five outputs, 4
+ * adds NVVM and Tile IR (N_OUT). Layout 3 is still read: its record says
+ * which outputs it lacks (missing), and a hook serves it only where the
+ * loaded NVRTC has none of those getters. */
+#define REPLAY_MAGIC 0x344b434e56ull    /* "KCNV" 4 */
+#define REPLAY_MAGIC_V3 0x334b434e56ull /* "KCNV" 3 */
 
 int kc__replay_encode(const struct kc__replay *r, struct kc_buf *b)
 {
@@ -124,13 +128,17 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
 {
     struct kc_rd r;
     kc_rd_init(&r, p, n);
-    if (kc_rd_get_u64(&r) != REPLAY_MAGIC)
+    uint64_t magic = kc_rd_get_u64(&r);
+    if (magic != REPLAY_MAGIC && magic != REPLAY_MAGIC_V3)
         return NULL;
+    int n_out = magic == REPLAY_MAGIC ? N_OUT : N_OUT_V3;
     struct kc__replay *x = calloc(1, sizeof *x);
     if (x == NULL)
         return NULL;
+    for (int i = n_out; i < N_OUT; i++)
+        x->missing |= 1u << i;
     x->compile_rc = get_i32(&r);
-    for (int i = 0; i < N_OUT; i++) {
+    for (int i = 0; i < n_out; i++) {
         struct kc__output *o = &x->out[i];
         o->size_rc = get_i32(&r);
         o->size_set = get_i32(&r);

@@ -15,7 +15,11 @@
 #include "../common/buf.h"
 #include "deps.h"
 
-enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, N_OUT };
+/* The outputs a record holds, in layout order. Layout 3 held the first
+ * five (N_OUT_V3); NVVM (NVRTC 11.x/12.x) and Tile IR (13.3+) came with
+ * layout 4. */
+enum { OUT_PTX, OUT_CUBIN, OUT_LTOIR, OUT_OPTIX, OUT_LOG, OUT_NVVM, OUT_TILEIR, N_OUT };
+enum { N_OUT_V3 = OUT_NVVM };
 
 struct kc__output {
     int size_rc;
@@ -44,6 +48,8 @@ struct kc__replay {
     int pch_status_rc;
     int pch_required_rc, pch_required_set, pch_required_null_rc;
     uint64_t pch_required;
+    uint32_t missing; /* outputs (1 << OUT_*) the record does not hold: an
+                         earlier layout's; not encoded */
 };
 
 struct kc__dep_set {

@@ -825,46 +825,87 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
 
 /* ---- nvJitLink: the real functions ---------------------------------------------------- */
 
+/* Every function of nvJitLink the shim knows: X(enum, name after "nvJitLink").
+ * F_VERSION has no versioned names. */
+#define JL_FUNCS(X, a)                                                                                \
+    X(F_CREATE, Create, a)                                                                            \
+    X(F_DESTROY, Destroy, a)                                                                          \
+    X(F_ADD_DATA, AddData, a)                                                                         \
+    X(F_ADD_FILE, AddFile, a)                                                                         \
+    X(F_COMPLETE, Complete, a)                                                                        \
+    X(F_CUBIN_SIZE, GetLinkedCubinSize, a)                                                            \
+    X(F_CUBIN, GetLinkedCubin, a)                                                                     \
+    X(F_PTX_SIZE, GetLinkedPtxSize, a)                                                                \
+    X(F_PTX, GetLinkedPtx, a)                                                                         \
+    X(F_LTOIR_SIZE, GetLinkedLTOIRSize, a)                                                            \
+    X(F_LTOIR, GetLinkedLTOIR, a)                                                                     \
+    X(F_ERR_SIZE, GetErrorLogSize, a)                                                                 \
+    X(F_ERR, GetErrorLog, a)                                                                          \
+    X(F_INFO_SIZE, GetInfoLogSize, a)                                                                 \
+    X(F_INFO, GetInfoLog, a)
+
 enum jl_fn {
-    F_CREATE,
-    F_DESTROY,
-    F_ADD_DATA,
-    F_ADD_FILE,
-    F_COMPLETE,
-    F_CUBIN_SIZE,
-    F_CUBIN,
-    F_PTX_SIZE,
-    F_PTX,
-    F_LTOIR_SIZE,
-    F_LTOIR,
-    F_ERR_SIZE,
-    F_ERR,
-    F_INFO_SIZE,
-    F_INFO,
+#define JL_ENUM(e, n, a) e,
+    JL_FUNCS(JL_ENUM, 0)
+#undef JL_ENUM
     F_VERSION,
     N_F
 };
 
-/* [function][0: unversioned name, 1: the versioned one]. */
-static void *jl_real[N_F][2];
-static const char *const jl_names[N_F][2] = {
-    [F_CREATE] = {"nvJitLinkCreate", "__nvJitLinkCreate_13_0"},
-    [F_DESTROY] = {"nvJitLinkDestroy", "__nvJitLinkDestroy_13_0"},
-    [F_ADD_DATA] = {"nvJitLinkAddData", "__nvJitLinkAddData_13_0"},
-    [F_ADD_FILE] = {"nvJitLinkAddFile", "__nvJitLinkAddFile_13_0"},
-    [F_COMPLETE] = {"nvJitLinkComplete", "__nvJitLinkComplete_13_0"},
-    [F_CUBIN_SIZE] = {"nvJitLinkGetLinkedCubinSize", "__nvJitLinkGetLinkedCubinSize_13_0"},
-    [F_CUBIN] = {"nvJitLinkGetLinkedCubin", "__nvJitLinkGetLinkedCubin_13_0"},
-    [F_PTX_SIZE] = {"nvJitLinkGetLinkedPtxSize", "__nvJitLinkGetLinkedPtxSize_13_0"},
-    [F_PTX] = {"nvJitLinkGetLinkedPtx", "__nvJitLinkGetLinkedPtx_13_0"},
-    [F_LTOIR_SIZE] = {"nvJitLinkGetLinkedLTOIRSize", NULL},
-    [F_LTOIR] = {"nvJitLinkGetLinkedLTOIR", NULL},
-    [F_ERR_SIZE] = {"nvJitLinkGetErrorLogSize", "__nvJitLinkGetErrorLogSize_13_0"},
-    [F_ERR] = {"nvJitLinkGetErrorLog", "__nvJitLinkGetErrorLog_13_0"},
-    [F_INFO_SIZE] = {"nvJitLinkGetInfoLogSize", "__nvJitLinkGetInfoLogSize_13_0"},
-    [F_INFO] = {"nvJitLinkGetInfoLog", "__nvJitLinkGetInfoLog_13_0"},
-    [F_VERSION] = {"nvJitLinkVersion", NULL},
+/* The releases whose nvJitLink.h has its inline functions call versioned
+ * names, __nvJitLink<Fn>_<major>_<minor>: a library exports those of every
+ * release of its major up to its own (12.9: _12_0 ... _12_9; 13.5: _13_0
+ * ... _13_5). A new release is one more entry here; one this build does
+ * not list is taken by pattern into a spare slot (jl_pattern_hook). The
+ * versioned names of one release differ from the unversioned ones only in
+ * the release whose enums the caller was built with, so a name's release
+ * is part of a link's key and the record is captured through its getters.
+ * X(release, arg). */
+#define JL_RELEASES(X, a)                                                                          \
+    X(12_0, a) X(12_1, a) X(12_2, a) X(12_3, a) X(12_4, a) X(12_5, a) X(12_6, a) X(12_7, a)       \
+        X(12_8, a) X(12_9, a) X(13_0, a) X(13_1, a) X(13_2, a) X(13_3, a) X(13_4, a) X(13_5, a)
+/* Spare slots for releases later than the table: the first N_SLOT of them a
+ * process meets get one each; names of any further one are not hooked. */
+#define JL_SLOTS(X, a) X(0, a) X(1, a) X(2, a) X(3, a)
+
+/* Name variants: 0 the unversioned name, then each release, then the slots. */
+enum {
+    JL_V_NONE = 0,
+#define JL_REL_ENUM(r, a) JL_V_##r,
+    JL_RELEASES(JL_REL_ENUM, 0)
+#undef JL_REL_ENUM
+        JL_V_SLOT0,
+    N_SLOT = 4, /* JL_SLOTS' length */
+    N_V = JL_V_SLOT0 + N_SLOT
 };
+
+/* [function][name variant]. */
+static void *jl_real[N_F][N_V];
+
+#define JL_VNAME(r, fn) "__nvJitLink" #fn "_" #r,
+#define JL_NAMES(e, fn, a) [e] = {"nvJitLink" #fn, JL_RELEASES(JL_VNAME, fn)},
+static const char *const jl_names[N_F][JL_V_SLOT0] = {
+    JL_FUNCS(JL_NAMES, 0)[F_VERSION] = {"nvJitLinkVersion"},
+};
+#undef JL_NAMES
+#undef JL_VNAME
+
+/* A slot's release ("13_6") once taken, and its names and hooks. */
+static char jl_slot_rel[N_SLOT][16];
+static char jl_slot_names[N_SLOT][N_F][64];
+static struct kc__hook jl_slot_hooks[N_SLOT][N_F];
+static int jl_slots_used;
+static pthread_mutex_t jl_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *jl_name(enum jl_fn f, int v)
+{
+    if (v < JL_V_SLOT0)
+        return jl_names[f][v];
+    int k = v - JL_V_SLOT0;
+    return k < __atomic_load_n(&jl_slots_used, __ATOMIC_ACQUIRE) && f != F_VERSION
+               ? jl_slot_names[k][f]
+               : NULL;
+}
 
 typedef nvJitLinkResult (*create_fn)(nvJitLinkHandle *, uint32_t, const char *const *);
 typedef nvJitLinkResult (*destroy_fn)(nvJitLinkHandle *);
@@ -876,44 +917,85 @@ typedef nvJitLinkResult (*size_fn)(nvJitLinkHandle, size_t *);
 typedef nvJitLinkResult (*get_fn)(nvJitLinkHandle, void *);
 typedef nvJitLinkResult (*version_fn)(unsigned *, unsigned *);
 
-/* The real function `f` under the name variant v: found when the host got
- * our wrapper through dlsym, else the next definition after us. */
+/* The real function `f` under name variant v: found when the host got our
+ * wrapper through dlsym, else the next definition after us, else in the
+ * nvJitLink some other real function came from (a host that dlopen'd it
+ * privately and never asked for this name). NULL: that library has no such
+ * name. */
 static void *jl_fn_get(enum jl_fn f, int v)
 {
     void *p = __atomic_load_n(&jl_real[f][v], __ATOMIC_ACQUIRE);
-    if (p != NULL || jl_names[f][v] == NULL)
+    const char *name = jl_name(f, v);
+    if (p != NULL || name == NULL)
         return p;
-    const struct kc__hook *h = kc__hook_find(jl_names[f][v], KC_LIB_NVJITLINK);
-    return h != NULL ? kc__hook_real(h) : NULL;
-}
-
-/* Function f of the nvJitLink the host uses, by either name, found even
- * when the host dlopen'd it privately and never asked for this one. */
-static void *jl_any(enum jl_fn f)
-{
-    void *p = jl_fn_get(f, 0);
-    if (p == NULL && jl_names[f][1] != NULL)
-        p = jl_fn_get(f, 1);
-    if (p != NULL)
+    const struct kc__hook *h = kc__hook_find(name, KC_LIB_NVJITLINK);
+    if (h != NULL && (p = kc__hook_real(h)) != NULL)
         return p;
     void *known = NULL;
     for (int g = 0; g < N_F && known == NULL; g++)
-        for (int v = 0; v < 2 && known == NULL; v++)
-            known = __atomic_load_n(&jl_real[g][v], __ATOMIC_ACQUIRE);
+        for (int w = 0; w < N_V && known == NULL; w++)
+            known = __atomic_load_n(&jl_real[g][w], __ATOMIC_ACQUIRE);
     Dl_info info;
     if (known == NULL || dladdr(known, &info) == 0 || info.dli_fname == NULL)
         return NULL;
     void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
     if (lib == NULL)
         return NULL;
-    p = kc__real_dlsym(lib, jl_names[f][0]);
+    p = kc__real_dlsym(lib, name);
     dlclose(lib);
     if (p != NULL) {
         void *expected = NULL;
-        __atomic_compare_exchange_n(&jl_real[f][0], &expected, p, false, __ATOMIC_ACQ_REL,
+        __atomic_compare_exchange_n(&jl_real[f][v], &expected, p, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
     }
     return p;
+}
+
+/* Function f of the nvJitLink the host uses, by its unversioned name. */
+static void *jl_any(enum jl_fn f)
+{
+    return jl_fn_get(f, JL_V_NONE);
+}
+
+/* Function f under the name variant v a session was created with (the
+ * release of the header its host was built with), else unversioned. */
+static void *jl_for(enum jl_fn f, int v)
+{
+    void *p = v != JL_V_NONE ? jl_fn_get(f, v) : NULL;
+    return p != NULL ? p : jl_any(f);
+}
+
+/* Splits "__nvJitLink<Fn>_<major>_<minor>" into its function and release
+ * ("13_6"). Returns false for any other name. */
+static bool jl_parse_versioned(const char *name, enum jl_fn *f, char rel[16])
+{
+    static const char pfx[] = "__nvJitLink";
+    if (strncmp(name, pfx, sizeof pfx - 1) != 0)
+        return false;
+    const char *fn = name + sizeof pfx - 1;
+    for (int g = 0; g < F_VERSION; g++) {
+        const char *base = jl_names[g][0] + strlen("nvJitLink");
+        size_t n = strlen(base);
+        if (strncmp(fn, base, n) != 0 || fn[n] != '_')
+            continue;
+        const char *r = fn + n + 1, *q = r;
+        int parts = 0;
+        while (*q != '\0') {
+            if (*q < '0' || *q > '9')
+                break;
+            while (*q >= '0' && *q <= '9')
+                q++;
+            parts++;
+            if (*q == '_' && parts == 1)
+                q++;
+        }
+        if (*q != '\0' || parts != 2 || q - r >= 16)
+            continue;
+        *f = (enum jl_fn)g;
+        memcpy(rel, r, (size_t)(q - r) + 1);
+        return true;
+    }
+    return false;
 }
 
 /* ---- nvJitLink: identity, options --------------------------------------------------- */
@@ -921,8 +1003,25 @@ static void *jl_any(enum jl_fn f)
 struct jl_identity {
     int state; /* 0 unknown, 1 known, -1 failed */
     kc_digest digest;
-    char tag[64]; /* "<major>.<minor>-<16 hex>" */
+    char tag[64];      /* "<major>.<minor>-<16 hex>" */
+    char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
 };
+
+/* kc__loaded_exports' callback: stops at the first name that is neither a
+ * function of jl_names (either name, or a versioned one of any release)
+ * nor __nvJitLinkAPI, copying it to arg. */
+static int jl_export_known(const char *name, void *arg)
+{
+    for (int f = 0; f < N_F; f++)
+        if (strcmp(jl_names[f][0], name) == 0)
+            return 0;
+    enum jl_fn f;
+    char rel[16];
+    if (strcmp(name, "__nvJitLinkAPI") == 0 || jl_parse_versioned(name, &f, rel))
+        return 0;
+    snprintf(arg, 128, "%s", name);
+    return 1;
+}
 static struct jl_identity jl_ident;
 static pthread_mutex_t jl_ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -947,6 +1046,15 @@ static const struct jl_identity *jl_identity(void *real_create)
             snprintf(jl_ident.tag, sizeof jl_ident.tag, "%u.%u-%016llx", major, minor,
                      (unsigned long long)jl_ident.digest.lo);
             state = 1;
+            /* Forward safety: an entry point this build does not know may
+             * be a getter a record could not answer. */
+            if (kc__loaded_exports(real_create, jl_export_known, jl_ident.unknown) < 0)
+                snprintf(jl_ident.unknown, sizeof jl_ident.unknown, "(its symbol table)");
+            if (jl_ident.unknown[0] != '\0')
+                kc_log(KC_LOG_INFO,
+                       "nvJitLink %u.%u exports %s, which this kcache does not know; "
+                       "its links pass through uncached",
+                       major, minor, jl_ident.unknown);
         } else {
             kc_log(KC_LOG_WARN, "cannot identify the nvJitLink library; its links are not cached");
         }
@@ -990,19 +1098,27 @@ static void jl_arch(uint32_t n, const char *const *opts, char *out, size_t len)
 
 /* ---- nvJitLink: the engine's operations --------------------------------------------- */
 
+/* The name variant a session's handle was created through (its priv). */
+static int jl_sess_v(const struct kc__link_sess *s)
+{
+    return s->priv != NULL ? *(const int *)s->priv : JL_V_NONE;
+}
+
 static int jl_add(struct kc__link_sess *s, const struct kc__link_input *in)
 {
     if (in->by_file) {
-        add_file_fn f = (add_file_fn)jl_any(F_ADD_FILE);
+        add_file_fn f = in->real ? (add_file_fn)in->real
+                                 : (add_file_fn)jl_for(F_ADD_FILE, jl_sess_v(s));
         return f ? f(s->h, in->type, in->name) : NVJITLINK_ERROR_INTERNAL;
     }
-    add_data_fn f = (add_data_fn)jl_any(F_ADD_DATA);
+    add_data_fn f =
+        in->real ? (add_data_fn)in->real : (add_data_fn)jl_for(F_ADD_DATA, jl_sess_v(s));
     return f ? f(s->h, in->type, in->data, in->size, in->name) : NVJITLINK_ERROR_INTERNAL;
 }
 
 static void jl_complete_quietly(struct kc__link_sess *s)
 {
-    complete_fn f = (complete_fn)jl_any(F_COMPLETE);
+    complete_fn f = (complete_fn)jl_for(F_COMPLETE, jl_sess_v(s));
     if (f != NULL)
         f(s->h);
 }
@@ -1090,7 +1206,7 @@ static int capture_output(nvJitLinkHandle h, size_fn sz, get_fn g, struct kc__lo
     return 0;
 }
 
-static struct kc__lrec *jl_capture(nvJitLinkHandle h, int rc)
+static struct kc__lrec *jl_capture(nvJitLinkHandle h, int rc, int v)
 {
     struct kc__lrec *r = calloc(1, sizeof *r);
     if (r == NULL)
@@ -1103,7 +1219,7 @@ static struct kc__lrec *jl_capture(nvJitLinkHandle h, int rc)
         [LOUT_INFO_LOG] = {F_INFO_SIZE, F_INFO},
     };
     for (int i = 0; i < N_LOUT; i++) {
-        if (capture_output(h, (size_fn)jl_any(pairs[i][0]), (get_fn)jl_any(pairs[i][1]),
+        if (capture_output(h, (size_fn)jl_for(pairs[i][0], v), (get_fn)jl_for(pairs[i][1], v),
                            &r->out[i]) != 0) {
             kc__lrec_free(r);
             return NULL;
@@ -1141,7 +1257,7 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     const struct jl_identity *id = jl_identity((void *)real);
     if (id == NULL)
         goto out;
-    bool cacheable = n == 0 || opts != NULL;
+    bool cacheable = (n == 0 || opts != NULL) && id->unknown[0] == '\0';
     for (uint32_t i = 0; cacheable && i < n; i++)
         if (opts[i] == NULL || jl_side_effect(opts[i]))
             cacheable = false;
@@ -1149,6 +1265,8 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     if (h == NULL)
         goto out;
     kc__hash_bytes(h, &id->digest, sizeof id->digest);
+    /* The release whose names the host calls (none: unversioned). */
+    kc__hash_str(h, v == JL_V_NONE ? NULL : jl_name(F_CREATE, v));
     kc__hash_u64(h, n);
     for (uint32_t i = 0; cacheable && i < n; i++)
         kc__hash_str(h, opts[i]);
@@ -1156,8 +1274,12 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     kc__hasher_free(h);
     char arch[32], ns[128];
     jl_arch(cacheable ? n : 0, opts, arch, sizeof arch);
-    snprintf(ns, sizeof ns, "link:%s-%s-f%d", id->tag, arch, KC_FORMAT_VERSION);
-    kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, NULL);
+    snprintf(ns, sizeof ns, "link:%.63s-%.31s-f%d", id->tag, arch, KC_FORMAT_VERSION);
+    int *sv = malloc(sizeof *sv);
+    if (sv != NULL) {
+        *sv = v;
+        kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, sv);
+    }
 out:
     kc__guard_exit();
     return rc;
@@ -1198,7 +1320,8 @@ static nvJitLinkResult do_add(int v, nvJitLinkHandle handle, nvJitLinkInputType 
     if (s == NULL)
         return real(handle, type, data, size, name);
     kc__guard_enter();
-    struct kc__link_input in = {.type = type, .name = (char *)name, .data = data, .size = size};
+    struct kc__link_input in = {
+        .type = type, .name = (char *)name, .data = data, .size = size, .real = (void *)real};
     nvJitLinkResult rc = kc__link_add(s, &in, data != NULL && size > 0 && jl_type_usual(type));
     kc__guard_exit();
     kc__link_put(s);
@@ -1224,7 +1347,7 @@ static nvJitLinkResult do_complete(int v, nvJitLinkHandle handle)
         rc = real(handle);
         uint64_t took = kc_mono_ns() - c0;
         bool cacheable = live && jl_cacheable(rc);
-        struct kc__lrec *rec = cacheable ? jl_capture(handle, rc) : NULL;
+        struct kc__lrec *rec = cacheable ? jl_capture(handle, rc, v) : NULL;
         kc__link_complete_end(s, rc, rec, cacheable, took);
     }
     if (kc__log_enabled(KC_LOG_DEBUG))
@@ -1289,31 +1412,6 @@ static nvJitLinkResult serve_get(int f, int v, int which, nvJitLinkHandle handle
     return rc;
 }
 
-/* Both names of every function: the unversioned one (v 0), which
- * cuda.bindings resolves with dlsym, and the versioned one (v 1), which
- * nvJitLink.h's inline functions call. */
-#define BOTH(name, vname, ret, params, call0, call1)                                               \
-    KC_EXPORT ret name params                                                                      \
-    {                                                                                              \
-        return call0;                                                                              \
-    }                                                                                              \
-    KC_EXPORT ret vname params                                                                     \
-    {                                                                                              \
-        return call1;                                                                              \
-    }
-
-BOTH(nvJitLinkCreate, __nvJitLinkCreate_13_0, nvJitLinkResult,
-     (nvJitLinkHandle * handle, uint32_t numOptions, const char *const *options),
-     do_create(0, handle, numOptions, options), do_create(1, handle, numOptions, options))
-BOTH(nvJitLinkDestroy, __nvJitLinkDestroy_13_0, nvJitLinkResult, (nvJitLinkHandle * handle),
-     do_destroy(0, handle), do_destroy(1, handle))
-BOTH(nvJitLinkAddData, __nvJitLinkAddData_13_0, nvJitLinkResult,
-     (nvJitLinkHandle handle, nvJitLinkInputType inputType, const void *data, size_t size,
-      const char *name),
-     do_add(0, handle, inputType, data, size, name), do_add(1, handle, inputType, data, size, name))
-BOTH(nvJitLinkComplete, __nvJitLinkComplete_13_0, nvJitLinkResult, (nvJitLinkHandle handle),
-     do_complete(0, handle), do_complete(1, handle))
-
 /* AddFile is spelled out: a NULL path must reach the real AddFile. */
 static nvJitLinkResult do_add_file(int v, nvJitLinkHandle handle, nvJitLinkInputType type,
                                    const char *path)
@@ -1325,79 +1423,111 @@ static nvJitLinkResult do_add_file(int v, nvJitLinkHandle handle, nvJitLinkInput
     if (s == NULL)
         return real(handle, type, path);
     kc__guard_enter();
-    struct kc__link_input in = {.by_file = 1, .type = type, .name = (char *)path};
+    struct kc__link_input in = {
+        .by_file = 1, .type = type, .name = (char *)path, .real = (void *)real};
     nvJitLinkResult rc = kc__link_add(s, &in, path != NULL && path[0] != 0 && jl_type_usual(type));
     kc__guard_exit();
     kc__link_put(s);
     return rc;
 }
 
-BOTH(nvJitLinkAddFile, __nvJitLinkAddFile_13_0, nvJitLinkResult,
-     (nvJitLinkHandle handle, nvJitLinkInputType inputType, const char *fileName),
-     do_add_file(0, handle, inputType, fileName), do_add_file(1, handle, inputType, fileName))
-
-#define GETTER_PAIR(Size, VSize, Get, VGet, GetT, fs, fg, which)                                   \
-    BOTH(Size, VSize, nvJitLinkResult, (nvJitLinkHandle handle, size_t * size),                    \
-         serve_size(fs, 0, which, handle, size), serve_size(fs, 1, which, handle, size))           \
-    BOTH(Get, VGet, nvJitLinkResult, (nvJitLinkHandle handle, GetT out),                           \
-         serve_get(fg, 0, which, handle, out), serve_get(fg, 1, which, handle, out))
-
-GETTER_PAIR(nvJitLinkGetLinkedCubinSize, __nvJitLinkGetLinkedCubinSize_13_0,
-            nvJitLinkGetLinkedCubin, __nvJitLinkGetLinkedCubin_13_0, void *, F_CUBIN_SIZE, F_CUBIN,
-            LOUT_CUBIN)
-GETTER_PAIR(nvJitLinkGetLinkedPtxSize, __nvJitLinkGetLinkedPtxSize_13_0, nvJitLinkGetLinkedPtx,
-            __nvJitLinkGetLinkedPtx_13_0, char *, F_PTX_SIZE, F_PTX, LOUT_PTX)
-GETTER_PAIR(nvJitLinkGetErrorLogSize, __nvJitLinkGetErrorLogSize_13_0, nvJitLinkGetErrorLog,
-            __nvJitLinkGetErrorLog_13_0, char *, F_ERR_SIZE, F_ERR, LOUT_ERROR_LOG)
-GETTER_PAIR(nvJitLinkGetInfoLogSize, __nvJitLinkGetInfoLogSize_13_0, nvJitLinkGetInfoLog,
-            __nvJitLinkGetInfoLog_13_0, char *, F_INFO_SIZE, F_INFO, LOUT_INFO_LOG)
-
-/* Newer nvJitLink (cuda.bindings resolves them by name): a served handle
- * must answer these too. Absent from this library, they are never handed
- * out (dlsym finds no real one). */
-KC_EXPORT nvJitLinkResult nvJitLinkGetLinkedLTOIRSize(nvJitLinkHandle handle, size_t *size)
-{
-    return serve_size(F_LTOIR_SIZE, 0, LOUT_LTOIR, handle, size);
-}
-
-KC_EXPORT nvJitLinkResult nvJitLinkGetLinkedLTOIR(nvJitLinkHandle handle, void *ltoir)
-{
-    return serve_get(F_LTOIR, 0, LOUT_LTOIR, handle, ltoir);
-}
-
-#define HOOK(name, f, v)                                                                           \
+/* Every name of every function: the unversioned one, which cuda.bindings
+ * resolves with dlsym, and each release's versioned one, which that
+ * release's nvJitLink.h inline functions call; a program built against any
+ * of them binds to ours. JL_WRAPPERS(qualifier, name macro, its argument,
+ * variant) defines one set. */
+#define JL_GETTERS(Q, N, r, v, G, T, fg, which)                                                    \
+    Q nvJitLinkResult N(G##Size, r)(nvJitLinkHandle handle, size_t * size)                         \
     {                                                                                              \
-#name, (void *)name, &jl_real[f][v], KC_LIB_NVJITLINK                                      \
+        return serve_size(fg##_SIZE, v, which, handle, size);                                      \
+    }                                                                                              \
+    Q nvJitLinkResult N(G, r)(nvJitLinkHandle handle, T out)                                       \
+    {                                                                                              \
+        return serve_get(fg, v, which, handle, out);                                               \
     }
+#define JL_WRAPPERS(Q, N, r, v)                                                                    \
+    Q nvJitLinkResult N(Create, r)(nvJitLinkHandle * handle, uint32_t numOptions,                  \
+                                   const char *const *options)                                     \
+    {                                                                                              \
+        return do_create(v, handle, numOptions, options);                                          \
+    }                                                                                              \
+    Q nvJitLinkResult N(Destroy, r)(nvJitLinkHandle * handle)                                      \
+    {                                                                                              \
+        return do_destroy(v, handle);                                                              \
+    }                                                                                              \
+    Q nvJitLinkResult N(AddData, r)(nvJitLinkHandle handle, nvJitLinkInputType inputType,          \
+                                    const void *data, size_t size, const char *name)               \
+    {                                                                                              \
+        return do_add(v, handle, inputType, data, size, name);                                     \
+    }                                                                                              \
+    Q nvJitLinkResult N(AddFile, r)(nvJitLinkHandle handle, nvJitLinkInputType inputType,          \
+                                    const char *fileName)                                          \
+    {                                                                                              \
+        return do_add_file(v, handle, inputType, fileName);                                        \
+    }                                                                                              \
+    Q nvJitLinkResult N(Complete, r)(nvJitLinkHandle handle)                                       \
+    {                                                                                              \
+        return do_complete(v, handle);                                                             \
+    }                                                                                              \
+    JL_GETTERS(Q, N, r, v, GetLinkedCubin, void *, F_CUBIN, LOUT_CUBIN)                            \
+    JL_GETTERS(Q, N, r, v, GetLinkedPtx, char *, F_PTX, LOUT_PTX)                                  \
+    JL_GETTERS(Q, N, r, v, GetLinkedLTOIR, void *, F_LTOIR, LOUT_LTOIR)                            \
+    JL_GETTERS(Q, N, r, v, GetErrorLog, char *, F_ERR, LOUT_ERROR_LOG)                             \
+    JL_GETTERS(Q, N, r, v, GetInfoLog, char *, F_INFO, LOUT_INFO_LOG)
+
+#define JL_PLAIN_NAME(fn, r) nvJitLink##fn
+#define JL_REL_NAME(fn, r) __nvJitLink##fn##_##r
+#define JL_SLOT_NAME(fn, k) jl_slot_##fn##_##k
+#define JL_REL_WRAPPERS(r, a) JL_WRAPPERS(KC_EXPORT, JL_REL_NAME, r, JL_V_##r)
+#define JL_SLOT_WRAPPERS(k, a) JL_WRAPPERS(static, JL_SLOT_NAME, k, JL_V_SLOT0 + k)
+JL_WRAPPERS(KC_EXPORT, JL_PLAIN_NAME, -, JL_V_NONE)
+JL_RELEASES(JL_REL_WRAPPERS, 0)
+JL_SLOTS(JL_SLOT_WRAPPERS, 0)
+
+/* The slots' wrappers, [slot][function]. */
+#define JL_SLOT_FN(e, fn, k) [e] = (void *)JL_SLOT_NAME(fn, k),
+#define JL_SLOT_ROW(k, a) [k] = {JL_FUNCS(JL_SLOT_FN, k)},
+static void *const jl_slot_fns[N_SLOT][N_F] = {JL_SLOTS(JL_SLOT_ROW, 0)};
+
+const struct kc__hook *kc__link_hook_pattern(const char *name)
+{
+    enum jl_fn f;
+    char rel[16];
+    if (name == NULL || !jl_parse_versioned(name, &f, rel))
+        return NULL;
+    pthread_mutex_lock(&jl_slot_lock);
+    int k = 0;
+    while (k < jl_slots_used && strcmp(jl_slot_rel[k], rel) != 0)
+        k++;
+    if (k == jl_slots_used && k < N_SLOT) {
+        /* A release this build does not list: its names take slot k. */
+        snprintf(jl_slot_rel[k], sizeof jl_slot_rel[k], "%s", rel);
+        for (int g = 0; g < F_VERSION; g++) {
+            snprintf(jl_slot_names[k][g], sizeof jl_slot_names[k][g], "__%s_%s", jl_names[g][0],
+                     rel);
+            jl_slot_hooks[k][g] = (struct kc__hook){jl_slot_names[k][g], jl_slot_fns[k][g],
+                                                    &jl_real[g][JL_V_SLOT0 + k], KC_LIB_NVJITLINK};
+        }
+        __atomic_store_n(&jl_slots_used, k + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&jl_slot_lock);
+    if (k == N_SLOT) {
+        kc_log_once(KC_LOG_INFO,
+                    "nvJitLink: more than %d releases later than this kcache's table; the "
+                    "names of %s pass through uncached",
+                    N_SLOT, rel);
+        return NULL;
+    }
+    return &jl_slot_hooks[k][f];
+}
+
+#define JL_PLAIN_HOOK(e, fn, a) {"nvJitLink" #fn, (void *)nvJitLink##fn, &jl_real[e][0], KC_LIB_NVJITLINK},
+#define JL_REL_HOOK(e, fn, r)                                                                      \
+    {"__nvJitLink" #fn "_" #r, (void *)JL_REL_NAME(fn, r), &jl_real[e][JL_V_##r],                \
+     KC_LIB_NVJITLINK},
+#define JL_REL_HOOKS(r, a) JL_FUNCS(JL_REL_HOOK, r)
 const struct kc__hook kc__link_hooks[] = {
-    HOOK(nvJitLinkCreate, F_CREATE, 0),
-    HOOK(__nvJitLinkCreate_13_0, F_CREATE, 1),
-    HOOK(nvJitLinkDestroy, F_DESTROY, 0),
-    HOOK(__nvJitLinkDestroy_13_0, F_DESTROY, 1),
-    HOOK(nvJitLinkAddData, F_ADD_DATA, 0),
-    HOOK(__nvJitLinkAddData_13_0, F_ADD_DATA, 1),
-    HOOK(nvJitLinkAddFile, F_ADD_FILE, 0),
-    HOOK(__nvJitLinkAddFile_13_0, F_ADD_FILE, 1),
-    HOOK(nvJitLinkComplete, F_COMPLETE, 0),
-    HOOK(__nvJitLinkComplete_13_0, F_COMPLETE, 1),
-    HOOK(nvJitLinkGetLinkedCubinSize, F_CUBIN_SIZE, 0),
-    HOOK(__nvJitLinkGetLinkedCubinSize_13_0, F_CUBIN_SIZE, 1),
-    HOOK(nvJitLinkGetLinkedCubin, F_CUBIN, 0),
-    HOOK(__nvJitLinkGetLinkedCubin_13_0, F_CUBIN, 1),
-    HOOK(nvJitLinkGetLinkedPtxSize, F_PTX_SIZE, 0),
-    HOOK(__nvJitLinkGetLinkedPtxSize_13_0, F_PTX_SIZE, 1),
-    HOOK(nvJitLinkGetLinkedPtx, F_PTX, 0),
-    HOOK(__nvJitLinkGetLinkedPtx_13_0, F_PTX, 1),
-    HOOK(nvJitLinkGetLinkedLTOIRSize, F_LTOIR_SIZE, 0),
-    HOOK(nvJitLinkGetLinkedLTOIR, F_LTOIR, 0),
-    HOOK(nvJitLinkGetErrorLogSize, F_ERR_SIZE, 0),
-    HOOK(__nvJitLinkGetErrorLogSize_13_0, F_ERR_SIZE, 1),
-    HOOK(nvJitLinkGetErrorLog, F_ERR, 0),
-    HOOK(__nvJitLinkGetErrorLog_13_0, F_ERR, 1),
-    HOOK(nvJitLinkGetInfoLogSize, F_INFO_SIZE, 0),
-    HOOK(__nvJitLinkGetInfoLogSize_13_0, F_INFO_SIZE, 1),
-    HOOK(nvJitLinkGetInfoLog, F_INFO, 0),
-    HOOK(__nvJitLinkGetInfoLog_13_0, F_INFO, 1),
+    JL_FUNCS(JL_PLAIN_HOOK, 0) JL_RELEASES(JL_REL_HOOKS, 0)
     {"nvJitLinkVersion", NULL, &jl_real[F_VERSION][0], KC_LIB_NVJITLINK},
     {NULL, NULL, NULL, 0},
 };

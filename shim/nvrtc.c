@@ -49,6 +49,10 @@ static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
 static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
 static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
 static nvrtcResult (*real_optix)(nvrtcProgram, char *);
+static nvrtcResult (*real_nvvm_size)(nvrtcProgram, size_t *); /* 11.x, 12.x */
+static nvrtcResult (*real_nvvm)(nvrtcProgram, char *);
+static nvrtcResult (*real_tileir_size)(nvrtcProgram, size_t *); /* 13.3+ */
+static nvrtcResult (*real_tileir)(nvrtcProgram, char *);
 static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
 static nvrtcResult (*real_log)(nvrtcProgram, char *);
 static nvrtcResult (*real_pch_status)(nvrtcProgram);
@@ -144,7 +148,29 @@ struct identity {
     int ready;
     kc_digest digest;
     char ns[96];
+    char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
 };
+
+/* Exports of NVRTC that are not hooks and touch no program's outputs. */
+static const char *const nvrtc_inert[] = {
+    "nvrtcGetErrorString",         "nvrtcGetNumSupportedArchs", "nvrtcGetSupportedArchs",
+    "nvrtcGetPCHHeapSize",         "nvrtcSetPCHHeapSize",       "nvrtcInstallBundledHeaders",
+    "nvrtcRemoveBundledHeaders",   "nvrtcGetBundledHeadersInfo", "__nvrtcCPEx",
+    "__nvrtcNvvmHandle",
+};
+
+/* kc__loaded_exports' callback: stops at the first export that is neither
+ * hooked nor inert, copying it to arg. */
+static int nvrtc_export_known(const char *name, void *arg)
+{
+    if (kc__hook_find(name, KC_LIB_NVRTC) != NULL)
+        return 0;
+    for (size_t i = 0; i < sizeof nvrtc_inert / sizeof *nvrtc_inert; i++)
+        if (strcmp(nvrtc_inert[i], name) == 0)
+            return 0;
+    snprintf(arg, 128, "%s", name);
+    return 1;
+}
 static struct identity ident;
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -165,6 +191,15 @@ static const struct identity *nvrtc_identity(void)
             pthread_mutex_unlock(&ident_lock);
             return NULL;
         }
+        /* Forward safety: an entry point this build does not know may be a
+         * getter a record could not answer. */
+        if (kc__loaded_exports((const void *)real_compile, nvrtc_export_known, ident.unknown) < 0)
+            snprintf(ident.unknown, sizeof ident.unknown, "(its symbol table)");
+        if (ident.unknown[0] != '\0')
+            kc_log(KC_LOG_INFO,
+                   "NVRTC %d.%d exports %s, which this kcache does not know; "
+                   "its compiles pass through uncached",
+                   major, minor, ident.unknown);
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);
@@ -455,6 +490,8 @@ static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
     capture_output(h, real_ltoir_size, real_ltoir, &r->out[OUT_LTOIR]);
     capture_output(h, real_optix_size, real_optix, &r->out[OUT_OPTIX]);
     capture_output(h, real_log_size, real_log, &r->out[OUT_LOG]);
+    capture_output(h, real_nvvm_size, real_nvvm, &r->out[OUT_NVVM]);
+    capture_output(h, real_tileir_size, real_tileir, &r->out[OUT_TILEIR]);
     r->names = calloc(p->n_exprs ? p->n_exprs : 1, sizeof *r->names);
     if (r->names == NULL)
         goto fail;
@@ -532,6 +569,10 @@ static bool resolve_getters(void)
     R(real_ltoir, "nvrtcGetLTOIR");
     R(real_optix_size, "nvrtcGetOptiXIRSize");
     R(real_optix, "nvrtcGetOptiXIR");
+    R(real_nvvm_size, "nvrtcGetNVVMSize");
+    R(real_nvvm, "nvrtcGetNVVM");
+    R(real_tileir_size, "nvrtcGetTileIRSize");
+    R(real_tileir, "nvrtcGetTileIR");
     R(real_log_size, "nvrtcGetProgramLogSize");
     R(real_log, "nvrtcGetProgramLog");
     R(real_lowered, "nvrtcGetLoweredName");
@@ -677,6 +718,17 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
     return rc;
 }
 
+/* The outputs (1 << OUT_*) whose getters the loaded NVRTC has. */
+static uint32_t nvrtc_outputs(void)
+{
+    uint32_t m = (1u << N_OUT_V3) - 1;
+    if (real_nvvm_size != NULL || real_nvvm != NULL)
+        m |= 1u << OUT_NVVM;
+    if (real_tileir_size != NULL || real_tileir != NULL)
+        m |= 1u << OUT_TILEIR;
+    return m;
+}
+
 /* Looks the request up; on a hit marks the program served, sets *rc to the
  * compile's recorded result and counts the hit. Returns whether it hit;
  * *stale (may be NULL): on a miss, whether a manifest was found that lists
@@ -710,6 +762,12 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
         return false;
     struct kc__replay *r = kc__replay_decode(body, len);
     api->free(body);
+    if (r != NULL && (r->missing & nvrtc_outputs()) != 0) {
+        /* An earlier layout's record, without a getter this NVRTC has: a
+         * miss, and the compile replaces it. */
+        kc__replay_free(r);
+        return false;
+    }
     if (r == NULL) {
         kc_log(KC_LOG_WARN, "a cached NVRTC result could not be read; recompiling");
         api->purge(st, ns, &key);
@@ -779,7 +837,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         if (options[i] == NULL || side_effect_option(options[i]))
             cacheable = false;
     kc_digest base = {0};
-    bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
+    bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0 &&
+                 nvrtc_identity()->unknown[0] == '\0';
     pthread_mutex_unlock(&progs_lock);
 
     if (p == NULL || !nvrtc_enabled()) {
@@ -963,6 +1022,14 @@ GETTERS(nvrtcGetCUBINSize, nvrtcGetCUBIN, OUT_CUBIN, real_cubin_size, real_cubin
 GETTERS(nvrtcGetLTOIRSize, nvrtcGetLTOIR, OUT_LTOIR, real_ltoir_size, real_ltoir)
 GETTERS(nvrtcGetOptiXIRSize, nvrtcGetOptiXIR, OUT_OPTIX, real_optix_size, real_optix)
 GETTERS(nvrtcGetProgramLogSize, nvrtcGetProgramLog, OUT_LOG, real_log_size, real_log)
+/* Not in this toolkit's nvrtc.h: declared as the releases that have them
+ * declare them (12.9's nvrtc.h, 13.5's). */
+nvrtcResult nvrtcGetNVVMSize(nvrtcProgram prog, size_t *nvvmSizeRet);
+nvrtcResult nvrtcGetNVVM(nvrtcProgram prog, char *nvvm);
+nvrtcResult nvrtcGetTileIRSize(nvrtcProgram prog, size_t *TileIRSizeRet);
+nvrtcResult nvrtcGetTileIR(nvrtcProgram prog, char *TileIR);
+GETTERS(nvrtcGetNVVMSize, nvrtcGetNVVM, OUT_NVVM, real_nvvm_size, real_nvvm)
+GETTERS(nvrtcGetTileIRSize, nvrtcGetTileIR, OUT_TILEIR, real_tileir_size, real_tileir)
 
 KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, const char **out)
 {
@@ -1042,6 +1109,10 @@ const struct kc__hook kc__nvrtc_hooks[] = {
     HOOK(nvrtcGetLTOIR, real_ltoir),
     HOOK(nvrtcGetOptiXIRSize, real_optix_size),
     HOOK(nvrtcGetOptiXIR, real_optix),
+    HOOK(nvrtcGetNVVMSize, real_nvvm_size),
+    HOOK(nvrtcGetNVVM, real_nvvm),
+    HOOK(nvrtcGetTileIRSize, real_tileir_size),
+    HOOK(nvrtcGetTileIR, real_tileir),
     HOOK(nvrtcGetProgramLogSize, real_log_size),
     HOOK(nvrtcGetProgramLog, real_log),
     HOOK(nvrtcGetPCHCreateStatus, real_pch_status),

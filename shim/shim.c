@@ -388,7 +388,7 @@ struct family {
     const char *name;
     size_t len;
 };
-enum { MAX_FAMILIES = 96 };
+enum { MAX_FAMILIES = 512 };
 static struct family families[MAX_FAMILIES];
 static int n_families = -1; /* -1: the table overflowed, every name may be ours */
 static pthread_once_t families_once = PTHREAD_ONCE_INIT;
@@ -421,6 +421,24 @@ static void families_init(void)
     n_families = n;
 }
 
+/* Hooks by pattern, for names no table lists ({library, prefix, finder}):
+ * versioned names of releases later than a table. */
+static const struct {
+    int lib;
+    const char *prefix;
+    const struct kc__hook *(*find)(const char *name);
+} pattern_hooks[] = {
+    {KC_LIB_NVJITLINK, "__nvJitLink", kc__link_hook_pattern},
+};
+
+static bool has_pattern_hook(const char *name)
+{
+    for (size_t i = 0; i < sizeof pattern_hooks / sizeof *pattern_hooks; i++)
+        if (strncmp(name, pattern_hooks[i].prefix, strlen(pattern_hooks[i].prefix)) == 0)
+            return true;
+    return false;
+}
+
 /* Whether `name` (asked of dlsym or cuGetProcAddress) can resolve to one of
  * our hooks or exports; if not, the real answer is the host's as it is,
  * with no dladdr (~2 us on libcuda or cuBLAS, whose hundreds of entry
@@ -430,7 +448,7 @@ bool kc__may_be_hooked(const char *name)
     if (name == NULL)
         return true;
     pthread_once(&families_once, families_init);
-    if (n_families < 0)
+    if (n_families < 0 || has_pattern_hook(name))
         return true;
     size_t len = family_len(name);
     int lo = 0, hi = n_families;
@@ -479,6 +497,10 @@ const struct kc__hook *kc__hook_find(const char *name, int lib)
             if (strcmp(h->name, name) == 0)
                 return h;
     }
+    for (size_t i = 0; i < sizeof pattern_hooks / sizeof *pattern_hooks; i++)
+        if ((lib == 0 || lib == pattern_hooks[i].lib) &&
+            strncmp(name, pattern_hooks[i].prefix, strlen(pattern_hooks[i].prefix)) == 0)
+            return pattern_hooks[i].find(name);
     return NULL;
 }
 

@@ -72,7 +72,13 @@ extern const struct kc__hook kc__driver_hooks[];
 extern const struct kc__hook kc__link_hooks[];   /* link.c: nvJitLink */
 extern const struct kc__hook kc__culink_hooks[]; /* culink.c: the driver's cuLink* */
 
-/* Finds the hook for `name` in library `lib` (0: any), or NULL. */
+/* The hook of a name no table lists but a family's pattern takes (link.c:
+ * __nvJitLink<Fn>_<major>_<minor> of a release later than its table), given
+ * one of a few spare slots on first sight; NULL for any other name. */
+const struct kc__hook *kc__link_hook_pattern(const char *name);
+
+/* Finds the hook for `name` in library `lib` (0: any), or NULL: the
+ * tables first, then the patterns. */
 const struct kc__hook *kc__hook_find(const char *name, int lib);
 
 /* Resolves *h->real if still unset: dlsym(RTLD_NEXT, name). Returns it. */

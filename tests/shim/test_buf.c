@@ -150,8 +150,8 @@ Test(codec_layout, replay_record_is_little_endian)
     r.pch_required = 0x1122334455667788ull;
     struct kc_buf b = {0};
     cr_assert_eq(kc__replay_encode(&r, &b), 0);
-    /* "KCNV" 3, then compile_rc as a little-endian i32. */
-    cr_assert(memcmp(b.p, "\x56\x4e\x43\x4b\x33\0\0\0", 8) == 0, "magic");
+    /* "KCNV" 4, then compile_rc as a little-endian i32. */
+    cr_assert(memcmp(b.p, "\x56\x4e\x43\x4b\x34\0\0\0", 8) == 0, "magic");
     cr_assert(memcmp(b.p + 8, "\xfe\xff\xff\xff", 4) == 0, "compile_rc");
     cr_assert(memcmp(b.p + 12, "\x04\x03\x02\x01", 4) == 0, "size_rc");
     cr_assert(memcmp(b.p + 16, "\x01\0\0\0", 4) == 0, "size_set");
