@@ -146,6 +146,7 @@ static void *sibling(const char *name);
 
 struct identity {
     int ready;
+    int major;
     kc_digest digest;
     char ns[96];
     char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
@@ -200,11 +201,22 @@ static const struct identity *nvrtc_identity(void)
                    "NVRTC %d.%d exports %s, which this kcache does not know; "
                    "its compiles pass through uncached",
                    major, minor, ident.unknown);
+        ident.major = major;
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);
     return &ident;
 }
+
+/* The loaded NVRTC's major version (0 when unknown). */
+static int nvrtc_major(void)
+{
+    const struct identity *id = nvrtc_identity();
+    return id != NULL ? id->major : 0;
+}
+
+/* A record's lowered_null_name_rc when the NULL name was not probed. */
+#define KC_LOWERED_NOT_PROBED (-0x4b43)
 
 /* ---- keys ------------------------------------------------------------------------- */
 
@@ -508,9 +520,15 @@ static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
     }
     const char *out = NULL;
     r->lowered_unknown_rc = real_lowered(h, "__kcache_not_a_name_expression__", &out);
-    r->lowered_null_name_rc = real_lowered(h, NULL, &out);
+    /* NVRTC 11.x throws (std::logic_error: the process aborts) on a NULL
+     * name and writes through a NULL result: never probed there, and a
+     * served program asks the real one, which does the same. */
+    bool probe = nvrtc_major() >= 12;
+    r->lowered_null_name_rc = probe ? (int)real_lowered(h, NULL, &out) : KC_LOWERED_NOT_PROBED;
     r->lowered_null_out_rc =
-        real_lowered(h, p->n_exprs ? p->exprs[0] : "__kcache_not_a_name_expression__", NULL);
+        probe ? (int)real_lowered(
+                    h, p->n_exprs ? p->exprs[0] : "__kcache_not_a_name_expression__", NULL)
+              : KC_LOWERED_NOT_PROBED;
     r->pch_status_rc = real_pch_status ? real_pch_status(h) : NVRTC_ERROR_INTERNAL_ERROR;
     if (real_pch_required != NULL) {
         size_t n = (size_t)0x5a5a5a5a5a5a5a5aull;
@@ -1042,7 +1060,11 @@ KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, c
     }
     const struct kc__replay *r = p->served;
     nvrtcResult rc;
-    if (expr == NULL) {
+    if ((expr == NULL && r->lowered_null_name_rc == KC_LOWERED_NOT_PROBED) ||
+        (expr != NULL && out == NULL && r->lowered_null_out_rc == KC_LOWERED_NOT_PROBED)) {
+        pthread_mutex_unlock(&progs_lock);
+        return real_lowered(prog, expr, out);
+    } else if (expr == NULL) {
         rc = r->lowered_null_name_rc;
     } else if (out == NULL) {
         rc = r->lowered_null_out_rc;
