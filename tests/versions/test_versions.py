@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""The version matrix (suite 'versions'): NVRTC 11.8, 12.9, 13.5 and
+nvJitLink 12.9, 13.5 from their pip wheels (scripts/setup-wheels puts each
+in .venv-wheels/<release>/), besides the toolkit's 13.0.
+
+Usage: test_versions.py TEST
+  nvrtc    for each NVRTC release: ver_client built against that release's
+           nvrtc.h and library, every getter the release declares (NVVM on
+           11.x/12.x, LTO-IR/OptiX/PCH from 12.0, Tile IR from 13.3) with
+           logs, errors, name expressions and headers, without kcache, cold
+           and warm: identical dumps; warm serves every cacheable compile.
+           Each getter a release lacks is named in the dump as skipped.
+  link     for each nvJitLink release: the same through the versioned
+           names its header has a program call (__nvJitLink*_12_9,
+           _13_5), linked directly and through dlsym: identical dumps and
+           cubins, warm all hits
+  flight   4 processes at once on an empty store (NVRTC 13.5): identical
+           dumps, each distinct compile made once
+
+Environment (tests/versions/meson.build): KCACHE_SHIM, KCACHE_SRC,
+KCACHE_TEST_CC, KCACHE_TEST_CLIENT_SRC, KCACHE_TEST_TOOLKIT.
+"""
+import filecmp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
+SHIM = os.environ["KCACHE_SHIM"]
+SRC = os.environ["KCACHE_SRC"]
+CC = os.environ.get("KCACHE_TEST_CC", "cc")
+CLIENT = os.environ.get("KCACHE_TEST_CLIENT_SRC",
+                        os.path.join(SRC, "tests", "versions", "ver_client.c"))
+TOOLKIT = os.environ.get("KCACHE_TEST_TOOLKIT", "/usr/local/cuda")
+WHEELS = os.environ.get("KCACHE_WHEELS", os.path.join(SRC, ".venv-wheels"))
+
+# release -> (include dir, lib dir, soname) of each library.
+def nvrtc_of(rel):
+    if rel == "13.0":
+        return TOOLKIT + "/include", TOOLKIT + "/lib64", "libnvrtc.so.13"
+    sub = "cu13" if rel.startswith("13") else "cuda_nvrtc"
+    d = os.path.join(WHEELS, "nvrtc-" + rel, "nvidia", sub)
+    so = {"11.8": "libnvrtc.so.11.2", "12.9": "libnvrtc.so.12"}.get(rel, "libnvrtc.so.13")
+    return d + "/include", d + "/lib", so
+
+
+def jitlink_of(rel):
+    if rel == "13.0":
+        return TOOLKIT + "/include", TOOLKIT + "/lib64", "libnvJitLink.so.13"
+    sub = "cu13" if rel.startswith("13") else "nvjitlink"
+    d = os.path.join(WHEELS, "nvjitlink-" + rel, "nvidia", sub)
+    return d + "/include", d + "/lib", "libnvJitLink.so." + rel.split(".")[0]
+
+
+NVRTC_RELEASES = ["11.8", "12.9", "13.0", "13.5"]
+LINK_RELEASES = ["12.9", "13.0", "13.5"]
+STATS_RE = r"%s hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+) errors=(\d+)"
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+    print("ok: " + msg, flush=True)
+
+
+def need(path, what):
+    if not os.path.exists(path):
+        raise Failure("%s: %s is missing (scripts/setup installs it)" % (what, path))
+
+
+def build(tmp, name, rel, jitlink=False, dlsym=False):
+    """ver_client against release rel's headers and libraries."""
+    inc, lib, so = nvrtc_of(rel)
+    need(os.path.join(lib, so), "NVRTC " + rel)
+    major, minor = rel.split(".")
+    args = [CC, "-O1", "-Wall", "-Werror", "-Wno-deprecated-declarations",
+            "-DKC_REL_MAJOR=" + major, "-DKC_REL_MINOR=" + minor]
+    libs = ["-L" + lib, "-l:" + so]
+    rpath = [lib]
+    if jitlink:
+        jinc, jlib, jso = jitlink_of(rel)
+        need(os.path.join(jlib, jso), "nvJitLink " + rel)
+        args += ["-DKC_JITLINK", "-I" + jinc]
+        if dlsym:
+            args += ["-DKC_DLSYM", '-DKC_JL_SONAME="%s"' % jso]
+        else:
+            libs += ["-L" + jlib, "-l:" + jso]
+        rpath.append(jlib)
+    out = os.path.join(tmp, name)
+    args += ["-I" + inc, "-o", out, CLIENT] + libs + ["-Wl,-rpath," + ":".join(rpath), "-ldl"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise Failure("cannot build %s:\n%s" % (name, p.stderr[-3000:]))
+    return out
+
+
+def run(argv, store=None, timeout=280):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    if store is not None:
+        env.update(KCACHE_DIR=store, KCACHE_STATS="1", LD_PRELOAD=SHIM)
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise Failure("%s exited %d:\n%s" % (" ".join(argv), p.returncode, p.stderr[-3000:]))
+    return p.stderr
+
+
+def stats(err, backend):
+    m = re.search(STATS_RE % backend, err)
+    if m is None:
+        raise Failure("no %s stats on stderr (the calls were not intercepted): %r"
+                      % (backend, err[-800:]))
+    return tuple(int(x) for x in m.groups())
+
+
+def warnings(err):
+    return [l for l in err.splitlines() if l.startswith("kcache:") and "stats:" not in l]
+
+
+def same(a, b, label):
+    ta, tb = open(a).read(), open(b).read()
+    if ta == tb:
+        return
+    for x, y in zip(ta.splitlines(), tb.splitlines()):
+        if x != y:
+            raise Failure("%s differs from the library's own:\n  %s\n  %s" % (label, x, y))
+    raise Failure("%s differs in length" % label)
+
+
+# ---- tests ---------------------------------------------------------------------------
+
+# The NVRTC cases (ver_client run_nvrtc): bad_option's error is never cached.
+N_NVRTC = {"11.8": 8, "12.9": 8, "13.0": 8, "13.5": 9}
+
+
+def t_nvrtc(tmp):
+    for rel in NVRTC_RELEASES:
+        exe = build(tmp, "nvrtc-" + rel, rel)
+        ref = os.path.join(tmp, "ref-%s.txt" % rel)
+        run([exe, "nvrtc", ref])
+        text = open(ref).read()
+        check(text.startswith("version " + rel), "NVRTC %s: the client loads that release" % rel)
+        skips = sorted(set(re.findall(r"^skipped: (\S+)", text, re.M)))
+        print("  %s skips by name: %s" % (rel, ", ".join(skips) or "nothing"), flush=True)
+        if rel in ("11.8", "12.9"):
+            check(re.search(r"@dlto(?:.|\n)*?nvvm: size rc=0 size=[1-9]", text) is not None,
+                  "NVRTC %s: -dlto has NVVM to get" % rel)
+        if rel == "13.5":
+            check(re.search(r"@tile(?:.|\n)*?tileir: size rc=0 size=[1-9]", text) is not None,
+                  "NVRTC 13.5: --enable-tile has Tile IR to get")
+        store = os.path.join(tmp, "store-" + rel)
+        n = N_NVRTC[rel]
+        for label in ("cold", "warm"):
+            got = os.path.join(tmp, "%s-%s.txt" % (label, rel))
+            err = run([exe, "nvrtc", got], store)
+            same(ref, got, "NVRTC %s %s" % (rel, label))
+            h, m, p, s, e = stats(err, "nvrtc")
+            if label == "cold":
+                check((h, m, p, s, e) == (0, n, 0, n - 1, 0),
+                      "NVRTC %s cold: identical to NVRTC's own, %d misses (%s)"
+                      % (rel, n, (h, m, p, s, e)))
+            else:
+                check((h, m, p, e) == (n - 1, 1, 0, 0),
+                      "NVRTC %s warm: identical, every cacheable compile served (%s)"
+                      % (rel, (h, m, p, s, e)))
+            check(not warnings(err), "NVRTC %s %s: no warning %s" % (rel, label, warnings(err)))
+
+
+N_LINK = 5
+
+
+def t_link(tmp):
+    for rel in LINK_RELEASES:
+        d = os.path.join(tmp, "in-" + rel)
+        os.makedirs(d)
+        modes = ["linked", "dlsym"]
+        for mode in modes:
+            exe = build(tmp, "link-%s-%s" % (rel, mode), rel, jitlink=True,
+                        dlsym=mode == "dlsym")
+            if mode == "linked":
+                run([exe, "gen", d])
+                nm = subprocess.run(["nm", "-D", exe], capture_output=True, text=True).stdout
+                want = "__nvJitLinkCreate_" + rel.replace(".", "_")
+                check(want in nm, "nvJitLink %s: the header has the program call %s" % (rel, want))
+            ref = os.path.join(tmp, "ref.txt")
+            run([exe, "link", d, ref])
+            outs = sorted(f for f in os.listdir(d) if f.startswith("out-"))
+            refd = os.path.join(tmp, "ref-out")
+            os.makedirs(refd)
+            for f in outs:
+                os.rename(os.path.join(d, f), os.path.join(refd, f))
+            check(len(outs) >= 3, "nvJitLink %s %s: %d cubins" % (rel, mode, len(outs)))
+            store = os.path.join(tmp, "store-%s-%s" % (rel, mode))
+            for label in ("cold", "warm"):
+                got = os.path.join(tmp, "got.txt")
+                err = run([exe, "link", d, got], store)
+                same(ref, got, "nvJitLink %s %s %s" % (rel, mode, label))
+                for f in outs:
+                    check(filecmp.cmp(os.path.join(refd, f), os.path.join(d, f), shallow=False),
+                          "nvJitLink %s %s %s: %s byte-identical" % (rel, mode, label, f))
+                    os.unlink(os.path.join(d, f))
+                h, m, p, s, e = stats(err, "link")
+                want = (0, N_LINK, 0, N_LINK, 0) if label == "cold" else (N_LINK, 0, 0, 0, 0)
+                got_t = (h, m, p, s, e) if label == "cold" else (h, m, p, 0, e)
+                check(got_t == want, "nvJitLink %s %s %s: %s (%s)"
+                      % (rel, mode, label, "every link missed and stored" if label == "cold"
+                         else "every link served", (h, m, p, s, e)))
+                check(not warnings(err), "no warning %s" % warnings(err))
+            for f in outs:
+                os.unlink(os.path.join(refd, f))
+            os.rmdir(refd)
+
+
+def t_flight(tmp):
+    rel = "13.5"
+    exe = build(tmp, "nvrtc-" + rel, rel)
+    ref = os.path.join(tmp, "ref.txt")
+    run([exe, "nvrtc", ref])
+    store = os.path.join(tmp, "store")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    env.update(KCACHE_DIR=store, KCACHE_STATS="1", LD_PRELOAD=SHIM)
+    procs = [subprocess.Popen([exe, "nvrtc", os.path.join(tmp, "p%d.txt" % i)], env=env,
+                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    misses = hits = 0
+    for i, p in enumerate(procs):
+        _, err = p.communicate(timeout=280)
+        check(p.returncode == 0, "process %d exited 0" % i)
+        same(ref, os.path.join(tmp, "p%d.txt" % i), "process %d" % i)
+        h, m, _, _, e = stats(err, "nvrtc")
+        check(e == 0, "process %d: no error" % i)
+        hits += h
+        misses += m
+    n = N_NVRTC[rel]
+    # bad_option is compiled by each (never cached): 4; the rest once.
+    check(misses == (n - 1) + 4 and hits == 3 * (n - 1),
+          "single flight: each distinct compile made once (%d misses, %d hits)" % (misses, hits))
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "flight"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="kcache-versions-")
+    try:
+        globals()["t_" + sys.argv[1]](tmp)
+        return 0
+    except Failure as e:
+        print("FAIL: %s" % e, flush=True)
+        return 1
+    finally:
+        rm_settled(tmp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
