@@ -14,6 +14,10 @@ Usage: test_versions.py TEST
            names its header has a program call (__nvJitLink*_12_9,
            _13_5), linked directly and through dlsym: identical dumps and
            cubins, warm all hits
+  future   a release later than kcache's table (a stand-in library,
+           future_jitlink.c, exporting __nvJitLink*_13_9 over 13.5's):
+           its names are hooked by pattern, warm all hits; with one more
+           entry point kcache does not know, every link passes through
   flight   4 processes at once on an empty store (NVRTC 13.5): identical
            dumps, each distinct compile made once
 
@@ -219,6 +223,65 @@ def t_link(tmp):
             os.rmdir(refd)
 
 
+def build_future(tmp, extra):
+    jinc, jlib, jso = jitlink_of("13.5")
+    need(os.path.join(jlib, jso), "nvJitLink 13.5")
+    out = os.path.join(tmp, "libnvJitLink_future%s.so" % ("x" if extra else ""))
+    args = [CC, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-DKC_FUTURE=_13_9",
+            "-I" + jinc, "-o", out, os.path.join(os.path.dirname(CLIENT), "future_jitlink.c"),
+            "-L" + jlib, "-l:" + jso, "-Wl,-rpath," + jlib]
+    if extra:
+        args.insert(1, "-DKC_FUTURE_EXTRA")
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise Failure("cannot build %s:\n%s" % (out, p.stderr[-3000:]))
+    return out
+
+
+def t_future(tmp):
+    d = os.path.join(tmp, "in")
+    os.makedirs(d)
+    gen = build(tmp, "gen", "13.5", jitlink=True)
+    run([gen, "gen", d])
+    for extra in (False, True):
+        lib = build_future(tmp, extra)
+        # The client of release 13.9: dlsym of __nvJitLink*_13_9 in lib.
+        inc, nlib, so = nvrtc_of("13.5")
+        jinc, _, _ = jitlink_of("13.5")
+        exe = os.path.join(tmp, "future-client")
+        args = [CC, "-O1", "-Wall", "-Werror", "-DKC_REL_MAJOR=13", "-DKC_REL_MINOR=9",
+                "-DKC_JITLINK", "-DKC_DLSYM", '-DKC_JL_SONAME="%s"' % lib, "-I" + jinc,
+                "-I" + inc, "-o", exe, CLIENT, "-L" + nlib, "-l:" + so,
+                "-Wl,-rpath," + nlib, "-ldl"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise Failure("cannot build the 13.9 client:\n" + p.stderr[-3000:])
+        ref = os.path.join(tmp, "ref.txt")
+        run([exe, "link", d, ref])
+        store = os.path.join(tmp, "store-%d" % extra)
+        what = "with an unknown entry point" if extra else "13.9"
+        for label in ("cold", "warm"):
+            got = os.path.join(tmp, "got.txt")
+            err = run([exe, "link", d, got], store)
+            same(ref, got, "release %s %s" % (what, label))
+            h, m, p_, s, e = stats(err, "link")
+            if extra:
+                check((h, m, p_, e) == (0, 0, N_LINK, 0),
+                      "%s %s: identical, every link passes through (%s)"
+                      % (what, label, (h, m, p_, s, e)))
+            elif label == "cold":
+                check((h, m, p_, s, e) == (0, N_LINK, 0, N_LINK, 0),
+                      "release 13.9 cold: identical, its versioned names hooked by pattern "
+                      "(%s)" % ((h, m, p_, s, e),))
+            else:
+                check((h, m, p_, e) == (N_LINK, 0, 0, 0),
+                      "release 13.9 warm: identical, every link served (%s)"
+                      % ((h, m, p_, s, e),))
+        for f in os.listdir(d):
+            if f.startswith("out-"):
+                os.unlink(os.path.join(d, f))
+
+
 def t_flight(tmp):
     rel = "13.5"
     exe = build(tmp, "nvrtc-" + rel, rel)
@@ -246,7 +309,7 @@ def t_flight(tmp):
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "flight"):
+    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")
