@@ -408,7 +408,7 @@ int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, c
 
 /* The number of dynamic symbols, from DT_HASH's nchain or by walking
  * DT_GNU_HASH's chains to their last entry; 0 when neither is there. */
-static size_t dynsym_count(const ElfW(Word) *hash, const uint32_t *gnu)
+static size_t dynsym_count(const ElfW(Word) * hash, const uint32_t *gnu)
 {
     if (hash != NULL)
         return hash[1];

@@ -827,28 +827,28 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
 
 /* Every function of nvJitLink the shim knows: X(enum, name after "nvJitLink").
  * F_VERSION has no versioned names. */
-#define JL_FUNCS(X, a)                                                                                \
-    X(F_CREATE, Create, a)                                                                            \
-    X(F_DESTROY, Destroy, a)                                                                          \
-    X(F_ADD_DATA, AddData, a)                                                                         \
-    X(F_ADD_FILE, AddFile, a)                                                                         \
-    X(F_COMPLETE, Complete, a)                                                                        \
-    X(F_CUBIN_SIZE, GetLinkedCubinSize, a)                                                            \
-    X(F_CUBIN, GetLinkedCubin, a)                                                                     \
-    X(F_PTX_SIZE, GetLinkedPtxSize, a)                                                                \
-    X(F_PTX, GetLinkedPtx, a)                                                                         \
-    X(F_LTOIR_SIZE, GetLinkedLTOIRSize, a)                                                            \
-    X(F_LTOIR, GetLinkedLTOIR, a)                                                                     \
-    X(F_ERR_SIZE, GetErrorLogSize, a)                                                                 \
-    X(F_ERR, GetErrorLog, a)                                                                          \
-    X(F_INFO_SIZE, GetInfoLogSize, a)                                                                 \
+#define JL_FUNCS(X, a)                                                                             \
+    X(F_CREATE, Create, a)                                                                         \
+    X(F_DESTROY, Destroy, a)                                                                       \
+    X(F_ADD_DATA, AddData, a)                                                                      \
+    X(F_ADD_FILE, AddFile, a)                                                                      \
+    X(F_COMPLETE, Complete, a)                                                                     \
+    X(F_CUBIN_SIZE, GetLinkedCubinSize, a)                                                         \
+    X(F_CUBIN, GetLinkedCubin, a)                                                                  \
+    X(F_PTX_SIZE, GetLinkedPtxSize, a)                                                             \
+    X(F_PTX, GetLinkedPtx, a)                                                                      \
+    X(F_LTOIR_SIZE, GetLinkedLTOIRSize, a)                                                         \
+    X(F_LTOIR, GetLinkedLTOIR, a)                                                                  \
+    X(F_ERR_SIZE, GetErrorLogSize, a)                                                              \
+    X(F_ERR, GetErrorLog, a)                                                                       \
+    X(F_INFO_SIZE, GetInfoLogSize, a)                                                              \
     X(F_INFO, GetInfoLog, a)
 
 enum jl_fn {
 #define JL_ENUM(e, n, a) e,
     JL_FUNCS(JL_ENUM, 0)
 #undef JL_ENUM
-    F_VERSION,
+        F_VERSION,
     N_F
 };
 
@@ -862,8 +862,22 @@ enum jl_fn {
  * is part of a link's key and the record is captured through its getters.
  * X(release, arg). */
 #define JL_RELEASES(X, a)                                                                          \
-    X(12_0, a) X(12_1, a) X(12_2, a) X(12_3, a) X(12_4, a) X(12_5, a) X(12_6, a) X(12_7, a)       \
-        X(12_8, a) X(12_9, a) X(13_0, a) X(13_1, a) X(13_2, a) X(13_3, a) X(13_4, a) X(13_5, a)
+    X(12_0, a)                                                                                     \
+    X(12_1, a)                                                                                     \
+    X(12_2, a)                                                                                     \
+    X(12_3, a)                                                                                     \
+    X(12_4, a)                                                                                     \
+    X(12_5, a)                                                                                     \
+    X(12_6, a)                                                                                     \
+    X(12_7, a)                                                                                     \
+    X(12_8, a)                                                                                     \
+    X(12_9, a)                                                                                     \
+    X(13_0, a)                                                                                     \
+    X(13_1, a)                                                                                     \
+    X(13_2, a)                                                                                     \
+    X(13_3, a)                                                                                     \
+    X(13_4, a)                                                                                     \
+    X(13_5, a)
 /* Spare slots for releases later than the table: the first N_SLOT of them a
  * process meets get one each; names of any further one are not hooked. */
 #define JL_SLOTS(X, a) X(0, a) X(1, a) X(2, a) X(3, a)
@@ -1107,8 +1121,8 @@ static int jl_sess_v(const struct kc__link_sess *s)
 static int jl_add(struct kc__link_sess *s, const struct kc__link_input *in)
 {
     if (in->by_file) {
-        add_file_fn f = in->real ? (add_file_fn)in->real
-                                 : (add_file_fn)jl_for(F_ADD_FILE, jl_sess_v(s));
+        add_file_fn f =
+            in->real ? (add_file_fn)in->real : (add_file_fn)jl_for(F_ADD_FILE, jl_sess_v(s));
         return f ? f(s->h, in->type, in->name) : NVJITLINK_ERROR_INTERNAL;
     }
     add_data_fn f =
@@ -1521,13 +1535,13 @@ const struct kc__hook *kc__link_hook_pattern(const char *name)
     return &jl_slot_hooks[k][f];
 }
 
-#define JL_PLAIN_HOOK(e, fn, a) {"nvJitLink" #fn, (void *)nvJitLink##fn, &jl_real[e][0], KC_LIB_NVJITLINK},
+#define JL_PLAIN_HOOK(e, fn, a)                                                                    \
+    {"nvJitLink" #fn, (void *)nvJitLink##fn, &jl_real[e][0], KC_LIB_NVJITLINK},
 #define JL_REL_HOOK(e, fn, r)                                                                      \
-    {"__nvJitLink" #fn "_" #r, (void *)JL_REL_NAME(fn, r), &jl_real[e][JL_V_##r],                \
-     KC_LIB_NVJITLINK},
+    {"__nvJitLink" #fn "_" #r, (void *)JL_REL_NAME(fn, r), &jl_real[e][JL_V_##r], KC_LIB_NVJITLINK},
 #define JL_REL_HOOKS(r, a) JL_FUNCS(JL_REL_HOOK, r)
 const struct kc__hook kc__link_hooks[] = {
-    JL_FUNCS(JL_PLAIN_HOOK, 0) JL_RELEASES(JL_REL_HOOKS, 0)
-    {"nvJitLinkVersion", NULL, &jl_real[F_VERSION][0], KC_LIB_NVJITLINK},
+    JL_FUNCS(JL_PLAIN_HOOK, 0) JL_RELEASES(JL_REL_HOOKS, 0){
+        "nvJitLinkVersion", NULL, &jl_real[F_VERSION][0], KC_LIB_NVJITLINK},
     {NULL, NULL, NULL, 0},
 };

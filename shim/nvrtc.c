@@ -154,9 +154,9 @@ struct identity {
 
 /* Exports of NVRTC that are not hooks and touch no program's outputs. */
 static const char *const nvrtc_inert[] = {
-    "nvrtcGetErrorString",         "nvrtcGetNumSupportedArchs", "nvrtcGetSupportedArchs",
-    "nvrtcGetPCHHeapSize",         "nvrtcSetPCHHeapSize",       "nvrtcInstallBundledHeaders",
-    "nvrtcRemoveBundledHeaders",   "nvrtcGetBundledHeadersInfo", "__nvrtcCPEx",
+    "nvrtcGetErrorString",       "nvrtcGetNumSupportedArchs",  "nvrtcGetSupportedArchs",
+    "nvrtcGetPCHHeapSize",       "nvrtcSetPCHHeapSize",        "nvrtcInstallBundledHeaders",
+    "nvrtcRemoveBundledHeaders", "nvrtcGetBundledHeadersInfo", "__nvrtcCPEx",
     "__nvrtcNvvmHandle",
 };
 
@@ -526,8 +526,8 @@ static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
     bool probe = nvrtc_major() >= 12;
     r->lowered_null_name_rc = probe ? (int)real_lowered(h, NULL, &out) : KC_LOWERED_NOT_PROBED;
     r->lowered_null_out_rc =
-        probe ? (int)real_lowered(
-                    h, p->n_exprs ? p->exprs[0] : "__kcache_not_a_name_expression__", NULL)
+        probe ? (int)real_lowered(h, p->n_exprs ? p->exprs[0] : "__kcache_not_a_name_expression__",
+                                  NULL)
               : KC_LOWERED_NOT_PROBED;
     r->pch_status_rc = real_pch_status ? real_pch_status(h) : NVRTC_ERROR_INTERNAL_ERROR;
     if (real_pch_required != NULL) {

@@ -296,9 +296,14 @@ def t_multiproc(tmp):
         for k, v in enumerate(stats(err)):
             total[k] += v
     h, m, pt, s, e = total
-    check(m == N_DISTINCT and s == N_DISTINCT, "8 processes at once: %d links in all = the distinct "
-          "links (%s)" % (m, total))
-    check(h == 8 * N_SCENS - N_DISTINCT and pt == 0 and e == 0, "the rest were served (%s)" % total)
+    # The linked client calls __nvJitLink*_13_0, the dlopen'd one the
+    # unversioned names: the name a link is made through is part of its key
+    # (a release's versioned entry points may answer in that release's
+    # codes), so each distinct link is made once per name variant.
+    n = 2 * N_DISTINCT
+    check(m == n and s == n, "8 processes at once: %d links in all = the distinct links of the "
+          "two name variants (%s)" % (m, total))
+    check(h == 8 * N_SCENS - n and pt == 0 and e == 0, "the rest were served (%s)" % total)
 
 
 def t_switch(tmp):
