@@ -219,3 +219,29 @@ Test(codec_layout, previous_magics_are_refused)
     cr_assert_null(kc__manifest_decode(b.p, b.len));
     kc_buf_free(&b);
 }
+
+/* A record of layout 3 ("KCNV" 3: five outputs, no NVVM or Tile IR) is
+ * still read, and says which outputs it lacks. */
+Test(codec_layout, layout_3_is_read_with_its_missing_outputs)
+{
+    struct kc__replay r = {0};
+    r.compile_rc = 6;
+    r.lowered_unknown_rc = 7;
+    struct kc_buf b = {0};
+    cr_assert_eq(kc__replay_encode(&r, &b), 0);
+    /* Every output empty: 36 bytes each after magic and compile_rc. */
+    size_t at = 12 + (size_t)N_OUT_V3 * 36, cut = (size_t)(N_OUT - N_OUT_V3) * 36;
+    memmove(b.p + at, b.p + at + cut, b.len - at - cut);
+    b.len -= cut;
+    b.p[4] = 0x33;
+    struct kc__replay *back = kc__replay_decode(b.p, b.len);
+    cr_assert_not_null(back);
+    cr_assert_eq(back->compile_rc, 6);
+    cr_assert_eq(back->lowered_unknown_rc, 7);
+    cr_assert_eq(back->missing, (1u << OUT_NVVM) | (1u << OUT_TILEIR));
+    kc__replay_free(back);
+    /* The same bytes as layout 4 are no record. */
+    b.p[4] = 0x34;
+    cr_assert_null(kc__replay_decode(b.p, b.len));
+    kc_buf_free(&b);
+}
