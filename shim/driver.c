@@ -81,6 +81,8 @@ static void *cuda_handle(void)
         any = __atomic_load_n(k->real, __ATOMIC_ACQUIRE);
     if (!any)
         any = kc__real_dlsym(RTLD_NEXT, "cuInit");
+    if (!any) /* loaded RTLD_LOCAL by a library linked against it */
+        any = kc__lib_real(KC_LIB_CUDA, "cuInit");
     Dl_info di;
     if (!any || !dladdr(any, &di) || !di.dli_fname)
         return NULL;

@@ -504,13 +504,122 @@ const struct kc__hook *kc__hook_find(const char *name, int lib)
     return NULL;
 }
 
+/* ---- the real libraries ------------------------------------------------ */
+
+/* Per library kind (KC_LIB_*): the loaded object the real functions come
+ * from once one is known (its load base, and one of its functions to find
+ * it again), and a handle on it. Every real pointer of one kind comes from
+ * this one object, so two copies of a library (a wheel's and the
+ * toolkit's) never mix their state: a second copy's functions are handed
+ * to the host untouched. */
+static void *lib_base[4], *lib_any[4], *lib_handle[4];
+
+static bool lib_kind_ok(int lib)
+{
+    return lib > 0 && lib < 4;
+}
+
+/* Takes the object `info` describes as kind `lib`'s, if none is yet.
+ * Whether it is (now) the one. */
+static bool lib_adopt(int lib, const Dl_info *info, void *fn)
+{
+    if (!lib_kind_ok(lib) || info->dli_fbase == NULL)
+        return true;
+    void *expected = NULL;
+    if (__atomic_compare_exchange_n(&lib_base[lib], &expected, info->dli_fbase, false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&lib_any[lib], fn, __ATOMIC_RELEASE);
+        return true;
+    }
+    return expected == info->dli_fbase;
+}
+
+/* A handle on kind `lib`'s object, once adopted (kept open: the real
+ * pointers we hold must stay valid). */
+static void *lib_open(int lib)
+{
+    void *h = __atomic_load_n(&lib_handle[lib], __ATOMIC_ACQUIRE);
+    if (h != NULL)
+        return h;
+    void *any = __atomic_load_n(&lib_any[lib], __ATOMIC_ACQUIRE);
+    Dl_info info;
+    if (any == NULL || dladdr(any, &info) == 0 || info.dli_fname == NULL)
+        return NULL;
+    h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (h == NULL)
+        return NULL;
+    void *expected = NULL;
+    if (!__atomic_compare_exchange_n(&lib_handle[lib], &expected, h, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        dlclose(h); /* another thread's handle on the same object */
+    return __atomic_load_n(&lib_handle[lib], __ATOMIC_ACQUIRE);
+}
+
+static int classify_info(const Dl_info *info);
+static struct link_map *map_of(const void *addr);
+static void *self_base(void);
+
+/* `name` in the first loaded object of kind `lib` that defines it, in
+ * link-map order: libraries loaded RTLD_LOCAL (an extension module's
+ * libcuda, a wheel's NVRTC) are in no scope we can search by name. */
+static void *lib_scan(int lib, const char *name)
+{
+    struct link_map *m = map_of((const void *)lib_scan);
+    if (m == NULL)
+        return NULL;
+    while (m->l_prev != NULL)
+        m = m->l_prev;
+    for (; m != NULL; m = m->l_next) {
+        if (m->l_name == NULL || m->l_name[0] == '\0' || (void *)m->l_addr == self_base())
+            continue;
+        Dl_info info = {.dli_fname = m->l_name};
+        if (classify_info(&info) != lib)
+            continue;
+        void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL)
+            continue;
+        void *p = kc__real_dlsym(h, name);
+        dlclose(h);
+        if (p != NULL && map_of(p) == m)
+            return p;
+    }
+    return NULL;
+}
+
+void *kc__lib_real(int lib, const char *name)
+{
+    if (!lib_kind_ok(lib) || name == NULL)
+        return NULL;
+    if (__atomic_load_n(&lib_base[lib], __ATOMIC_ACQUIRE) == NULL) {
+        void *p = lib_scan(lib, name);
+        Dl_info info;
+        if (p == NULL || dladdr(p, &info) == 0)
+            return NULL;
+        if (lib_adopt(lib, &info, p))
+            return p;
+    }
+    void *h = lib_open(lib);
+    return h != NULL ? kc__real_dlsym(h, name) : NULL;
+}
+
 void *kc__hook_real(const struct kc__hook *h)
 {
     void *p = __atomic_load_n(h->real, __ATOMIC_ACQUIRE);
     if (p != NULL)
         return p;
-    /* Linked directly: the real library follows us in the global scope. */
+    /* Linked directly and loaded globally: the real library (or another
+     * interposer, which then calls it) follows us in the global scope. A
+     * copy of the library other than the one adopted is not used. */
     p = kc__real_dlsym(RTLD_NEXT, h->name);
+    Dl_info info;
+    if (p != NULL && dladdr(p, &info) != 0 && classify_info(&info) == h->lib &&
+        !lib_adopt(h->lib, &info, p))
+        p = NULL;
+    /* A library loaded RTLD_LOCAL (Python's extension modules, ctypes)
+     * that links the real one binds to our export: the real one is then in
+     * no global scope, but loaded. */
+    if (p == NULL)
+        p = kc__lib_real(h->lib, h->name);
     if (p != NULL) {
         void *expected = NULL;
         __atomic_compare_exchange_n(h->real, &expected, p, false, __ATOMIC_ACQ_REL,
@@ -546,6 +655,10 @@ static void *swap_info(const char *asked, void *fn, const Dl_info *info)
         return fn;
     const struct kc_config *cfg = kc__config();
     if (cfg->disable)
+        return fn;
+    /* A second copy of the library: our wrappers forward to the first one
+     * found, so hand this one out untouched. */
+    if (!lib_adopt(lib, info, fn))
         return fn;
     void *expected = NULL;
     __atomic_compare_exchange_n(h->real, &expected, fn, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -585,7 +698,7 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
         const struct kc__hook *h = kc__hook_find(name, 0);
         if (h == NULL)
             return r;
-        return kc__hook_real(h) != NULL ? r : NULL;
+        return kc__real_dlsym(RTLD_NEXT, name) != NULL ? r : NULL;
     }
     return swap_info(name, r, &info);
 }
@@ -636,11 +749,22 @@ __attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handl
      * executable: exactly the answer for a caller before us. */
     void *r = kc__real_dlsym(RTLD_NEXT, name);
     struct link_map *found = map_of(r);
-    if (r == NULL || found == NULL)
-        return NULL;
-    int ci = map_index(caller), fi = map_index(found);
-    if (ci >= 0 && fi > ci)
-        return kc__guard_held() ? r : kc__swap(name, r);
+    if (r != NULL && found != NULL) {
+        int ci = map_index(caller), fi = map_index(found);
+        if (ci >= 0 && fi > ci)
+            return kc__guard_held() ? r : kc__swap(name, r);
+    }
+    /* A caller loaded RTLD_LOCAL searches its own dependencies (a libcuda
+     * no global scope holds). */
+    if (caller->l_name != NULL && caller->l_name[0] != '\0') {
+        void *h = dlopen(caller->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        r = h != NULL ? kc__real_dlsym(h, name) : NULL;
+        if (h != NULL)
+            dlclose(h);
+        found = map_of(r);
+        if (r != NULL && found != NULL && found != caller && (void *)found->l_addr != self_base())
+            return kc__guard_held() ? r : kc__swap(name, r);
+    }
     /* The caller comes after the definition found (an interposer of the
      * same name loaded after us): search only the objects after it. */
     for (struct link_map *l = caller->l_next; l != NULL; l = l->l_next) {
@@ -657,34 +781,43 @@ __attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handl
     return NULL;
 }
 
+/* Where the dlsym trampoline goes for (handle, name). The real dlsym is
+ * resolved here when still unknown: a preloaded library's constructor may
+ * call dlsym(RTLD_NEXT, ...) before ours runs (libfaketime, libeatmydata
+ * after us in LD_PRELOAD), and must get exactly the real answer for its
+ * own place, never one computed from ours. */
+__attribute__((visibility("hidden"))) void *kc__dlsym_route(void *handle, const char *name)
+{
+    void *real = (void *)__atomic_load_n(&kc__dlsym_real, __ATOMIC_ACQUIRE);
+    if (real == NULL) {
+        resolve_real_dlsym();
+        real = (void *)__atomic_load_n(&kc__dlsym_real, __ATOMIC_ACQUIRE);
+    }
+    if (handle != RTLD_NEXT)
+        return (void *)kc__dlsym_impl;
+    /* For a hooked name the real answer could be our own export. */
+    if (kc__dlsym_hooked(name))
+        return (void *)kc__dlsym_next;
+    return real != NULL ? real : (void *)kc__dlsym_impl;
+}
+
 #if defined(__x86_64__)
 /* dlsym itself. RTLD_NEXT ((void *)-1) is relative to the caller, so it
  * must reach the real dlsym (or kc__dlsym_next) with the host's return
- * address intact: a jump, not a call. For a hooked name the real answer
- * could be our own export, so those take kc__dlsym_next; everything else
- * goes through kc__dlsym_impl. */
+ * address intact: a jump, not a call. kc__dlsym_route says where (the
+ * stack is 16-byte aligned at its call: entry's 8 plus 24). */
 __asm__(".text\n"
         ".globl dlsym\n"
         ".type dlsym, @function\n"
         "dlsym:\n"
-        "    cmpq $-1, %rdi\n"
-        "    jne 1f\n"
         "    pushq %rdi\n"
         "    pushq %rsi\n"
         "    subq $8, %rsp\n"
-        "    movq %rsi, %rdi\n"
-        "    call kc__dlsym_hooked\n"
+        "    call kc__dlsym_route\n"
         "    addq $8, %rsp\n"
         "    popq %rsi\n"
         "    popq %rdi\n"
-        "    testl %eax, %eax\n"
-        "    jne 2f\n"
-        "    movq kc__dlsym_real(%rip), %rax\n"
-        "    testq %rax, %rax\n"
-        "    je 1f\n"
         "    jmp *%rax\n"
-        "2:  jmp kc__dlsym_next\n"
-        "1:  jmp kc__dlsym_impl\n"
         ".size dlsym, .-dlsym\n");
 #else
 KC_EXPORT void *dlsym(void *handle, const char *name)

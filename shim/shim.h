@@ -81,8 +81,16 @@ const struct kc__hook *kc__link_hook_pattern(const char *name);
  * tables first, then the patterns. */
 const struct kc__hook *kc__hook_find(const char *name, int lib);
 
-/* Resolves *h->real if still unset: dlsym(RTLD_NEXT, name). Returns it. */
+/* Resolves *h->real if still unset: dlsym(RTLD_NEXT, name) when that is in
+ * the adopted copy of the library (or another interposer), else
+ * kc__lib_real. Returns it; NULL only when the library is not loaded. */
 void *kc__hook_real(const struct kc__hook *h);
+
+/* `name` in the loaded library of kind `lib` (KC_LIB_*) the shim forwards
+ * to: the copy adopted when the first real function of that kind was
+ * found, else the first loaded one that defines it, wherever it is loaded
+ * (RTLD_LOCAL included). NULL when none is loaded or it lacks `name`. */
+void *kc__lib_real(int lib, const char *name);
 
 /* Whether `name` (asked of a resolver) may come back as one of our hooks:
  * its family (the name without _ptds/_ptsz and _v<N>) has a hook. */

@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""kcache composed with what else a process loads (issue 21, items 1 and 2).
+
+Usage: test_compose.py NAME   (one of the functions named test_NAME below)
+
+  local_driver  a library linked against libcuda.so.1 (the stand-in), loaded
+                RTLD_LOCAL by a host that links no CUDA library: every hooked
+                driver entry point answers as without the shim, cold and warm,
+                and the warm run hits (no JIT in the stand-in)
+  local_rtc     the same for a library linked against NVRTC and nvJitLink
+  preload       libfaketime and libeatmydata (Debian) preloaded with kcache in
+                both orders, kcache on and KCACHE_DISABLE=1: each keeps working
+                (no recursion through dlsym(RTLD_NEXT)), and kcache still
+                caches while composed (hits on the warm run)
+
+Every run gets its own cache directory under $TMPDIR (build/tmp), removed at
+the end. Exit 77 (skip) only when a Debian preload library is not installed.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
+SHIM = os.environ["KCACHE_SHIM"]
+STANDIN = os.environ["KCACHE_TEST_STANDIN_DIR"]
+HOST = os.environ["KCACHE_TEST_COMPOSE_HOST"]
+CUDALIB = os.environ["KCACHE_TEST_COMPOSE_CUDALIB"]
+RTCLIB = os.environ["KCACHE_TEST_COMPOSE_RTCLIB"]
+DATA = os.environ["KCACHE_TEST_DRIVER_DATA"]
+PTX = os.path.join(DATA, "k.ptx")
+PTX2 = os.path.join(DATA, "k2.ptx")
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+EATMYDATA = "/usr/lib/x86_64-linux-gnu/libeatmydata.so.1"
+
+TMP = tempfile.mkdtemp(prefix="kcache-compose-")
+failures = []
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def env_for(cache, preload=None, extra=None):
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    e["LD_LIBRARY_PATH"] = STANDIN
+    e["KCACHE_DIR"] = os.path.join(TMP, cache)
+    e["KCACHE_STATS"] = "1"
+    if preload:
+        e["LD_PRELOAD"] = preload
+    e.update(extra or {})
+    return e
+
+
+def run(args, cache="cache", preload=None, extra=None):
+    p = subprocess.run(args, env=env_for(cache, preload, extra), capture_output=True,
+                       text=True, timeout=120)
+    return p
+
+
+def stats(stderr, backend):
+    m = re.search(r"\b" + backend + r" hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+)"
+                  r" errors=(\d+)", stderr)
+    if not m:
+        return None
+    return dict(zip(("hits", "misses", "passthrough", "stores", "errors"), map(int, m.groups())))
+
+
+def counts_of(path):
+    c = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                for k, v in re.findall(r"(\w+)=(\d+)", line):
+                    c[k] = c.get(k, 0) + int(v)
+        os.unlink(path)
+    return c
+
+
+def cold_warm(args, backends, what, preload_extra=None, order="shim-first", extra=None):
+    """Runs `args` without the shim, then cold and warm under it (with the
+    libraries in preload_extra composed in `order`). Outputs must match; the
+    cold run misses and stores, the warm run only hits. Returns the warm
+    run's stats per backend."""
+    base = run(args, preload=None, extra=extra)
+    check(base.returncode == 0, "%s: runs without the shim (rc %d: %s)"
+          % (what, base.returncode, base.stdout[-400:] + base.stderr[-400:]))
+    pre = [SHIM] + (preload_extra or [])
+    if order != "shim-first":
+        pre = (preload_extra or []) + [SHIM]
+    cache = "cache-%d" % cold_warm.n
+    cold_warm.n += 1
+    out = {}
+    for phase in ("cold", "warm"):
+        counts = os.path.join(TMP, "counts-" + phase)
+        e = dict(extra or {}, KCACHE_TEST_STANDIN_COUNTS=counts)
+        p = run(args, cache=cache, preload=":".join(pre), extra=e)
+        c = counts_of(counts)
+        check(p.returncode == base.returncode and p.stdout == base.stdout,
+              "%s, %s: same rc and output as without the shim%s" % (
+                  what, phase, "" if p.stdout == base.stdout else
+                  "\n--- without ---\n%s--- with (rc %d) ---\n%s%s" % (
+                      base.stdout, p.returncode, p.stdout, p.stderr[-1500:])))
+        for b in backends:
+            s = stats(p.stderr, b)
+            check(s is not None, "%s, %s: a stats line for %s" % (what, phase, b))
+            if s is None:
+                continue
+            if phase == "cold":
+                # (A cold run may hit what it stored itself: the library
+                # load of the module's PTX.)
+                check(s["misses"] >= 1 and s["stores"] == s["misses"] and s["errors"] == 0,
+                      "%s, cold: %s misses and stores (%s)" % (what, b, s))
+            else:
+                check(s["hits"] >= 1 and s["misses"] == 0 and s["passthrough"] == 0
+                      and s["errors"] == 0, "%s, warm: %s only hits (%s)" % (what, b, s))
+            out.setdefault(phase, {})[b] = s
+        if phase == "warm" and "jit" in backends:
+            check(c.get("jit", -1) == 0, "%s, warm: the stand-in JIT-compiled nothing (%s)"
+                  % (what, c.get("jit")))
+    return out
+
+
+cold_warm.n = 0
+
+
+def test_local_driver():
+    """Item 1: libcuda linked by a library the host loads RTLD_LOCAL."""
+    args = [HOST, CUDALIB, "compose_driver", PTX, PTX2]
+    s = cold_warm(args, ("jit", "link"), "RTLD_LOCAL libcuda user")
+    # Three JIT loads (cuModuleLoadData, cuModuleLoadDataEx reached through
+    # cuGetProcAddress, cuLibraryLoadData) and one cuLink* link.
+    w = s.get("warm", {})
+    check(w.get("jit", {}).get("hits") == 3, "warm: all three loads hit (%s)" % w.get("jit"))
+    check(w.get("link", {}).get("hits") == 1, "warm: the cuLink* link hits (%s)" % w.get("link"))
+    # Disabled: every call still reaches the real driver.
+    base = run(args)
+    p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
+    check(p.returncode == 0 and p.stdout == base.stdout,
+          "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+
+
+def test_local_rtc():
+    """Item 1: NVRTC and nvJitLink linked by a library loaded RTLD_LOCAL."""
+    args = [HOST, RTCLIB, "compose_rtc", "sm_90"]
+    s = cold_warm(args, ("nvrtc", "link"), "RTLD_LOCAL NVRTC/nvJitLink user")
+    w = s.get("warm", {})
+    check(w.get("nvrtc", {}).get("hits") == 2, "warm: both compiles hit (%s)" % w.get("nvrtc"))
+    check(w.get("link", {}).get("hits") == 1, "warm: the nvJitLink link hits (%s)" % w.get("link"))
+    base = run(args)
+    p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
+    check(p.returncode == 0 and p.stdout == base.stdout,
+          "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+
+
+OSYNC = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_SYNC, 0o600)
+print("O_SYNC kept" if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_SYNC == os.O_SYNC else "O_SYNC dropped")
+os.close(fd)
+os.unlink(sys.argv[1])
+"""
+
+
+def test_preload():
+    """Item 2: other interposers that find their next definition with
+    dlsym(RTLD_NEXT), preloaded with kcache in either order."""
+    for lib in (FAKETIME, EATMYDATA):
+        if not os.path.exists(lib):
+            print("SKIP: %s is not installed (scripts/setup installs libfaketime and "
+                  "libeatmydata1)" % lib)
+            raise SystemExit(77)
+    py = "/usr/bin/python3"
+    fake = {"FAKETIME": "@2001-02-03 04:05:06"}
+    probe = os.path.join(TMP, "osync")
+    cases = [
+        # (library, program, extra environment, expected output)
+        (FAKETIME, [py, "-c", "import readline, time; print(time.strftime('%Y'))"], fake,
+         "2001\n"),
+        (FAKETIME, ["date", "+%Y"], fake, "2001\n"),
+        (FAKETIME, ["cat", PTX2], fake, open(PTX2).read()),
+        (EATMYDATA, [py, "-c", OSYNC, probe], {}, "O_SYNC dropped\n"),
+        (EATMYDATA, ["cat", PTX2], {}, open(PTX2).read()),
+    ]
+    for lib, args, extra, want in cases:
+        alone = run(args, preload=lib, extra=extra)
+        check(alone.returncode == 0 and alone.stdout == want,
+              "%s alone: %s (%r)" % (os.path.basename(lib), args[0], alone.stdout[:80]))
+        for order in ((SHIM, lib), (lib, SHIM)):
+            for disable in ("0", "1"):
+                p = run(args, cache="cache-pre", preload=":".join(order),
+                        extra=dict(extra, KCACHE_DISABLE=disable))
+                check(p.returncode == 0 and p.stdout == want,
+                      "LD_PRELOAD=%s KCACHE_DISABLE=%s %s: rc %d, output %r" % (
+                          ":".join(os.path.basename(o) for o in order), disable,
+                          " ".join(os.path.basename(a) for a in args[:2]), p.returncode,
+                          p.stdout[:80]))
+    # kcache caches while composed, in both orders, with both libraries:
+    # NVRTC and nvJitLink from a library loaded RTLD_LOCAL, and the driver.
+    for lib, extra in ((FAKETIME, fake), (EATMYDATA, {})):
+        for order in ("shim-first", "shim-last"):
+            what = "composed with %s (%s)" % (os.path.basename(lib), order)
+            cold_warm([HOST, RTCLIB, "compose_rtc", "sm_90"], ("nvrtc", "link"),
+                      "rtc " + what, [lib], order, extra)
+            cold_warm([HOST, CUDALIB, "compose_driver", PTX, PTX2], ("jit",),
+                      "driver " + what, [lib], order, extra)
+
+
+def main():
+    if len(sys.argv) != 2 or "test_" + sys.argv[1] not in globals():
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        globals()["test_" + sys.argv[1]]()
+    finally:
+        rm_settled(TMP)
+    if failures:
+        print("%d check(s) failed" % len(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
