@@ -8,13 +8,16 @@ Usage: test_compose.py NAME   (one of the functions named test_NAME below)
                 driver entry point answers as without the shim, cold and warm,
                 and the warm run hits (no JIT in the stand-in)
   local_rtc     the same for a library linked against NVRTC and nvJitLink
+  pycuda        PyCUDA's _driver.so loads PTX (module_from_buffer), cold and warm
+  triton        Triton's launcher loads a cubin and PTX (load_binary)
   preload       libfaketime and libeatmydata (Debian) preloaded with kcache in
                 both orders, kcache on and KCACHE_DISABLE=1: each keeps working
                 (no recursion through dlsym(RTLD_NEXT)), and kcache still
                 caches while composed (hits on the warm run)
 
 Every run gets its own cache directory under $TMPDIR (build/tmp), removed at
-the end. Exit 77 (skip) only when a Debian preload library is not installed.
+the end. Exit 77 (skip) only when a Debian preload library, or PyCUDA or
+Triton in the project venv (scripts/setup-venv), is not installed.
 """
 import os
 import re
@@ -210,6 +213,76 @@ def test_preload():
                       "rtc " + what, [lib], order, extra)
             cold_warm([HOST, CUDALIB, "compose_driver", PTX, PTX2], ("jit",),
                       "driver " + what, [lib], order, extra)
+
+
+VENV_PY = os.environ.get("KCACHE_VENV_PYTHON",
+                         os.path.join(os.environ.get("KCACHE_SRC", "."), ".venv", "bin", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.environ.get("KCACHE_TEST_DRIVER_FIXTURES", "")
+
+
+def venv_has(module):
+    if not os.path.exists(VENV_PY):
+        return False
+    return subprocess.run([VENV_PY, "-c", "import " + module], capture_output=True,
+                          env=env_for("none")).returncode == 0
+
+
+def client(script, args, jit_misses, extra_for):
+    """A real client without the shim, then cold and warm under it: same
+    stdout and stderr (less the stats line); the warm run loads from the
+    cache (JIT hits, no JIT in the stand-in)."""
+    base_e = extra_for("base")
+    base = run([VENV_PY, os.path.join(HERE, script)] + args, extra=base_e)
+    check(base.returncode == 0, "%s without the shim: rc %d\n%s" % (
+        script, base.returncode, base.stderr[-2000:]))
+    strip = re.compile(r"^kcache: stats: .*\n?", re.M)
+    for phase in ("cold", "warm"):
+        counts = os.path.join(TMP, "counts-" + phase)
+        e = dict(extra_for(phase), KCACHE_TEST_STANDIN_COUNTS=counts)
+        p = run([VENV_PY, os.path.join(HERE, script)] + args, cache="cache-" + script,
+                preload=SHIM, extra=e)
+        c = counts_of(counts)
+        check(p.returncode == base.returncode and p.stdout == base.stdout
+              and strip.sub("", p.stderr) == base.stderr,
+              "%s, %s: same rc, stdout and stderr as without the shim%s" % (
+                  script, phase, "" if p.returncode == 0 else "\n" + p.stderr[-2000:]))
+        s = stats(p.stderr, "jit")
+        if phase == "cold":
+            check(s is not None and s["misses"] == jit_misses and s["stores"] == jit_misses
+                  and s["errors"] == 0, "%s, cold: %d JIT misses stored (%s)"
+                  % (script, jit_misses, s))
+        else:
+            check(s is not None and s["hits"] == jit_misses and s["misses"] == 0
+                  and s["errors"] == 0, "%s, warm: %d JIT hits (%s)" % (script, jit_misses, s))
+            check(c.get("jit", -1) == 0, "%s, warm: no JIT in the stand-in (%s)"
+                  % (script, c.get("jit")))
+
+
+def test_pycuda():
+    """Item 1: PyCUDA (PyPI sdist built against the toolkit) loads PTX."""
+    if not venv_has("pycuda.driver"):
+        print("SKIP: no pycuda in %s (scripts/setup-venv installs it)" % VENV_PY)
+        raise SystemExit(77)
+    client("pycuda_load.py", [PTX, PTX2], 2, lambda phase: {})
+
+
+def test_triton():
+    """Item 1: Triton's launcher (compiled at run time, linked against
+    libcuda.so.1) loads a cubin (passed through) and PTX (cached)."""
+    if not venv_has("triton"):
+        print("SKIP: no triton in %s (scripts/setup-venv installs it)" % VENV_PY)
+        raise SystemExit(77)
+    cubin = os.path.join(FIX, "k90.cubin")
+    check(os.path.exists(cubin), "the sm_90 cubin fixture exists (%s)" % cubin)
+
+    def extra(phase):
+        # The launcher is compiled by the run without the shim and again,
+        # under it, by the cold run (a fresh Triton cache), reused warm.
+        cache = os.path.join(TMP, "triton-" + ("base" if phase == "base" else "shim"))
+        return {"TRITON_CACHE_DIR": cache, "TRITON_LIBCUDA_PATH": STANDIN,
+                "TRITON_HOME": cache}
+    client("triton_load.py", [cubin, PTX], 1, extra)
 
 
 def main():

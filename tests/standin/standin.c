@@ -2760,3 +2760,85 @@ SI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
     COUNT(cuGetProcAddress);
     return proc_lookup(symbol, pfn, cudaVersion, flags, NULL);
 }
+
+/* ---- what PyCUDA and Triton's launcher call to load (issue 21) -------- */
+
+/* Function attributes: a test double's fixed answers (no register
+ * allocation happens here), with the driver's checks. Settable ones are
+ * accepted and not modelled further: nothing runs. */
+SI_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    INIT_CHECK();
+    if (!pi || (int)attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    struct func *f = func_get(hfunc);
+    UNLOCK();
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *pi = 1024;
+        break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+        *pi = 16;
+        break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+        *pi = cfg_major * 10 + cfg_minor;
+        break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        *pi = 49152;
+        break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        *pi = -1;
+        break;
+    default:
+        *pi = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+SI_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
+{
+    INIT_CHECK();
+    LOCK();
+    struct func *f = func_get(hfunc);
+    UNLOCK();
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        return value < 0 || value > 232448 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        return value < -1 || value > 100 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+SI_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
+{
+    INIT_CHECK();
+    LOCK();
+    struct func *f = func_get(hfunc);
+    UNLOCK();
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return (int)config < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL ? CUDA_ERROR_INVALID_VALUE
+                                                                  : CUDA_SUCCESS;
+}
+
+/* The deprecated cuCtxDetach: the usage count of a context from
+ * cuCtxCreate is 1 here (cuCtxAttach is not modelled), so it destroys it;
+ * PyCUDA's Context.detach calls it. */
+SI_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    return ctx_destroy(ctx);
+}
