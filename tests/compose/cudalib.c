@@ -82,15 +82,13 @@ __attribute__((visibility("default"))) int compose_driver(int argc, char **argv)
     else
         printf("cuGetProcAddress gave no pointer\n"), bad++;
     SHOW("cuModuleGetFunction other", cuModuleGetFunction(&f, m2, "other"));
-    SHOW("cuLibraryLoadData",
-         cuLibraryLoadData(&lib, ptx2, NULL, NULL, 0, NULL, NULL, 0));
+    SHOW("cuLibraryLoadData", cuLibraryLoadData(&lib, ptx2, NULL, NULL, 0, NULL, NULL, 0));
     SHOW("cuLibraryGetKernel", cuLibraryGetKernel(&k, lib, "add1"));
     CUlinkState ls;
     void *cubin = NULL;
     size_t cubin_n = 0;
     SHOW("cuLinkCreate", cuLinkCreate(0, NULL, NULL, &ls));
-    SHOW("cuLinkAddData",
-         cuLinkAddData(ls, CU_JIT_INPUT_PTX, ptx, n1 + 1, "k.ptx", 0, NULL, NULL));
+    SHOW("cuLinkAddData", cuLinkAddData(ls, CU_JIT_INPUT_PTX, ptx, n1 + 1, "k.ptx", 0, NULL, NULL));
     SHOW("cuLinkComplete", cuLinkComplete(ls, &cubin, &cubin_n));
     printf("linked cubin: %s\n", cubin != NULL && cubin_n > 0 ? "yes" : "no");
     SHOW("cuLinkDestroy", cuLinkDestroy(ls));
