@@ -749,7 +749,8 @@ __attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handl
      * executable: exactly the answer for a caller before us. */
     void *r = kc__real_dlsym(RTLD_NEXT, name);
     struct link_map *found = map_of(r);
-    if (r != NULL && found != NULL) {
+    bool global = r != NULL && found != NULL;
+    if (global) {
         int ci = map_index(caller), fi = map_index(found);
         if (ci >= 0 && fi > ci)
             return kc__guard_held() ? r : kc__swap(name, r);
@@ -766,8 +767,11 @@ __attribute__((visibility("hidden"), noinline)) void *kc__dlsym_next(void *handl
             return kc__guard_held() ? r : kc__swap(name, r);
     }
     /* The caller comes after the definition found (an interposer of the
-     * same name loaded after us): search only the objects after it. */
-    for (struct link_map *l = caller->l_next; l != NULL; l = l->l_next) {
+     * same name loaded after us): search only the objects after it. With
+     * no definition in the global scope at all there is none after it
+     * either (a library some other object loaded RTLD_LOCAL is in no scope
+     * of the caller's). */
+    for (struct link_map *l = global ? caller->l_next : NULL; l != NULL; l = l->l_next) {
         if ((void *)l->l_addr == self_base() || l->l_name == NULL || l->l_name[0] == '\0')
             continue;
         void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);

@@ -5,11 +5,13 @@
  *
  *   compose-host LIBRARY FUNCTION [ARGS...]
  *
+ * KCACHE_TEST_COMPOSE_GLOBAL=1 loads it RTLD_GLOBAL instead.
  * FUNCTION is `int FUNCTION(int argc, char **argv)`, given ARGS; its return
  * value is the exit status.
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 int main(int argc, char **argv)
 {
@@ -17,7 +19,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: compose-host LIBRARY FUNCTION [ARGS...]\n");
         return 2;
     }
-    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    /* KCACHE_TEST_COMPOSE_GLOBAL=1: RTLD_GLOBAL instead (the library and
+     * what it links then join the global scope). */
+    const char *global = getenv("KCACHE_TEST_COMPOSE_GLOBAL");
+    int mode = global != NULL && global[0] == '1' ? RTLD_GLOBAL : RTLD_LOCAL;
+    void *lib = dlopen(argv[1], RTLD_NOW | mode);
     if (lib == NULL) {
         fprintf(stderr, "compose-host: %s\n", dlerror());
         return 2;

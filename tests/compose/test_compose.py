@@ -8,6 +8,9 @@ Usage: test_compose.py NAME   (one of the functions named test_NAME below)
                 driver entry point answers as without the shim, cold and warm,
                 and the warm run hits (no JIT in the stand-in)
   local_rtc     the same for a library linked against NVRTC and nvJitLink
+  next          a preloaded probe's dlsym(RTLD_NEXT)/dlvsym answers, from its
+                constructor and at exit, kcache before/after it, on/disabled,
+                libcuda loaded RTLD_LOCAL or RTLD_GLOBAL: glibc's for its place
   pycuda        PyCUDA's _driver.so loads PTX (module_from_buffer), cold and warm
   triton        Triton's launcher loads a cubin and PTX (load_binary)
   preload       libfaketime and libeatmydata (Debian) preloaded with kcache in
@@ -33,6 +36,7 @@ STANDIN = os.environ["KCACHE_TEST_STANDIN_DIR"]
 HOST = os.environ["KCACHE_TEST_COMPOSE_HOST"]
 CUDALIB = os.environ["KCACHE_TEST_COMPOSE_CUDALIB"]
 RTCLIB = os.environ["KCACHE_TEST_COMPOSE_RTCLIB"]
+NEXTPROBE = os.environ["KCACHE_TEST_COMPOSE_NEXTPROBE"]
 DATA = os.environ["KCACHE_TEST_DRIVER_DATA"]
 PTX = os.path.join(DATA, "k.ptx")
 PTX2 = os.path.join(DATA, "k2.ptx")
@@ -213,6 +217,58 @@ def test_preload():
                       "rtc " + what, [lib], order, extra)
             cold_warm([HOST, CUDALIB, "compose_driver", PTX, PTX2], ("jit",),
                       "driver " + what, [lib], order, extra)
+
+
+def probe(order, global_, disable):
+    """Runs the RTLD_LOCAL libcuda user with the dlsym(RTLD_NEXT) probe
+    preloaded (alone, or with kcache in `order`); returns {(phase, name):
+    object}."""
+    out = os.path.join(TMP, "probe")
+    if os.path.exists(out):
+        os.unlink(out)
+    pre = {"P": NEXTPROBE, "PK": NEXTPROBE + ":" + SHIM, "KP": SHIM + ":" + NEXTPROBE}[order]
+    p = run([HOST, CUDALIB, "compose_driver", PTX, PTX2], cache="cache-probe", preload=pre,
+            extra={"KCACHE_TEST_NEXTPROBE": out, "KCACHE_TEST_COMPOSE_GLOBAL": global_,
+                   "KCACHE_DISABLE": disable})
+    check(p.returncode == 0, "probe %s global=%s disable=%s: rc %d" % (
+        order, global_, disable, p.returncode))
+    got = {}
+    if os.path.exists(out):
+        for line in open(out):
+            phase, name, obj = line.split()
+            got[(phase, name)] = obj
+    return got
+
+
+def test_next():
+    """Item 2: what another preloaded object's dlsym(RTLD_NEXT) and
+    dlvsym(RTLD_NEXT) answer, from its constructor (before kcache's, when it
+    is preloaded after kcache) and at exit, with kcache before or after it,
+    on and disabled, with libcuda loaded RTLD_LOCAL (in no scope of the
+    probe's) or RTLD_GLOBAL. The answer is glibc's for the probe's place:
+    the same object as without kcache, except kcache's own exports where
+    kcache comes after the probe (stat, open: kcache is then the next
+    definition) and a hooked CUDA function the real library defines there,
+    handed out as kcache's wrapper (not when disabled); never the probe's
+    own definition."""
+    hooked = ("cuModuleLoadData", "cuMemAlloc_v2", "nvrtcCreateProgram")
+    for global_ in ("0", "1"):
+        base = probe("P", global_, "0")
+        check(len(base) >= 18 and "SELF" not in base.values(),
+              "probe alone, global=%s: %d answers" % (global_, len(base)))
+        for order in ("KP", "PK"):
+            for disable in ("0", "1"):
+                got = probe(order, global_, disable)
+                for (phase, name), want in sorted(base.items()):
+                    if order == "PK" and name in ("stat", "open"):
+                        want = "libkcache.so"
+                    elif name in hooked and disable == "0" and want != "NULL":
+                        want = "libkcache.so"
+                    have = got.get((phase, name))
+                    check(have == want, "LD_PRELOAD=%s global=%s KCACHE_DISABLE=%s: %s "
+                          "dlsym(RTLD_NEXT, %s) = %s (want %s)" % (
+                              "kcache:probe" if order == "KP" else "probe:kcache", global_,
+                              disable, phase, name, have, want))
 
 
 VENV_PY = os.environ.get("KCACHE_VENV_PYTHON",
