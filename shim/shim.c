@@ -656,8 +656,17 @@ static void *swap_info(const char *asked, void *fn, const Dl_info *info)
     const struct kc_config *cfg = kc__config();
     if (cfg->disable)
         return fn;
-    /* A second copy of the library: our wrappers forward to the first one
-     * found, so hand this one out untouched. */
+    /* The copy in the global scope, if there is one, is the one callers
+     * linked against the library reach through our exports: it is adopted
+     * first, and a private copy the host dlsym'd is then a second one. */
+    if (__atomic_load_n(&lib_base[lib], __ATOMIC_ACQUIRE) == NULL) {
+        void *g = kc__real_dlsym(RTLD_NEXT, sym != NULL ? sym : asked);
+        Dl_info gi;
+        if (g != NULL && g != fn && dladdr(g, &gi) != 0 && classify_info(&gi) == lib)
+            lib_adopt(lib, &gi, g);
+    }
+    /* A second copy of the library: our wrappers forward to the adopted
+     * one, so hand this one out untouched (never mix two copies' state). */
     if (!lib_adopt(lib, info, fn))
         return fn;
     void *expected = NULL;

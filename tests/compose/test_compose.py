@@ -7,6 +7,8 @@ Usage: test_compose.py NAME   (one of the functions named test_NAME below)
                 RTLD_LOCAL by a host that links no CUDA library: every hooked
                 driver entry point answers as without the shim, cold and warm,
                 and the warm run hits (no JIT in the stand-in)
+  two_copies    the same with a second copy of libcuda.so.1 used through
+                dlsym: the copies never share state
   local_rtc     the same for a library linked against NVRTC and nvJitLink
   next          a preloaded probe's dlsym(RTLD_NEXT)/dlvsym answers, from its
                 constructor and at exit, kcache before/after it, on/disabled,
@@ -90,7 +92,8 @@ def counts_of(path):
     return c
 
 
-def cold_warm(args, backends, what, preload_extra=None, order="shim-first", extra=None):
+def cold_warm(args, backends, what, preload_extra=None, order="shim-first", extra=None,
+              warm_jit=0):
     """Runs `args` without the shim, then cold and warm under it (with the
     libraries in preload_extra composed in `order`). Outputs must match; the
     cold run misses and stores, the warm run only hits. Returns the warm
@@ -129,8 +132,8 @@ def cold_warm(args, backends, what, preload_extra=None, order="shim-first", extr
                       and s["errors"] == 0, "%s, warm: %s only hits (%s)" % (what, b, s))
             out.setdefault(phase, {})[b] = s
         if phase == "warm" and "jit" in backends:
-            check(c.get("jit", -1) == 0, "%s, warm: the stand-in JIT-compiled nothing (%s)"
-                  % (what, c.get("jit")))
+            check(c.get("jit", -1) == warm_jit, "%s, warm: the stand-in JIT-compiled %d (%s)"
+                  % (what, warm_jit, c.get("jit")))
     return out
 
 
@@ -151,6 +154,31 @@ def test_local_driver():
     p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
     check(p.returncode == 0 and p.stdout == base.stdout,
           "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+
+
+def test_two_copies():
+    """Item 1: a second copy of libcuda.so.1 (another file) that the host
+    dlopen()s RTLD_LOCAL and uses through dlsym, after the library bound to
+    the first copy through kcache's exports: each copy keeps its own state
+    (the second's functions are handed out untouched, so its two loads
+    JIT-compile warm too, one through a hooked entry point the first
+    copy's user never called; the first's hit)."""
+    import shutil
+    copy_dir = os.path.join(TMP, "copy")
+    os.makedirs(copy_dir)
+    copy = os.path.join(copy_dir, "libcuda.so.1")
+    shutil.copy(os.path.join(STANDIN, "libcuda.so.1"), copy)
+    args = [HOST, CUDALIB, "compose_driver", PTX, PTX2]
+    second = {"KCACHE_TEST_COMPOSE_SECOND": copy,
+              "KCACHE_TEST_COMPOSE_SECOND_FATBIN": os.path.join(FIX, "kptx.fatbin")}
+    s = cold_warm(args, ("jit",), "two copies of libcuda",
+                  extra=second, warm_jit=2)
+    base = run(args, extra=second)
+    check("second copy distinct: yes" in base.stdout and "second cuModuleLoadData: 0"
+          in base.stdout and "second cuModuleLoadFatBinary: 0" in base.stdout,
+          "the second copy is a distinct library that loads PTX and a fatbinary")
+    check(s.get("warm", {}).get("jit", {}).get("hits") == 3,
+          "warm: the first copy's three loads hit (%s)" % s.get("warm"))
 
 
 def test_local_rtc():
