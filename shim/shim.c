@@ -556,31 +556,47 @@ static void *lib_open(int lib)
 }
 
 static int classify_info(const Dl_info *info);
-static struct link_map *map_of(const void *addr);
 static void *self_base(void);
 
+/* Loaded objects of one kind, by path, in load order (dl_iterate_phdr
+ * holds the loader's list lock; nothing is opened inside it). */
+enum { SCAN_MAX = 4 };
+struct scan {
+    int lib, n;
+    char path[SCAN_MAX][PATH_MAX];
+};
+
+static int scan_one(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct scan *sc = arg;
+    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0' ||
+        (void *)info->dlpi_addr == self_base())
+        return 0;
+    Dl_info d = {.dli_fname = info->dlpi_name};
+    size_t len = strlen(info->dlpi_name);
+    if (classify_info(&d) != sc->lib || len >= PATH_MAX)
+        return 0;
+    memcpy(sc->path[sc->n], info->dlpi_name, len + 1);
+    return ++sc->n == SCAN_MAX;
+}
+
 /* `name` in the first loaded object of kind `lib` that defines it, in
- * link-map order: libraries loaded RTLD_LOCAL (an extension module's
- * libcuda, a wheel's NVRTC) are in no scope we can search by name. */
+ * load order: libraries loaded RTLD_LOCAL (an extension module's libcuda,
+ * a wheel's NVRTC) are in no scope we can search by name. */
 static void *lib_scan(int lib, const char *name)
 {
-    struct link_map *m = map_of((const void *)lib_scan);
-    if (m == NULL)
-        return NULL;
-    while (m->l_prev != NULL)
-        m = m->l_prev;
-    for (; m != NULL; m = m->l_next) {
-        if (m->l_name == NULL || m->l_name[0] == '\0' || (void *)m->l_addr == self_base())
-            continue;
-        Dl_info info = {.dli_fname = m->l_name};
-        if (classify_info(&info) != lib)
-            continue;
-        void *h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    struct scan sc = {.lib = lib};
+    dl_iterate_phdr(scan_one, &sc);
+    for (int i = 0; i < sc.n; i++) {
+        void *h = dlopen(sc.path[i], RTLD_LAZY | RTLD_NOLOAD);
         if (h == NULL)
             continue;
         void *p = kc__real_dlsym(h, name);
         dlclose(h);
-        if (p != NULL && map_of(p) == m)
+        Dl_info info;
+        /* Its own definition, not one of its dependencies'. */
+        if (p != NULL && dladdr(p, &info) != 0 && info.dli_fname != NULL &&
+            strcmp(info.dli_fname, sc.path[i]) == 0)
             return p;
     }
     return NULL;
