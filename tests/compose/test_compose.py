@@ -140,6 +140,14 @@ def cold_warm(args, backends, what, preload_extra=None, order="shim-first", extr
 cold_warm.n = 0
 
 
+def check_disabled(args):
+    """KCACHE_DISABLE=1: every call still reaches the real library."""
+    base = run(args)
+    p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
+    check(p.returncode == 0 and p.stdout == base.stdout,
+          "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+
+
 def test_local_driver():
     """Item 1: libcuda linked by a library the host loads RTLD_LOCAL."""
     args = [HOST, CUDALIB, "compose_driver", PTX, PTX2]
@@ -149,11 +157,7 @@ def test_local_driver():
     w = s.get("warm", {})
     check(w.get("jit", {}).get("hits") == 3, "warm: all three loads hit (%s)" % w.get("jit"))
     check(w.get("link", {}).get("hits") == 1, "warm: the cuLink* link hits (%s)" % w.get("link"))
-    # Disabled: every call still reaches the real driver.
-    base = run(args)
-    p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
-    check(p.returncode == 0 and p.stdout == base.stdout,
-          "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+    check_disabled(args)
 
 
 def test_two_copies():
@@ -188,10 +192,7 @@ def test_local_rtc():
     w = s.get("warm", {})
     check(w.get("nvrtc", {}).get("hits") == 2, "warm: both compiles hit (%s)" % w.get("nvrtc"))
     check(w.get("link", {}).get("hits") == 1, "warm: the nvJitLink link hits (%s)" % w.get("link"))
-    base = run(args)
-    p = run(args, cache="off", preload=SHIM, extra={"KCACHE_DISABLE": "1"})
-    check(p.returncode == 0 and p.stdout == base.stdout,
-          "KCACHE_DISABLE=1: same output as without the shim\n" + p.stdout[-600:])
+    check_disabled(args)
 
 
 OSYNC = r"""

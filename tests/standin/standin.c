@@ -2763,19 +2763,27 @@ SI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 
 /* ---- what PyCUDA and Triton's launcher call to load (issue 21) -------- */
 
+/* CUDA_ERROR_NOT_INITIALIZED before cuInit, CUDA_ERROR_INVALID_HANDLE for
+ * a function that is not (or no longer) loaded. */
+static CUresult func_live(CUfunction hfunc)
+{
+    INIT_CHECK();
+    LOCK();
+    struct func *f = func_get(hfunc);
+    UNLOCK();
+    return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* Function attributes: a test double's fixed answers (no register
  * allocation happens here), with the driver's checks. Settable ones are
  * accepted and not modelled further: nothing runs. */
 SI_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
 {
-    INIT_CHECK();
-    if (!pi || (int)attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX)
+    if (si_inited && (!pi || (int)attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX))
         return CUDA_ERROR_INVALID_VALUE;
-    LOCK();
-    struct func *f = func_get(hfunc);
-    UNLOCK();
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = func_live(hfunc);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     switch (attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
         *pi = 1024;
@@ -2801,12 +2809,9 @@ SI_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfu
 
 SI_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)
 {
-    INIT_CHECK();
-    LOCK();
-    struct func *f = func_get(hfunc);
-    UNLOCK();
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = func_live(hfunc);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     switch (attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
         return value < 0 || value > 232448 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -2825,12 +2830,9 @@ SI_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute att
 
 SI_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
 {
-    INIT_CHECK();
-    LOCK();
-    struct func *f = func_get(hfunc);
-    UNLOCK();
-    if (!f)
-        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = func_live(hfunc);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     return (int)config < 0 || config > CU_FUNC_CACHE_PREFER_EQUAL ? CUDA_ERROR_INVALID_VALUE
                                                                   : CUDA_SUCCESS;
 }
