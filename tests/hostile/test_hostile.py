@@ -30,6 +30,7 @@ SRC = os.environ["KCACHE_SRC"]
 SHIM = os.environ["KCACHE_SHIM"]
 HOSTILE = os.environ["KCACHE_TEST_HOSTILE"]
 STANDIN = os.environ["KCACHE_TEST_STANDIN_DIR"]
+WHEELS = os.environ.get("KCACHE_WHEELS", os.path.join(SRC, ".venv-wheels"))
 PTX = os.environ["KCACHE_TEST_PTX"]
 
 # Differences the shim is known to make, with the reason; reported, not
@@ -80,8 +81,10 @@ def split(dump):
     return {k: "\n".join(v) for k, v in out.items()}
 
 
-def run(args, shim, cache):
+def run(args, shim, cache, nvrtc=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    if nvrtc is not None:
+        env["KC_HOSTILE_NVRTC"] = nvrtc
     env["LD_LIBRARY_PATH"] = STANDIN + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     env["KCACHE_DIR"] = cache
     if shim:
@@ -149,6 +152,28 @@ def run_all(tmp):
             print("note: known difference %s is gone; drop it from KNOWN" % k)
     check(cold_err == ref_err and warm_err == ref_err,
           "the shim printed nothing more on stderr (cold: %r, warm: %r)" % (cold_err[-300:], warm_err[-300:]))
+
+    # The getters only other releases have, against those releases (the
+    # wheels scripts/setup-wheels installs): NVRTC 12.9's nvrtcGetNVVM[Size],
+    # 13.5's nvrtcGetTileIR[Size], without the shim, cold and warm.
+    for rel, so, hooks in (("12.9", "cuda_nvrtc/lib/libnvrtc.so.12", ("nvrtcGetNVVMSize", "nvrtcGetNVVM")),
+                           ("13.5", "cu13/lib/libnvrtc.so.13", ("nvrtcGetTileIRSize", "nvrtcGetTileIR"))):
+        lib = os.path.join(WHEELS, "nvrtc-" + rel, "nvidia", so)
+        check(os.path.exists(lib), "NVRTC %s is installed (%s; scripts/setup installs it)" % (rel, lib))
+        if not os.path.exists(lib):
+            continue
+        rcache = os.path.join(tmp, "cache-" + rel)
+        for hook in hooks:
+            args = ["--only", hook, "--label", "release"]
+            ref_r, _ = run(args, False, rcache, lib)
+            check("dlsym: " not in ref_r and "rc=" in ref_r,
+                  "NVRTC %s has %s, and its case ran" % (rel, hook))
+            for name in ("cold", "warm"):
+                got, err = run(args, True, rcache, lib)
+                if got != ref_r:
+                    print("".join(difflib.unified_diff(ref_r.splitlines(True), got.splitlines(True),
+                                                       "without shim", name + " store")))
+                check(got == ref_r, "NVRTC %s, %s store: %s answers as without the shim" % (rel, name, hook))
     if failures:
         print("%d failure(s)" % len(failures))
         return 1
