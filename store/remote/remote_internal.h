@@ -98,6 +98,16 @@ int kc__keys_load_secret(const struct kc__sodium *na, const char *path, struct k
  * by this user or root (-EPERM otherwise). Appends to k->trusted. */
 int kc__keys_load_trusted(const struct kc__sodium *na, const char *path, struct kc__keys *k);
 
+/* Reads KCACHE_REMOTE_PASSWORD_FILE: a regular file of this user's with
+ * no group or other permission bits (as the signing key), its first line
+ * the password. 0 with out, -EPERM, -EBADMSG (empty, or longer than cap),
+ * or the open/read error. */
+int kc__read_password_file(const char *path, char *out, size_t cap);
+
+/* What an error reply about credentials means, for a warning ("asks for
+ * a password (NOAUTH): ..."), or NULL for any other reply (url.c). */
+const char *kc__auth_why(const char *reply);
+
 /* Parses one public key line; 0 with pk, or -EBADMSG. */
 int kc__pubkey_parse(const char *line, unsigned char pk[KC__PK_LEN]);
 

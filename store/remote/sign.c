@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -541,4 +542,115 @@ int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, cons
     rv->body = v + meta_end;
     rv->body_len = (size_t)blen;
     return 0;
+}
+
+/* ---- provenance: the signers a local store serves ------------------------ */
+
+uint32_t kc_remote_signer_tag(const unsigned char pk[KC__PK_LEN])
+{
+    return (uint32_t)(kc_digest_of(pk, KC__PK_LEN).lo & 0x0fffffffu);
+}
+
+struct kc_remote_signers {
+    size_t n;
+    uint32_t tag[];
+};
+
+/* Adds the tags of the public key lines of `text` to *sg (grown). */
+static int signers_add(struct kc_remote_signers **sg, char *text)
+{
+    for (char *line = text; line != NULL && *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        unsigned char pk[KC__PK_LEN];
+        if (*p != '\0' && *p != '#' && kc__pubkey_parse(p, pk) == 0 && (*sg)->n < KC__MAX_TRUSTED) {
+            struct kc_remote_signers *g =
+                realloc(*sg, sizeof **sg + ((*sg)->n + 1) * sizeof(uint32_t));
+            if (g == NULL)
+                return -ENOMEM;
+            g->tag[g->n++] = kc_remote_signer_tag(pk);
+            *sg = g;
+        }
+        line = nl != NULL ? nl + 1 : NULL;
+    }
+    return 0;
+}
+
+static int pub_mode_ok(const struct stat *st)
+{
+    return st->st_uid == geteuid() && (st->st_mode & 022) == 0 ? 0 : -EPERM;
+}
+
+int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_signers **out)
+{
+    *out = NULL;
+    bool any = s->trust != NULL && strcasecmp(s->trust, "any") == 0;
+    bool have_trusted = s->trusted_keys != NULL && s->trusted_keys[0] == '/';
+    bool have_own = s->signing_key != NULL && s->signing_key[0] == '/';
+    if (any || (!have_trusted && !have_own))
+        return 0;
+    struct kc_remote_signers *sg = calloc(1, sizeof *sg);
+    if (sg == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    char *b = NULL;
+    if (have_trusted && read_small(s->trusted_keys, trusted_mode_ok, &b) == 0) {
+        rc = signers_add(&sg, b);
+        free(b);
+        b = NULL;
+    }
+    /* This node's own key: the public half beside the secret one (the
+     * secret is not read here: deriving the public key needs libsodium). */
+    char pub[4200];
+    if (rc == 0 && have_own &&
+        snprintf(pub, sizeof pub, "%s.pub", s->signing_key) < (int)sizeof pub &&
+        read_small(pub, pub_mode_ok, &b) == 0) {
+        rc = signers_add(&sg, b);
+        free(b);
+    }
+    if (rc != 0) {
+        free(sg);
+        return rc;
+    }
+    *out = sg;
+    return 0;
+}
+
+bool kc_remote_signers_serve(const struct kc_remote_signers *sg, uint32_t prov)
+{
+    if (sg == NULL || KC_PROV_CODE(prov) != KC_PROV_SIGNED)
+        return true;
+    for (size_t i = 0; i < sg->n; i++)
+        if (sg->tag[i] == KC_PROV_TAG(prov))
+            return true;
+    return false;
+}
+
+void kc_remote_signers_free(struct kc_remote_signers *sg)
+{
+    free(sg);
+}
+
+/* ---- the password file ----------------------------------------------------- */
+
+int kc__read_password_file(const char *path, char *out, size_t cap)
+{
+    char *b = NULL;
+    int rc = read_small(path, secret_mode_ok, &b);
+    if (rc != 0)
+        return rc;
+    size_t n = strcspn(b, "\r\n");
+    if (n == 0 || n >= cap) {
+        rc = -EBADMSG;
+    } else {
+        memcpy(out, b, n);
+        out[n] = '\0';
+    }
+    memset(b, 0, strlen(b));
+    free(b);
+    return rc;
 }

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Provenance, upload configuration and revocation end to end (issue 22,
+items 1-3), on the nodes and private redis-servers of test_remote_e2e.py.
+
+    test_remote_trust.py MODE NVRTC_BENCH KC_REMOTE_FORGE
+
+MODE:
+  push     `kcache push` signs only what this node compiled: entries it was
+           served unsigned (KCACHE_REMOTE_TRUST=any) are not uploaded, and a
+           valid value the remote holds is never replaced by a different one
+  owner    the owner uploads with each compile's own configuration: a job
+           without KCACHE_REMOTE publishes nothing although a remote job
+           started the owner, and a remote job's compiles are uploaded (its
+           locks released) by an owner a job without a remote started
+  revoke   entries served from the remote under a key later removed from
+           the trusted file are no longer served, from the local store too
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import shutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+MODE = sys.argv[1]
+sys.argv = [sys.argv[0], 'trust'] + sys.argv[2:]
+import test_remote_e2e as e  # noqa: E402
+
+check, KERNELS, K = e.check, e.KERNELS, e.K
+
+
+def push_cmd(node, extra=None):
+    node.settle()
+    return subprocess.run([e.TOOL, '--dir', node.dir, 'push'], env=node.environ(extra),
+                          capture_output=True, text=True, timeout=120)
+
+
+def push(ctx):
+    rs = ctx.redis()
+    writer = ctx.node(rs.url)
+    r = writer.start(KERNELS, ctx).wait()
+    check(r.rc == 0 and r.misses == K, 'the writer compiled and uploaded')
+    writer.settle()
+    good = {k: rs.cmd('GET', k) for k in rs.entries()}
+    check(len(good) == 2 * K, 'the remote holds %d entries' % len(good))
+
+    # Another node compiled the same kernels without a remote: its push
+    # finds valid values of its own entries there and leaves them.
+    local = ctx.node(rs.url)
+    r = local.start(KERNELS, ctx, extra={'KCACHE_REMOTE': None}).wait()
+    check(r.rc == 0 and r.misses == K, 'a node without a remote compiles')
+    p = push_cmd(local)
+    print(p.stdout + p.stderr)
+    check(p.returncode == 0, 'push of a node\'s own compiles')
+    same = [k for k in good if rs.cmd('GET', k) == good[k]]
+    check(len(same) == len(good),
+          'push replaces no valid value the remote holds (%d of %d kept)' % (len(same), len(good)))
+
+    # An attacker replaces the values by unsigned ones holding other
+    # entries' bodies; a node trusting any entry is served them.
+    values = dict(good)
+    records = [k for k in values if e.value_kind(values[k]) != 3]
+    for k in values:
+        other = records[(records.index(k) + 1) % len(records)] if k in records else k
+        e.forge(ctx, rs, k, values[k], e.value_body(values[other]), None)
+    planted = {k: rs.cmd('GET', k) for k in values}
+    lax = ctx.node(rs.url, extra={'KCACHE_REMOTE_TRUST': 'any'})
+    r = lax.start(KERNELS, ctx).wait()
+    check(r.remote['hits'] > 0, 'a node trusting any entry is served the planted ones (%s)'
+          % r.remote)
+    # Its push must not sign them with its key.
+    p = push_cmd(lax)
+    print(p.stdout + p.stderr)
+    check(p.returncode == 0, 'push of a node served unsigned entries')
+    check(all(rs.cmd('GET', k) == planted[k] for k in planted),
+          'push uploads none of the entries it was served unsigned')
+    victim = ctx.node(rs.url, writer=False)
+    r = victim.start(KERNELS, ctx).wait()
+    e.check_outputs([r], ctx.ref, 'a signed-only node after the push')
+    check(r.remote['hits'] == 0, 'a signed-only node is served nothing the push laundered (%s)'
+          % r.remote)
+
+
+def owner(ctx):
+    rs = ctx.redis()
+    idle = {'KCACHE_OWNER_IDLE_MS': '20000'}
+
+    # (a) An owner a remote job started; a job without KCACHE_REMOTE
+    # then compiles on the same node: nothing of it is published.
+    n = ctx.node(rs.url, extra=idle)
+    r = n.start(['ka'], ctx).wait()
+    check(r.rc == 0 and r.misses == 1, 'a remote job compiles ka')
+    r = n.start(['kb'], ctx, extra={'KCACHE_REMOTE': None}).wait()
+    check(r.rc == 0 and r.misses == 1, 'a job without a remote compiles kb')
+    n.settle(timeout=90)
+    got = len(rs.entries())
+    check(got == 2, 'only the remote job\'s compile is published (%d entries, want 2)' % got)
+
+    # (b) An owner a job without a remote started; a remote job then
+    # compiles on that node: its compile is published and its lock gone.
+    rs.cmd('FLUSHALL')
+    m = ctx.node(rs.url, extra=idle)
+    r = m.start(['kc'], ctx, extra={'KCACHE_REMOTE': None}).wait()
+    check(r.rc == 0 and r.misses == 1, 'a job without a remote compiles kc')
+    r = m.start(['kh'], ctx).wait()
+    check(r.rc == 0 and r.misses == 1, 'a remote job compiles kh')
+    m.settle(timeout=90)
+    got = len(rs.entries())
+    check(got == 2, 'the remote job\'s compile is published (%d entries, want 2)' % got)
+    locks = rs.cmd('KEYS', 'kcache:lock:*')
+    check(locks == [], 'its cluster lock is released (%s)' % locks)
+
+
+def revoke(ctx):
+    rs = ctx.redis()
+    writer = ctx.node(rs.url)
+    writer.start(KERNELS, ctx).wait()
+    writer.settle()
+    check(len(rs.entries()) == 2 * K, 'the writer filled the remote')
+    reader = ctx.node(rs.url, writer=False)
+    r = reader.start(KERNELS, ctx).wait()
+    check(r.misses == 0 and r.remote['hits'] == 2 * K, 'a reader is served by the remote')
+    reader.settle()
+    r = reader.start(KERNELS, ctx).wait()
+    check(r.misses == 0 and r.hits == K, 'then from its own store')
+
+    # The writer's key is revoked: the trusted file now names another.
+    other = os.path.join(ctx.root, 'other.key')
+    ctx.tool('keygen', other)
+    shutil.copy(other + '.pub', ctx.trusted)
+    r = reader.start(KERNELS, ctx).wait()
+    e.check_outputs([r], ctx.ref, 'after the revocation')
+    check(r.misses == K, 'nothing the revoked key signed is served, locally either (%d '
+          'compiles)' % r.misses)
+    reader.settle()
+    r = reader.start(KERNELS, ctx).wait()
+    check(r.misses == 0 and r.hits == K, 'what the node compiled since is served (%d hits)'
+          % r.hits)
+
+
+def main():
+    if shutil.which('redis-server') is None:
+        print('redis-server is not installed (scripts/setup installs it)')
+        return 77
+    root = tempfile.mkdtemp(prefix='kc-remote-trust-')
+    ctx = None
+    try:
+        ctx = e.Ctx(root)
+        {'push': push, 'owner': owner, 'revoke': revoke}[MODE](ctx)
+    finally:
+        if ctx is not None:
+            ctx.close()
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print('%d failure(s)' % len(e.failures))
+    return 1 if e.failures else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
