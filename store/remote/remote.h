@@ -353,7 +353,8 @@ struct kc_remote_ping {
  * first error (details in *rep). */
 int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
 
-/* `kcache keygen PATH`: a new Ed25519 key pair. Writes the secret key to
+/* `kcache keygen PATH`: a new Ed25519 key pair. The directories leading to
+ * PATH that do not exist are made (0700). Writes the secret key to
  * PATH (created 0600, never overwriting: -EEXIST) as one line
  * "kcache-ed25519-secret <base64 seed>", and the public key to PATH.pub
  * (0644) as one line "kcache-ed25519 <base64 key> <comment>", the line a

@@ -328,6 +328,30 @@ static int write_new(const char *path, mode_t mode, const char *text)
     return rc;
 }
 
+/* Makes the directories leading to path that do not exist (0700: a
+ * secret key goes there). 0 or the first mkdir's negative errno. */
+static int make_parents(const char *path)
+{
+    char d[4200];
+    if (snprintf(d, sizeof d, "%s", path) >= (int)sizeof d)
+        return -ENAMETOOLONG;
+    char *slash = strrchr(d, '/');
+    if (slash == NULL || slash == d)
+        return 0;
+    *slash = '\0';
+    for (char *p = d + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(d, 0700) != 0 && errno != EEXIST)
+            return -errno;
+        *p = c;
+        if (c == '\0')
+            return 0;
+    }
+}
+
 int kc_remote_keygen(const char *path, const char *comment, char *key_id)
 {
     const struct kc__sodium *na;
@@ -339,6 +363,8 @@ int kc_remote_keygen(const char *path, const char *comment, char *key_id)
         return -ENAMETOOLONG;
     if (access(pubpath, F_OK) == 0 || errno != ENOENT)
         return -EEXIST;
+    if ((rc = make_parents(path)) != 0)
+        return rc;
     unsigned char seed[KC__SEED_LEN], pk[KC__PK_LEN], sk[KC__SK_LEN];
     na->randombytes_buf(seed, sizeof seed);
     na->seed_keypair(pk, sk, seed);
