@@ -14,6 +14,9 @@ MODE:
            locks released) by an owner a job without a remote started
   revoke   entries served from the remote under a key later removed from
            the trusted file are no longer served, from the local store too
+  persist  a redis-server run with the README's redis.conf keeps what it
+           was given across a restart: a fresh node after it compiles
+           nothing
 """
 import os
 import subprocess
@@ -138,6 +141,70 @@ def revoke(ctx):
           % r.hits)
 
 
+def readme_conf():
+    """The README's redis.conf lines (its block after "A minimal
+    `redis.conf`"), comments dropped."""
+    text = open(os.path.join(os.environ['KCACHE_SRC'], 'README.md')).read()
+    i = text.index('A minimal `redis.conf`')
+    lines = []
+    for line in text[i:].split('\n')[1:]:
+        if line.startswith('    '):
+            lines.append(line.strip().split('#')[0].strip())
+        elif lines:
+            break
+    return [l for l in lines if l]
+
+
+def persist(ctx):
+    d = os.path.join(ctx.root, 'persist')
+    os.makedirs(d)
+    port = e.free_port()
+    conf = os.path.join(d, 'redis.conf')
+    password = None
+    with open(conf, 'w') as f:
+        for line in readme_conf():
+            name = line.split()[0]
+            if name == 'requirepass':
+                password = line.split()[1]
+            if name in ('bind', 'port', 'dir', 'logfile', 'maxmemory'):
+                continue
+            f.write(line + '\n')
+        f.write('bind 127.0.0.1\nport %d\ndir %s\nlogfile %s\n' % (port, d, os.path.join(d, 'log')))
+
+    def start():
+        p = subprocess.Popen(['redis-server', conf], preexec_fn=e._die_with_us,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            try:
+                if e.resp(('127.0.0.1', port), 'AUTH', password) == 'OK':
+                    return p
+            except (OSError, e.RedisError):
+                pass
+            import time
+            time.sleep(0.025)
+        raise RuntimeError('redis-server did not start with the README\'s redis.conf')
+
+    p = start()
+    try:
+        url = 'redis://:%s@127.0.0.1:%d' % (password, port)
+        writer = ctx.node(url)
+        r = writer.start(KERNELS, ctx).wait()
+        check(r.rc == 0 and r.misses == K, 'the writer compiled')
+        writer.settle()
+        p.terminate()  # a restart: SIGTERM, as systemd stops it
+        p.wait()
+        p = start()
+        fresh = ctx.node(url)
+        r = fresh.start(KERNELS, ctx).wait()
+        e.check_outputs([r], ctx.ref, 'after Redis restarted')
+        check(r.misses == 0 and r.remote['hits'] == 2 * K,
+              'Redis restarted with the README\'s redis.conf: a fresh node is served all (%d '
+              'compiles, %s)' % (r.misses, r.remote))
+    finally:
+        p.kill()
+        p.wait()
+
+
 def main():
     if shutil.which('redis-server') is None:
         print('redis-server is not installed (scripts/setup installs it)')
@@ -146,7 +213,7 @@ def main():
     ctx = None
     try:
         ctx = e.Ctx(root)
-        {'push': push, 'owner': owner, 'revoke': revoke}[MODE](ctx)
+        {'push': push, 'owner': owner, 'revoke': revoke, 'persist': persist}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()
