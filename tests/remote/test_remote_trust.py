@@ -113,6 +113,13 @@ def owner(ctx):
     locks = rs.cmd('KEYS', 'kcache:lock:*')
     check(locks == [], 'its cluster lock is released (%s)' % locks)
 
+    # The upload configuration stays in the spool: the hot files the put
+    # files became do not carry it.
+    hot = [os.path.join(d, f) for nd in (n, m) for d in [os.path.join(nd.dir, 'hot')]
+           if os.path.isdir(d) for f in os.listdir(d)]
+    check(hot != [] and not any(b'KCACHE_REMOTE=' in open(f, 'rb').read() for f in hot),
+          'no hot file carries the upload configuration (%d hot files)' % len(hot))
+
 
 def revoke(ctx):
     rs = ctx.redis()
