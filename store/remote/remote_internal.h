@@ -124,6 +124,22 @@ void kc__keys_free(const struct kc__sodium *na, struct kc__keys *k);
 void kc__b64_encode(const unsigned char *in, size_t n, char *out);
 int kc__b64_decode(const char *in, size_t n, unsigned char *out, size_t cap);
 
+/* ---- small signed values (sign.c) -------------------------------------- */
+
+/* Signs a small value (a lock value, ...) with this node's key: the
+ * signature covers "kcache-blob-v1", `context` (1..63 bytes naming what it
+ * is, as "kcache-lock-v1": a signature made for one use never verifies for
+ * another) and BLAKE2b-256 of msg. 0 with sig; -EROFS without a secret
+ * key; -EINVAL (context); -EIO. The signer's id to send beside it is
+ * keys->self.id. */
+int kc__blob_sign(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                  const void *msg, size_t n, unsigned char sig[KC__SIG_LEN]);
+/* Verifies it: 0 when key_id is a trusted key (or this node's own) and the
+ * signature is its; -EKEYREJECTED otherwise (na may be NULL: rejected). */
+int kc__blob_verify(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                    uint64_t key_id, const void *msg, size_t n,
+                    const unsigned char sig[KC__SIG_LEN]);
+
 /* ---- the value layout (sign.c) ------------------------------------------ */
 
 /*
