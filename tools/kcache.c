@@ -890,8 +890,8 @@ static int cmd_push(struct ctx *c, const char *ns)
                 free(body);
                 continue;
             }
-            int p =
-                kc_remote_put(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len, info.saved_ns);
+            int p = kc_remote_put_flags(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len,
+                                        info.saved_ns, KC_REMOTE_PUT_KEEP);
             free(body);
             if (p == 0) {
                 pushed++;

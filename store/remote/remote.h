@@ -204,6 +204,14 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
 int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
 
+/* kc_remote_put with flags: KC_REMOTE_PUT_KEEP keeps a valid manifest the
+ * remote holds too (a backfill: `kcache push`, whose manifests may lack
+ * sets other nodes added). */
+#define KC_REMOTE_PUT_KEEP 1u
+int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
+                        const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                        uint64_t saved_ns, unsigned flags);
+
 /* tier.h's purge: DEL of the entry. 0 (also when it was not there: -ENOENT
  * is not distinguished), -EROFS, other negatives as get. */
 int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key);

@@ -468,6 +468,13 @@ static int set_value(struct kc_remote *r, const char *k, const unsigned char *v,
 int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
 {
+    return kc_remote_put_flags(r, ns, key, source, kind, body, len, saved_ns, 0);
+}
+
+int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
+                        const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                        uint64_t saved_ns, unsigned flags)
+{
     (void)source; /* no source map remotely */
     char k[KC_REMOTE_KEY_MAX];
     if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
@@ -504,7 +511,8 @@ int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const 
         int g = kc_remote_get(r, ns, key, &got, &glen, NULL);
         bool same = g == 0 && glen == len && (len == 0 || memcmp(got, body, len) == 0);
         free(got);
-        if (g == -EBADMSG || (g == 0 && kind == KC_KIND_MANIFEST && !same))
+        bool grow = kind == KC_KIND_MANIFEST && !(flags & KC_REMOTE_PUT_KEEP);
+        if (g == -EBADMSG || (g == 0 && grow && !same))
             rc = set_value(r, k, v, vlen, false);
         else if (g == -ENOENT)
             rc = set_value(r, k, v, vlen, true); /* gone meanwhile */
