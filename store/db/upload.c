@@ -19,10 +19,14 @@
  * owner. Only what a process of this store compiled (KC_PROV_LOCAL) is
  * uploaded. A remote is opened per distinct descriptor (a few), once per
  * owner process (which runs several sessions), with retry_ms: a server
- * that failed is tried again after a second, doubling up to a minute. Puts that failed because the
- * remote could not be reached are remembered (bounded) and tried again from the database once it
- * can be; the rest (too large, read-only node, a full server) stay local. The remote's counters are
- * added to the store's statistics (kc_remote_counters_pack) at the end of each round.
+ * that failed is tried again after a second, doubling up to a minute.
+ * Puts that failed because the remote could not be reached are remembered
+ * (bounded, with their remote) and tried again from the database once it
+ * can be; the rest (too large, read-only node, a full server) stay local.
+ * A value the remote already holds that verifies is kept (-EEXIST): the
+ * entry is up, and its lock is cleared as after an upload. The remote's
+ * counters are added to the store's statistics (kc_remote_counters_pack)
+ * at the end of each round.
  */
 #include "owner.h"
 #include "../remote/remote.h"

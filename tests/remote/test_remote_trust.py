@@ -77,6 +77,23 @@ def push(ctx):
     check(p.returncode == 0, 'push of a node served unsigned entries')
     check(all(rs.cmd('GET', k) == planted[k] for k in planted),
           'push uploads none of the entries it was served unsigned')
+    # Entries imported from an unsigned bundle (--trust-unsigned) are not
+    # this node's compiles either.
+    bundle = os.path.join(ctx.root, 'b.kcb')
+    x = subprocess.run([e.TOOL, '--dir', local.dir, 'export', '-o', bundle],
+                       env=local.environ(), capture_output=True, text=True, timeout=120)
+    check(x.returncode == 0, 'export: ' + x.stderr)
+    imp = ctx.node(rs.url)
+    os.makedirs(imp.dir, mode=0o700)
+    x = subprocess.run([e.TOOL, '--dir', imp.dir, 'import', '--trust-unsigned', bundle],
+                       env=imp.environ(), capture_output=True, text=True, timeout=120)
+    check(x.returncode == 0, 'import --trust-unsigned: ' + x.stdout + x.stderr)
+    p = push_cmd(imp)
+    print(p.stdout + p.stderr)
+    check(p.returncode == 0 and 'not compiled here (imported)' in p.stdout,
+          'push of imported entries says why it leaves them')
+    check(all(rs.cmd('GET', k) == planted[k] for k in planted),
+          'push uploads none of the entries it imported')
     victim = ctx.node(rs.url, writer=False)
     r = victim.start(KERNELS, ctx).wait()
     e.check_outputs([r], ctx.ref, 'a signed-only node after the push')
