@@ -5,6 +5,8 @@
 # and stops at the end: passwords never shown, whatever they hold;
 # KCACHE_REMOTE_PASSWORD_FILE (mode-checked); NOAUTH named as such; one
 # trusted key counted once; keygen into a directory that does not exist.
+shim=${KCACHE_SHIM:?}
+bench=${1:?usage: messages.sh NVRTC_BENCH}
 . "$(dirname "$0")/../tool/lib.sh"
 
 pids=()
@@ -114,6 +116,16 @@ $err"
 $err"
     printf '%s\n' "$all" | grep -q 'zq' && fail "push shows a password ($v): $all" || ok
 done
+
+# The host's warning (a program preloaded with the shim) does not show it
+# either.
+printf 'extern "C" __global__ void k(float *x) { x[threadIdx.x] += 1.0f; }\n' >"$T/k.cu"
+mkdir -p "$T/out"
+KCACHE_READONLY=1 KCACHE_DIR="$T/kc" KCACHE_REMOTE='redis://:zq1|zq2@127.0.0.1:1' LD_PRELOAD="$shim" \
+    run "$bench" --opt -arch=compute_80 --file "$T/k.cu" --save "$T/out" 1
+expect_rc 0 "a host with a malformed KCACHE_REMOTE"
+expect_err_match 'KCACHE_REMOTE: .*%7C' "the host warns how to write it"
+printf '%s\n' "$err" | grep -q 'zq' && fail "the host warning shows a password: $err" || ok
 
 # A password on each seed of a cluster: refused, not the first seed dropped.
 KCACHE_REMOTE="redis-cluster://:zqa@127.0.0.1:1,:zqa@127.0.0.1:2" run "$KC" config
