@@ -99,6 +99,39 @@ def push(ctx):
     e.check_outputs([r], ctx.ref, 'a signed-only node after the push')
     check(r.remote['hits'] == 0, 'a signed-only node is served nothing the push laundered (%s)'
           % r.remote)
+    launder_manifest(ctx)
+
+
+MANIFEST_MAGIC = 0x334b434d46  # shim/codec.c's "KCMF" 3
+MARKER = b'/kc-planted-marker.h'
+
+
+def planted_manifest():
+    """A well-formed manifest whose one set names a header nobody has."""
+    import struct
+    return (struct.pack('<QQ', MANIFEST_MAGIC, 1) + struct.pack('<QQQ', 0x1111, 0x2222, 1) +
+            struct.pack('<iQ', 0, len(MARKER)) + MARKER + struct.pack('<QQ', 0, 0) +
+            struct.pack('<5Q', 0, 0, 0, 0, 0))
+
+
+def launder_manifest(ctx):
+    """A manifest served unverified (KCACHE_REMOTE_TRUST=any) is not merged
+    into the one this node signs and uploads."""
+    rs = ctx.redis()
+    writer = ctx.node(rs.url)
+    writer.start(['ka'], ctx).wait()
+    writer.settle()
+    mkey = next(k for k in rs.entries() if e.value_kind(rs.cmd('GET', k)) == 3)
+    e.forge(ctx, rs, mkey, rs.cmd('GET', mkey), planted_manifest(), None)
+    lax = ctx.node(rs.url, extra={'KCACHE_REMOTE_TRUST': 'any'})
+    r = lax.start(['ka'], ctx).wait()
+    e.check_outputs([r], {'ka': ctx.ref['ka']}, 'a node served a planted manifest')
+    check(r.misses == 1, 'it compiles (the planted set does not hold: %d compiles)' % r.misses)
+    lax.settle()
+    v = rs.cmd('GET', mkey)
+    signed = int.from_bytes(v[6:8], 'little') & 1
+    check(signed == 1 and MARKER not in v,
+          'the manifest it uploads (signed %d) keeps none of the planted sets' % signed)
 
 
 def owner(ctx):
