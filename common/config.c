@@ -44,6 +44,8 @@ const struct kc_config_var kc_config_vars[] = {
     [KC_VAR_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST",
                              "signed|any: whether unsigned remote entries are read"},
     [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
+    [KC_VAR_REMOTE_PASSWORD_FILE] = {"KCACHE_REMOTE_PASSWORD_FILE",
+                                     "file (0600) holding the Redis password of KCACHE_REMOTE"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -385,6 +387,8 @@ void kc_config_load(struct kc_config *cfg)
     load_text(cfg, KC_VAR_REMOTE_TRUSTED_KEYS, cfg->remote_trusted_keys,
               sizeof cfg->remote_trusted_keys);
     load_text(cfg, KC_VAR_REMOTE_TRUST, cfg->remote_trust, sizeof cfg->remote_trust);
+    load_text(cfg, KC_VAR_REMOTE_PASSWORD_FILE, cfg->remote_password_file,
+              sizeof cfg->remote_password_file);
 
     /* A misspelt switch must not be silently ignored. */
     extern char **environ;
@@ -483,6 +487,10 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case KC_VAR_LINK:
         snprintf(buf, len, "%d", cfg->link);
         break;
+    case KC_VAR_REMOTE_PASSWORD_FILE:
+        snprintf(buf, len, "%s",
+                 cfg->remote_password_file[0] ? cfg->remote_password_file : "(none)");
+        break;
     default:
         snprintf(buf, len, "?");
     }
@@ -498,44 +506,80 @@ static void redact_put(char *out, size_t len, size_t *o, const char *s, size_t n
             out[*o] = s[i];
 }
 
+/* Whether a URL starts at p (the value's start, or after white space):
+ * "scheme://" or "redis+unix:". A fragment of a password written with a
+ * space in it does not look like one. */
+static bool url_starts(const char *p)
+{
+    if (strncasecmp(p, "redis+unix:", 11) == 0)
+        return true;
+    if (!isalpha((unsigned char)*p))
+        return false;
+    const char *q = p + 1;
+    while (isalnum((unsigned char)*q) || *q == '+' || *q == '.' || *q == '-')
+        q++;
+    return q[0] == ':' && q[1] == '/' && q[2] == '/';
+}
+
+/* The next URL start after p (or the end). */
+static const char *url_next(const char *p)
+{
+    for (const char *q = p; *q != '\0'; q++)
+        if (isspace((unsigned char)*q) && !isspace((unsigned char)q[1]) && q[1] != '\0' &&
+            url_starts(q + 1))
+            return q + 1;
+    return p + strlen(p);
+}
+
+int kc_config_url_creds(const char *remote, const char **start, const char **sep, const char **at,
+                        const char **end)
+{
+    const char *p = remote;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p == '\0')
+        return 0;
+    const char *e = url_next(p);
+    *start = p;
+    *end = e;
+    *sep = NULL;
+    *at = NULL;
+    if (strncasecmp(p, "redis+unix:", 11) != 0) {
+        const char *s = strstr(p, "://");
+        if (s != NULL && s < e) {
+            *sep = s + 3;
+            /* The credentials run to the last '@' before the next URL,
+             * across any '|', space or tab a password may hold. */
+            for (const char *q = *sep; q < e; q++)
+                if (*q == '@')
+                    *at = q;
+        }
+    }
+    return 1;
+}
+
 int kc_config_redact_url(const char *remote, char *out, size_t len)
 {
     static const char stars[] = "********";
     size_t o = 0;
     const char *p = remote != NULL ? remote : "";
     while (*p != '\0') {
-        if (isspace((unsigned char)*p)) {
-            redact_put(out, len, &o, p, 1);
-            p++;
-            continue;
+        const char *u, *sep, *at, *end;
+        if (kc_config_url_creds(p, &u, &sep, &at, &end) == 0) {
+            redact_put(out, len, &o, p, strlen(p));
+            break;
         }
-        const char *end = p;
-        while (*end != '\0' && !isspace((unsigned char)*end))
-            end++;
-        /* scheme://AUTHORITY... with AUTHORITY up to the first '|'. */
-        const char *sep = NULL;
-        for (const char *q = p; q + 2 < end; q++)
-            if (q[0] == ':' && q[1] == '/' && q[2] == '/') {
-                sep = q + 3;
-                break;
-            }
-        bool unix_url = (size_t)(end - p) >= 11 && strncmp(p, "redis+unix:", 11) == 0;
-        const char *at = NULL, *auth_end = end;
-        if (sep != NULL && !unix_url) {
-            const char *bar = memchr(sep, '|', (size_t)(end - sep));
-            if (bar != NULL)
-                auth_end = bar;
-            for (const char *q = sep; q < auth_end; q++)
-                if (*q == '@')
-                    at = q;
-        }
+        redact_put(out, len, &o, p, (size_t)(u - p));
         if (at == NULL) {
-            redact_put(out, len, &o, p, (size_t)(end - p));
+            redact_put(out, len, &o, u, (size_t)(end - u));
         } else {
-            redact_put(out, len, &o, p, (size_t)(sep - p));
+            redact_put(out, len, &o, u, (size_t)(sep - u));
+            /* USER: stays (the first ':' ends it); a password alone shows
+             * as ":********" either way it was written. */
             const char *colon = memchr(sep, ':', (size_t)(at - sep));
             if (colon != NULL)
-                redact_put(out, len, &o, sep, (size_t)(colon - sep) + 1);
+                redact_put(out, len, &o, sep, (size_t)(colon - sep));
+            redact_put(out, len, &o, ":", 1);
             redact_put(out, len, &o, stars, sizeof stars - 1);
             redact_put(out, len, &o, at, (size_t)(end - at));
         }

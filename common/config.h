@@ -56,6 +56,7 @@ enum kc_var {
     KC_VAR_REMOTE_TRUSTED_KEYS,
     KC_VAR_REMOTE_TRUST,
     KC_VAR_LINK,
+    KC_VAR_REMOTE_PASSWORD_FILE,
     KC_N_SETTINGS, /* the settings come first; internal variables follow */
     KC_VAR_TOOL = KC_N_SETTINGS,
     KC_VAR_STORE_LIB,
@@ -84,13 +85,14 @@ struct kc_config {
     bool single_flight;  /* KCACHE_SINGLE_FLIGHT */
     /* The remote tier's settings as given (empty: unset), parsed by
      * store/remote (kc_remote_settings_from_config). */
-    char remote[4096];                  /* KCACHE_REMOTE (may hold passwords) */
-    char remote_ttl[32];                /* KCACHE_REMOTE_TTL */
-    char remote_max_entry[32];          /* KCACHE_REMOTE_MAX_ENTRY */
-    char remote_signing_key[PATH_MAX];  /* KCACHE_REMOTE_SIGNING_KEY */
-    char remote_trusted_keys[PATH_MAX]; /* KCACHE_REMOTE_TRUSTED_KEYS */
-    char remote_trust[16];              /* KCACHE_REMOTE_TRUST */
-    bool link;                          /* KCACHE_LINK: nvJitLink and cuLink* links */
+    char remote[4096];                   /* KCACHE_REMOTE (may hold passwords) */
+    char remote_ttl[32];                 /* KCACHE_REMOTE_TTL */
+    char remote_max_entry[32];           /* KCACHE_REMOTE_MAX_ENTRY */
+    char remote_signing_key[PATH_MAX];   /* KCACHE_REMOTE_SIGNING_KEY */
+    char remote_trusted_keys[PATH_MAX];  /* KCACHE_REMOTE_TRUSTED_KEYS */
+    char remote_trust[16];               /* KCACHE_REMOTE_TRUST */
+    char remote_password_file[PATH_MAX]; /* KCACHE_REMOTE_PASSWORD_FILE */
+    bool link;                           /* KCACHE_LINK: nvJitLink and cuLink* links */
 
     /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
      * kc_config_vars[] (enum kc_var). */
@@ -158,8 +160,15 @@ const char *kc_log_level_name(int level);
 
 /* Writes KCACHE_REMOTE's value (URLs separated by white space, malformed
  * or not) with every password replaced by "********": in scheme://AUTH...
- * the user info before AUTH's last '@' loses all but "USER:". Returns the
- * length it wanted (as snprintf); out always terminated when len > 0. */
+ * the user info before the last '@' ahead of the next URL (a password
+ * holding '|', a space or a tab included) becomes "USER:********" (or
+ * ":********"). Returns the length it wanted (as snprintf); out always
+ * terminated when len > 0. */
 int kc_config_redact_url(const char *remote, char *out, size_t len);
+/* The first URL of `remote` as redaction sees it: [*start, *end) (white
+ * space after it included), *sep after its "://" and *at its credentials'
+ * '@' (NULL: none). 1, or 0 when there is none. */
+int kc_config_url_creds(const char *remote, const char **start, const char **sep, const char **at,
+                        const char **end);
 
 #endif

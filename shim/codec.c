@@ -287,3 +287,8 @@ void kc__manifest_encode(struct kc_buf *b, const kc_digest *result, const struct
                 k++;
             }
 }
+
+bool kc__manifest_mergeable(uint32_t prov)
+{
+    return KC_PROV_CODE(prov) == KC_PROV_LOCAL || KC_PROV_CODE(prov) == KC_PROV_SIGNED;
+}

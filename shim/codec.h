@@ -81,6 +81,13 @@ struct kc__manifest *kc__manifest_decode(const void *p, size_t n);
 /* Encodes a manifest whose newest set is (result, deps), followed by the
  * sets of `old` (may be NULL) with another result, MANIFEST_MAX_SETS in
  * all. Check b->err. */
+/* Whether a stored manifest's dependency sets may be kept in a new one
+ * this process stores (and its owner uploads, signed by this node): only
+ * a manifest compiled here or verified from a trusted signer. One served
+ * unverified (KCACHE_REMOTE_TRUST=any), imported, or of unknown provenance
+ * would be laundered into this node's signature: the new one starts
+ * afresh. */
+bool kc__manifest_mergeable(uint32_t prov);
 void kc__manifest_encode(struct kc_buf *b, const kc_digest *result, const struct kc__dep *deps,
                          uint64_t n_deps, const struct kc__manifest *old);
 

@@ -270,8 +270,9 @@ static int file_manifest_add(const char *ns, const kc_digest *base, const kc_dig
     void *body = NULL;
     size_t len = 0;
     struct kc__manifest *old = NULL;
-    if (st_get(ns, &mk, &body, &len, NULL) == 0) {
-        old = kc__manifest_decode(body, len);
+    struct kc_record_info info = {0};
+    if (st_get(ns, &mk, &body, &len, &info) == 0) {
+        old = kc__manifest_mergeable(info.prov) ? kc__manifest_decode(body, len) : NULL;
         st_free(body);
     }
     struct kc_buf b = {0};

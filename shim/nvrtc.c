@@ -426,8 +426,9 @@ static int manifest_add(struct kc_store *st, const struct kc_store_ops *api, con
     void *body = NULL;
     size_t len = 0;
     struct kc__manifest *old = NULL;
-    if (api->get(st, ns, &mk, &body, &len, NULL) == 0) {
-        old = kc__manifest_decode(body, len);
+    struct kc_record_info info = {0};
+    if (api->get(st, ns, &mk, &body, &len, &info) == 0) {
+        old = kc__manifest_mergeable(info.prov) ? kc__manifest_decode(body, len) : NULL;
         api->free(body);
     }
     struct kc_buf b = {0};

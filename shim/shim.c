@@ -139,16 +139,45 @@ struct kc_remote *kc__remote(void)
     return __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? remote : NULL;
 }
 
+/* Revocation: an entry the remote served is served from the store only
+ * while its signer is trusted (kc_remote_signers_serve). The signers are
+ * read at the first hit that needs them (libc only: a hit maps nothing). */
+static pthread_once_t signers_once = PTHREAD_ONCE_INIT;
+static struct kc_remote_signers *signers;
+
+static void signers_load(void)
+{
+    struct kc_remote_settings s;
+    kc_remote_settings_from_config(kc__config(), &s);
+    if (kc_remote_signers_load(&s, &signers) != 0)
+        signers = NULL;
+}
+
+static bool signer_served(uint32_t prov)
+{
+    if (KC_PROV_CODE(prov) != KC_PROV_SIGNED)
+        return true;
+    pthread_once(&signers_once, signers_load);
+    return kc_remote_signers_serve(signers, prov);
+}
+
 /* Chains the remote behind the local tiers when KCACHE_REMOTE names one:
- * reads only (the owner uploads what this process stores). Nothing is
+ * reads only (the owner uploads what this process stores, with the upload
+ * configuration its puts carry). Nothing is
  * loaded or connected until a lookup misses locally. A malformed value is
  * one warning, and no remote. */
 static void remote_attach(struct kc_store *st, const struct kc_config *cfg)
 {
     struct kc_remote_settings s;
     kc_remote_settings_from_config(cfg, &s);
+    kc__chain_set_served(st, signer_served);
     if (s.remote == NULL || s.remote[0] == '\0')
         return;
+    /* This process's compiles are uploaded with its own configuration. */
+    static char desc[KC__UPLOAD_MAX];
+    size_t dn = kc_remote_upload_descriptor(&s, desc, sizeof desc);
+    kc__chain_set_upload(st, dn > 0 ? desc : NULL, dn);
+    memset(desc, 0, sizeof desc);
     struct kc_remote_config rc;
     char why[256];
     if (kc_remote_config_parse(&s, &rc, why, sizeof why) != 0) {

@@ -79,7 +79,25 @@ struct kc_record_info {
     uint64_t last_hit;  /* unix time, seconds; 0 = never hit */
     uint64_t hits;      /* hits folded in by the owner so far */
     uint64_t saved_ns;  /* compile time one hit saves */
+    uint32_t prov;      /* where it came from: KC_PROV(enum kc_provenance, signer tag) */
 };
+
+/* An entry's provenance, recorded in its record header (the 32 bits a
+ * record of an earlier kcache holds as 0: KC_PROV_UNKNOWN). The low 4
+ * bits are the code; for KC_PROV_SIGNED the other 28 are the signer's
+ * tag (store/remote: the low 28 bits of XXH3-128 of its public key), so a
+ * key removed from the trusted file stops what it signed being served. */
+enum kc_provenance {
+    KC_PROV_UNKNOWN = 0,  /* stored before kcache recorded provenance */
+    KC_PROV_LOCAL = 1,    /* compiled by a process of this store */
+    KC_PROV_SIGNED = 2,   /* served by the remote, its signature verified */
+    KC_PROV_UNSIGNED = 3, /* served by the remote unverified (KCACHE_REMOTE_TRUST=any) */
+    KC_PROV_IMPORTED = 4, /* from a bundle (kcache import) */
+    KC_PROV_MAX = 4
+};
+#define KC_PROV_CODE(o) ((uint32_t)(o)&0xfu)
+#define KC_PROV_TAG(o) ((uint32_t)(o) >> 4)
+#define KC_PROV(code, tag) ((uint32_t)(code) | ((uint32_t)(tag) << 4))
 
 /* Per-backend counters a process adds to the store's statistics, declared
  * once: X(name, what) for each, in the order they are serialized (counter

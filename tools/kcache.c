@@ -760,8 +760,13 @@ static int cmd_remote_ping(struct ctx *c)
                    s->version[0] ? s->version : "?", s->role[0] ? s->role : "?");
         else
             printf("%s: %s\n", s->name,
-                   s->rc == -ECONNREFUSED ? "cannot connect" : strerror(-s->rc));
+                   s->why[0]                ? s->why
+                   : s->rc == -ECONNREFUSED ? "cannot connect"
+                                            : strerror(-s->rc));
     }
+    bool server_failed = false;
+    for (int i = 0; i < p.n; i++)
+        server_failed = server_failed || p.server[i].rc != 0;
     if (rc == 0 && p.roundtrip_rc == 0)
         printf("signed entry: written, read back and verified, deleted (key id %s, %d trusted "
                "key%s)\n",
@@ -770,6 +775,10 @@ static int cmd_remote_ping(struct ctx *c)
         printf("signed entry: not written (no signing key: this node is read-only); a read "
                "worked (%d trusted key%s)\n",
                p.n_trusted, p.n_trusted == 1 ? "" : "s");
+    else if (server_failed)
+        printf("signed entry: not tried (a server failed, above)\n");
+    else if (p.roundtrip_rc == -ENETDOWN)
+        printf("signed entry: not tried (the remote is off: see the warning above)\n");
     else
         printf("signed entry: %s\n", strerror(-p.roundtrip_rc));
     kc_remote_close(r);
@@ -835,9 +844,9 @@ static struct kc_remote *tool_remote(struct ctx *c)
 
 /* `kcache push`: uploads this store's entries (of one namespace, or all)
  * to the remote, entries before manifests: the backfill of what was
- * compiled before the remote was configured, or while it was down. Signed
- * with this node's key; an entry the remote already holds is written
- * again. */
+ * compiled before the remote was configured, or while it was down. Only
+ * what this node compiled (KC_PROV_LOCAL) is uploaded, signed with its
+ * key; a valid value the remote holds is never replaced (kc_remote_put). */
 static int cmd_push(struct ctx *c, const char *ns)
 {
     struct kc_remote *r = tool_remote(c);
@@ -859,7 +868,8 @@ static int cmd_push(struct ctx *c, const char *ns)
         free(l.v);
         return walk_error(c, rc);
     }
-    uint64_t pushed = 0, bytes = 0, large = 0, failed = 0, gone = 0;
+    uint64_t pushed = 0, bytes = 0, large = 0, failed = 0, gone = 0, present = 0;
+    uint64_t not_ours[KC_PROV_MAX + 1] = {0};
     int stop = 0;
     for (int pass = 0; pass < 2 && stop == 0; pass++) {
         for (size_t i = 0; i < l.n && stop == 0; i++) {
@@ -872,12 +882,22 @@ static int cmd_push(struct ctx *c, const char *ns)
                 gone++; /* evicted or purged meanwhile */
                 continue;
             }
-            int p =
-                kc_remote_put(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len, info.saved_ns);
+            /* This node signs only what it compiled: what the remote
+             * served, a bundle brought, or what was stored before kcache
+             * recorded provenance is not uploaded under its key. */
+            if (KC_PROV_CODE(info.prov) != KC_PROV_LOCAL) {
+                not_ours[KC_PROV_CODE(info.prov) <= KC_PROV_MAX ? KC_PROV_CODE(info.prov) : 0]++;
+                free(body);
+                continue;
+            }
+            int p = kc_remote_put_flags(r, l.v[i].ns, &l.v[i].key, NULL, info.kind, body, len,
+                                        info.saved_ns, KC_REMOTE_PUT_KEEP);
             free(body);
             if (p == 0) {
                 pushed++;
                 bytes += len;
+            } else if (p == -EEXIST) {
+                present++;
             } else if (p == -EFBIG) {
                 large++;
             } else if (p == -EROFS || p == -ENOSPC || !kc_remote_usable(r)) {
@@ -903,8 +923,18 @@ static int cmd_push(struct ctx *c, const char *ns)
     }
     char b[32];
     printf("pushed %" PRIu64 " entries (%s)", pushed, kc_tool_human_size(bytes, b, sizeof b));
+    if (present > 0)
+        printf("; %" PRIu64 " already there (valid values are never replaced)", present);
     if (large > 0)
         printf("; %" PRIu64 " kept local (larger than KCACHE_REMOTE_MAX_ENTRY)", large);
+    if (not_ours[KC_PROV_SIGNED] + not_ours[KC_PROV_UNSIGNED] > 0)
+        printf("; %" PRIu64 " not compiled here (served by the remote)",
+               not_ours[KC_PROV_SIGNED] + not_ours[KC_PROV_UNSIGNED]);
+    if (not_ours[KC_PROV_IMPORTED] > 0)
+        printf("; %" PRIu64 " not compiled here (imported)", not_ours[KC_PROV_IMPORTED]);
+    if (not_ours[KC_PROV_UNKNOWN] > 0)
+        printf("; %" PRIu64 " of unknown provenance (stored before kcache recorded it)",
+               not_ours[KC_PROV_UNKNOWN]);
     if (gone > 0)
         printf("; %" PRIu64 " gone meanwhile", gone);
     if (failed > 0)

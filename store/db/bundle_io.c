@@ -1258,6 +1258,9 @@ again:
          : stored ? kc__spool_put_decode_stored(file, (size_t)n, sp)
                   : kc__spool_put_decode(file, (size_t)n, sp)) != 0)
         return fail(r, -EBADMSG, "damaged: entry %" PRIu64 " is not a whole put record", no);
+    /* What a bundle brings is the importer's as imported, whatever the
+     * exporting store recorded: never this node's own compile. */
+    sp->hdr.prov = KC_PROV(KC_PROV_IMPORTED, 0);
     if (detached) {
         const struct kc__bodyref *b = body_find(r, p + 24);
         if (b == NULL)

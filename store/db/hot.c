@@ -303,9 +303,54 @@ bool kc__hot_can_write(struct kc__owner *o)
     return o->hot_max > 0 && hot_room(o);
 }
 
+/* Whether put file `name` of the spool carries an upload descriptor
+ * (KC__PUT_UPLOAD: its flags, after the spool header and the namespace
+ * length). */
+static bool carries_upload(int sfd, const char *name)
+{
+    int fd = openat(sfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    unsigned char h[KC__SPOOL_HDR + 4];
+    bool up = pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h && h[4] == KC__SP_PUT &&
+              (kc__get_u16(h + KC__SPOOL_HDR + 2) & KC__PUT_UPLOAD) != 0;
+    close(fd);
+    return up;
+}
+
+/* A put file carrying an upload descriptor becomes a hot file without it
+ * (the descriptor may hold a password written inline in KCACHE_REMOTE,
+ * which must not outlive the spool): rewritten, then its spool file goes.
+ * 0 with *size, or -1 (the caller removes it). */
+static int hot_without_upload(struct kc__owner *o, int sfd, const char *name, uint64_t *size)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    struct kc__sp_put sp;
+    int rc = -1;
+    if (kc__read_file(sfd, name, 1ull << 32, &buf, &len) == 0 &&
+        kc__spool_put_decode(buf, len, &sp) == 0) {
+        struct kc__buf b = {0};
+        if (kc__spool_put_encode_flags(&b, sp.ns, &sp.key, sp.has_source ? &sp.source : NULL,
+                                       &sp.hdr, sp.body, sp.body_len,
+                                       sp.from_remote ? KC__PUT_FROM_REMOTE : 0) == 0 &&
+            kc__spool_write(o->p.hot, name + 2, b.p, b.len, false) == 0) {
+            *size = b.len;
+            rc = 0;
+        }
+        kc__buf_free(&b);
+    }
+    if (buf != NULL)
+        memset(buf, 0, len);
+    free(buf);
+    unlinkat(sfd, name, 0);
+    return rc;
+}
+
 /* After the batch holding them is synced: each applied put file becomes
- * its entry's hot file (rename; the filter already has its key), the rest
- * are removed. */
+ * its entry's hot file (rename; the filter already has its key; one that
+ * carries an upload descriptor is rewritten without it), the rest are
+ * removed. */
 void kc__hot_retire_puts(struct kc__owner *o, char **names, const bool *keep, const uint64_t *size,
                          size_t n)
 {
@@ -313,6 +358,12 @@ void kc__hot_retire_puts(struct kc__owner *o, char **names, const bool *keep, co
     int hfd =
         o->hot_max > 0 && hot_room(o) ? open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     for (size_t i = 0; sfd >= 0 && i < n; i++) {
+        if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) && carries_upload(sfd, names[i])) {
+            uint64_t sz;
+            if (hot_without_upload(o, sfd, names[i], &sz) == 0)
+                o->hot_bytes += hot_blocks(sz);
+            continue;
+        }
         if (keep[i] && hfd >= 0 && hot_name(names[i] + 2) &&
             renameat(sfd, names[i], hfd, names[i] + 2) == 0) {
             o->hot_bytes += hot_blocks(size[i]);

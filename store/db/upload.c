@@ -10,13 +10,23 @@
  * finds a manifest then finds what it names. Once a manifest (or a JIT
  * entry) is up, the cluster-wide lock guarding it is deleted.
  *
- * The remote is opened once per process (an owner runs several sessions)
- * with retry_ms: a server that failed is tried again after a second,
- * doubling up to a minute. Puts that failed because the remote could not
- * be reached are remembered (bounded) and tried again from the database
- * once it can be; the rest (too large, read-only node, a full server) stay
- * local. The remote's counters are added to the store's statistics
- * (kc_remote_counters_pack) at the end of each round.
+ * What is uploaded, where and under which key is decided by the process
+ * whose compile it was: each put file carries its upload descriptor
+ * (KC__PUT_UPLOAD, kc_remote_upload_descriptor), and the owner uploads a
+ * put only with it, never with the configuration it was started with: a
+ * put of a process without a remote is never uploaded, and a remote job's
+ * compiles are (their cluster locks cleared) whatever job started the
+ * owner. Only what a process of this store compiled (KC_PROV_LOCAL) is
+ * uploaded. A remote is opened per distinct descriptor (a few), once per
+ * owner process (which runs several sessions), with retry_ms: a server
+ * that failed is tried again after a second, doubling up to a minute.
+ * Puts that failed because the remote could not be reached are remembered
+ * (bounded, with their remote) and tried again from the database once it
+ * can be; the rest (too large, read-only node, a full server) stay local.
+ * A value the remote already holds that verifies is kept (-EEXIST): the
+ * entry is up, and its lock is cleared as after an upload. The remote's
+ * counters are added to the store's statistics (kc_remote_counters_pack)
+ * at the end of each round.
  */
 #include "owner.h"
 #include "../remote/remote.h"
@@ -36,43 +46,79 @@
 struct retry {
     char ns[KC__NS_MAX + 1];
     kc_key key;
+    int remote; /* index into ups */
+};
+
+/* The remotes this owner uploads to: one per upload descriptor its puts
+ * carried (each process's own configuration), opened on first need and
+ * kept for the owner's life; a few at most. */
+#define UPS_MAX 8
+struct up {
+    char *desc; /* the descriptor, NUL-terminated */
+    size_t len;
+    struct kc_remote *r;                /* NULL: unusable (malformed, or failed to open) */
+    struct kc_remote_counters reported; /* already in the statistics */
 };
 
 static pthread_mutex_t up_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool up_tried;
-static struct kc_remote *up;
-static struct kc_remote_counters up_reported; /* already in the statistics */
+static struct up ups[UPS_MAX];
+static int n_ups;
+static bool ups_full_warned;
 static struct retry *retries;
 static size_t n_retries;
 
-/* The process's remote, opened on first need; NULL without one. */
-static struct kc_remote *remote_get(void)
+/* The remote of an upload descriptor, opened on first need: its index in
+ * ups, or -1 (none: the put is not uploaded). */
+static int remote_for(const char *desc, size_t len)
 {
+    if (desc == NULL || len == 0)
+        return -1;
     pthread_mutex_lock(&up_mu);
-    if (!up_tried) {
-        up_tried = true;
-        struct kc_config *cfg = calloc(1, sizeof *cfg);
-        if (cfg != NULL) {
-            kc_config_load(cfg);
-            struct kc_remote_settings s;
-            kc_remote_settings_from_config(cfg, &s);
-            struct kc_remote_config rc;
-            char why[256];
-            if (s.remote != NULL && s.remote[0] != '\0') {
-                if (kc_remote_config_parse(&s, &rc, why, sizeof why) != 0)
-                    kc_log(KC_LOG_WARN, "KCACHE_REMOTE: %s; nothing is uploaded", why);
-                else if (rc.mode != KC_REMOTE_NONE &&
-                         kc_remote_open(&rc, &(struct kc_remote_options){.retry_ms = 1000}, &up) !=
-                             0)
-                    up = NULL;
-                kc_remote_config_free(&rc);
-            }
-            free(cfg);
+    int i = 0;
+    while (i < n_ups && !(ups[i].len == len && memcmp(ups[i].desc, desc, len) == 0))
+        i++;
+    if (i == n_ups) {
+        if (n_ups == UPS_MAX) {
+            bool warn = !ups_full_warned;
+            ups_full_warned = true;
+            pthread_mutex_unlock(&up_mu);
+            if (warn)
+                kc_log(KC_LOG_WARN,
+                       "remote: puts of more than %d remote configurations; the "
+                       "others are not uploaded by this owner",
+                       UPS_MAX);
+            return -1;
         }
+        struct up *u = &ups[n_ups];
+        memset(u, 0, sizeof *u);
+        u->desc = malloc(len + 1);
+        char *storage = malloc(len + 8);
+        struct kc_remote_settings st;
+        if (u->desc == NULL || storage == NULL ||
+            kc_remote_descriptor_settings(desc, len, &st, storage, len + 8) != 0) {
+            free(u->desc);
+            free(storage);
+            pthread_mutex_unlock(&up_mu);
+            return -1;
+        }
+        memcpy(u->desc, desc, len);
+        u->desc[len] = '\0';
+        u->len = len;
+        struct kc_remote_config rc;
+        char why[256];
+        if (kc_remote_config_parse(&st, &rc, why, sizeof why) != 0)
+            kc_log(KC_LOG_WARN, "%s; nothing is uploaded", why);
+        else if (rc.mode != KC_REMOTE_NONE &&
+                 kc_remote_open(&rc, &(struct kc_remote_options){.retry_ms = 1000}, &u->r) != 0)
+            u->r = NULL;
+        kc_remote_config_free(&rc);
+        memset(storage, 0, len + 8); /* it may hold a password */
+        free(storage);
+        n_ups++;
     }
-    struct kc_remote *r = up;
+    int got = ups[i].r != NULL ? i : -1;
     pthread_mutex_unlock(&up_mu);
-    return r;
+    return got;
 }
 
 /* Whether a put's failure means the remote could not be reached now (try
@@ -83,7 +129,7 @@ static bool transient(int rc)
            rc == -EPROTO || rc == -EAGAIN || rc == -ECONNRESET || rc == -EPIPE;
 }
 
-static void remember(const char *ns, const kc_key *key)
+static void remember(const char *ns, const kc_key *key, int remote)
 {
     pthread_mutex_lock(&up_mu);
     if (n_retries == 0 && retries == NULL)
@@ -91,6 +137,7 @@ static void remember(const char *ns, const kc_key *key)
     if (retries != NULL && n_retries < RETRY_MAX) {
         snprintf(retries[n_retries].ns, sizeof retries[n_retries].ns, "%s", ns);
         retries[n_retries].key = *key;
+        retries[n_retries].remote = remote;
         n_retries++;
     }
     pthread_mutex_unlock(&up_mu);
@@ -98,12 +145,12 @@ static void remember(const char *ns, const kc_key *key)
 
 /* Adds the counters since the last report to the statistics (not
  * committed: the next commit makes them durable). */
-static void report(struct kc__owner *o, struct kc_remote *r)
+static void report(struct kc__owner *o, int u)
 {
     struct kc_remote_counters now = {0}, delta;
-    kc_remote_counters(r, &now);
+    kc_remote_counters(ups[u].r, &now);
     delta = now;
-    kc_remote_counters_sub(&delta, &up_reported);
+    kc_remote_counters_sub(&delta, &ups[u].reported);
     struct kc_counters packed[KC_REMOTE_STAT_BACKENDS];
     kc_remote_counters_pack(&delta, packed);
     static const struct kc_counters zero;
@@ -113,7 +160,7 @@ static void report(struct kc__owner *o, struct kc_remote *r)
             kc__owner_add_count(o, kc_remote_stat_backend(i), &packed[i]) != 0)
             ok = false;
     if (ok)
-        up_reported = now;
+        ups[u].reported = now;
 }
 
 /* An entry the cluster-wide single flight's waiters poll for is up (an
@@ -125,9 +172,21 @@ static void published(struct kc_remote *r, const char *ns, const kc_key *key, ui
         kc_remote_lock_clear(r, ns, key);
 }
 
-/* Uploads one put file of the spool; -ENOENT when there is nothing to
- * upload (gone, damaged, or it came from the remote). */
-static int upload_file(struct kc_remote *r, int dfd, const char *name, int pass)
+/* Whether a put or a stored entry is this owner's to upload: what a
+ * process of this store compiled (KC_PROV_LOCAL). What the remote served
+ * (signed by another, or trusted unsigned), a bundle brought, or what was
+ * stored before provenance was recorded is never signed with a key of
+ * this node's. */
+static bool own_compile(uint32_t prov)
+{
+    return KC_PROV_CODE(prov) == KC_PROV_LOCAL;
+}
+
+/* Uploads one put file of the spool with the configuration it carries;
+ * -ENOENT when there is nothing to upload (gone, damaged, from the remote,
+ * not compiled here, or a process without a remote's). *used: the index
+ * of the remote it went to, for the round's report. */
+static int upload_file(int dfd, const char *name, int pass, bool *used)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
@@ -135,14 +194,19 @@ static int upload_file(struct kc_remote *r, int dfd, const char *name, int pass)
         return -ENOENT;
     struct kc__sp_put sp;
     int rc = -ENOENT;
-    if (kc__spool_put_decode(buf, len, &sp) == 0 && !sp.from_remote &&
+    if (kc__spool_put_decode(buf, len, &sp) == 0 && !sp.from_remote && own_compile(sp.hdr.prov) &&
         (sp.hdr.kind == KC_KIND_MANIFEST) == (pass == 1)) {
-        rc = kc_remote_put(r, sp.ns, &sp.key, NULL, sp.hdr.kind, sp.body, sp.body_len,
-                           sp.hdr.saved_ns);
-        if (rc == 0)
-            published(r, sp.ns, &sp.key, sp.hdr.kind);
-        else if (transient(rc))
-            remember(sp.ns, &sp.key);
+        int u = remote_for(sp.upload, sp.upload_len);
+        if (u >= 0) {
+            struct kc_remote *r = ups[u].r;
+            used[u] = true;
+            rc = kc_remote_put(r, sp.ns, &sp.key, NULL, sp.hdr.kind, sp.body, sp.body_len,
+                               sp.hdr.saved_ns);
+            if (rc == 0 || rc == -EEXIST)
+                published(r, sp.ns, &sp.key, sp.hdr.kind);
+            else if (transient(rc))
+                remember(sp.ns, &sp.key, u);
+        }
     }
     free(buf);
     return rc;
@@ -150,54 +214,63 @@ static int upload_file(struct kc_remote *r, int dfd, const char *name, int pass)
 
 void kc__upload_round(struct kc__owner *o, char **names, const bool *keep, size_t n)
 {
-    struct kc_remote *r = remote_get();
-    if (r == NULL || n == 0)
+    if (n == 0)
         return;
     int dfd = open(o->p.spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return;
+    bool used[UPS_MAX] = {false};
     /* Entries first, then the manifests that name them. */
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < n; i++)
             if (keep[i])
-                upload_file(r, dfd, names[i], pass);
+                upload_file(dfd, names[i], pass, used);
     close(dfd);
-    report(o, r);
+    for (int u = 0; u < UPS_MAX; u++)
+        if (used[u])
+            report(o, u);
 }
 
 void kc__upload_retry(struct kc__owner *o)
 {
-    struct kc_remote *r = remote_get();
-    if (r == NULL)
-        return;
     pthread_mutex_lock(&up_mu);
     size_t n = n_retries;
     struct retry *v = retries;
-    pthread_mutex_unlock(&up_mu);
-    if (n == 0 || !kc_remote_usable(r))
+    if (n == 0) {
+        pthread_mutex_unlock(&up_mu);
         return;
+    }
     /* Taken whole: what fails again is remembered again. */
-    pthread_mutex_lock(&up_mu);
     retries = NULL;
     n_retries = 0;
     pthread_mutex_unlock(&up_mu);
+    bool used[UPS_MAX] = {false};
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
+            struct kc_remote *r = ups[v[i].remote].r;
+            if (!kc_remote_usable(r)) {
+                if (pass == 0)
+                    remember(v[i].ns, &v[i].key, v[i].remote);
+                continue;
+            }
             void *body = NULL;
             size_t len = 0;
             struct kc__hdr h;
             if (kc__lookup(&o->d, v[i].ns, &v[i].key, &body, &len, &h) != 0)
                 continue; /* gone meanwhile: nothing to upload */
-            if ((h.kind == KC_KIND_MANIFEST) == (pass == 1)) {
+            if ((h.kind == KC_KIND_MANIFEST) == (pass == 1) && own_compile(h.prov)) {
+                used[v[i].remote] = true;
                 int rc = kc_remote_put(r, v[i].ns, &v[i].key, NULL, h.kind, body, len, h.saved_ns);
-                if (rc == 0)
+                if (rc == 0 || rc == -EEXIST)
                     published(r, v[i].ns, &v[i].key, h.kind);
                 else if (transient(rc))
-                    remember(v[i].ns, &v[i].key);
+                    remember(v[i].ns, &v[i].key, v[i].remote);
             }
             free(body);
         }
     }
     free(v);
-    report(o, r);
+    for (int u = 0; u < UPS_MAX; u++)
+        if (used[u])
+            report(o, u);
 }

@@ -87,6 +87,25 @@ int kc__chain_add(struct kc_store *st, struct kc_tier *t, unsigned flags)
     return 0;
 }
 
+int kc__chain_set_upload(struct kc_store *st, const char *desc, size_t n)
+{
+    free(st->local.upload);
+    st->local.upload = NULL;
+    st->local.upload_len = 0;
+    if (desc == NULL || n == 0 || n > KC__UPLOAD_MAX)
+        return 0;
+    if ((st->local.upload = malloc(n)) == NULL)
+        return -ENOMEM;
+    memcpy(st->local.upload, desc, n);
+    st->local.upload_len = n;
+    return 0;
+}
+
+void kc__chain_set_served(struct kc_store *st, bool (*served)(uint32_t prov))
+{
+    st->served = served;
+}
+
 struct kc_tier *kc__chain_find(struct kc_store *st, const struct kc_tier_ops *ops)
 {
     for (size_t i = 0; st != NULL && i < st->n; i++)
@@ -103,6 +122,7 @@ void kc__chain_close(struct kc_store *st)
     for (size_t i = st->n; i-- > 0;)
         st->tier[i]->ops->close(st->tier[i]);
     kc__pending_free(&st->pd);
+    free(st->local.upload);
     free(st);
 }
 
@@ -116,8 +136,12 @@ void kc__chain_fill_back(struct kc_store *st, const char *ns, const kc_key *key,
 {
     if (st->readonly || info->kind < KC_KIND_NVRTC || info->kind > KC_KIND_BLOB)
         return;
+    /* Its provenance as the remote tier said (the signer whose signature
+     * verified); a tier that says nothing: unverified. */
+    uint32_t prov =
+        KC_PROV_CODE(info->prov) == KC_PROV_SIGNED ? info->prov : KC_PROV(KC_PROV_UNSIGNED, 0);
     kc__local_put(&st->local, ns, key, NULL, info->kind, body, len, info->saved_ns,
-                  KC__PUT_FROM_REMOTE);
+                  KC__PUT_FROM_REMOTE, prov);
 }
 
 /* The lookup behind get, take_by_source and purge: a tombstoned key is a
@@ -135,8 +159,20 @@ static int lookup(struct kc_store *st, const char *ns, const kc_key *key, void *
         if (t->ops->get == NULL)
             continue;
         bool fill = (st->flags[i] & KC__CHAIN_FILL_BACK) != 0;
+        bool judge = !fill && st->served != NULL;
         struct kc_record_info got;
-        int rc = t->ops->get(t, ns, key, body, len, fill ? &got : info);
+        int rc = t->ops->get(t, ns, key, body, len, fill || judge ? &got : info);
+        if (rc == 0 && judge) {
+            if (!st->served(got.prov)) {
+                /* Signed by a key no longer trusted: a miss here, and a
+                 * compile replaces it. */
+                free(*body);
+                *body = NULL;
+                continue;
+            }
+            if (info != NULL)
+                *info = got;
+        }
         if (rc == 0) {
             if (fill) {
                 if (info != NULL)

@@ -55,6 +55,10 @@ struct kc__local {
     uint64_t spool_seen, spool_added, spool_count_ns;
     bool spool_full, spool_warned;
     uint64_t last_created; /* creation times are unique in the process */
+    /* The upload descriptor this process's own puts carry (KC__PUT_UPLOAD):
+     * kc__chain_set_upload's; NULL: they are never uploaded. */
+    char *upload;
+    size_t upload_len;
 };
 /* Sets up l on p (which must outlive it). `tool`: the kcache tool to start
  * the owner with, looked for now (kc__find_tool); NULL: looked for before
@@ -76,7 +80,8 @@ void kc__local_kick(struct kc__local *l);
  * the owner does not upload it again. 0, -EROFS, -EDQUOT (the spool is
  * full) or the write's negative errno. */
 int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *source,
-                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags);
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags,
+                  uint32_t prov);
 
 /* ---- the chain (chain.c) ------------------------------------------------ */
 
@@ -93,7 +98,10 @@ struct kc_store {
     struct kc__local local; /* tier[0] */
     struct kc__pending pd;  /* tombstones, hits, counters, own puts' sources */
     void *extra;            /* kc__chain_extra */
-    size_t n;               /* tiers, in the order get tries them */
+    /* Whether an entry of a local tier with this provenance may be served
+     * (kc__chain_set_served; NULL: all): a signer no longer trusted. */
+    bool (*served)(uint32_t prov);
+    size_t n; /* tiers, in the order get tries them */
     struct kc_tier *tier[KC__CHAIN_MAX];
     unsigned flags[KC__CHAIN_MAX];
 };
@@ -118,6 +126,14 @@ void *kc__chain_extra(struct kc_store *st);
  * KC__CHAIN_* flags. Before the chain is shared. 0, or -ENOSPC when full
  * (t is closed). */
 int kc__chain_add(struct kc_store *st, struct kc_tier *t, unsigned flags);
+/* This process's puts carry `desc` (n bytes, copied), its remote's upload
+ * configuration, so the owner uploads them with it; NULL: the process has
+ * no remote (or does not write to it), and its puts are never uploaded.
+ * Before the chain is shared. 0 or -ENOMEM. */
+int kc__chain_set_upload(struct kc_store *st, const char *desc, size_t n);
+/* Entries of the local tiers whose provenance `served` refuses are misses
+ * (a signer removed from the trusted keys). Before the chain is shared. */
+void kc__chain_set_served(struct kc_store *st, bool (*served)(uint32_t prov));
 /* The chain's tier whose ops are `ops`, or NULL. */
 struct kc_tier *kc__chain_find(struct kc_store *st, const struct kc_tier_ops *ops);
 

@@ -64,6 +64,7 @@ struct kc__hdr {
     uint64_t hits;
     uint64_t saved_ns;
     uint64_t body_xxh;
+    uint32_t prov; /* KC_PROV(code, signer tag): store.h's enum kc_provenance */
 };
 
 void kc__hdr_encode(const struct kc__hdr *h, unsigned char out[KC__HDR_LEN]);
@@ -112,6 +113,15 @@ enum { KC__PF_SOURCE = 1, KC__PF_KEY = 2, KC__PF_IFBAD = 4 };
 /* A put file's flag (beside KC__PF_SOURCE): the entry came from the remote
  * tier (a fill-back), so the owner does not upload it again. */
 enum { KC__PUT_FROM_REMOTE = 8 };
+/* A put file's flag: the put carries its upload configuration, a
+ * descriptor (store/remote: kc_remote_upload_descriptor) of the remote
+ * settings of the process whose compile it is, secrets by reference (key
+ * and password files by path) save a password written inline in
+ * KCACHE_REMOTE. The owner uploads a put only with its descriptor, and a
+ * put without one (a process without a remote) never. Only in the spool:
+ * hot files, the database and bundles do not keep it. */
+enum { KC__PUT_UPLOAD = 16 };
+#define KC__UPLOAD_MAX 16384
 
 /* Former names of common/buf.h's buffer and little-endian helpers, kept
  * only while pending.c, store/db/ and the store's tests move to the new
@@ -143,7 +153,9 @@ struct kc__sp_put {
     char ns[KC__NS_MAX + 1];
     kc_key key;
     int has_source;
-    int from_remote; /* KC__PUT_FROM_REMOTE */
+    int from_remote;    /* KC__PUT_FROM_REMOTE */
+    const char *upload; /* KC__PUT_UPLOAD's descriptor (not NUL-terminated), or NULL */
+    size_t upload_len;
     kc_digest source;
     struct kc__hdr hdr;
     const unsigned char *record; /* header + body */
@@ -160,6 +172,10 @@ int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
 int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
                                const kc_digest *source, const struct kc__hdr *h, const void *body,
                                size_t len, unsigned flags);
+/* The same with the upload descriptor (KC__PUT_UPLOAD; none when NULL). */
+int kc__spool_put_encode_upload(struct kc_buf *b, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h, const void *body,
+                                size_t len, unsigned flags, const char *upload, size_t ulen);
 /* Decodes and fully checks a put file (record checksums included). */
 int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out);
 /* A stored put ('S'): sp's put with `stored`, its body as the database

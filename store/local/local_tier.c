@@ -166,11 +166,13 @@ static bool spool_room(struct kc__local *l, size_t n)
 static int local_put(struct kc_tier *t, const char *ns, const kc_key *key, const kc_digest *source,
                      uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
 {
-    return kc__local_put(L(t), ns, key, source, kind, body, len, saved_ns, 0);
+    return kc__local_put(L(t), ns, key, source, kind, body, len, saved_ns, 0,
+                         KC_PROV(KC_PROV_LOCAL, 0));
 }
 
 int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const kc_digest *source,
-                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags)
+                  uint32_t kind, const void *body, size_t len, uint64_t saved_ns, unsigned flags,
+                  uint32_t prov)
 {
     if (l->readonly)
         return -EROFS;
@@ -180,6 +182,7 @@ int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const 
     h.body_size = len;
     h.saved_ns = saved_ns;
     h.body_xxh = kc__body_xxh(body, len);
+    h.prov = prov;
     uint64_t now = kc_wall_ns();
     pthread_mutex_lock(&l->mu);
     if (now <= l->last_created)
@@ -188,7 +191,10 @@ int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const 
     pthread_mutex_unlock(&l->mu);
     h.created_ns = now;
     struct kc__buf b = {0};
-    int rc = kc__spool_put_encode_flags(&b, ns, key, source, &h, body, len, flags);
+    /* Only this process's own compiles carry its upload configuration. */
+    bool up = (flags & KC__PUT_FROM_REMOTE) == 0 && KC_PROV_CODE(prov) == KC_PROV_LOCAL;
+    int rc = kc__spool_put_encode_upload(&b, ns, key, source, &h, body, len, flags,
+                                         up ? l->upload : NULL, up ? l->upload_len : 0);
     if (rc == 0) {
         pthread_mutex_lock(&l->mu);
         bool room = spool_room(l, b.len), warn = !room && !l->spool_warned;

@@ -117,7 +117,7 @@ void kc__hdr_encode(const struct kc__hdr *h, unsigned char out[KC__HDR_LEN])
     kc_le_put_u16(out + 4, (uint16_t)h->format);
     kc_le_put_u16(out + 6, KC__HDR_LEN);
     kc_le_put_u32(out + 8, h->kind);
-    kc_le_put_u32(out + 12, 0);
+    kc_le_put_u32(out + 12, h->prov);
     kc_le_put_u64(out + 16, h->body_size);
     kc_le_put_u64(out + 24, h->created_ns);
     kc_le_put_u64(out + 32, h->last_hit_ns);
@@ -133,7 +133,7 @@ int kc__hdr_decode(const void *buf, size_t len, struct kc__hdr *h)
     if (buf == NULL || len < KC__HDR_LEN)
         return -EBADMSG;
     if (kc_le_get_u32(p) != KC__RECORD_MAGIC || kc_le_get_u16(p + 4) != KC_FORMAT_VERSION ||
-        kc_le_get_u16(p + 6) != KC__HDR_LEN || kc_le_get_u32(p + 12) != 0)
+        kc_le_get_u16(p + 6) != KC__HDR_LEN || KC_PROV_CODE(kc_le_get_u32(p + 12)) > KC_PROV_MAX)
         return -EBADMSG;
     if (kc_le_get_u64(p + 64) != XXH3_64bits(p, 64))
         return -EBADMSG;
@@ -145,6 +145,7 @@ int kc__hdr_decode(const void *buf, size_t len, struct kc__hdr *h)
     h->hits = kc_le_get_u64(p + 40);
     h->saved_ns = kc_le_get_u64(p + 48);
     h->body_xxh = kc_le_get_u64(p + 56);
+    h->prov = kc_le_get_u32(p + 12);
     if (h->kind < KC_KIND_NVRTC || h->kind > KC_KIND_BLOB)
         return -EBADMSG;
     return 0;
@@ -161,6 +162,7 @@ void kc__hdr_to_info(const struct kc__hdr *h, struct kc_record_info *info)
     info->last_hit = h->last_hit_ns / 1000000000u;
     info->hits = h->hits;
     info->saved_ns = h->saved_ns;
+    info->prov = h->prov;
 }
 
 int kc__parse_record(const void *rec, size_t len, struct kc_record_info *info, const void **body,
@@ -239,24 +241,34 @@ int kc__spool_check(const void *file, size_t len, int *type, const unsigned char
 }
 
 /* Put payload: ns_len u16, flags u16, pad u32, key 24, source 16 (zero
- * without KC__PF_SOURCE), ns, record. Flags: KC__PF_SOURCE, and
+ * without KC__PF_SOURCE), ns, [upload], record. Flags: KC__PF_SOURCE,
  * KC__PUT_FROM_REMOTE for an entry served by the remote tier (the owner does
- * not upload it again); a put file without it reads as before. */
+ * not upload it again), KC__PUT_UPLOAD when the put carries its upload
+ * configuration (u16 length, then the descriptor's bytes: see local.h); a
+ * put file without them reads as before. */
 static int put_encode(struct kc_buf *b, int type, const char *ns, const kc_key *key,
                       const kc_digest *source, const struct kc__hdr *h, const void *bytes,
-                      size_t len, unsigned extra)
+                      size_t len, unsigned extra, const char *upload, size_t ulen)
 {
     static const kc_digest none;
     size_t n = strlen(ns);
+    if (upload == NULL || ulen == 0 || ulen > KC__UPLOAD_MAX)
+        ulen = 0;
+    unsigned flags = (source ? KC__PF_SOURCE : 0) | (extra & KC__PUT_FROM_REMOTE) |
+                     (ulen > 0 ? KC__PUT_UPLOAD : 0);
     unsigned char hb[KC__HDR_LEN];
     kc__hdr_encode(h, hb);
     size_t start = kc__spool_begin(b, type);
     kc_buf_put_u16(b, (uint16_t)n);
-    kc_buf_put_u16(b, (uint16_t)((source ? KC__PF_SOURCE : 0) | (extra & KC__PUT_FROM_REMOTE)));
+    kc_buf_put_u16(b, (uint16_t)flags);
     kc_buf_put_u32(b, 0);
     put_key(b, key);
     put_digest(b, source ? source : &none);
     kc_buf_add(b, ns, n);
+    if (ulen > 0) {
+        kc_buf_put_u16(b, (uint16_t)ulen);
+        kc_buf_add(b, upload, ulen);
+    }
     kc_buf_add(b, hb, sizeof hb);
     kc_buf_add(b, bytes, len);
     kc__spool_end_at(b, start);
@@ -267,28 +279,35 @@ int kc__spool_put_encode(struct kc_buf *b, const char *ns, const kc_key *key,
                          const kc_digest *source, const struct kc__hdr *h, const void *body,
                          size_t len)
 {
-    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, 0);
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, 0, NULL, 0);
 }
 
 int kc__spool_put_encode_flags(struct kc_buf *b, const char *ns, const kc_key *key,
                                const kc_digest *source, const struct kc__hdr *h, const void *body,
                                size_t len, unsigned flags)
 {
-    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, flags);
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, flags, NULL, 0);
+}
+
+int kc__spool_put_encode_upload(struct kc_buf *b, const char *ns, const kc_key *key,
+                                const kc_digest *source, const struct kc__hdr *h, const void *body,
+                                size_t len, unsigned flags, const char *upload, size_t ulen)
+{
+    return put_encode(b, KC__SP_PUT, ns, key, source, h, body, len, flags, upload, ulen);
 }
 
 int kc__spool_put_pack(struct kc_buf *b, const struct kc__sp_put *sp, const void *packed,
                        size_t plen)
 {
     return put_encode(b, KC__SP_PACKED, sp->ns, &sp->key, sp->has_source ? &sp->source : NULL,
-                      &sp->hdr, packed, plen, sp->from_remote ? KC__PUT_FROM_REMOTE : 0);
+                      &sp->hdr, packed, plen, sp->from_remote ? KC__PUT_FROM_REMOTE : 0, NULL, 0);
 }
 
 int kc__spool_put_encode_stored(struct kc_buf *b, const char *ns, const kc_key *key,
                                 const kc_digest *source, const struct kc__hdr *h,
                                 const void *stored, size_t len)
 {
-    return put_encode(b, KC__SP_STORED, ns, key, source, h, stored, len, 0);
+    return put_encode(b, KC__SP_STORED, ns, key, source, h, stored, len, 0, NULL, 0);
 }
 
 /* The put payload's fixed part, namespace and record header; out->record
@@ -303,13 +322,23 @@ static int put_head(const unsigned char *p, size_t n, struct kc__sp_put *out)
     get_key(&r, &out->key);
     get_digest(&r, &out->source);
     if (r.bad || nslen < 1 || nslen > KC__NS_MAX ||
-        (flags & ~(KC__PF_SOURCE | KC__PUT_FROM_REMOTE)) != 0 || pad != 0)
+        (flags & ~(KC__PF_SOURCE | KC__PUT_FROM_REMOTE | KC__PUT_UPLOAD)) != 0 || pad != 0)
         return -EBADMSG;
     const unsigned char *nsp = kc_rd_take(&r, nslen);
     if (nsp == NULL || memchr(nsp, 0, nslen) != NULL)
         return -EBADMSG;
     memcpy(out->ns, nsp, nslen);
     out->ns[nslen] = 0;
+    out->upload = NULL;
+    out->upload_len = 0;
+    if (flags & KC__PUT_UPLOAD) {
+        size_t ul = kc_rd_get_u16(&r);
+        const unsigned char *up = r.bad ? NULL : kc_rd_take(&r, ul);
+        if (up == NULL || ul == 0 || ul > KC__UPLOAD_MAX || memchr(up, 0, ul) != NULL)
+            return -EBADMSG;
+        out->upload = (const char *)up;
+        out->upload_len = ul;
+    }
     out->has_source = (flags & KC__PF_SOURCE) != 0;
     out->from_remote = (flags & KC__PUT_FROM_REMOTE) != 0;
     out->record_len = kc_rd_left(&r);
@@ -338,7 +367,7 @@ int kc__spool_put_decode(const void *file, size_t len, struct kc__sp_put *out)
 int kc__spool_put_encode_entry(struct kc_buf *b, const char *ns, const kc_key *key,
                                const kc_digest *source, const struct kc__hdr *h)
 {
-    return put_encode(b, KC__SP_ENTRY, ns, key, source, h, NULL, 0, 0);
+    return put_encode(b, KC__SP_ENTRY, ns, key, source, h, NULL, 0, 0, NULL, 0);
 }
 
 int kc__spool_put_decode_entry(const void *file, size_t len, struct kc__sp_put *out)

@@ -555,11 +555,16 @@ int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__
             last = r;
             continue;
         }
-        r = apply_slots(cl, rep, nd);
+        /* Credentials refused: said so, not "garbage". */
+        const char *auth = rep->type == REDIS_REPLY_ERROR ? kc__auth_why(rep->str) : NULL;
+        r = auth != NULL ? -EACCES : apply_slots(cl, rep, nd);
+        if (auth != NULL)
+            kc__node_fail(rc, nd, r, auth);
         rc->hi->free_reply(rep);
         if (r == 0)
             return 0;
-        kc__node_fail(rc, nd, r, "answered CLUSTER SLOTS with something else than a slot map");
+        if (auth == NULL)
+            kc__node_fail(rc, nd, r, "answered CLUSTER SLOTS with something else than a slot map");
         last = r;
     }
     return last;

@@ -77,18 +77,20 @@ struct kc_remote_config {
     char signing_key[4096];        /* KCACHE_REMOTE_SIGNING_KEY, may be empty */
     char trusted_keys[4096];       /* KCACHE_REMOTE_TRUSTED_KEYS, may be empty */
     bool trust_any;                /* KCACHE_REMOTE_TRUST=any */
+    char password_file[4096];      /* KCACHE_REMOTE_PASSWORD_FILE, may be empty */
     int n_warnings;                /* non-fatal: a value kept its default */
     char warnings[4][200];
 };
 
 /* The raw values, as the environment holds them (NULL: unset). */
 struct kc_remote_settings {
-    const char *remote;       /* KCACHE_REMOTE */
-    const char *ttl;          /* KCACHE_REMOTE_TTL */
-    const char *max_entry;    /* KCACHE_REMOTE_MAX_ENTRY */
-    const char *signing_key;  /* KCACHE_REMOTE_SIGNING_KEY */
-    const char *trusted_keys; /* KCACHE_REMOTE_TRUSTED_KEYS */
-    const char *trust;        /* KCACHE_REMOTE_TRUST: signed|any */
+    const char *remote;        /* KCACHE_REMOTE */
+    const char *ttl;           /* KCACHE_REMOTE_TTL */
+    const char *max_entry;     /* KCACHE_REMOTE_MAX_ENTRY */
+    const char *signing_key;   /* KCACHE_REMOTE_SIGNING_KEY */
+    const char *trusted_keys;  /* KCACHE_REMOTE_TRUSTED_KEYS */
+    const char *trust;         /* KCACHE_REMOTE_TRUST: signed|any */
+    const char *password_file; /* KCACHE_REMOTE_PASSWORD_FILE */
 };
 
 /* Fills *s from the configuration kc_config_load() read (empty strings
@@ -188,14 +190,27 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
                   struct kc_record_info *info);
 
 /* tier.h's put: signs and SETs the entry (EX KCACHE_REMOTE_TTL when set).
- * `source` is not kept remotely (no source map: take_by_source stays
- * local). 0 once the server acknowledged it. -EFBIG: larger than
+ * The caller uploads only what this node compiled (KC_PROV_LOCAL): the
+ * key signs it. A valid value the remote holds (one this node verifies)
+ * is never replaced: SET NX, then -EEXIST when what is there verifies
+ * (a manifest, the one kind that grows, is replaced when its dependency
+ * sets differ); one that does not verify is overwritten. `source` is not
+ * kept remotely (no source map: take_by_source stays local). 0 once the
+ * server acknowledged it. -EFBIG: larger than
  * KCACHE_REMOTE_MAX_ENTRY (counted as skipped; keep it local). -EROFS: this
  * node does not write (no usable signing key, read-only attribute, or a
  * server refused writes). -ENOSPC: the server is full (maxmemory); no
  * further puts this process. Other negatives as get. */
 int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
+
+/* kc_remote_put with flags: KC_REMOTE_PUT_KEEP keeps a valid manifest the
+ * remote holds too (a backfill: `kcache push`, whose manifests may lack
+ * sets other nodes added). */
+#define KC_REMOTE_PUT_KEEP 1u
+int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
+                        const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                        uint64_t saved_ns, unsigned flags);
 
 /* tier.h's purge: DEL of the entry. 0 (also when it was not there: -ENOENT
  * is not distinguished), -EROFS, other negatives as get. */
@@ -285,6 +300,39 @@ void kc_remote_counters_unpack(const struct kc_counters *in, int which,
 /* a -= b, field by field (never below 0): the counters since a snapshot. */
 void kc_remote_counters_sub(struct kc_remote_counters *a, const struct kc_remote_counters *b);
 
+/* ---- provenance and upload configuration (sign.c, url.c) --------------- */
+
+/* The signer tag an entry a key signed records (KC_PROV_TAG): the low 28
+ * bits of XXH3-128 of its public key. libc only. */
+uint32_t kc_remote_signer_tag(const unsigned char pk[32]);
+
+/* The signers whose entries a process serves from its own store: the keys
+ * of KCACHE_REMOTE_TRUSTED_KEYS and this node's own (SIGNING_KEY.pub, when
+ * there). NULL *out: no judgment (KCACHE_REMOTE_TRUST=any, or neither key
+ * set). Read with libc alone (no libsodium): a local hit maps nothing. An
+ * unusable trusted file trusts none of it. 0 or -ENOMEM. */
+struct kc_remote_signers;
+int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_signers **out);
+/* Whether an entry of provenance `prov` is served: anything but
+ * KC_PROV_SIGNED, and KC_PROV_SIGNED when its signer is one of sg's.
+ * NULL sg: all. */
+bool kc_remote_signers_serve(const struct kc_remote_signers *sg, uint32_t prov);
+void kc_remote_signers_free(struct kc_remote_signers *sg);
+
+/* A process's upload configuration as its puts carry it (store/local's
+ * KC__PUT_UPLOAD): its remote settings as text, one "NAME=VALUE" line
+ * each, paths made absolute. Secrets by reference: the signing key and the
+ * password file by path (the owner reads them, checked as here); only a
+ * password written inline in KCACHE_REMOTE is in it (the put file is 0600
+ * in a private directory, and goes once drained). Returns its length, or
+ * 0 when the process does not upload (no remote, no signing key, or
+ * malformed): its puts carry none and are never uploaded. */
+size_t kc_remote_upload_descriptor(const struct kc_remote_settings *s, char *out, size_t len);
+/* Reads a descriptor back into *s, whose strings point into `storage`
+ * (cap bytes, at least n + 8). 0, or -EBADMSG. */
+int kc_remote_descriptor_settings(const char *d, size_t n, struct kc_remote_settings *s,
+                                  char *storage, size_t cap);
+
 /* ---- the tool (tier.c, sign.c) ------------------------------------------ */
 
 struct kc_remote_ping_server {
@@ -293,6 +341,7 @@ struct kc_remote_ping_server {
     double latency_ms; /* PING round trip, connection made beforehand */
     char version[32];  /* redis_version from INFO server */
     char role[16];     /* "master" / "slave" */
+    char why[160];     /* what the server answered, when rc says too little */
 };
 
 struct kc_remote_ping {
@@ -312,7 +361,8 @@ struct kc_remote_ping {
  * first error (details in *rep). */
 int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
 
-/* `kcache keygen PATH`: a new Ed25519 key pair. Writes the secret key to
+/* `kcache keygen PATH`: a new Ed25519 key pair. The directories leading to
+ * PATH that do not exist are made (0700). Writes the secret key to
  * PATH (created 0600, never overwriting: -EEXIST) as one line
  * "kcache-ed25519-secret <base64 seed>", and the public key to PATH.pub
  * (0644) as one line "kcache-ed25519 <base64 key> <comment>", the line a

@@ -98,6 +98,16 @@ int kc__keys_load_secret(const struct kc__sodium *na, const char *path, struct k
  * by this user or root (-EPERM otherwise). Appends to k->trusted. */
 int kc__keys_load_trusted(const struct kc__sodium *na, const char *path, struct kc__keys *k);
 
+/* Reads KCACHE_REMOTE_PASSWORD_FILE: a regular file of this user's with
+ * no group or other permission bits (as the signing key), its first line
+ * the password. 0 with out, -EPERM, -EBADMSG (empty, or longer than cap),
+ * or the open/read error. */
+int kc__read_password_file(const char *path, char *out, size_t cap);
+
+/* What an error reply about credentials means, for a warning ("asks for
+ * a password (NOAUTH): ..."), or NULL for any other reply (url.c). */
+const char *kc__auth_why(const char *reply);
+
 /* Parses one public key line; 0 with pk, or -EBADMSG. */
 int kc__pubkey_parse(const char *line, unsigned char pk[KC__PK_LEN]);
 
@@ -113,6 +123,22 @@ void kc__keys_free(const struct kc__sodium *na, struct kc__keys *k);
  * more than cap bytes. */
 void kc__b64_encode(const unsigned char *in, size_t n, char *out);
 int kc__b64_decode(const char *in, size_t n, unsigned char *out, size_t cap);
+
+/* ---- small signed values (sign.c) -------------------------------------- */
+
+/* Signs a small value (a lock value, ...) with this node's key: the
+ * signature covers "kcache-blob-v1", `context` (1..63 bytes naming what it
+ * is, as "kcache-lock-v1": a signature made for one use never verifies for
+ * another) and BLAKE2b-256 of msg. 0 with sig; -EROFS without a secret
+ * key; -EINVAL (context); -EIO. The signer's id to send beside it is
+ * keys->self.id. */
+int kc__blob_sign(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                  const void *msg, size_t n, unsigned char sig[KC__SIG_LEN]);
+/* Verifies it: 0 when key_id is a trusted key (or this node's own) and the
+ * signature is its; -EKEYREJECTED otherwise (na may be NULL: rejected). */
+int kc__blob_verify(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                    uint64_t key_id, const void *msg, size_t n,
+                    const unsigned char sig[KC__SIG_LEN]);
 
 /* ---- the value layout (sign.c) ------------------------------------------ */
 

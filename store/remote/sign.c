@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -327,6 +328,30 @@ static int write_new(const char *path, mode_t mode, const char *text)
     return rc;
 }
 
+/* Makes the directories leading to path that do not exist (0700: a
+ * secret key goes there). 0 or the first mkdir's negative errno. */
+static int make_parents(const char *path)
+{
+    char d[4200];
+    if (snprintf(d, sizeof d, "%s", path) >= (int)sizeof d)
+        return -ENAMETOOLONG;
+    char *slash = strrchr(d, '/');
+    if (slash == NULL || slash == d)
+        return 0;
+    *slash = '\0';
+    for (char *p = d + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(d, 0700) != 0 && errno != EEXIST)
+            return -errno;
+        *p = c;
+        if (c == '\0')
+            return 0;
+    }
+}
+
 int kc_remote_keygen(const char *path, const char *comment, char *key_id)
 {
     const struct kc__sodium *na;
@@ -338,6 +363,8 @@ int kc_remote_keygen(const char *path, const char *comment, char *key_id)
         return -ENAMETOOLONG;
     if (access(pubpath, F_OK) == 0 || errno != ENOENT)
         return -EEXIST;
+    if ((rc = make_parents(path)) != 0)
+        return rc;
     unsigned char seed[KC__SEED_LEN], pk[KC__PK_LEN], sk[KC__SK_LEN];
     na->randombytes_buf(seed, sizeof seed);
     na->seed_keypair(pk, sk, seed);
@@ -540,5 +567,164 @@ int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, cons
     rv->saved_ns = get_u64(m + 40);
     rv->body = v + meta_end;
     rv->body_len = (size_t)blen;
+    return 0;
+}
+
+/* ---- provenance: the signers a local store serves ------------------------ */
+
+uint32_t kc_remote_signer_tag(const unsigned char pk[KC__PK_LEN])
+{
+    return (uint32_t)(kc_digest_of(pk, KC__PK_LEN).lo & 0x0fffffffu);
+}
+
+struct kc_remote_signers {
+    size_t n;
+    uint32_t tag[];
+};
+
+/* Adds the tags of the public key lines of `text` to *sg (grown). */
+static int signers_add(struct kc_remote_signers **sg, char *text)
+{
+    for (char *line = text; line != NULL && *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        char *p = line;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        unsigned char pk[KC__PK_LEN];
+        if (*p != '\0' && *p != '#' && kc__pubkey_parse(p, pk) == 0 && (*sg)->n < KC__MAX_TRUSTED) {
+            struct kc_remote_signers *g =
+                realloc(*sg, sizeof **sg + ((*sg)->n + 1) * sizeof(uint32_t));
+            if (g == NULL)
+                return -ENOMEM;
+            g->tag[g->n++] = kc_remote_signer_tag(pk);
+            *sg = g;
+        }
+        line = nl != NULL ? nl + 1 : NULL;
+    }
+    return 0;
+}
+
+static int pub_mode_ok(const struct stat *st)
+{
+    return st->st_uid == geteuid() && (st->st_mode & 022) == 0 ? 0 : -EPERM;
+}
+
+int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_signers **out)
+{
+    *out = NULL;
+    bool any = s->trust != NULL && strcasecmp(s->trust, "any") == 0;
+    bool have_trusted = s->trusted_keys != NULL && s->trusted_keys[0] == '/';
+    bool have_own = s->signing_key != NULL && s->signing_key[0] == '/';
+    if (any || (!have_trusted && !have_own))
+        return 0;
+    struct kc_remote_signers *sg = calloc(1, sizeof *sg);
+    if (sg == NULL)
+        return -ENOMEM;
+    int rc = 0;
+    char *b = NULL;
+    if (have_trusted && read_small(s->trusted_keys, trusted_mode_ok, &b) == 0) {
+        rc = signers_add(&sg, b);
+        free(b);
+        b = NULL;
+    }
+    /* This node's own key: the public half beside the secret one (the
+     * secret is not read here: deriving the public key needs libsodium). */
+    char pub[4200];
+    if (rc == 0 && have_own &&
+        snprintf(pub, sizeof pub, "%s.pub", s->signing_key) < (int)sizeof pub &&
+        read_small(pub, pub_mode_ok, &b) == 0) {
+        rc = signers_add(&sg, b);
+        free(b);
+    }
+    if (rc != 0) {
+        free(sg);
+        return rc;
+    }
+    *out = sg;
+    return 0;
+}
+
+bool kc_remote_signers_serve(const struct kc_remote_signers *sg, uint32_t prov)
+{
+    if (sg == NULL || KC_PROV_CODE(prov) != KC_PROV_SIGNED)
+        return true;
+    for (size_t i = 0; i < sg->n; i++)
+        if (sg->tag[i] == KC_PROV_TAG(prov))
+            return true;
+    return false;
+}
+
+void kc_remote_signers_free(struct kc_remote_signers *sg)
+{
+    free(sg);
+}
+
+/* ---- the password file ----------------------------------------------------- */
+
+int kc__read_password_file(const char *path, char *out, size_t cap)
+{
+    char *b = NULL;
+    int rc = read_small(path, secret_mode_ok, &b);
+    if (rc != 0)
+        return rc;
+    size_t n = strcspn(b, "\r\n");
+    if (n == 0 || n >= cap) {
+        rc = -EBADMSG;
+    } else {
+        memcpy(out, b, n);
+        out[n] = '\0';
+    }
+    memset(b, 0, strlen(b));
+    free(b);
+    return rc;
+}
+
+/* ---- signing small values (lock values) ----------------------------------- */
+
+/* "kcache-blob-v1" \0 context \0 BLAKE2b-256(msg): what a blob signature
+ * covers, in buf (room for 16 + 64 + 32). Returns its length, or 0 for a
+ * context that is empty or too long. */
+static size_t blob_message(const struct kc__sodium *na, const char *context, const void *msg,
+                           size_t n, unsigned char *buf)
+{
+    static const char tag[] = "kcache-blob-v1";
+    size_t cl = context != NULL ? strlen(context) : 0;
+    if (cl == 0 || cl > 63)
+        return 0;
+    size_t o = 0;
+    memcpy(buf, tag, sizeof tag);
+    o += sizeof tag;
+    memcpy(buf + o, context, cl + 1);
+    o += cl + 1;
+    na->generichash(buf + o, 32, msg, n, NULL, 0);
+    return o + 32;
+}
+
+int kc__blob_sign(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                  const void *msg, size_t n, unsigned char sig[KC__SIG_LEN])
+{
+    if (na == NULL || keys == NULL || !keys->have_secret)
+        return -EROFS;
+    unsigned char m[16 + 64 + 32];
+    size_t ml = blob_message(na, context, msg, n, m);
+    unsigned long long sl = 0;
+    if (ml == 0)
+        return -EINVAL;
+    return na->sign_detached(sig, &sl, m, ml, keys->sk) == 0 && sl == KC__SIG_LEN ? 0 : -EIO;
+}
+
+int kc__blob_verify(const struct kc__sodium *na, const struct kc__keys *keys, const char *context,
+                    uint64_t key_id, const void *msg, size_t n,
+                    const unsigned char sig[KC__SIG_LEN])
+{
+    if (na == NULL || keys == NULL)
+        return -EKEYREJECTED;
+    const struct kc__pubkey *pk = kc__keys_find(keys, key_id);
+    unsigned char m[16 + 64 + 32];
+    size_t ml = blob_message(na, context, msg, n, m);
+    if (pk == NULL || ml == 0 || na->verify_detached(sig, m, ml, pk->pk) != 0)
+        return -EKEYREJECTED;
     return 0;
 }

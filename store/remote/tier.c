@@ -133,6 +133,24 @@ static int activate(struct kc_remote *r)
                                  * configured). */
                                 .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + (4u << 20),
                                 .warned = &r->warned};
+    /* KCACHE_REMOTE_PASSWORD_FILE: the password of every server whose URL
+     * names none, kept out of the environment. */
+    if (r->cfg.password_file[0] != '\0') {
+        char pw[sizeof r->cfg.ep[0].password];
+        int prc = kc__read_password_file(r->cfg.password_file, pw, sizeof pw);
+        if (prc != 0) {
+            kc_log(KC_LOG_WARN,
+                   "remote: KCACHE_REMOTE_PASSWORD_FILE %s refused (%s%s); the "
+                   "remote is off",
+                   r->cfg.password_file, prc == -EBADMSG ? "empty or too long" : strerror(-prc),
+                   prc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
+            return r->act_rc;
+        }
+        for (int i = 0; i < r->cfg.n; i++)
+            if (r->cfg.ep[i].password[0] == '\0')
+                memcpy(r->cfg.ep[i].password, pw, sizeof pw);
+        memset(pw, 0, sizeof pw);
+    }
     if (r->cfg.mode == KC_REMOTE_CLUSTER) {
         for (int i = 0; i < r->cfg.n; i++)
             if (kc__cluster_node(&r->cl, r->cfg.ep[i].host, r->cfg.ep[i].port, &r->cfg.ep[i]) ==
@@ -140,7 +158,7 @@ static int activate(struct kc_remote *r)
                 return r->act_rc;
         r->cl.n_seeds = r->cl.n_nodes;
     } else {
-        r->nodes = calloc((size_t)r->cfg.n, sizeof *r->nodes);
+        r->nodes = calloc(r->cfg.n > 0 ? (size_t)r->cfg.n : 1, sizeof *r->nodes);
         if (r->nodes == NULL)
             return r->act_rc;
         for (int i = 0; i < r->cfg.n; i++) {
@@ -260,10 +278,10 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
 {
     const char *s = rep->str != NULL ? rep->str : "";
     int rc = -EIO;
-    if (strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
-        strncmp(s, "NOPERM", 6) == 0) {
+    const char *auth = kc__auth_why(s);
+    if (auth != NULL) {
+        kc__node_fail(&r->rctx, nd, -EACCES, auth);
         r->hi->free_reply(rep);
-        kc__node_fail(&r->rctx, nd, -EACCES, "refused the credentials");
         return -EACCES;
     }
     if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "CLUSTERDOWN", 11) == 0 ||
@@ -285,6 +303,16 @@ static int garbage(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
 }
 
 /* ---- the tier's operations ---------------------------------------------- */
+
+/* What a verified value's provenance is: signed by the key whose
+ * signature verified, or, under KCACHE_REMOTE_TRUST=any, unverified. */
+static uint32_t provenance(const struct kc_remote *r, const struct kc__rv *rv)
+{
+    const struct kc__pubkey *pk =
+        !r->keys.trust_any && rv->signed_ ? kc__keys_find(&r->keys, rv->key_id) : NULL;
+    return pk != NULL ? KC_PROV(KC_PROV_SIGNED, kc_remote_signer_tag(pk->pk))
+                      : KC_PROV(KC_PROV_UNSIGNED, 0);
+}
 
 int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
                   struct kc_record_info *info)
@@ -356,7 +384,8 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
                                             .format = rv.format,
                                             .body_size = rv.body_len,
                                             .created = rv.created_ns / 1000000000,
-                                            .saved_ns = rv.saved_ns};
+                                            .saved_ns = rv.saved_ns,
+                                            .prov = provenance(r, &rv)};
         copy = NULL;
     }
     pthread_mutex_unlock(&r->mu);
@@ -399,8 +428,52 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     return oom ? -ENOSPC : -EROFS;
 }
 
+/* SET of an encoded value (NX: only when absent: -EEXIST when there). */
+static int set_value(struct kc_remote *r, const char *k, const unsigned char *v, size_t vlen,
+                     bool nx)
+{
+    char ttl[24];
+    struct kc__cmd cmd;
+    if (r->cfg.ttl_s > 0) {
+        snprintf(ttl, sizeof ttl, "%" PRIu64, r->cfg.ttl_s);
+        kc__cmd_set(&cmd, nx ? 6 : 5, "SET", k, "", "EX", ttl, "NX");
+    } else {
+        kc__cmd_set(&cmd, nx ? 4 : 3, "SET", k, "", "NX");
+    }
+    cmd.argv[2] = (const char *)v;
+    cmd.len[2] = vlen;
+
+    pthread_mutex_lock(&r->mu);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    int rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0) {
+        if (rep->type == REDIS_REPLY_STATUS) {
+            r->ctr.uploads++;
+            r->ctr.upload_bytes += vlen;
+            r->hi->free_reply(rep);
+        } else if (nx && rep->type == REDIS_REPLY_NIL) {
+            r->hi->free_reply(rep);
+            rc = -EEXIST;
+        } else if (rep->type == REDIS_REPLY_ERROR) {
+            rc = write_error(r, nd, rep);
+        } else {
+            rc = garbage(r, nd, rep);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns)
+{
+    return kc_remote_put_flags(r, ns, key, source, kind, body, len, saved_ns, 0);
+}
+
+int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
+                        const kc_digest *source, uint32_t kind, const void *body, size_t len,
+                        uint64_t saved_ns, unsigned flags)
 {
     (void)source; /* no source map remotely */
     char k[KC_REMOTE_KEY_MAX];
@@ -426,33 +499,26 @@ int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const 
                        body, len, &v, &vlen);
     if (rc != 0)
         return rc;
-    char ttl[24];
-    struct kc__cmd cmd;
-    if (r->cfg.ttl_s > 0) {
-        snprintf(ttl, sizeof ttl, "%" PRIu64, r->cfg.ttl_s);
-        kc__cmd_set(&cmd, 5, "SET", k, "", "EX", ttl);
-    } else {
-        kc__cmd_set(&cmd, 3, "SET", k, "");
+    /* An entry's key names its inputs: a valid value the remote holds for
+     * it is never replaced (SET NX; one that does not verify is). A
+     * manifest is the one kind that grows (its dependency sets): this
+     * node's own, which kept the sets it was served, replaces one whose
+     * sets differ. */
+    rc = set_value(r, k, v, vlen, true);
+    if (rc == -EEXIST) {
+        void *got = NULL;
+        size_t glen = 0;
+        int g = kc_remote_get(r, ns, key, &got, &glen, NULL);
+        bool same = g == 0 && glen == len && (len == 0 || memcmp(got, body, len) == 0);
+        free(got);
+        bool grow = kind == KC_KIND_MANIFEST && !(flags & KC_REMOTE_PUT_KEEP);
+        if (g == -EBADMSG || (g == 0 && grow && !same))
+            rc = set_value(r, k, v, vlen, false);
+        else if (g == -ENOENT)
+            rc = set_value(r, k, v, vlen, true); /* gone meanwhile */
+        else if (g != 0)
+            rc = g;
     }
-    cmd.argv[2] = (const char *)v;
-    cmd.len[2] = vlen;
-
-    pthread_mutex_lock(&r->mu);
-    redisReply *rep = NULL;
-    struct kc__node *nd = NULL;
-    rc = run(r, k, &cmd, &rep, &nd);
-    if (rc == 0) {
-        if (rep->type == REDIS_REPLY_STATUS) {
-            r->ctr.uploads++;
-            r->ctr.upload_bytes += vlen;
-            r->hi->free_reply(rep);
-        } else if (rep->type == REDIS_REPLY_ERROR) {
-            rc = write_error(r, nd, rep);
-        } else {
-            rc = garbage(r, nd, rep);
-        }
-    }
-    pthread_mutex_unlock(&r->mu);
     free(v);
     return rc;
 }
@@ -650,9 +716,21 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
         return;
     s->latency_ms = (double)(kc_mono_ns() - t0) / 1e6;
     bool pong = rep->type == REDIS_REPLY_STATUS && strcmp(rep->str, "PONG") == 0;
+    const char *auth = rep->type == REDIS_REPLY_ERROR ? kc__auth_why(rep->str) : NULL;
+    if (auth != NULL) {
+        snprintf(s->why, sizeof s->why, "%s", auth);
+        kc__node_fail(&r->rctx, nd, -EACCES, auth);
+        r->hi->free_reply(rep);
+        s->rc = -EACCES;
+        return;
+    }
+    if (!pong && rep->type == REDIS_REPLY_ERROR)
+        snprintf(s->why, sizeof s->why, "answered PING with an error: %.80s", rep->str);
+    else if (!pong)
+        snprintf(s->why, sizeof s->why, "answered PING with something else than PONG");
     r->hi->free_reply(rep);
     if (!pong) {
-        kc__node_fail(&r->rctx, nd, -EPROTO, "answered PING with something else than PONG");
+        kc__node_fail(&r->rctx, nd, -EPROTO, s->why);
         s->rc = -EPROTO;
         return;
     }
@@ -676,7 +754,13 @@ int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep)
     if (rc == 0) {
         if (r->keys.have_secret)
             snprintf(rep->key_id, sizeof rep->key_id, "%016" PRIx64, r->keys.self.id);
-        rep->n_trusted = (int)r->keys.n_trusted + (r->keys.have_secret ? 1 : 0);
+        /* Its own key counts once, listed in the trusted file or not. */
+        rep->n_trusted = (int)r->keys.n_trusted;
+        bool listed = false;
+        for (size_t i = 0; i < r->keys.n_trusted && !listed; i++)
+            listed = r->keys.trusted[i].id == r->keys.self.id;
+        if (r->keys.have_secret && !listed)
+            rep->n_trusted++;
         if (r->cfg.mode == KC_REMOTE_CLUSTER) {
             rc = kc__cluster_refresh(&r->rctx, &r->cl, NULL);
             /* Every node that serves a slot (the primaries). */

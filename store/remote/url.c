@@ -23,6 +23,7 @@ void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remot
     s->signing_key = cfg->remote_signing_key;
     s->trusted_keys = cfg->remote_trusted_keys;
     s->trust = cfg->remote_trust;
+    s->password_file = cfg->remote_password_file;
 }
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -304,6 +305,13 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
                 at = q;
         struct kc_remote_endpoint proto;
         endpoint_defaults(&proto);
+        if (at != NULL && memchr(p, ',', (size_t)(at - p)) != NULL) {
+            set_err(err, errlen,
+                    "a ',' before the '@': credentials are given once, before the first seed "
+                    "(redis-cluster://[[USER:]PASSWORD@]HOST[:PORT],HOST[:PORT]...; a ',' in "
+                    "a password is %%2C)");
+            return -1;
+        }
         if (at != NULL) {
             if (parse_userinfo(p, (size_t)(at - p), &proto) != 0) {
                 set_err(err, errlen, "bad user or password (use %%XX escapes)");
@@ -489,8 +497,9 @@ static void parse_others(const struct kc_remote_settings *s, struct kc_remote_co
     } paths[] = {
         {"KCACHE_REMOTE_SIGNING_KEY", s->signing_key, c->signing_key},
         {"KCACHE_REMOTE_TRUSTED_KEYS", s->trusted_keys, c->trusted_keys},
+        {"KCACHE_REMOTE_PASSWORD_FILE", s->password_file, c->password_file},
     };
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
         paths[i].dst[0] = '\0';
         const char *v = paths[i].v;
         if (v == NULL || v[0] == '\0')
@@ -524,6 +533,26 @@ int kc_remote_config_parse(const struct kc_remote_settings *s, struct kc_remote_
         p++;
     if (*p == '\0')
         return 0;
+    /* A '|', space or tab in credentials would cut the URL there (and
+     * show the rest as an attribute or another URL): refused, saying how
+     * to write them, the value shown with its passwords redacted. */
+    for (const char *v = p;;) {
+        const char *u, *sep, *at, *end;
+        if (kc_config_url_creds(v, &u, &sep, &at, &end) == 0)
+            break;
+        for (const char *q = sep; at != NULL && q < at; q++)
+            if (*q == '|' || isspace((unsigned char)*q)) {
+                char shown[300];
+                kc_remote_redact(r, shown, sizeof shown);
+                set_err(err, errlen,
+                        "KCACHE_REMOTE: '%s': a '|', space or tab in a user or password: write "
+                        "them %%7C, %%20, %%09 (or keep the password in "
+                        "KCACHE_REMOTE_PASSWORD_FILE)",
+                        shown);
+                return -EINVAL;
+            }
+        v = end;
+    }
     out->ep = calloc(KC_REMOTE_MAX_ENDPOINTS, sizeof *out->ep);
     if (out->ep == NULL)
         return -ENOMEM;
@@ -592,11 +621,101 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     }
     char auth[300] = "";
     if (e->password[0] != '\0')
-        snprintf(auth, sizeof auth, "%s%s********@", e->user, e->user[0] ? ":" : "");
+        snprintf(auth, sizeof auth, "%s:********@", e->user);
     bool v6 = strchr(e->host, ':') != NULL;
     char db[16] = "";
     if (e->db != 0)
         snprintf(db, sizeof db, "/%d", e->db);
     snprintf(out, len, "redis://%s%s%s%s:%d%s", auth, v6 ? "[" : "", e->host, v6 ? "]" : "",
              e->port, db);
+}
+
+/* ---- the upload descriptor ------------------------------------------------ */
+
+/* Its lines, in this order; a value holds no newline. */
+static const char *const desc_names[] = {
+    "KCACHE_REMOTE",
+    "KCACHE_REMOTE_TTL",
+    "KCACHE_REMOTE_MAX_ENTRY",
+    "KCACHE_REMOTE_SIGNING_KEY",
+    "KCACHE_REMOTE_TRUSTED_KEYS",
+    "KCACHE_REMOTE_TRUST",
+    "KCACHE_REMOTE_PASSWORD_FILE",
+};
+#define DESC_N (sizeof desc_names / sizeof *desc_names)
+
+static const char **desc_field(struct kc_remote_settings *s, size_t i)
+{
+    const char **f[DESC_N] = {&s->remote,       &s->ttl,   &s->max_entry,    &s->signing_key,
+                              &s->trusted_keys, &s->trust, &s->password_file};
+    return f[i];
+}
+
+size_t kc_remote_upload_descriptor(const struct kc_remote_settings *s, char *out, size_t len)
+{
+    struct kc_remote_config c;
+    int rc = kc_remote_config_parse(s, &c, NULL, 0);
+    bool uploads = rc == 0 && c.mode != KC_REMOTE_NONE && c.signing_key[0] != '\0';
+    kc_remote_config_free(&c);
+    if (!uploads)
+        return 0;
+    struct kc_remote_settings v = *s;
+    size_t o = 0;
+    for (size_t i = 0; i < DESC_N; i++) {
+        const char *val = *desc_field(&v, i);
+        if (val == NULL || val[0] == '\0')
+            continue;
+        if (strchr(val, '\n') != NULL)
+            return 0;
+        int n = snprintf(out + o, o < len ? len - o : 0, "%s=%s\n", desc_names[i], val);
+        if (n < 0 || o + (size_t)n >= len)
+            return 0;
+        o += (size_t)n;
+    }
+    return o;
+}
+
+int kc_remote_descriptor_settings(const char *d, size_t n, struct kc_remote_settings *s,
+                                  char *storage, size_t cap)
+{
+    memset(s, 0, sizeof *s);
+    if (n + 1 > cap || memchr(d, '\0', n) != NULL)
+        return -EBADMSG;
+    memcpy(storage, d, n);
+    storage[n] = '\0';
+    for (char *line = storage; *line != '\0';) {
+        char *nl = strchr(line, '\n');
+        if (nl == NULL)
+            return -EBADMSG;
+        *nl = '\0';
+        char *eq = strchr(line, '=');
+        if (eq == NULL)
+            return -EBADMSG;
+        *eq = '\0';
+        size_t i = 0;
+        while (i < DESC_N && strcmp(line, desc_names[i]) != 0)
+            i++;
+        if (i == DESC_N)
+            return -EBADMSG;
+        *desc_field(s, i) = eq + 1;
+        line = nl + 1;
+    }
+    return s->remote != NULL ? 0 : -EBADMSG;
+}
+
+/* ---- messages ---------------------------------------------------------------- */
+
+const char *kc__auth_why(const char *reply)
+{
+    if (reply == NULL)
+        return NULL;
+    if (strncmp(reply, "NOAUTH", 6) == 0)
+        return "asks for a password (NOAUTH): give it in the URL ([[USER:]PASSWORD@]) or in "
+               "KCACHE_REMOTE_PASSWORD_FILE";
+    if (strncmp(reply, "WRONGPASS", 9) == 0 || strncmp(reply, "ERR invalid password", 20) == 0 ||
+        strncmp(reply, "ERR invalid username-password", 29) == 0)
+        return "refused the user or password (WRONGPASS)";
+    if (strncmp(reply, "NOPERM", 6) == 0)
+        return "refused this user the command (NOPERM: see its ACL)";
+    return NULL;
 }

@@ -82,9 +82,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct kc_buf b = {0};
         if (!put.has_source && (put.source.lo || put.source.hi))
             goto items;
-        kc__spool_put_encode_flags(&b, put.ns, &put.key, put.has_source ? &put.source : NULL,
-                                   &put.hdr, put.body, put.body_len,
-                                   put.from_remote ? KC__PUT_FROM_REMOTE : 0);
+        kc__spool_put_encode_upload(
+            &b, put.ns, &put.key, put.has_source ? &put.source : NULL, &put.hdr, put.body,
+            put.body_len, put.from_remote ? KC__PUT_FROM_REMOTE : 0, put.upload, put.upload_len);
         KC_FUZZ_ASSERT(b.err == 0 && b.len == n && memcmp(b.p, p, n) == 0);
         kc_buf_free(&b);
     }

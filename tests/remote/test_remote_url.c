@@ -254,7 +254,7 @@ Test(url, redaction)
     kc_remote_redact("redis://alice:pw@h:1/2|read-only redis://pw2@h2 redis+unix:/s@x.sock "
                      "redis-cluster://:pw3@a:1,b:2|connect-timeout=5",
                      out, sizeof out);
-    cr_assert_str_eq(out, "redis://alice:********@h:1/2|read-only redis://********@h2 "
+    cr_assert_str_eq(out, "redis://alice:********@h:1/2|read-only redis://:********@h2 "
                           "redis+unix:/s@x.sock redis-cluster://:********@a:1,b:2|"
                           "connect-timeout=5");
     /* Malformed values are redacted too. */
@@ -269,9 +269,68 @@ Test(url, redaction)
     cr_assert_eq(parse("redis://bob:pw@[::1]:7/4"), 0, "%s", err);
     kc_remote_endpoint_display(&cfg.ep[0], out, sizeof out);
     cr_assert_str_eq(out, "redis://bob:********@[::1]:7/4");
+    cr_assert_eq(parse("redis://pw@h:7"), 0, "%s", err);
+    kc_remote_endpoint_display(&cfg.ep[0], out, sizeof out);
+    cr_assert_str_eq(out, "redis://:********@h:7");
     cr_assert_eq(parse("redis+unix:/s.sock?db=2"), 0);
     kc_remote_endpoint_display(&cfg.ep[0], out, sizeof out);
     cr_assert_str_eq(out, "redis+unix:/s.sock?db=2");
+}
+
+/* A password holding '|', a space or a tab is redacted whole, and
+ * refused with the way to write it; no part of it in the message. */
+Test(url, passwords_with_separators)
+{
+    static const char *v[] = {"redis://:zq1|zq2@h:1|read-only", "redis://:zq1 zq2@h:1",
+                              "redis://u:zq1\tzq2@h:1 redis://h2:2",
+                              "redis-cluster://:zq1|zq2@a:1,b:2"};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        char out[512];
+        kc_remote_redact(v[i], out, sizeof out);
+        cr_assert_null(strstr(out, "zq"), "%s", out);
+        cr_assert_eq(parse(v[i]), -EINVAL, "%s", v[i]);
+        cr_assert_null(strstr(err, "zq"), "%s", err);
+        cr_assert_not_null(strstr(err, "%7C"), "%s", err);
+    }
+    char out[512];
+    kc_remote_redact("redis://u:zq1\tzq2@h:1 redis://h2:2", out, sizeof out);
+    cr_assert_str_eq(out, "redis://u:********@h:1 redis://h2:2");
+    /* Credentials on a later seed: refused, not the first seed dropped. */
+    cr_assert_eq(parse("redis-cluster://:zqa@a:1,:zqa@b:2"), -EINVAL);
+    cr_assert_not_null(strstr(err, "before the first seed"), "%s", err);
+    cr_assert_null(strstr(err, "zqa"), "%s", err);
+}
+
+/* The upload descriptor: the settings as lines, read back the same. */
+Test(url, upload_descriptor)
+{
+    struct kc_remote_settings s = {.remote = "redis://:pw@h:1",
+                                   .ttl = "60",
+                                   .signing_key = "/k/writer.key",
+                                   .trusted_keys = "/k/trusted",
+                                   .password_file = "/k/pw"};
+    char d[1024];
+    size_t n = kc_remote_upload_descriptor(&s, d, sizeof d);
+    cr_assert_gt(n, 0);
+    char storage[1100];
+    struct kc_remote_settings back;
+    cr_assert_eq(kc_remote_descriptor_settings(d, n, &back, storage, sizeof storage), 0);
+    cr_assert_str_eq(back.remote, s.remote);
+    cr_assert_str_eq(back.ttl, "60");
+    cr_assert_str_eq(back.signing_key, s.signing_key);
+    cr_assert_str_eq(back.trusted_keys, s.trusted_keys);
+    cr_assert_str_eq(back.password_file, s.password_file);
+    cr_assert_null(back.max_entry);
+    /* No signing key, or no remote: nothing is uploaded, no descriptor. */
+    s.signing_key = "";
+    cr_assert_eq(kc_remote_upload_descriptor(&s, d, sizeof d), 0);
+    s.signing_key = "/k/writer.key";
+    s.remote = "";
+    cr_assert_eq(kc_remote_upload_descriptor(&s, d, sizeof d), 0);
+    /* Damaged descriptors are refused. */
+    cr_assert_eq(kc_remote_descriptor_settings("KCACHE_X=1\n", 11, &back, storage, 100), -EBADMSG);
+    cr_assert_eq(kc_remote_descriptor_settings("KCACHE_REMOTE=r", 15, &back, storage, 100),
+                 -EBADMSG);
 }
 
 Test(url, key_names)
@@ -441,6 +500,30 @@ Test(value, round_trip_and_layout)
     cr_assert_eq(kc__rv_decode(na, &reader, v, n, "ns", &other, &rv), -EBADMSG);
     cr_assert_eq(kc__rv_decode(na, &reader, v, n, "nt", &K, &rv), -EBADMSG);
     free(v);
+}
+
+/* Small signed values (lock values): only the signer's, for one use. */
+Test(value, blobs)
+{
+    unsigned char sig[KC__SIG_LEN];
+    cr_assert_eq(kc__blob_sign(na, &signer, "kcache-lock-v1", "tok", 3, sig), 0);
+    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-lock-v1", signer.self.id, "tok", 3, sig), 0);
+    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-other-v1", signer.self.id, "tok", 3, sig),
+                 -EKEYREJECTED);
+    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-lock-v1", signer.self.id, "tol", 3, sig),
+                 -EKEYREJECTED);
+    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-lock-v1", 12345, "tok", 3, sig),
+                 -EKEYREJECTED);
+    cr_assert_eq(kc__blob_sign(na, &reader, "kcache-lock-v1", "tok", 3, sig), -EROFS);
+}
+
+/* Signer tags: what a local store records for the key that signed. */
+Test(value, signer_tags)
+{
+    uint32_t t = kc_remote_signer_tag(signer.self.pk);
+    cr_assert_leq(t, 0x0fffffffu);
+    cr_assert(kc_remote_signers_serve(NULL, KC_PROV(KC_PROV_SIGNED, t)));
+    cr_assert(kc_remote_signers_serve(NULL, KC_PROV(KC_PROV_LOCAL, 0)));
 }
 
 Test(value, signature_is_what_is_trusted)
