@@ -146,7 +146,16 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(connects, "connections made")                                                                \
     X(locks, "cluster-wide locks taken")                                                           \
     X(lock_busy, "cluster-wide locks another node held")                                           \
-    X(saved_ns, "compile time remote hits saved")
+    X(saved_ns, "compile time remote hits saved")                                                  \
+    X(refused, "connections refused or reset")                                                     \
+    X(oom, "writes a full server refused (OOM, maxmemory)")                                        \
+    X(auth_failures, "credentials refused (NOAUTH, WRONGPASS, NOPERM)")                            \
+    X(protocol_errors, "replies that broke the protocol or a bound (size, nesting)")              \
+    X(error_replies, "other error replies")                                                        \
+    X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                   \
+    X(lock_untrusted, "locks not waited on: not taken by a trusted writer")                        \
+    X(breaker_opens, "times the remote was turned off for a backoff")                              \
+    X(polls, "lookups of an entry another node was compiling")
 
 struct kc_remote_counters {
 #define KC__REMOTE_FIELD(name, what) uint64_t name;
@@ -270,11 +279,11 @@ struct kc_remote *kc_remote_of_tier(struct kc_tier *t);
 
 /* The remote's counters as the store keeps statistics: per backend, a
  * struct kc_counters of KC_N_COUNTERS slots. They are spread, in
- * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0",
- * "remote.1", "remote.2" (kc_remote_stat_backend), which `kcache stats`
+ * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0"
+ * .. "remote.3" (kc_remote_stat_backend), which `kcache stats`
  * shows as its remote section, not as backends. New counters are appended,
  * so statistics written earlier keep their meaning. */
-#define KC_REMOTE_STAT_BACKENDS 3
+#define KC_REMOTE_STAT_BACKENDS 4
 const char *kc_remote_stat_backend(int i);
 bool kc_remote_is_stat_backend(const char *name);
 void kc_remote_counters_pack(const struct kc_remote_counters *c,
