@@ -305,11 +305,21 @@ static void print_remote(const struct kc_remote_counters *r)
     printf("  saved %.3fs\n", r->saved_ns / 1e9);
     printf("  uploads %" PRIu64 " (%s)  kept local (past KCACHE_REMOTE_MAX_ENTRY) %" PRIu64 "\n",
            r->uploads, kc_tool_human_size(r->upload_bytes, b2, sizeof b2), r->skipped);
-    printf("  errors %" PRIu64 "  timeouts %" PRIu64 "  bad signatures %" PRIu64 "\n", r->errors,
-           r->timeouts, r->bad);
+    printf("  errors %" PRIu64 " (refused %" PRIu64 "  authentication %" PRIu64
+           "  protocol %" PRIu64 "  error replies %" PRIu64 "  full %" PRIu64 ")  timeouts %" PRIu64
+           "\n",
+           r->errors, r->refused, r->auth_failures, r->protocol_errors, r->error_replies, r->oom,
+           r->timeouts);
+    printf("  refused entries %" PRIu64 " (bad signatures %" PRIu64 ", damaged or misplaced %" PRIu64
+           ")  turned off %" PRIu64 " times\n",
+           r->bad, r->bad_signatures, r->bad >= r->bad_signatures ? r->bad - r->bad_signatures : 0,
+           r->breaker_opens);
     printf("  locks %" PRIu64 " taken, %" PRIu64 " held by another node  connections %" PRIu64
            "  MOVED %" PRIu64 "  ASK %" PRIu64 "\n",
            r->locks, r->lock_busy, r->connects, r->moved, r->asks);
+    printf("  locks not waited on (not a trusted writer's) %" PRIu64
+           "  polls while waiting %" PRIu64 "\n",
+           r->lock_untrusted, r->polls);
 }
 
 static int cmd_stats(struct ctx *c, bool json)

@@ -8,11 +8,21 @@
  * module and a process that never reaches the remote never maps either.
  *
  * Conventions: functions return 0 or a negative errno; -ENOENT is a miss.
- * Every operation is bounded by the configured timeouts: the first failure
- * of a server (down, refusing, hung, slow, garbage) costs at most its
- * connect and operation timeouts once, is counted, logs one warning, and
- * turns that server off for the process (or until `retry_ms` passes, for a
- * long-lived owner). Thread-safe: one mutex per remote serialises its
+ * Every operation is bounded by the configured timeouts: one operation,
+ * every redirection, slot map read and connect included, takes at most
+ * one connect plus one operation timeout. Every reply is bounded in size,
+ * elements and nesting before it is allocated. The remote is a circuit
+ * breaker: a failure of a server (down, refusing, hung, slow, garbage) is
+ * counted, logs one warning (the first), and turns that server off for a
+ * backoff; in a cluster, a node that never answered (the servers name the
+ * nodes: redirections and slot maps can name endless new addresses) turns
+ * the whole remote off; three soft failures in a row (error replies, oversized values,
+ * refused values of 1 MiB or more, redirection loops) turn the whole
+ * remote off. The backoff is `retry_ms` (1 s by default), doubling at each
+ * failure in a row up to a minute; then one operation probes it, and one
+ * that works closes it. So a process's remote
+ * time is bounded whatever the servers do, and a job that lives for hours
+ * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises its
  * operations (one connection per server per process, kept).
  *
  * The operations mirror store/tier.h's (get, put, purge, after_fork,
@@ -154,7 +164,7 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(error_replies, "other error replies")                                                        \
     X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                   \
     X(lock_untrusted, "locks not waited on: not taken by a trusted writer")                        \
-    X(breaker_opens, "times the remote was turned off for a backoff")                              \
+    X(breaker_opens, "times the remote or a server was turned off")                                \
     X(polls, "lookups of an entry another node was compiling")
 
 struct kc_remote_counters {
@@ -170,9 +180,8 @@ struct kc_remote;
 struct kc_remote_options {
     /* This node's name in lock values (NULL: host name and pid). */
     const char *node;
-    /* After a server failed: 0 keeps it off for the rest of the process
-     * (hosts); otherwise it is tried again after retry_ms, doubling at each
-     * further failure up to 64 times that (the owner). */
+    /* After a failure, the remote is tried again after retry_ms (0: 1 s),
+     * doubling at each failure in a row up to a minute. */
     int retry_ms;
 };
 
@@ -227,6 +236,13 @@ void kc_remote_close(struct kc_remote *r);
  * others wait for it; compile without the lock. Other negatives: the
  * remote failed (as get); proceed without the lock. */
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
+
+/* Single flight's polls: while on (this thread), a lookup that misses
+ * counts as a poll, not a miss; kc_remote_poll_served says the lookup
+ * that waited was served after all (its first miss becomes no miss), so
+ * the remote's hit rate counts each lookup once. */
+void kc_remote_polling(bool on);
+void kc_remote_poll_served(struct kc_remote *r);
 
 /* Releases a lock this process holds (a compare-and-delete: another
  * holder's lock, taken after ours expired, is left alone). 0 when it was

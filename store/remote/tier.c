@@ -37,8 +37,22 @@ struct kc_remote {
     struct kc_remote_counters ctr;
 };
 
+/* Compare-and-delete on the holder's token (the value's first word). */
 static const char unlock_script[] =
-    "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+    "local v=redis.call('get',KEYS[1]) "
+    "if v and string.sub(v,1,#ARGV[1])==ARGV[1] then return redis.call('del',KEYS[1]) end "
+    "return 0";
+
+/* SET NX PX, or the holder's value when taken (nil: it went meanwhile). */
+static const char lock_script[] =
+    "if redis.call('set',KEYS[1],ARGV[1],'NX','PX',ARGV[2]) then return 1 end "
+    "return redis.call('get',KEYS[1])";
+
+/* A refused value at least this large is a soft failure (see get). */
+#define KC__BAD_SOFT_BYTES (1u << 20)
+
+/* Lookups made while waiting on another node's lock count as polls. */
+static __thread bool polling;
 
 /* ---- names -------------------------------------------------------------- */
 
@@ -109,6 +123,8 @@ int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_op
         if (opt->node != NULL)
             snprintf(r->node, sizeof r->node, "%s", opt->node);
     }
+    if (r->retry_ms == 0)
+        r->retry_ms = 1000; /* a circuit breaker for hosts too */
     make_token(r);
     *out = r;
     return 0;
@@ -132,7 +148,8 @@ static int activate(struct kc_remote *r)
                                  * slot map (small entries may be
                                  * configured). */
                                 .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + (4u << 20),
-                                .warned = &r->warned};
+                                .warned = &r->warned,
+                                .cluster = r->cfg.mode == KC_REMOTE_CLUSTER};
     if (r->cfg.mode == KC_REMOTE_CLUSTER) {
         for (int i = 0; i < r->cfg.n; i++)
             if (kc__cluster_node(&r->cl, r->cfg.ep[i].host, r->cfg.ep[i].port, &r->cfg.ep[i]) ==
@@ -247,11 +264,24 @@ static struct kc__node *target_node(struct kc_remote *r, const char *route)
 static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
                struct kc__node **from)
 {
-    if (r->cfg.mode == KC_REMOTE_CLUSTER)
-        return kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
-    struct kc__node *nd = target_node(r, route);
-    *from = nd;
-    return kc__node_exec(&r->rctx, nd, 1, cmd, rep);
+    /* The breaker first: open, nothing is tried. */
+    if (!kc__breaker_closed(&r->rctx))
+        return -ENETDOWN;
+    /* One operation, every hop included, within one connect and one
+     * operation timeout. */
+    const struct kc_remote_endpoint *e = &r->cfg.ep[0];
+    r->rctx.deadline_ns =
+        kc_mono_ns() + (uint64_t)(e->connect_timeout_ms + e->operation_timeout_ms) * 1000000;
+    int rc;
+    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+        rc = kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
+    } else {
+        struct kc__node *nd = target_node(r, route);
+        *from = nd;
+        rc = kc__node_exec(&r->rctx, nd, 1, cmd, rep);
+    }
+    r->rctx.deadline_ns = 0;
+    return rc;
 }
 
 /* An error reply to a read or a lock: a transient server state is a miss,
@@ -262,7 +292,7 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     int rc = -EIO;
     if (strncmp(s, "NOAUTH", 6) == 0 || strncmp(s, "WRONGPASS", 9) == 0 ||
         strncmp(s, "NOPERM", 6) == 0) {
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
         kc__node_fail(&r->rctx, nd, -EACCES, "refused the credentials");
         return -EACCES;
     }
@@ -271,7 +301,9 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
         strncmp(s, "BUSY", 4) == 0)
         rc = -EAGAIN;
     r->ctr.errors++;
-    r->hi->free_reply(rep);
+    r->ctr.error_replies++;
+    kc__breaker_soft(&r->rctx);
+    kc__reply_free(rep);
     return rc;
 }
 
@@ -279,7 +311,7 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
  * trust. Under mu; frees rep. */
 static int garbage(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
 {
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     kc__node_fail(&r->rctx, nd, -EPROTO, "answered garbage");
     return -EPROTO;
 }
@@ -305,8 +337,12 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_NIL) {
-            r->ctr.misses++;
-            r->hi->free_reply(rep);
+            if (polling)
+                r->ctr.polls++;
+            else
+                r->ctr.misses++;
+            kc__breaker_ok(&r->rctx);
+            kc__reply_free(rep);
             rc = -ENOENT;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = error_reply(r, nd, rep);
@@ -332,6 +368,12 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     pthread_mutex_lock(&r->mu);
     if (drc == -EBADMSG || drc == -EKEYREJECTED) {
         r->ctr.bad++;
+        if (drc == -EKEYREJECTED)
+            r->ctr.bad_signatures++;
+        /* A small refused value cost what a miss costs; a large one cost
+         * its transfer, again at every lookup: a soft failure. */
+        if (rep->len >= KC__BAD_SOFT_BYTES)
+            kc__breaker_soft(&r->rctx);
         if (!r->bad_warned) {
             r->bad_warned = true;
             kc_log(KC_LOG_WARN,
@@ -343,9 +385,13 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     } else if (drc != 0) {
         rc = drc;
     } else if (rv.format != KC_FORMAT_VERSION) {
-        r->ctr.misses++;
+        if (polling)
+            r->ctr.polls++;
+        else
+            r->ctr.misses++;
         rc = -ENOENT;
     } else {
+        kc__breaker_ok(&r->rctx);
         r->ctr.hits++;
         r->ctr.download_bytes += rv.body_len;
         r->ctr.saved_ns += rv.saved_ns;
@@ -361,7 +407,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     }
     pthread_mutex_unlock(&r->mu);
     free(copy);
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     return rc;
 }
 
@@ -387,6 +433,8 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     if (!oom && !ro)
         return error_reply(r, nd, rep);
     r->ctr.errors++;
+    if (oom)
+        r->ctr.oom++;
     nd->writes_off = true;
     if (!r->full_warned) {
         r->full_warned = true;
@@ -395,7 +443,7 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
         kc_log(KC_LOG_WARN, "remote: %s refuses writes (%.60s); nothing more is uploaded to it",
                shown, s);
     }
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     return oom ? -ENOSPC : -EROFS;
 }
 
@@ -443,9 +491,10 @@ int kc_remote_put(struct kc_remote *r, const char *ns, const kc_key *key, const 
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_STATUS) {
+            kc__breaker_ok(&r->rctx);
             r->ctr.uploads++;
             r->ctr.upload_bytes += vlen;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
         } else {
@@ -476,7 +525,7 @@ static int del_key(struct kc_remote *r, const char *k, const char *del)
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER)
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         else if (rep->type == REDIS_REPLY_ERROR)
             rc = write_error(r, nd, rep);
         else
@@ -495,6 +544,45 @@ int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
     return del_key(r, k, k);
 }
 
+/* What a lock's holder value means to this node: -EBUSY when a trusted
+ * writer took it (wait for its result), -EKEYREJECTED when not (counted:
+ * do not wait). Under mu. */
+static int lock_holder(struct kc_remote *r, const char *lk, const redisReply *v)
+{
+    uint64_t now_ms = kc_wall_ns() / 1000000;
+    if (v->type == REDIS_REPLY_STRING &&
+        kc__lock_value_check(r->na, &r->keys, lk, v->str, v->len, now_ms, 86400000) == 0) {
+        r->ctr.lock_busy++;
+        return -EBUSY;
+    }
+    r->ctr.lock_untrusted++;
+    return -EKEYREJECTED;
+}
+
+/* A node that may not write takes no lock, but waits on one a trusted
+ * writer holds: -EBUSY then, `why` otherwise. Under mu. */
+static int lock_peek(struct kc_remote *r, const char *k, const char *lk, int why)
+{
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "GET", lk);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    int rc = run(r, k, &cmd, &rep, &nd);
+    if (rc != 0)
+        return why;
+    if (rep->type == REDIS_REPLY_NIL) {
+        kc__reply_free(rep);
+        return why;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        error_reply(r, nd, rep);
+        return why;
+    }
+    rc = lock_holder(r, lk, rep);
+    kc__reply_free(rep);
+    return rc == -EBUSY ? rc : why;
+}
+
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
 {
     char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
@@ -509,22 +597,36 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     int rc = activate(r);
     if (rc == 0)
         rc = may_write(r, k);
+    if (rc == -EROFS || rc == -ENOSPC) {
+        rc = lock_peek(r, k, lk, rc);
+        goto out;
+    }
     if (rc != 0)
         goto out;
-    char px[16];
+    char px[16], value[KC__LOCK_VALUE_MAX];
     snprintf(px, sizeof px, "%d", ttl_ms);
+    rc = kc__lock_value(r->na, &r->keys, lk, r->token, kc_wall_ns() / 1000000 + (uint64_t)ttl_ms,
+                        value, sizeof value);
+    if (rc != 0)
+        goto out;
     struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 6, "SET", lk, r->token, "NX", "PX", px);
+    kc__cmd_set(&cmd, 6, "EVAL", lock_script, "1", lk, value, px);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
-        if (rep->type == REDIS_REPLY_STATUS) {
+        if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
+            kc__breaker_ok(&r->rctx);
             r->ctr.locks++;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
+        } else if (rep->type == REDIS_REPLY_STRING) {
+            kc__breaker_ok(&r->rctx);
+            rc = lock_holder(r, lk, rep);
+            kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_NIL) {
+            /* Released between the two steps: taken by nobody now. */
             r->ctr.lock_busy++;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
             rc = -EBUSY;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
@@ -549,15 +651,17 @@ int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key)
         rc = -EROFS;
     if (rc != 0)
         goto out;
+    char prefix[sizeof r->token + 1];
+    snprintf(prefix, sizeof prefix, "%s ", r->token);
     struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, r->token);
+    kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, prefix);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER) {
             rc = rep->integer == 1 ? 0 : -ENOENT;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = error_reply(r, nd, rep);
         } else {
@@ -592,6 +696,19 @@ void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
     pthread_mutex_unlock(&r->mu);
 }
 
+void kc_remote_polling(bool on)
+{
+    polling = on;
+}
+
+void kc_remote_poll_served(struct kc_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->ctr.misses > 0)
+        r->ctr.misses--; /* the lookup that waited is a hit, not a miss too */
+    pthread_mutex_unlock(&r->mu);
+}
+
 static bool node_up(const struct kc__node *nd)
 {
     return !nd->off || (nd->retry_at_ns != 0 && kc_mono_ns() >= nd->retry_at_ns);
@@ -601,6 +718,8 @@ bool kc_remote_usable(struct kc_remote *r)
 {
     pthread_mutex_lock(&r->mu);
     bool ok = !r->activated || r->act_rc == 0;
+    if (ok && r->activated && !kc__breaker_closed(&r->rctx))
+        ok = false;
     if (ok && r->activated) {
         ok = false;
         for (int i = 0; i < r->n_nodes && !ok; i++)
@@ -643,14 +762,14 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
     s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
     if (s->rc != 0)
         return;
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     uint64_t t0 = kc_mono_ns();
     s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
     if (s->rc != 0)
         return;
     s->latency_ms = (double)(kc_mono_ns() - t0) / 1e6;
     bool pong = rep->type == REDIS_REPLY_STATUS && strcmp(rep->str, "PONG") == 0;
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     if (!pong) {
         kc__node_fail(&r->rctx, nd, -EPROTO, "answered PING with something else than PONG");
         s->rc = -EPROTO;
@@ -659,12 +778,12 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
     kc__cmd_set(&cmd, 2, "INFO", "server");
     if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
         info_field(rep, "redis_version", s->version, sizeof s->version);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
     }
     kc__cmd_set(&cmd, 2, "INFO", "replication");
     if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
         info_field(rep, "role", s->role, sizeof s->role);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
     }
 }
 
