@@ -337,6 +337,15 @@ struct kc_remote_ping {
  * first error (details in *rep). */
 int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
 
+/* `kcache remote stats` / `remote prune`: calls cb(ns, key, bytes, arg)
+ * for every entry on every server (each shard; each primary of a
+ * cluster), SCAN MATCH kcache:* and STRLEN, locks and foreign keys left
+ * out. The remote's mutex is held: cb must not call into r (collect, then
+ * purge). A non-zero cb return stops the walk and is returned. 0, or the
+ * first failure (as get). */
+typedef int (*kc_remote_scan_cb)(const char *ns, const kc_key *key, uint64_t bytes, void *arg);
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg);
+
 /* `kcache keygen PATH`: a new Ed25519 key pair. Writes the secret key to
  * PATH (created 0600, never overwriting: -EEXIST) as one line
  * "kcache-ed25519-secret <base64 seed>", and the public key to PATH.pub

@@ -849,3 +849,103 @@ int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep)
     rep->roundtrip_rc = rc;
     return rc;
 }
+
+/* ---- the remote as a whole: scan (remote stats, prune) ------------------ */
+
+/* "kcache:<ns>:<48 hex digits>" into ns and key: 0, or -EINVAL for a key
+ * of another shape (locks, foreign keys). */
+static int parse_entry_name(const char *k, size_t len, char *ns, size_t nscap, kc_key *key)
+{
+    if (len < 7 + 2 + 48 || memcmp(k, "kcache:", 7) != 0 || k[len - 49] != ':')
+        return -EINVAL;
+    size_t nl = len - 49 - 7;
+    if (nl == 0 || nl >= nscap || memchr(k + 7, '{', nl) != NULL)
+        return -EINVAL;
+    uint64_t v[3] = {0, 0, 0};
+    for (int i = 0; i < 48; i++) {
+        char c = k[len - 48 + i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+            return -EINVAL;
+        v[i / 16] = v[i / 16] << 4 | (uint64_t)d;
+    }
+    memcpy(ns, k + 7, nl);
+    ns[nl] = '\0';
+    *key = (kc_key){.id = {.hi = v[0], .lo = v[1]}, .build = v[2]};
+    return 0;
+}
+
+/* SCANs one server's entry keys, their sizes by STRLEN (pipelined). */
+static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb cb, void *arg)
+{
+    char cursor[32] = "0";
+    do {
+        struct kc__cmd cmd;
+        kc__cmd_set(&cmd, 6, "SCAN", cursor, "MATCH", "kcache:*", "COUNT", "1000");
+        redisReply *rep = NULL;
+        int rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
+        if (rc != 0)
+            return rc;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY || rep->element[0]->len >= sizeof cursor) {
+            return garbage(r, nd, rep);
+        }
+        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+        const redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements && rc == 0;) {
+            struct kc__cmd sl[8];
+            char nss[8][128];
+            kc_key ks[8];
+            int n = 0;
+            for (; i < keys->elements && n < 8; i++) {
+                const redisReply *e = keys->element[i];
+                if (e->type != REDIS_REPLY_STRING ||
+                    parse_entry_name(e->str, e->len, nss[n], sizeof nss[n], &ks[n]) != 0)
+                    continue;
+                kc__cmd_set(&sl[n], 2, "STRLEN", e->str);
+                n++;
+            }
+            if (n == 0)
+                continue;
+            redisReply *lens[8];
+            rc = kc__node_exec(&r->rctx, nd, n, sl, lens);
+            if (rc != 0)
+                break; /* no replies */
+            for (int j = 0; j < n; j++) {
+                uint64_t bytes = lens[j]->type == REDIS_REPLY_INTEGER && lens[j]->integer > 0
+                                     ? (uint64_t)lens[j]->integer
+                                     : 0;
+                if (rc == 0 && bytes > 0)
+                    rc = cb(nss[j], &ks[j], bytes, arg);
+                kc__reply_free(lens[j]);
+            }
+        }
+        kc__reply_free(rep);
+        if (rc != 0)
+            return rc;
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0 && r->cfg.mode == KC_REMOTE_CLUSTER) {
+        rc = kc__cluster_refresh(&r->rctx, &r->cl, NULL);
+        /* Every node that serves a slot (the primaries), once. */
+        for (int i = 0; rc == 0 && i < r->cl.n_nodes; i++) {
+            bool serves = false;
+            for (int s = 0; s < KC__SLOTS && !serves; s++)
+                serves = r->cl.slot[s] == i;
+            if (serves)
+                rc = scan_node(r, r->cl.nodes[i], cb, arg);
+        }
+    } else {
+        for (int i = 0; rc == 0 && i < r->n_nodes; i++)
+            rc = scan_node(r, r->nodes[i], cb, arg);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}

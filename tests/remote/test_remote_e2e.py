@@ -718,7 +718,10 @@ def faults(ctx):
     check(len(manifests) == K, 'one manifest per kernel')
     rs.cmd('FLUSHALL')
     for k in manifests:
-        rs.cmd('SET', 'kcache:lock:{%s}' % k, 'deadnode:1:0', 'PX', '1500')
+        lk = 'kcache:lock:{%s}' % k
+        out = os.path.join(ctx.root, 'lock.val')
+        subprocess.run([FORGE, '--lock', out, lk, '1500', ctx.key], check=True, timeout=60)
+        rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', '1500')
     n = ctx.node(url)
     r = n.start(KERNELS, ctx).wait()
     check_outputs([r], ctx.ref, 'a lock holder died')
@@ -726,6 +729,38 @@ def faults(ctx):
     check(r.misses == K and s['remote']['lock_busy'] >= 1 and s['remote']['locks'] >= 1,
           'a dead holder\'s lock: waited on, expired, taken (busy %d, taken %d)'
           % (s['remote']['lock_busy'], s['remote']['locks']))
+
+    # Locks any writer to Redis can set (no key needed), without expiry:
+    # not a trusted writer's, not waited on (KCACHE_LOCK_TIMEOUT is 60 s).
+    rs.cmd('FLUSHALL')
+    for k in manifests:
+        rs.cmd('SET', 'kcache:lock:{%s}' % k, 'node-x:1:0123456789abcdef')
+    n = ctx.node(url)
+    t0 = time.monotonic()
+    r = n.start(KERNELS, ctx).wait()
+    took = time.monotonic() - t0
+    check_outputs([r], ctx.ref, 'locks without expiry set by an untrusted writer')
+    s = n.stats()
+    check(r.misses == K and took < 30 and s['remote']['lock_untrusted'] >= K,
+          'untrusted locks are not waited on (%.1f s, %d not waited on)'
+          % (took, s['remote'].get('lock_untrusted', -1)))
+
+    # Full once the holder took its first lock: its upload is refused and
+    # its owner lets the lock go, so nobody waits it out (60 s here).
+    rs.cmd('FLUSHALL')
+    holder = ctx.node(url)
+    run = holder.start(KERNELS, ctx)
+    while run.p.poll() is None and not rs.cmd('KEYS', 'kcache:lock:*'):
+        time.sleep(0.001)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    rs.cmd('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')
+    r = run.wait()
+    check_outputs([r], ctx.ref, 'Redis full under a lock holder')
+    holder.settle()
+    left = rs.cmd('KEYS', 'kcache:lock:*')
+    check(not left, 'Redis full: the holder that could not publish let its locks go (%d left, '
+          'pttl %s)' % (len(left), [rs.cmd('PTTL', k) for k in left]))
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
 
     # Values truncated, bit-flipped, swapped between keys.
     rs.restart_empty()
