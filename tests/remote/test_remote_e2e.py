@@ -424,6 +424,26 @@ print("hiredis" if "libhiredis" in maps else "no-hiredis",
 '''
 
 
+LONG_PROBE = r'''
+import ctypes, os, sys, time
+nv = ctypes.CDLL(sys.argv[1])
+go = sys.argv[2]
+def compile(path):
+    src = open(path, 'rb').read()
+    prog = ctypes.c_void_p()
+    name = os.path.basename(path)[:-3].encode()  # as nvrtc_bench names it
+    assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, name, 0, None, None) == 0
+    opts = (ctypes.c_char_p * 2)(b"-arch=compute_80", sys.argv[5].encode())
+    assert nv.nvrtcCompileProgram(prog, 2, opts) == 0
+    nv.nvrtcDestroyProgram(ctypes.byref(prog))
+for i, path in enumerate(sys.argv[3:5]):
+    while not os.path.exists(go + '.%d' % (i + 1)):
+        time.sleep(0.01)
+    compile(path)
+    open(go + '.%d.done' % (i + 1), 'w').close()
+'''
+
+
 def libnvrtc():
     out = subprocess.run(['ldd', BENCH], capture_output=True, text=True).stdout
     m = re.search(r'(\S*libnvrtc\.so\S*) => (\S+)', out)
@@ -668,6 +688,59 @@ def faults(ctx):
     check_outputs([r], ctx.ref, 'Redis down')
     check(r.misses == K and r.remote['errors'] >= 1, 'Redis down: compiled, an error counted')
     check(r.stderr.count('kcache: warning') == 1, 'Redis down: one warning')
+
+    # A long-lived host across a Redis restart: its lookup while Redis is
+    # down fails (the remote off), and once Redis is back it shares again
+    # within seconds (a breaker, not a fuse): a kernel another node
+    # published meanwhile is a remote hit, not a compile.
+    rs.restart_empty()
+    probe_node = ctx.node(url)
+    go = os.path.join(ctx.root, 'go')
+    env = probe_node.environ()
+    env['LD_PRELOAD'] = SHIM
+    probe = subprocess.Popen([sys.executable, '-c', LONG_PROBE, libnvrtc(), go,
+                              os.path.join(ctx.src, 'ka.cu'), os.path.join(ctx.src, 'kb.cu'),
+                              '-I' + ctx.inc], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    rs.stop()
+    with open(go + '.1', 'w'):
+        pass  # ka: compiled while Redis is down
+    while not os.path.exists(go + '.1.done') and probe.poll() is None:
+        time.sleep(0.01)
+    rs.start()
+    publisher = ctx.node(url)
+    publisher.start(['kb'], ctx).wait()
+    publisher.settle()
+    time.sleep(1.5)  # past the first backoff
+    with open(go + '.2', 'w'):
+        pass  # kb: published by the other node
+    o, e = probe.communicate(timeout=RUN_TIMEOUT)
+    m = STATS_RE.search(e)
+    r = REMOTE_RE.search(e)
+    check(probe.returncode == 0 and m is not None and r is not None,
+          'the long-lived host ran (%s)' % e[-500:])
+    if m and r:
+        check(int(m.group(2)) == 1 and int(m.group(1)) == 1 and int(r.group(1)) >= 1,
+              'after Redis came back, the host shared again: ka compiled, kb a remote hit '
+              '(nvrtc hits %s misses %s; remote hits %s errors %s)'
+              % (m.group(1), m.group(2), r.group(1), r.group(3)))
+    probe_node.settle()
+
+    # Read-only (keyless) nodes beside one writer, all cold at once: they
+    # wait for the writer's compiles rather than compile everything
+    # themselves.
+    rs.restart_empty()
+    writer = ctx.node(url)
+    readers = [ctx.node(url, writer=False) for _ in range(3)]
+    wruns = [writer.start(rotate(j), ctx) for j in range(4)]
+    time.sleep(0.05)
+    rruns = [n.start(rotate(i * 4 + j), ctx) for i, n in enumerate(readers) for j in range(4)]
+    runs = [r.wait() for r in wruns + rruns]
+    check_outputs(runs, ctx.ref, '1 writer and 3 read-only nodes')
+    check(misses(runs) <= 2 * K,
+          '1 writer, 3 read-only nodes: at most twice the kernels compiled (%d for %d)'
+          % (misses(runs), K))
+    writer.settle()
 
     # SIGSTOPped: the timeouts hold.
     rs.restart_empty()
