@@ -813,8 +813,14 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
             /* A failover may give its slots to another node: read the map
              * again at the next operation (the failed node is off, so its
              * keys fail fast meanwhile). */
-            if (r != -ENETDOWN)
+            if (r != -ENETDOWN) {
                 cl->refresh = true;
+            } else if (kc_mono_ns() >= cl->stale_retry_ns) {
+                /* Its owner is off: a failover may have promoted a replica
+                 * meanwhile. Read the map again, at most once a second. */
+                cl->stale_retry_ns = kc_mono_ns() + 1000000000ull;
+                cl->refresh = true;
+            }
             return r;
         }
         if (asking)

@@ -335,6 +335,8 @@ struct kc__cluster {
     uint16_t *slot; /* KC__SLOTS entries: index into nodes */
     bool loaded;    /* a CLUSTER SLOTS answer was applied */
     bool refresh;   /* the map changed under us: read it again */
+    uint64_t stale_retry_ns; /* a slot's owner is off: the map is read
+                              * again, once a second at most */
 };
 
 /* Reads CLUSTER SLOTS from the first node that answers (the hint first,

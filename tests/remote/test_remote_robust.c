@@ -605,3 +605,25 @@ Test(robust, counters_say_why)
     cr_assert_eq(rc, -ENOSPC);
     cr_assert_eq(ctr(full).oom, 1);
 }
+
+/* The hit rate counts a lookup once: polls while waiting on another
+ * node's lock are polls, and a lookup served after waiting is one hit. */
+Test(robust, a_waited_lookup_counts_once)
+{
+    make_keys();
+    h_start(&srv, "r");
+    struct kc_remote *w = open_srv(wkey, 0, "writer");
+    struct kc_remote *r = open_srv(wkey, 0, "waiter");
+    cr_assert_eq(get_rc(r, 1), -ENOENT); /* the lookup: a miss */
+    kc_remote_polling(true);
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(get_rc(r, 1), -ENOENT); /* polls */
+    cr_assert_eq(put_rc(w, 1), 0);
+    cr_assert_eq(get_rc(r, 1), 0); /* served */
+    kc_remote_polling(false);
+    kc_remote_poll_served(r);
+    struct kc_remote_counters c = ctr(r);
+    cr_assert_eq(c.hits, 1);
+    cr_assert_eq(c.misses, 0, "misses %" PRIu64, c.misses);
+    cr_assert_eq(c.polls, 5);
+}
