@@ -486,6 +486,10 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
 {
     if (!kc__node_ready(nd))
         return -ENETDOWN;
+    /* The operation's time is spent (earlier hops): nothing is tried, and
+     * the node is not blamed. */
+    if (rc->deadline_ns != 0 && kc_mono_ns() >= rc->deadline_ns)
+        return -ETIMEDOUT;
     for (int attempt = 0;; attempt++) {
         bool fresh = nd->c == NULL;
         if (fresh) {
