@@ -316,10 +316,10 @@ static void print_remote(const struct kc_remote_counters *r)
     printf("  errors %" PRIu64 " (refused %" PRIu64 "  authentication %" PRIu64
            "  protocol %" PRIu64 "  error replies %" PRIu64 "  full %" PRIu64 ")  timeouts %" PRIu64
            "\n",
-           r->errors, r->refused, r->auth_failures, r->protocol_errors, r->error_replies, r->oom,
+           r->errors, r->refusals, r->auth_failures, r->protocol_errors, r->error_replies, r->oom,
            r->timeouts);
-    printf("  refused entries %" PRIu64 " (bad signatures %" PRIu64 ", damaged or misplaced %" PRIu64
-           ")  turned off %" PRIu64 " times\n",
+    printf("  refused entries %" PRIu64 " (bad signatures %" PRIu64
+           ", damaged or misplaced %" PRIu64 ")  turned off %" PRIu64 " times\n",
            r->bad, r->bad_signatures, r->bad >= r->bad_signatures ? r->bad - r->bad_signatures : 0,
            r->breaker_opens);
     printf("  locks %" PRIu64 " taken, %" PRIu64 " held by another node  connections %" PRIu64
@@ -378,7 +378,7 @@ static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *
     om_label(c->dir);
     printf("\"} %" PRIu64 "\n", max_size);
 #define KC__OM_BACKEND(field, what)                                                                \
-    printf("# TYPE kcache_" #field " counter\n# HELP kcache_" #field " %s\n", what);             \
+    printf("# TYPE kcache_" #field " counter\n# HELP kcache_" #field " %s\n", what);               \
     for (size_t i = 0; i < nb; i++) {                                                              \
         const struct kc_backend_stats *b = find_backend(s, names[i]);                              \
         printf("kcache_" #field "_total{dir=\"");                                                  \
@@ -391,7 +391,7 @@ static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *
 #undef KC__OM_BACKEND
     if (show_remote) {
 #define KC__OM_REMOTE(field, what)                                                                 \
-    printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"        \
+    printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"         \
            "kcache_remote_" #field "_total{dir=\"",                                                \
            what);                                                                                  \
     om_label(c->dir);                                                                              \
@@ -889,7 +889,7 @@ struct rstat_acc {
         char ns[128];
         kc_key key;
         uint64_t bytes;
-    } *drop;
+    } * drop;
     size_t n_drop, cap_drop;
 };
 
@@ -953,8 +953,8 @@ static int cmd_remote_stats(struct ctx *c, bool json)
         for (size_t i = 0; i < a.n; i++) {
             printf("%s{\"name\": ", i ? ", " : "");
             json_str(stdout, a.v[i].ns);
-            printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64
-                   ", \"bytes\": %" PRIu64 "}",
+            printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64
+                   "}",
                    a.v[i].build, a.v[i].entries, a.v[i].bytes);
         }
         printf("]}\n");

@@ -415,7 +415,7 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
     } else {
         rc->ctr->errors++;
         if (err == -ECONNREFUSED || err == -ECONNRESET || err == -EPIPE)
-            rc->ctr->refused++;
+            rc->ctr->refusals++;
         else if (err == -EPROTO || err == -ENOMEM)
             rc->ctr->protocol_errors++;
         else if (err == -EACCES)
@@ -436,8 +436,8 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
         *rc->warned = true;
         char shown[340];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); %s off for a while, then tried again", shown,
-               why, strerror(-err), rc->cluster && !nd->answered ? "the remote is" : "it is");
+        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); %s off for a while, then tried again", shown, why,
+               strerror(-err), rc->cluster && !nd->answered ? "the remote is" : "it is");
     }
 }
 

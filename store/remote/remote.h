@@ -22,8 +22,8 @@
  * failure in a row up to a minute; then one operation probes it, and one
  * that works closes it. So a process's remote
  * time is bounded whatever the servers do, and a job that lives for hours
- * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises its
- * operations (one connection per server per process, kept).
+ * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises
+ * its operations (one connection per server per process, kept).
  *
  * The operations mirror store/tier.h's (get, put, purge, after_fork,
  * close); the wiring binds them into a `struct kc_tier_ops`.
@@ -157,12 +157,12 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(locks, "cluster-wide locks taken")                                                           \
     X(lock_busy, "cluster-wide locks another node held")                                           \
     X(saved_ns, "compile time remote hits saved")                                                  \
-    X(refused, "connections refused or reset")                                                     \
+    X(refusals, "connections refused or reset")                                                    \
     X(oom, "writes a full server refused (OOM, maxmemory)")                                        \
     X(auth_failures, "credentials refused (NOAUTH, WRONGPASS, NOPERM)")                            \
-    X(protocol_errors, "replies that broke the protocol or a bound (size, nesting)")              \
+    X(protocol_errors, "replies that broke the protocol or a bound (size, nesting)")               \
     X(error_replies, "other error replies")                                                        \
-    X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                   \
+    X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                    \
     X(lock_untrusted, "locks not waited on: not taken by a trusted writer")                        \
     X(breaker_opens, "times the remote or a server was turned off")                                \
     X(polls, "lookups of an entry another node was compiling")

@@ -243,8 +243,8 @@ struct kc__node {
     bool off;             /* failed: skipped until retry_at_ns */
     uint64_t retry_at_ns; /* 0 with off: for the process */
     unsigned failures;
-    bool writes_off; /* refused writes (full, read-only replica) */
-    bool answered;   /* it answered once in this process */
+    bool writes_off;                /* refused writes (full, read-only replica) */
+    bool answered;                  /* it answered once in this process */
     struct kc__reply_budget budget; /* of the reply being read */
 };
 
@@ -260,11 +260,10 @@ struct kc__rctx {
      * failure (down, refused, timed out, garbage) turns that server off
      * for its own backoff (its keys fail fast); in a cluster, whose nodes
      * the servers name (slot maps, redirections: endless new addresses),
-     * the failure of a node that never answered opens the breaker too. KC__SOFT_FAILURES soft failures in a row
-     * (error replies, oversized values, large refused values, redirection
-     * loops) open it in both modes. Open, every operation fails
-     * fast (-ENETDOWN) until open_until_ns, then one is let through (the
-     * probe). Each opening in a row doubles the backoff, from retry_ms up
+     * the failure of a node that never answered opens the breaker too. KC__SOFT_FAILURES soft
+     * failures in a row (error replies, oversized values, large refused values, redirection loops)
+     * open it in both modes. Open, every operation fails fast (-ENETDOWN) until open_until_ns, then
+     * one is let through (the probe). Each opening in a row doubles the backoff, from retry_ms up
      * to KC__BREAKER_MAX_MS; an operation that works closes it. */
     bool cluster; /* hard failures open the breaker */
     uint64_t open_until_ns;
@@ -332,9 +331,9 @@ struct kc__cluster {
                               * nodes the cluster named */
     int n_nodes, cap;
     int n_seeds;
-    uint16_t *slot; /* KC__SLOTS entries: index into nodes */
-    bool loaded;    /* a CLUSTER SLOTS answer was applied */
-    bool refresh;   /* the map changed under us: read it again */
+    uint16_t *slot;          /* KC__SLOTS entries: index into nodes */
+    bool loaded;             /* a CLUSTER SLOTS answer was applied */
+    bool refresh;            /* the map changed under us: read it again */
     uint64_t stale_retry_ns; /* a slot's owner is off: the map is read
                               * again, once a second at most */
 };

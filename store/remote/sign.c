@@ -567,8 +567,7 @@ int kc__lock_value(const struct kc__sodium *na, const struct kc__keys *keys, con
 {
     if (na == NULL || keys == NULL || !keys->have_secret)
         return -EROFS;
-    int n = snprintf(out, cap, "%s kcl1 %016" PRIx64 " %" PRIu64, token, keys->self.id,
-                     expires_ms);
+    int n = snprintf(out, cap, "%s kcl1 %016" PRIx64 " %" PRIu64, token, keys->self.id, expires_ms);
     if (n <= 0 || (size_t)n + 2 + 4 * ((KC__SIG_LEN + 2) / 3) > cap)
         return -EINVAL;
     char msg[1024];

@@ -24,13 +24,13 @@ static int n_opened;
 /* ---- a scripted fake server on a loopback port --------------------------- */
 
 enum sfake_mode {
-    SF_HUGE_ARRAY,  /* every command: "*2147483647\r\n:1\r\n" */
-    SF_NESTED,      /* every command: seven nested arrays of 2^31 - 1 */
-    SF_ERROR,       /* every command: "-ERR no\r\n" */
-    SF_BIG_VALUE,   /* GET: a 8 MB bulk string */
-    SF_ASK_LOOP,    /* cluster: GET answered ASK to itself */
-    SF_MOVED_NEW,   /* cluster: GET answered MOVED to a new silent port */
-    SF_SLOTS_40,    /* cluster: 16,384 ranges over 40 silent ports */
+    SF_HUGE_ARRAY, /* every command: "*2147483647\r\n:1\r\n" */
+    SF_NESTED,     /* every command: seven nested arrays of 2^31 - 1 */
+    SF_ERROR,      /* every command: "-ERR no\r\n" */
+    SF_BIG_VALUE,  /* GET: a 8 MB bulk string */
+    SF_ASK_LOOP,   /* cluster: GET answered ASK to itself */
+    SF_MOVED_NEW,  /* cluster: GET answered MOVED to a new silent port */
+    SF_SLOTS_40,   /* cluster: 16,384 ranges over 40 silent ports */
 };
 
 #define N_HOLES 48
@@ -122,8 +122,9 @@ static void sf_answer(struct sfake *f, int c, int argc, char **argv)
         char *out = malloc(cap);
         n += (size_t)snprintf(out + n, cap - n, "*16384\r\n");
         for (int s = 0; s < 16384; s++)
-            n += (size_t)snprintf(out + n, cap - n, "*3\r\n:%d\r\n:%d\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
-                                  s, s, f->hole_port[s % 40]);
+            n += (size_t)snprintf(out + n, cap - n,
+                                  "*3\r\n:%d\r\n:%d\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n", s, s,
+                                  f->hole_port[s % 40]);
         send_all(c, out, n);
         free(out);
         return;
@@ -584,7 +585,7 @@ Test(robust, counters_say_why)
     cr_assert_eq(put_rc(w, 1), 0);
     h_kill(&srv);
     cr_assert_neq(get_rc(open_srv(wkey, 0, "x"), 1), 0);
-    cr_assert_eq(ctr(opened[n_opened - 1]).refused, 1);
+    cr_assert_eq(ctr(opened[n_opened - 1]).refusals, 1);
 
     sf_start(&sf, SF_HUGE_ARRAY);
     struct kc_remote *p = open_fake("redis", "");
