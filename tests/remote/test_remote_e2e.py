@@ -818,6 +818,23 @@ def faults(ctx):
           'untrusted locks are not waited on (%.1f s, %d not waited on)'
           % (took, s['remote'].get('lock_untrusted', -1)))
 
+    # A trusted writer's locks that are never published (held 60 s): a
+    # process waits out one KCACHE_LOCK_TIMEOUT in all, not one per kernel.
+    rs.cmd('FLUSHALL')
+    for k in manifests:
+        lk = 'kcache:lock:{%s}' % k
+        out = os.path.join(ctx.root, 'lock.val')
+        subprocess.run([FORGE, '--lock', out, lk, '60000', ctx.key], check=True, timeout=60)
+        rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', '60000')
+    n = ctx.node(url, extra={'KCACHE_LOCK_TIMEOUT': '2000'})
+    t0 = time.monotonic()
+    r = n.start(KERNELS, ctx).wait()
+    took = time.monotonic() - t0
+    check_outputs([r], ctx.ref, 'trusted locks never published')
+    check(r.misses == K and took < 2 + 0.5 * K + 2,
+          'a process waits one lock timeout in all (%.1f s for %d kernels, 2 s timeout)'
+          % (took, K))
+
     # Full once the holder took its first lock: its upload is refused and
     # its owner lets the lock go, so nobody waits it out (60 s here).
     rs.cmd('FLUSHALL')
