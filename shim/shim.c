@@ -305,7 +305,7 @@ __attribute__((destructor)) static void shim_fini(void)
         api->flush(st);
 
     if (config.stats) {
-        char line[1024];
+        char line[2048];
         int n = snprintf(line, sizeof line, "kcache: stats:");
         for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {
             const struct kc_counters *c = &snap[i];
@@ -320,12 +320,19 @@ __attribute__((destructor)) static void shim_fini(void)
         /* The remote's part only when one is configured: the line is
          * otherwise exactly what it always was. */
         if (rem != NULL && n > 0 && (size_t)n < sizeof line)
-            n += snprintf(line + n, sizeof line - n,
-                          "; remote hits=%llu misses=%llu errors=%llu timeouts=%llu bad=%llu "
-                          "saved=%.3fs",
-                          (unsigned long long)rsnap.hits, (unsigned long long)rsnap.misses,
-                          (unsigned long long)rsnap.errors, (unsigned long long)rsnap.timeouts,
-                          (unsigned long long)rsnap.bad, rsnap.saved_ns / 1e9);
+            n += snprintf(
+                line + n, sizeof line - n,
+                "; remote hits=%llu misses=%llu errors=%llu timeouts=%llu bad=%llu "
+                "saved=%.3fs refusals=%llu auth=%llu protocol=%llu error_replies=%llu "
+                "oom=%llu bad_signatures=%llu lock_untrusted=%llu off=%llu polls=%llu",
+                (unsigned long long)rsnap.hits, (unsigned long long)rsnap.misses,
+                (unsigned long long)rsnap.errors, (unsigned long long)rsnap.timeouts,
+                (unsigned long long)rsnap.bad, rsnap.saved_ns / 1e9,
+                (unsigned long long)rsnap.refusals, (unsigned long long)rsnap.auth_failures,
+                (unsigned long long)rsnap.protocol_errors, (unsigned long long)rsnap.error_replies,
+                (unsigned long long)rsnap.oom, (unsigned long long)rsnap.bad_signatures,
+                (unsigned long long)rsnap.lock_untrusted, (unsigned long long)rsnap.breaker_opens,
+                (unsigned long long)rsnap.polls);
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
             ssize_t w = write(STDERR_FILENO, line, (size_t)n);

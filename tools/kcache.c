@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +41,13 @@ static const char usage_text[] =
     "Inspect and maintain the kcache artifact store.\n"
     "\n"
     "Commands:\n"
-    "  stats [--json]         entries and bytes per namespace; hits, misses,\n"
+    "  stats [--json | --openmetrics]\n"
+    "                         entries and bytes per namespace; hits, misses,\n"
     "                         pass-throughs and stores per backend; compile time\n"
     "                         saved; size on disk vs raw vs unique bytes; the\n"
     "                         remote's hits, misses, uploads, errors, timeouts\n"
-    "                         and bad signatures when one is used\n"
+    "                         and why it failed, when one is used; --openmetrics:\n"
+    "                         for a node exporter's textfile collector\n"
     "  ls [--namespace NS]    list entries, one per line:\n"
     "                         KEY NAMESPACE KIND SIZE STORED HITS LAST-HIT [pending]\n"
     "  show KEY               one entry's header; KEY is the hex key as ls prints\n"
@@ -61,6 +64,11 @@ static const char usage_text[] =
     "                         key in PATH (0600), the public key in PATH.pub\n"
     "  remote ping            reach every KCACHE_REMOTE server: latency, version,\n"
     "                         and a signed entry written, read back, deleted\n"
+    "  remote stats [--json]  the remote's entries and bytes per namespace and\n"
+    "                         kcache build, over every server\n"
+    "  remote prune --build ID | --namespace NS\n"
+    "                         delete the remote's entries of one build (after an\n"
+    "                         upgrade) or one namespace\n"
     "  push [--namespace NS]  upload this store's entries to KCACHE_REMOTE, signed\n"
     "                         with this node's key (backfill)\n"
     "  export -o FILE         a bundle of the store's entries for another machine\n"
@@ -305,11 +313,93 @@ static void print_remote(const struct kc_remote_counters *r)
     printf("  saved %.3fs\n", r->saved_ns / 1e9);
     printf("  uploads %" PRIu64 " (%s)  kept local (past KCACHE_REMOTE_MAX_ENTRY) %" PRIu64 "\n",
            r->uploads, kc_tool_human_size(r->upload_bytes, b2, sizeof b2), r->skipped);
-    printf("  errors %" PRIu64 "  timeouts %" PRIu64 "  bad signatures %" PRIu64 "\n", r->errors,
-           r->timeouts, r->bad);
+    printf("  errors %" PRIu64 " (refused %" PRIu64 "  authentication %" PRIu64
+           "  protocol %" PRIu64 "  error replies %" PRIu64 "  full %" PRIu64 ")  timeouts %" PRIu64
+           "\n",
+           r->errors, r->refusals, r->auth_failures, r->protocol_errors, r->error_replies, r->oom,
+           r->timeouts);
+    printf("  refused entries %" PRIu64 " (bad signatures %" PRIu64
+           ", damaged or misplaced %" PRIu64 ")  turned off %" PRIu64 " times\n",
+           r->bad, r->bad_signatures, r->bad >= r->bad_signatures ? r->bad - r->bad_signatures : 0,
+           r->breaker_opens);
     printf("  locks %" PRIu64 " taken, %" PRIu64 " held by another node  connections %" PRIu64
            "  MOVED %" PRIu64 "  ASK %" PRIu64 "\n",
            r->locks, r->lock_busy, r->connects, r->moved, r->asks);
+    printf("  locks not waited on (not a trusted writer's) %" PRIu64
+           "  polls while waiting %" PRIu64 "\n",
+           r->lock_untrusted, r->polls);
+}
+
+/* `kcache stats --openmetrics`: the same numbers in the OpenMetrics text
+ * format (a node exporter's textfile collector reads it): gauges for the
+ * store, counters per backend and for the remote. */
+static bool stats_openmetrics;
+
+static void om_label(const char *v)
+{
+    for (; *v != '\0'; v++) {
+        if (*v == '\\' || *v == '"')
+            printf("\\%c", *v);
+        else if (*v == '\n')
+            printf("\\n");
+        else
+            putchar(*v);
+    }
+}
+
+static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *v,
+                              const struct kc_store_stats *s, const char *const *names, size_t nb,
+                              uint64_t max_size, const struct kc_remote_counters *rc,
+                              bool show_remote)
+{
+    printf("# TYPE kcache_entries gauge\n# HELP kcache_entries entries in the store\n");
+    printf("kcache_entries{dir=\"");
+    om_label(c->dir);
+    printf("\"} %" PRIu64 "\n", v->entries);
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } gauges[] = {
+        {"kcache_disk_bytes", "bytes the store takes on disk",
+         offsetof(struct kc_store_stats, disk_bytes)},
+        {"kcache_raw_bytes", "artifact bytes before dedup",
+         offsetof(struct kc_store_stats, raw_bytes)},
+        {"kcache_unique_bytes", "artifact bytes after dedup",
+         offsetof(struct kc_store_stats, unique_bytes)},
+    };
+    for (size_t g = 0; g < sizeof gauges / sizeof *gauges; g++) {
+        printf("# TYPE %s gauge\n# HELP %s %s\n%s{dir=\"", gauges[g].name, gauges[g].name,
+               gauges[g].help, gauges[g].name);
+        om_label(c->dir);
+        printf("\"} %" PRIu64 "\n", *(const uint64_t *)((const char *)v + gauges[g].off));
+    }
+    printf("# TYPE kcache_max_bytes gauge\n# HELP kcache_max_bytes the store's size limit\n"
+           "kcache_max_bytes{dir=\"");
+    om_label(c->dir);
+    printf("\"} %" PRIu64 "\n", max_size);
+#define KC__OM_BACKEND(field, what)                                                                \
+    printf("# TYPE kcache_" #field " counter\n# HELP kcache_" #field " %s\n", what);               \
+    for (size_t i = 0; i < nb; i++) {                                                              \
+        const struct kc_backend_stats *b = find_backend(s, names[i]);                              \
+        printf("kcache_" #field "_total{dir=\"");                                                  \
+        om_label(c->dir);                                                                          \
+        printf("\",backend=\"");                                                                   \
+        om_label(names[i]);                                                                        \
+        printf("\"} %" PRIu64 "\n", b != NULL ? b->c.field : 0);                                   \
+    }
+    KC_COUNTERS(KC__OM_BACKEND)
+#undef KC__OM_BACKEND
+    if (show_remote) {
+#define KC__OM_REMOTE(field, what)                                                                 \
+    printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"         \
+           "kcache_remote_" #field "_total{dir=\"",                                                \
+           what);                                                                                  \
+    om_label(c->dir);                                                                              \
+    printf("\"} %" PRIu64 "\n", rc->field);
+        KC_REMOTE_COUNTERS(KC__OM_REMOTE)
+#undef KC__OM_REMOTE
+    }
+    printf("# EOF\n");
 }
 
 static int cmd_stats(struct ctx *c, bool json)
@@ -355,7 +445,9 @@ static int cmd_stats(struct ctx *c, bool json)
     bool show_remote =
         c->cfg.remote[0] != '\0' || memcmp(&rc, &(struct kc_remote_counters){0}, sizeof rc) != 0;
 
-    if (json) {
+    if (stats_openmetrics) {
+        print_openmetrics(c, v, s, names, nb, max_size, &rc, show_remote);
+    } else if (json) {
         printf("{\"dir\": ");
         json_str(stdout, c->dir);
         printf(", \"exists\": %s", o == 1 ? "true" : "false");
@@ -787,6 +879,169 @@ static int cmd_remote_ping(struct ctx *c)
     return rc == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
+/* ---- remote stats, remote prune ------------------------------------------ */
+
+struct rstat_row {
+    char ns[128];
+    uint64_t build;
+    uint64_t entries, bytes;
+};
+
+struct rstat_acc {
+    struct rstat_row *v;
+    size_t n, cap;
+    /* prune: what matches is collected */
+    const char *ns;
+    bool by_build;
+    uint64_t build;
+    struct push_item_min {
+        char ns[128];
+        kc_key key;
+        uint64_t bytes;
+    } * drop;
+    size_t n_drop, cap_drop;
+};
+
+static int rstat_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
+{
+    struct rstat_acc *a = arg;
+    for (size_t i = 0; i < a->n; i++)
+        if (a->v[i].build == key->build && strcmp(a->v[i].ns, ns) == 0) {
+            a->v[i].entries++;
+            a->v[i].bytes += bytes;
+            return 0;
+        }
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 64;
+        struct rstat_row *v = realloc(a->v, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        a->v = v;
+        a->cap = cap;
+    }
+    struct rstat_row *row = &a->v[a->n++];
+    snprintf(row->ns, sizeof row->ns, "%s", ns);
+    row->build = key->build;
+    row->entries = 1;
+    row->bytes = bytes;
+    return 0;
+}
+
+static int rstat_cmp(const void *x, const void *y)
+{
+    const struct rstat_row *a = x, *b = y;
+    int c = strcmp(a->ns, b->ns);
+    return c != 0 ? c : a->build < b->build ? -1 : a->build > b->build;
+}
+
+/* `kcache remote stats`: entries and bytes per namespace and kcache build
+ * (the key's build field) on every server. */
+static int cmd_remote_stats(struct ctx *c, bool json)
+{
+    struct kc_remote *r = tool_remote(c);
+    if (r == NULL)
+        return KC_EXIT_RUNTIME;
+    struct rstat_acc a = {0};
+    int rc = kc_remote_scan(r, rstat_cb, &a);
+    kc_remote_close(r);
+    if (rc != 0) {
+        kc_tool_err("remote stats: %s", strerror(-rc));
+        free(a.v);
+        return KC_EXIT_RUNTIME;
+    }
+    qsort(a.v, a.n, sizeof *a.v, rstat_cmp);
+    uint64_t entries = 0, bytes = 0;
+    for (size_t i = 0; i < a.n; i++) {
+        entries += a.v[i].entries;
+        bytes += a.v[i].bytes;
+    }
+    char b1[32];
+    if (json) {
+        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"namespaces\": [", entries,
+               bytes);
+        for (size_t i = 0; i < a.n; i++) {
+            printf("%s{\"name\": ", i ? ", " : "");
+            json_str(stdout, a.v[i].ns);
+            printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64
+                   "}",
+                   a.v[i].build, a.v[i].entries, a.v[i].bytes);
+        }
+        printf("]}\n");
+    } else {
+        printf("Remote entries:       %" PRIu64 " (%s)\n", entries,
+               kc_tool_human_size(bytes, b1, sizeof b1));
+        if (a.n > 0)
+            printf("  %-40s %-16s %8s  %s\n", "NAMESPACE", "BUILD", "ENTRIES", "BYTES");
+        for (size_t i = 0; i < a.n; i++)
+            printf("  %-40s %016" PRIx64 " %8" PRIu64 "  %s\n", a.v[i].ns, a.v[i].build,
+                   a.v[i].entries, kc_tool_human_size(a.v[i].bytes, b1, sizeof b1));
+    }
+    free(a.v);
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+}
+
+static int prune_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
+{
+    struct rstat_acc *a = arg;
+    if (a->by_build ? key->build != a->build : strcmp(ns, a->ns) != 0)
+        return 0;
+    if (a->n_drop == a->cap_drop) {
+        size_t cap = a->cap_drop ? 2 * a->cap_drop : 256;
+        struct push_item_min *v = realloc(a->drop, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        a->drop = v;
+        a->cap_drop = cap;
+    }
+    struct push_item_min *d = &a->drop[a->n_drop++];
+    snprintf(d->ns, sizeof d->ns, "%s", ns);
+    d->key = *key;
+    d->bytes = bytes;
+    return 0;
+}
+
+/* `kcache remote prune --build ID | --namespace NS`: deletes the remote's
+ * entries of one kcache build (after an upgrade) or one namespace. Needs a
+ * node that writes (a signing key). */
+static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
+{
+    if ((ns == NULL) == (build_s == NULL))
+        return kc_tool_usage_error("remote prune needs --build ID or --namespace NS (one)");
+    struct rstat_acc a = {.ns = ns, .by_build = build_s != NULL};
+    if (build_s != NULL) {
+        char *end;
+        errno = 0;
+        a.build = strtoull(build_s, &end, 16);
+        if (errno != 0 || *end != '\0' || end == build_s || strlen(build_s) > 16)
+            return kc_tool_usage_error("--build needs a build id: up to 16 hex digits, as "
+                                       "`kcache remote stats` prints it");
+    }
+    struct kc_remote *r = tool_remote(c);
+    if (r == NULL)
+        return KC_EXIT_RUNTIME;
+    int rc = kc_remote_scan(r, prune_cb, &a);
+    uint64_t dropped = 0, bytes = 0;
+    for (size_t i = 0; rc == 0 && i < a.n_drop; i++) {
+        rc = kc_remote_purge(r, a.drop[i].ns, &a.drop[i].key);
+        if (rc == 0) {
+            dropped++;
+            bytes += a.drop[i].bytes;
+        }
+    }
+    kc_remote_close(r);
+    free(a.drop);
+    char b1[32];
+    printf("pruned %" PRIu64 " entries (%s)\n", dropped, kc_tool_human_size(bytes, b1, sizeof b1));
+    if (rc != 0) {
+        kc_tool_err("remote prune: %s%s", strerror(-rc),
+                    rc == -EROFS ? " (pruning needs a node that writes: "
+                                   "KCACHE_REMOTE_SIGNING_KEY, not read-only)"
+                                 : "");
+        return KC_EXIT_RUNTIME;
+    }
+    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+}
+
 /* ---- push -------------------------------------------------------------- */
 
 struct push_item {
@@ -1052,7 +1307,7 @@ int main(int argc, char **argv)
     const char *pos[4] = {NULL};
     int npos = 0;
     bool json = false;
-    const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL;
+    const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL, *build_s = NULL;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
@@ -1082,11 +1337,24 @@ int main(int argc, char **argv)
                    KC_FORMAT_VERSION);
             return 0;
         }
-        if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--json") == 0) {
+        if (cmd != NULL && (strcmp(cmd, "stats") == 0 || strcmp(cmd, "remote") == 0) &&
+            strcmp(a, "--json") == 0) {
             json = true;
             continue;
         }
-        if (cmd != NULL && (strcmp(cmd, "ls") == 0 || strcmp(cmd, "push") == 0) &&
+        if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--openmetrics") == 0) {
+            stats_openmetrics = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "remote") == 0 &&
+            (r = opt_value(argc, argv, &i, "--build", &val)) != 0) {
+            if (r < 0 || val[0] == '\0')
+                return kc_tool_usage_error("--build needs a build id");
+            build_s = val;
+            continue;
+        }
+        if (cmd != NULL &&
+            (strcmp(cmd, "ls") == 0 || strcmp(cmd, "push") == 0 || strcmp(cmd, "remote") == 0) &&
             (r = opt_value(argc, argv, &i, "--namespace", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
                 return kc_tool_usage_error("--namespace needs a namespace");
@@ -1148,9 +1416,13 @@ int main(int argc, char **argv)
         return cmd_keygen(pos[0]);
     }
     if (strcmp(cmd, "remote") == 0) {
-        if (npos != 1 || strcmp(pos[0], "ping") != 0)
-            return kc_tool_usage_error("remote needs a subcommand: ping");
-        return cmd_remote_ping(&c);
+        if (npos == 1 && strcmp(pos[0], "ping") == 0)
+            return cmd_remote_ping(&c);
+        if (npos == 1 && strcmp(pos[0], "stats") == 0)
+            return cmd_remote_stats(&c, json);
+        if (npos == 1 && strcmp(pos[0], "prune") == 0)
+            return cmd_remote_prune(&c, ns, build_s);
+        return kc_tool_usage_error("remote needs a subcommand: ping, stats or prune");
     }
     if (c.dir[0] == '\0') {
         kc_tool_err("no cache directory (no home directory); set KCACHE_DIR or use --dir");

@@ -163,9 +163,10 @@ static void report(struct kc__owner *o, int u)
         ups[u].reported = now;
 }
 
-/* An entry the cluster-wide single flight's waiters poll for is up (an
- * NVRTC manifest, whose key names the lock, or a JIT entry): its lock
- * goes, so they are served it now and later misses do not wait on it. */
+/* An entry the cluster-wide single flight's waiters poll for (an NVRTC
+ * manifest, whose key names the lock, or a JIT entry) was uploaded, or
+ * could not be (a full server): its lock goes, so they are served it now,
+ * or compile it themselves at once, and later misses do not wait on it. */
 static void published(struct kc_remote *r, const char *ns, const kc_key *key, uint32_t kind)
 {
     if (kind == KC_KIND_MANIFEST || kind == KC_KIND_JIT)
@@ -202,9 +203,10 @@ static int upload_file(int dfd, const char *name, int pass, bool *used)
             used[u] = true;
             rc = kc_remote_put(r, sp.ns, &sp.key, NULL, sp.hdr.kind, sp.body, sp.body_len,
                                sp.hdr.saved_ns);
-            if (rc == 0 || rc == -EEXIST)
-                published(r, sp.ns, &sp.key, sp.hdr.kind);
-            else if (transient(rc))
+            /* Up or not (a full server, the remote down), its waiters go
+             * now: they compile themselves rather than wait out the lock. */
+            published(r, sp.ns, &sp.key, sp.hdr.kind);
+            if (rc != 0 && rc != -EEXIST && transient(rc))
                 remember(sp.ns, &sp.key, u);
         }
     }

@@ -90,7 +90,8 @@ _Static_assert(sizeof(struct kc_remote_counters) % sizeof(uint64_t) == 0, "u64 f
 _Static_assert(N_REMOTE <= (size_t)KC_REMOTE_STAT_BACKENDS * KC_N_COUNTERS,
                "the remote's counters fit their backends");
 
-static const char *const stat_names[KC_REMOTE_STAT_BACKENDS] = {"remote.0", "remote.1", "remote.2"};
+static const char *const stat_names[KC_REMOTE_STAT_BACKENDS] = {"remote.0", "remote.1", "remote.2",
+                                                                "remote.3"};
 
 const char *kc_remote_stat_backend(int i)
 {

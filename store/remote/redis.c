@@ -52,11 +52,10 @@ static void hi_load_once(void)
     RESOLVE(buffer_write, "redisBufferWrite");
     RESOLVE(buffer_read, "redisBufferRead");
     RESOLVE(get_reply, "redisGetReplyFromReader");
-    RESOLVE(free_reply, "freeReplyObject");
 #undef RESOLVE
     if (hi.connect_tcp == NULL || hi.connect_unix == NULL || hi.set_timeout == NULL ||
         hi.free_ctx == NULL || hi.append_argv == NULL || hi.buffer_write == NULL ||
-        hi.buffer_read == NULL || hi.get_reply == NULL || hi.free_reply == NULL) {
+        hi.buffer_read == NULL || hi.get_reply == NULL) {
         kc_log(KC_LOG_WARN, "remote: %s lacks the functions kcache needs; the remote is off",
                KC__HIREDIS_SONAME);
         return;
@@ -70,6 +69,163 @@ int kc__hiredis_load(const struct kc__hiredis **out)
     if (hi_rc == 0)
         *out = &hi;
     return hi_rc;
+}
+
+/* ---- replies, bounded --------------------------------------------------- */
+
+/*
+ * The reader's reply objects are made here, not by hiredis: each is
+ * counted against its reply's bounds (KC__REPLY_MAX_ELEMENTS objects,
+ * rc->reply_cap bytes of strings, KC__REPLY_MAX_DEPTH levels) before
+ * anything is allocated, so a header announcing 2^31 elements is refused
+ * at its 17th byte (hiredis 0.14's own functions calloc()ed them and
+ * walked them to free). The objects are struct redisReply as the headers
+ * define it, freed by kc__reply_free only. Refusing is returning NULL:
+ * the reader fails the connection ("out of memory"), and the budget says
+ * it was a bound.
+ */
+static void *reply_object(const redisReadTask *task, int type, size_t cost)
+{
+    struct kc__reply_budget *b = task->privdata;
+    int depth = 0;
+    for (const redisReadTask *t = task->parent; t != NULL; t = t->parent)
+        depth++;
+    if (b != NULL) {
+        if (depth > KC__REPLY_MAX_DEPTH || b->objects >= KC__REPLY_MAX_ELEMENTS ||
+            cost > b->bytes_left) {
+            b->refused = true;
+            return NULL;
+        }
+        b->objects++;
+        b->bytes_left -= cost;
+    }
+    redisReply *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return NULL;
+    r->type = type;
+    return r;
+}
+
+static void reply_link(const redisReadTask *task, redisReply *r)
+{
+    if (task->parent != NULL) {
+        redisReply *parent = task->parent->obj;
+        if (parent != NULL && parent->type == REDIS_REPLY_ARRAY && task->idx >= 0 &&
+            (size_t)task->idx < parent->elements)
+            parent->element[task->idx] = r;
+    }
+}
+
+static void *reply_string(const redisReadTask *task, char *str, size_t len)
+{
+    redisReply *r = reply_object(task, task->type, len + 1);
+    if (r == NULL)
+        return NULL;
+    r->str = malloc(len + 1);
+    if (r->str == NULL) {
+        free(r);
+        return NULL;
+    }
+    memcpy(r->str, str, len);
+    r->str[len] = '\0';
+    r->len = len;
+    reply_link(task, r);
+    return r;
+}
+
+static void *reply_array(const redisReadTask *task, int elements)
+{
+    struct kc__reply_budget *b = task->privdata;
+    size_t n = elements > 0 ? (size_t)elements : 0;
+    if (b != NULL && n > KC__REPLY_MAX_ELEMENTS - b->objects) {
+        b->refused = true;
+        return NULL;
+    }
+    redisReply *r = reply_object(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
+    if (r == NULL)
+        return NULL;
+    if (n > 0) {
+        r->element = calloc(n, sizeof *r->element);
+        if (r->element == NULL) {
+            free(r);
+            return NULL;
+        }
+    }
+    r->elements = n;
+    reply_link(task, r);
+    return r;
+}
+
+static void *reply_integer(const redisReadTask *task, long long v)
+{
+    redisReply *r = reply_object(task, REDIS_REPLY_INTEGER, 0);
+    if (r == NULL)
+        return NULL;
+    r->integer = v;
+    reply_link(task, r);
+    return r;
+}
+
+static void *reply_nil(const redisReadTask *task)
+{
+    redisReply *r = reply_object(task, REDIS_REPLY_NIL, 0);
+    if (r != NULL)
+        reply_link(task, r);
+    return r;
+}
+
+void kc__reply_free(void *p)
+{
+    redisReply *r = p;
+    if (r == NULL)
+        return;
+    if (r->type == REDIS_REPLY_ARRAY && r->element != NULL)
+        for (size_t i = 0; i < r->elements; i++)
+            kc__reply_free(r->element[i]);
+    free(r->element);
+    free(r->str);
+    free(r);
+}
+
+static redisReplyObjectFunctions reply_fns = {
+    .createString = reply_string,
+    .createArray = reply_array,
+    .createInteger = reply_integer,
+    .createNil = reply_nil,
+    .freeObject = kc__reply_free,
+};
+
+/* ---- the breaker -------------------------------------------------------- */
+
+bool kc__breaker_closed(const struct kc__rctx *rc)
+{
+    return rc->open_until_ns == 0 || kc_mono_ns() >= rc->open_until_ns;
+}
+
+void kc__breaker_open(struct kc__rctx *rc)
+{
+    uint64_t ms = rc->retry_ms > 0 ? (uint64_t)rc->retry_ms : 1000;
+    for (unsigned i = 0; i < rc->opens && ms < KC__BREAKER_MAX_MS; i++)
+        ms *= 2;
+    if (ms > KC__BREAKER_MAX_MS)
+        ms = KC__BREAKER_MAX_MS;
+    rc->open_until_ns = kc_mono_ns() + ms * 1000000;
+    rc->opens++;
+    rc->soft = 0;
+    rc->ctr->breaker_opens++;
+}
+
+void kc__breaker_soft(struct kc__rctx *rc)
+{
+    if (++rc->soft >= KC__SOFT_FAILURES)
+        kc__breaker_open(rc);
+}
+
+void kc__breaker_ok(struct kc__rctx *rc)
+{
+    rc->open_until_ns = 0;
+    rc->opens = 0;
+    rc->soft = 0;
 }
 
 /* ---- commands ----------------------------------------------------------- */
@@ -176,7 +332,7 @@ static void free_replies(const struct kc__hiredis *h, int n, redisReply **r)
 {
     for (int i = 0; i < n; i++) {
         if (r[i] != NULL)
-            h->free_reply(r[i]);
+            kc__reply_free(r[i]);
         r[i] = NULL;
     }
 }
@@ -204,6 +360,7 @@ static int exec_raw(struct kc__rctx *rc, struct kc__node *nd, int n, const struc
     }
     for (int i = 0; i < n; i++) {
         void *rep = NULL;
+        nd->budget = (struct kc__reply_budget){.bytes_left = rc->reply_cap};
         for (;;) {
             if (h->get_reply(c, &rep) != REDIS_OK) {
                 free_replies(h, i, replies);
@@ -253,21 +410,34 @@ bool kc__node_ready(struct kc__node *nd)
 
 static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const char *why)
 {
-    if (err == -ETIMEDOUT)
+    if (err == -ETIMEDOUT) {
         rc->ctr->timeouts++;
-    else
+    } else {
         rc->ctr->errors++;
+        if (err == -ECONNREFUSED || err == -ECONNRESET || err == -EPIPE)
+            rc->ctr->refusals++;
+        else if (err == -EPROTO || err == -ENOMEM)
+            rc->ctr->protocol_errors++;
+        else if (err == -EACCES)
+            rc->ctr->auth_failures++;
+    }
+    if (rc->cluster && !nd->answered)
+        kc__breaker_open(rc);
+    else
+        rc->ctr->breaker_opens++;
     nd->off = true;
     unsigned shift = nd->failures < 6 ? nd->failures : 6;
-    nd->retry_at_ns =
-        rc->retry_ms > 0 ? kc_mono_ns() + ((uint64_t)rc->retry_ms << shift) * 1000000 : 0;
+    uint64_t ms = (uint64_t)rc->retry_ms << shift;
+    if (ms > KC__BREAKER_MAX_MS)
+        ms = KC__BREAKER_MAX_MS;
+    nd->retry_at_ns = rc->retry_ms > 0 ? kc_mono_ns() + ms * 1000000 : 0;
     nd->failures++;
     if (rc->warned != NULL && !*rc->warned) {
         *rc->warned = true;
         char shown[340];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); its entries miss %s", shown, why, strerror(-err),
-               rc->retry_ms > 0 ? "until it is tried again" : "in this process");
+        kc_log(KC_LOG_WARN, "remote: %s: %s (%s); %s off for a while, then tried again", shown, why,
+               strerror(-err), rc->cluster && !nd->answered ? "the remote is" : "it is");
     }
 }
 
@@ -280,7 +450,15 @@ void kc__node_fail(struct kc__rctx *rc, struct kc__node *nd, int err, const char
 /* Connects nd; 0 or a negative errno (nothing counted). */
 static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
 {
-    struct timeval tv = tv_of_ns((int64_t)nd->ep.connect_timeout_ms * 1000000);
+    int64_t ns = (int64_t)nd->ep.connect_timeout_ms * 1000000;
+    if (rc->deadline_ns != 0) {
+        uint64_t now = kc_mono_ns();
+        if (now >= rc->deadline_ns)
+            return -ETIMEDOUT;
+        if ((int64_t)(rc->deadline_ns - now) < ns)
+            ns = (int64_t)(rc->deadline_ns - now);
+    }
+    struct timeval tv = tv_of_ns(ns);
     errno = 0;
     redisContext *c = nd->ep.transport == KC_REMOTE_UNIX
                           ? rc->hi->connect_unix(nd->ep.path, tv)
@@ -293,6 +471,10 @@ static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
         rc->hi->free_ctx(c);
         return r;
     }
+    if (c->reader != NULL) {
+        c->reader->fn = &reply_fns;
+        c->reader->privdata = &nd->budget;
+    }
     nd->c = c;
     nd->proven = false;
     rc->ctr->connects++;
@@ -304,6 +486,10 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
 {
     if (!kc__node_ready(nd))
         return -ENETDOWN;
+    /* The operation's time is spent (earlier hops): nothing is tried, and
+     * the node is not blamed. */
+    if (rc->deadline_ns != 0 && kc_mono_ns() >= rc->deadline_ns)
+        return -ETIMEDOUT;
     for (int attempt = 0;; attempt++) {
         bool fresh = nd->c == NULL;
         if (fresh) {
@@ -335,6 +521,8 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
             all[pre + i] = cmds[i];
         bool was_proven = nd->proven;
         uint64_t deadline = kc_mono_ns() + (uint64_t)nd->ep.operation_timeout_ms * 1000000;
+        if (rc->deadline_ns != 0 && rc->deadline_ns < deadline)
+            deadline = rc->deadline_ns;
         int r = exec_raw(rc, nd, pre + n, all, reps, deadline);
         if (r == 0) {
             for (int i = 0; i < pre; i++) {
@@ -352,6 +540,7 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
             for (int i = 0; i < n; i++)
                 replies[i] = reps[pre + i];
             nd->proven = true;
+            nd->answered = true;
             nd->failures = 0;
             return 0;
         }
@@ -360,6 +549,8 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
             /* A value larger than any entry: not served, the connection
              * dropped (its stream is mid-reply), the server kept. */
             rc->ctr->errors++;
+            rc->ctr->protocol_errors++;
+            kc__breaker_soft(rc);
             return r;
         }
         /* A kept connection the server closed meanwhile (restart, idle
@@ -560,7 +751,7 @@ int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__
         r = auth != NULL ? -EACCES : apply_slots(cl, rep, nd);
         if (auth != NULL)
             kc__node_fail(rc, nd, r, auth);
-        rc->hi->free_reply(rep);
+        kc__reply_free(rep);
         if (r == 0)
             return 0;
         if (auth == NULL)
@@ -631,12 +822,18 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
             /* A failover may give its slots to another node: read the map
              * again at the next operation (the failed node is off, so its
              * keys fail fast meanwhile). */
-            if (r != -ENETDOWN)
+            if (r != -ENETDOWN) {
                 cl->refresh = true;
+            } else if (kc_mono_ns() >= cl->stale_retry_ns) {
+                /* Its owner is off: a failover may have promoted a replica
+                 * meanwhile. Read the map again, at most once a second. */
+                cl->stale_retry_ns = kc_mono_ns() + 1000000000ull;
+                cl->refresh = true;
+            }
             return r;
         }
         if (asking)
-            rc->hi->free_reply(reps[0]);
+            kc__reply_free(reps[0]);
         redisReply *rep = reps[n - 1];
         if (rep->type == REDIS_REPLY_ERROR) {
             bool ask = false;
@@ -645,7 +842,7 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
             int port = 0;
             int pr = parse_redirect(rep, &ask, &s, host, sizeof host, &port);
             if (pr != 0) {
-                rc->hi->free_reply(rep);
+                kc__reply_free(rep);
                 if (host[0] == '\0' && pr > 0)
                     snprintf(host, sizeof host, "%s", nd->ep.host);
                 struct kc__node *to = pr > 0 ? kc__cluster_node(cl, host, port, &nd->ep) : NULL;
@@ -683,6 +880,7 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
         return 0;
     }
     rc->ctr->errors++;
+    kc__breaker_soft(rc);
     return -ELOOP;
 }
 

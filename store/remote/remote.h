@@ -8,12 +8,22 @@
  * module and a process that never reaches the remote never maps either.
  *
  * Conventions: functions return 0 or a negative errno; -ENOENT is a miss.
- * Every operation is bounded by the configured timeouts: the first failure
- * of a server (down, refusing, hung, slow, garbage) costs at most its
- * connect and operation timeouts once, is counted, logs one warning, and
- * turns that server off for the process (or until `retry_ms` passes, for a
- * long-lived owner). Thread-safe: one mutex per remote serialises its
- * operations (one connection per server per process, kept).
+ * Every operation is bounded by the configured timeouts: one operation,
+ * every redirection, slot map read and connect included, takes at most
+ * one connect plus one operation timeout. Every reply is bounded in size,
+ * elements and nesting before it is allocated. The remote is a circuit
+ * breaker: a failure of a server (down, refusing, hung, slow, garbage) is
+ * counted, logs one warning (the first), and turns that server off for a
+ * backoff; in a cluster, a node that never answered (the servers name the
+ * nodes: redirections and slot maps can name endless new addresses) turns
+ * the whole remote off; three soft failures in a row (error replies, oversized values,
+ * refused values of 1 MiB or more, redirection loops) turn the whole
+ * remote off. The backoff is `retry_ms` (1 s by default), doubling at each
+ * failure in a row up to a minute; then one operation probes it, and one
+ * that works closes it. So a process's remote
+ * time is bounded whatever the servers do, and a job that lives for hours
+ * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises
+ * its operations (one connection per server per process, kept).
  *
  * The operations mirror store/tier.h's (get, put, purge, after_fork,
  * close); the wiring binds them into a `struct kc_tier_ops`.
@@ -148,7 +158,16 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(connects, "connections made")                                                                \
     X(locks, "cluster-wide locks taken")                                                           \
     X(lock_busy, "cluster-wide locks another node held")                                           \
-    X(saved_ns, "compile time remote hits saved")
+    X(saved_ns, "compile time remote hits saved")                                                  \
+    X(refusals, "connections refused or reset")                                                    \
+    X(oom, "writes a full server refused (OOM, maxmemory)")                                        \
+    X(auth_failures, "credentials refused (NOAUTH, WRONGPASS, NOPERM)")                            \
+    X(protocol_errors, "replies that broke the protocol or a bound (size, nesting)")               \
+    X(error_replies, "other error replies")                                                        \
+    X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                    \
+    X(lock_untrusted, "locks not waited on: not taken by a trusted writer")                        \
+    X(breaker_opens, "times the remote or a server was turned off")                                \
+    X(polls, "lookups of an entry another node was compiling")
 
 struct kc_remote_counters {
 #define KC__REMOTE_FIELD(name, what) uint64_t name;
@@ -163,9 +182,8 @@ struct kc_remote;
 struct kc_remote_options {
     /* This node's name in lock values (NULL: host name and pid). */
     const char *node;
-    /* After a server failed: 0 keeps it off for the rest of the process
-     * (hosts); otherwise it is tried again after retry_ms, doubling at each
-     * further failure up to 64 times that (the owner). */
+    /* After a failure, the remote is tried again after retry_ms (0: 1 s),
+     * doubling at each failure in a row up to a minute. */
     int retry_ms;
 };
 
@@ -234,6 +252,13 @@ void kc_remote_close(struct kc_remote *r);
  * remote failed (as get); proceed without the lock. */
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
 
+/* Single flight's polls: while on (this thread), a lookup that misses
+ * counts as a poll, not a miss; kc_remote_poll_served says the lookup
+ * that waited was served after all (its first miss becomes no miss), so
+ * the remote's hit rate counts each lookup once. */
+void kc_remote_polling(bool on);
+void kc_remote_poll_served(struct kc_remote *r);
+
 /* Releases a lock this process holds (a compare-and-delete: another
  * holder's lock, taken after ours expired, is left alone). 0 when it was
  * ours and is gone, -ENOENT when it was not ours (expired), other
@@ -285,11 +310,11 @@ struct kc_remote *kc_remote_of_tier(struct kc_tier *t);
 
 /* The remote's counters as the store keeps statistics: per backend, a
  * struct kc_counters of KC_N_COUNTERS slots. They are spread, in
- * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0",
- * "remote.1", "remote.2" (kc_remote_stat_backend), which `kcache stats`
+ * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0"
+ * .. "remote.3" (kc_remote_stat_backend), which `kcache stats`
  * shows as its remote section, not as backends. New counters are appended,
  * so statistics written earlier keep their meaning. */
-#define KC_REMOTE_STAT_BACKENDS 3
+#define KC_REMOTE_STAT_BACKENDS 4
 const char *kc_remote_stat_backend(int i);
 bool kc_remote_is_stat_backend(const char *name);
 void kc_remote_counters_pack(const struct kc_remote_counters *c,
@@ -360,6 +385,15 @@ struct kc_remote_ping {
  * deletes it. Counters are not reset. 0 when every step worked; else the
  * first error (details in *rep). */
 int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
+
+/* `kcache remote stats` / `remote prune`: calls cb(ns, key, bytes, arg)
+ * for every entry on every server (each shard; each primary of a
+ * cluster), SCAN MATCH kcache:* and STRLEN, locks and foreign keys left
+ * out. The remote's mutex is held: cb must not call into r (collect, then
+ * purge). A non-zero cb return stops the walk and is returned. 0, or the
+ * first failure (as get). */
+typedef int (*kc_remote_scan_cb)(const char *ns, const kc_key *key, uint64_t bytes, void *arg);
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg);
 
 /* `kcache keygen PATH`: a new Ed25519 key pair. The directories leading to
  * PATH that do not exist are made (0700). Writes the secret key to

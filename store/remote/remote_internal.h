@@ -27,7 +27,6 @@ struct kc__hiredis {
     __typeof__(&redisBufferWrite) buffer_write;
     __typeof__(&redisBufferRead) buffer_read;
     __typeof__(&redisGetReplyFromReader) get_reply;
-    __typeof__(&freeReplyObject) free_reply;
 };
 
 /* Loads libhiredis once per process. 0 with *out, or -ENOSYS when the
@@ -199,6 +198,31 @@ int kc__rv_encode(const struct kc__sodium *na, const struct kc__keys *keys, cons
 int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, const void *v, size_t n,
                   const char *ns, const kc_key *key, struct kc__rv *rv);
 
+/* ---- lock values (sign.c) ----------------------------------------------- */
+
+/*
+ * A cluster-wide lock's value: "<token> kcl1 <signer id, 16 hex digits>
+ * <expiry, ms since the epoch> <Ed25519 signature, base64>", the signature
+ * over "kcache-lock-v1", NUL, the lock key's name, NUL, and the value up
+ * to the space before it. Bound to its key and to its expiry, a value
+ * cannot be replayed under another lock nor after it expired; a waiter
+ * waits only on a lock a trusted writer took.
+ */
+#define KC__LOCK_VALUE_MAX 400
+
+/* Writes the value of lock `lock` held by `token` until expires_ms into
+ * out (cap >= KC__LOCK_VALUE_MAX). 0, -EROFS (no secret key), -EINVAL
+ * (too long), -EIO (signing failed). */
+int kc__lock_value(const struct kc__sodium *na, const struct kc__keys *keys, const char *lock,
+                   const char *token, uint64_t expires_ms, char *out, size_t cap);
+
+/* Whether v (len bytes) is a value of lock `lock` a trusted key (this
+ * node's included) signed and that has not expired at now_ms, nor expires
+ * more than max_ms later: 0, or -EKEYREJECTED. With keys->trust_any the
+ * signature is not checked (the layout and expiry are). */
+int kc__lock_value_check(const struct kc__sodium *na, const struct kc__keys *keys, const char *lock,
+                         const char *v, size_t len, uint64_t now_ms, uint64_t max_ms);
+
 /* ---- routing (redis.c) -------------------------------------------------- */
 
 /* The Redis Cluster slot of a key: CRC16-XMODEM of the key, or of its hash
@@ -214,6 +238,25 @@ int kc__rendezvous(const struct kc_remote_endpoint *ep, int n, const char *key, 
 /* Natural logarithm of x in (0, 1] without libm. */
 double kc__ln(double x);
 
+/* ---- replies (redis.c) -------------------------------------------------- */
+
+/* Bounds of one reply, checked by the reader's object functions before
+ * anything is allocated: objects (elements of every array, nested ones
+ * included), nesting, and bytes of strings (kc__rctx.reply_cap). */
+#define KC__REPLY_MAX_ELEMENTS (1u << 20)
+#define KC__REPLY_MAX_DEPTH 5
+
+struct kc__reply_budget {
+    size_t objects;
+    size_t bytes_left;
+    bool refused; /* a bound was hit: the reply failed because of it */
+};
+
+/* Frees a reply the module's connections returned (NULL-safe). Replies
+ * are made by redis.c's reader functions, never by libhiredis': free them
+ * with this, not freeReplyObject. */
+void kc__reply_free(void *reply);
+
 /* ---- servers and connections (redis.c) ---------------------------------- */
 
 struct kc__node {
@@ -226,17 +269,52 @@ struct kc__node {
     bool off;             /* failed: skipped until retry_at_ns */
     uint64_t retry_at_ns; /* 0 with off: for the process */
     unsigned failures;
-    bool writes_off; /* refused writes (full, read-only replica) */
+    bool writes_off;                /* refused writes (full, read-only replica) */
+    bool answered;                  /* it answered once in this process */
+    struct kc__reply_budget budget; /* of the reply being read */
 };
 
 /* State shared by a remote's connections. */
 struct kc__rctx {
     const struct kc__hiredis *hi;
     struct kc_remote_counters *ctr;
-    int retry_ms;
+    int retry_ms;     /* a failed node's and the breaker's first backoff
+                       * (0: a node stays off; the breaker then uses 1 s) */
     size_t reply_cap; /* a reply larger than this drops the connection */
     bool *warned;     /* one failure warning per remote */
+    /* The circuit breaker of the whole remote (every server). A hard
+     * failure (down, refused, timed out, garbage) turns that server off
+     * for its own backoff (its keys fail fast); in a cluster, whose nodes
+     * the servers name (slot maps, redirections: endless new addresses),
+     * the failure of a node that never answered opens the breaker too. KC__SOFT_FAILURES soft
+     * failures in a row (error replies, oversized values, large refused values, redirection loops)
+     * open it in both modes. Open, every operation fails fast (-ENETDOWN) until open_until_ns, then
+     * one is let through (the probe). Each opening in a row doubles the backoff, from retry_ms up
+     * to KC__BREAKER_MAX_MS; an operation that works closes it. */
+    bool cluster; /* hard failures open the breaker */
+    uint64_t open_until_ns;
+    unsigned opens; /* in a row, since the last operation that worked */
+    unsigned soft;  /* soft failures in a row */
+    /* The current operation's deadline, over every hop (redirections,
+     * slot map reads, connects): 0 for none. Bounds one operation to its
+     * endpoint's connect plus operation timeout, whatever it is sent to. */
+    uint64_t deadline_ns;
 };
+
+#define KC__SOFT_FAILURES 3
+#define KC__BREAKER_MAX_MS 60000
+
+/* Whether the breaker lets an operation through now. */
+bool kc__breaker_closed(const struct kc__rctx *rc);
+
+/* Opens the breaker for the next backoff (counted in breaker_opens). */
+void kc__breaker_open(struct kc__rctx *rc);
+
+/* A soft failure: the breaker opens at the KC__SOFT_FAILURES-th in a row. */
+void kc__breaker_soft(struct kc__rctx *rc);
+
+/* An operation worked: the breaker's backoff and soft count start over. */
+void kc__breaker_ok(struct kc__rctx *rc);
 
 /* A command: argc arguments. */
 struct kc__cmd {
@@ -247,7 +325,7 @@ struct kc__cmd {
 
 /* Runs `n` commands pipelined on node `nd`, connecting first when needed
  * (connect timeout), all within its operation timeout. 0 with replies[i]
- * (free each with hi->free_reply; error replies are replies); on failure a
+ * (free each with kc__reply_free; error replies are replies); on failure a
  * negative errno (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EPROTO, -EIO,
  * -EMSGSIZE, -ENETDOWN when the node is off) and no replies. A failure
  * drops the connection, counts an error or a timeout and turns the node
@@ -279,9 +357,11 @@ struct kc__cluster {
                               * nodes the cluster named */
     int n_nodes, cap;
     int n_seeds;
-    uint16_t *slot; /* KC__SLOTS entries: index into nodes */
-    bool loaded;    /* a CLUSTER SLOTS answer was applied */
-    bool refresh;   /* the map changed under us: read it again */
+    uint16_t *slot;          /* KC__SLOTS entries: index into nodes */
+    bool loaded;             /* a CLUSTER SLOTS answer was applied */
+    bool refresh;            /* the map changed under us: read it again */
+    uint64_t stale_retry_ns; /* a slot's owner is off: the map is read
+                              * again, once a second at most */
 };
 
 /* Reads CLUSTER SLOTS from the first node that answers (the hint first,

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -725,6 +726,102 @@ int kc__blob_verify(const struct kc__sodium *na, const struct kc__keys *keys, co
     unsigned char m[16 + 64 + 32];
     size_t ml = blob_message(na, context, msg, n, m);
     if (pk == NULL || ml == 0 || na->verify_detached(sig, m, ml, pk->pk) != 0)
+        return -EKEYREJECTED;
+    return 0;
+}
+
+/* ---- lock values -------------------------------------------------------- */
+
+static const char lock_context[] = "kcache-lock-v1";
+
+/* The message a lock value's signature covers, in buf (cap bytes): its
+ * length, or 0 when it does not fit. */
+static size_t lock_message(const char *lock, const char *signed_part, size_t n, char *buf,
+                           size_t cap)
+{
+    size_t ll = strlen(lock), cl = sizeof lock_context; /* its NUL included */
+    if (cl + ll + 1 + n > cap)
+        return 0;
+    memcpy(buf, lock_context, cl);
+    memcpy(buf + cl, lock, ll + 1);
+    memcpy(buf + cl + ll + 1, signed_part, n);
+    return cl + ll + 1 + n;
+}
+
+int kc__lock_value(const struct kc__sodium *na, const struct kc__keys *keys, const char *lock,
+                   const char *token, uint64_t expires_ms, char *out, size_t cap)
+{
+    if (na == NULL || keys == NULL || !keys->have_secret)
+        return -EROFS;
+    int n = snprintf(out, cap, "%s kcl1 %016" PRIx64 " %" PRIu64, token, keys->self.id, expires_ms);
+    if (n <= 0 || (size_t)n + 2 + 4 * ((KC__SIG_LEN + 2) / 3) > cap)
+        return -EINVAL;
+    char msg[1024];
+    size_t ml = lock_message(lock, out, (size_t)n, msg, sizeof msg);
+    unsigned char sig[KC__SIG_LEN];
+    unsigned long long sl = 0;
+    if (ml == 0)
+        return -EINVAL;
+    if (na->sign_detached(sig, &sl, (const unsigned char *)msg, ml, keys->sk) != 0 ||
+        sl != KC__SIG_LEN)
+        return -EIO;
+    out[n] = ' ';
+    kc__b64_encode(sig, sizeof sig, out + n + 1);
+    return 0;
+}
+
+int kc__lock_value_check(const struct kc__sodium *na, const struct kc__keys *keys, const char *lock,
+                         const char *v, size_t len, uint64_t now_ms, uint64_t max_ms)
+{
+    char buf[KC__LOCK_VALUE_MAX];
+    if (len == 0 || len >= sizeof buf || memchr(v, '\0', len) != NULL)
+        return -EKEYREJECTED;
+    memcpy(buf, v, len);
+    buf[len] = '\0';
+    /* From the end: signature, expiry, signer id, "kcl1"; the token
+     * before them. */
+    char *sp = strrchr(buf, ' ');
+    if (sp == NULL)
+        return -EKEYREJECTED;
+    size_t signed_len = (size_t)(sp - buf);
+    const char *sig64 = sp + 1;
+    *sp = '\0';
+    char *e = strrchr(buf, ' ');
+    if (e == NULL)
+        return -EKEYREJECTED;
+    *e = '\0';
+    char *id = strrchr(buf, ' ');
+    if (id == NULL)
+        return -EKEYREJECTED;
+    *id = '\0';
+    char *tag = strrchr(buf, ' ');
+    if (tag == NULL || strcmp(tag + 1, "kcl1") != 0 || tag == buf)
+        return -EKEYREJECTED;
+    char *end;
+    errno = 0;
+    unsigned long long exp = strtoull(e + 1, &end, 10);
+    if (errno != 0 || *end != '\0' || end == e + 1)
+        return -EKEYREJECTED;
+    unsigned long long kid = strtoull(id + 1, &end, 16);
+    if (*end != '\0' || end - (id + 1) != 16)
+        return -EKEYREJECTED;
+    if (exp <= now_ms || exp - now_ms > max_ms)
+        return -EKEYREJECTED;
+    if (keys->trust_any)
+        return 0;
+    const struct kc__pubkey *pk = na != NULL ? kc__keys_find(keys, (uint64_t)kid) : NULL;
+    if (pk == NULL)
+        return -EKEYREJECTED;
+    unsigned char sig[KC__SIG_LEN + 2];
+    if (kc__b64_decode(sig64, strlen(sig64), sig, sizeof sig) != KC__SIG_LEN)
+        return -EKEYREJECTED;
+    /* The signed part as it was: restore the spaces cut above. */
+    *tag = ' ';
+    *id = ' ';
+    *e = ' ';
+    char msg[1024];
+    size_t ml = lock_message(lock, buf, signed_len, msg, sizeof msg);
+    if (ml == 0 || na->verify_detached(sig, (const unsigned char *)msg, ml, pk->pk) != 0)
         return -EKEYREJECTED;
     return 0;
 }

@@ -37,8 +37,22 @@ struct kc_remote {
     struct kc_remote_counters ctr;
 };
 
+/* Compare-and-delete on the holder's token (the value's first word). */
 static const char unlock_script[] =
-    "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+    "local v=redis.call('get',KEYS[1]) "
+    "if v and string.sub(v,1,#ARGV[1])==ARGV[1] then return redis.call('del',KEYS[1]) end "
+    "return 0";
+
+/* SET NX PX, or the holder's value when taken (nil: it went meanwhile). */
+static const char lock_script[] =
+    "if redis.call('set',KEYS[1],ARGV[1],'NX','PX',ARGV[2]) then return 1 end "
+    "return redis.call('get',KEYS[1])";
+
+/* A refused value at least this large is a soft failure (see get). */
+#define KC__BAD_SOFT_BYTES (1u << 20)
+
+/* Lookups made while waiting on another node's lock count as polls. */
+static __thread bool polling;
 
 /* ---- names -------------------------------------------------------------- */
 
@@ -109,6 +123,8 @@ int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_op
         if (opt->node != NULL)
             snprintf(r->node, sizeof r->node, "%s", opt->node);
     }
+    if (r->retry_ms == 0)
+        r->retry_ms = 1000; /* a circuit breaker for hosts too */
     make_token(r);
     *out = r;
     return 0;
@@ -132,7 +148,8 @@ static int activate(struct kc_remote *r)
                                  * slot map (small entries may be
                                  * configured). */
                                 .reply_cap = r->cfg.max_entry + KC__RV_OVERHEAD + (4u << 20),
-                                .warned = &r->warned};
+                                .warned = &r->warned,
+                                .cluster = r->cfg.mode == KC_REMOTE_CLUSTER};
     /* KCACHE_REMOTE_PASSWORD_FILE: the password of every server whose URL
      * names none, kept out of the environment. */
     if (r->cfg.password_file[0] != '\0') {
@@ -265,11 +282,24 @@ static struct kc__node *target_node(struct kc_remote *r, const char *route)
 static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
                struct kc__node **from)
 {
-    if (r->cfg.mode == KC_REMOTE_CLUSTER)
-        return kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
-    struct kc__node *nd = target_node(r, route);
-    *from = nd;
-    return kc__node_exec(&r->rctx, nd, 1, cmd, rep);
+    /* The breaker first: open, nothing is tried. */
+    if (!kc__breaker_closed(&r->rctx))
+        return -ENETDOWN;
+    /* One operation, every hop included, within one connect and one
+     * operation timeout. */
+    const struct kc_remote_endpoint *e = &r->cfg.ep[0];
+    r->rctx.deadline_ns =
+        kc_mono_ns() + (uint64_t)(e->connect_timeout_ms + e->operation_timeout_ms) * 1000000;
+    int rc;
+    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+        rc = kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
+    } else {
+        struct kc__node *nd = target_node(r, route);
+        *from = nd;
+        rc = kc__node_exec(&r->rctx, nd, 1, cmd, rep);
+    }
+    r->rctx.deadline_ns = 0;
+    return rc;
 }
 
 /* An error reply to a read or a lock: a transient server state is a miss,
@@ -281,7 +311,7 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     const char *auth = kc__auth_why(s);
     if (auth != NULL) {
         kc__node_fail(&r->rctx, nd, -EACCES, auth);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
         return -EACCES;
     }
     if (strncmp(s, "LOADING", 7) == 0 || strncmp(s, "CLUSTERDOWN", 11) == 0 ||
@@ -289,7 +319,9 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
         strncmp(s, "BUSY", 4) == 0)
         rc = -EAGAIN;
     r->ctr.errors++;
-    r->hi->free_reply(rep);
+    r->ctr.error_replies++;
+    kc__breaker_soft(&r->rctx);
+    kc__reply_free(rep);
     return rc;
 }
 
@@ -297,7 +329,7 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
  * trust. Under mu; frees rep. */
 static int garbage(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
 {
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     kc__node_fail(&r->rctx, nd, -EPROTO, "answered garbage");
     return -EPROTO;
 }
@@ -333,8 +365,12 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_NIL) {
-            r->ctr.misses++;
-            r->hi->free_reply(rep);
+            if (polling)
+                r->ctr.polls++;
+            else
+                r->ctr.misses++;
+            kc__breaker_ok(&r->rctx);
+            kc__reply_free(rep);
             rc = -ENOENT;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = error_reply(r, nd, rep);
@@ -360,6 +396,12 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     pthread_mutex_lock(&r->mu);
     if (drc == -EBADMSG || drc == -EKEYREJECTED) {
         r->ctr.bad++;
+        if (drc == -EKEYREJECTED)
+            r->ctr.bad_signatures++;
+        /* A small refused value cost what a miss costs; a large one cost
+         * its transfer, again at every lookup: a soft failure. */
+        if (rep->len >= KC__BAD_SOFT_BYTES)
+            kc__breaker_soft(&r->rctx);
         if (!r->bad_warned) {
             r->bad_warned = true;
             kc_log(KC_LOG_WARN,
@@ -371,9 +413,13 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     } else if (drc != 0) {
         rc = drc;
     } else if (rv.format != KC_FORMAT_VERSION) {
-        r->ctr.misses++;
+        if (polling)
+            r->ctr.polls++;
+        else
+            r->ctr.misses++;
         rc = -ENOENT;
     } else {
+        kc__breaker_ok(&r->rctx);
         r->ctr.hits++;
         r->ctr.download_bytes += rv.body_len;
         r->ctr.saved_ns += rv.saved_ns;
@@ -390,7 +436,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     }
     pthread_mutex_unlock(&r->mu);
     free(copy);
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     return rc;
 }
 
@@ -416,6 +462,8 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     if (!oom && !ro)
         return error_reply(r, nd, rep);
     r->ctr.errors++;
+    if (oom)
+        r->ctr.oom++;
     nd->writes_off = true;
     if (!r->full_warned) {
         r->full_warned = true;
@@ -424,7 +472,7 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
         kc_log(KC_LOG_WARN, "remote: %s refuses writes (%.60s); nothing more is uploaded to it",
                shown, s);
     }
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     return oom ? -ENOSPC : -EROFS;
 }
 
@@ -449,11 +497,12 @@ static int set_value(struct kc_remote *r, const char *k, const unsigned char *v,
     int rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_STATUS) {
+            kc__breaker_ok(&r->rctx);
             r->ctr.uploads++;
             r->ctr.upload_bytes += vlen;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         } else if (nx && rep->type == REDIS_REPLY_NIL) {
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
             rc = -EEXIST;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
@@ -542,7 +591,7 @@ static int del_key(struct kc_remote *r, const char *k, const char *del)
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER)
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         else if (rep->type == REDIS_REPLY_ERROR)
             rc = write_error(r, nd, rep);
         else
@@ -561,6 +610,45 @@ int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
     return del_key(r, k, k);
 }
 
+/* What a lock's holder value means to this node: -EBUSY when a trusted
+ * writer took it (wait for its result), -EKEYREJECTED when not (counted:
+ * do not wait). Under mu. */
+static int lock_holder(struct kc_remote *r, const char *lk, const redisReply *v)
+{
+    uint64_t now_ms = kc_wall_ns() / 1000000;
+    if (v->type == REDIS_REPLY_STRING &&
+        kc__lock_value_check(r->na, &r->keys, lk, v->str, v->len, now_ms, 86400000) == 0) {
+        r->ctr.lock_busy++;
+        return -EBUSY;
+    }
+    r->ctr.lock_untrusted++;
+    return -EKEYREJECTED;
+}
+
+/* A node that may not write takes no lock, but waits on one a trusted
+ * writer holds: -EBUSY then, `why` otherwise. Under mu. */
+static int lock_peek(struct kc_remote *r, const char *k, const char *lk, int why)
+{
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "GET", lk);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    int rc = run(r, k, &cmd, &rep, &nd);
+    if (rc != 0)
+        return why;
+    if (rep->type == REDIS_REPLY_NIL) {
+        kc__reply_free(rep);
+        return why;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        error_reply(r, nd, rep);
+        return why;
+    }
+    rc = lock_holder(r, lk, rep);
+    kc__reply_free(rep);
+    return rc == -EBUSY ? rc : why;
+}
+
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
 {
     char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
@@ -575,22 +663,36 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     int rc = activate(r);
     if (rc == 0)
         rc = may_write(r, k);
+    if (rc == -EROFS || rc == -ENOSPC) {
+        rc = lock_peek(r, k, lk, rc);
+        goto out;
+    }
     if (rc != 0)
         goto out;
-    char px[16];
+    char px[16], value[KC__LOCK_VALUE_MAX];
     snprintf(px, sizeof px, "%d", ttl_ms);
+    rc = kc__lock_value(r->na, &r->keys, lk, r->token, kc_wall_ns() / 1000000 + (uint64_t)ttl_ms,
+                        value, sizeof value);
+    if (rc != 0)
+        goto out;
     struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 6, "SET", lk, r->token, "NX", "PX", px);
+    kc__cmd_set(&cmd, 6, "EVAL", lock_script, "1", lk, value, px);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
-        if (rep->type == REDIS_REPLY_STATUS) {
+        if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
+            kc__breaker_ok(&r->rctx);
             r->ctr.locks++;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
+        } else if (rep->type == REDIS_REPLY_STRING) {
+            kc__breaker_ok(&r->rctx);
+            rc = lock_holder(r, lk, rep);
+            kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_NIL) {
+            /* Released between the two steps: taken by nobody now. */
             r->ctr.lock_busy++;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
             rc = -EBUSY;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
@@ -615,15 +717,17 @@ int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key)
         rc = -EROFS;
     if (rc != 0)
         goto out;
+    char prefix[sizeof r->token + 1];
+    snprintf(prefix, sizeof prefix, "%s ", r->token);
     struct kc__cmd cmd;
-    kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, r->token);
+    kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, prefix);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER) {
             rc = rep->integer == 1 ? 0 : -ENOENT;
-            r->hi->free_reply(rep);
+            kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = error_reply(r, nd, rep);
         } else {
@@ -658,6 +762,19 @@ void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
     pthread_mutex_unlock(&r->mu);
 }
 
+void kc_remote_polling(bool on)
+{
+    polling = on;
+}
+
+void kc_remote_poll_served(struct kc_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->ctr.misses > 0)
+        r->ctr.misses--; /* the lookup that waited is a hit, not a miss too */
+    pthread_mutex_unlock(&r->mu);
+}
+
 static bool node_up(const struct kc__node *nd)
 {
     return !nd->off || (nd->retry_at_ns != 0 && kc_mono_ns() >= nd->retry_at_ns);
@@ -667,6 +784,8 @@ bool kc_remote_usable(struct kc_remote *r)
 {
     pthread_mutex_lock(&r->mu);
     bool ok = !r->activated || r->act_rc == 0;
+    if (ok && r->activated && !kc__breaker_closed(&r->rctx))
+        ok = false;
     if (ok && r->activated) {
         ok = false;
         for (int i = 0; i < r->n_nodes && !ok; i++)
@@ -709,7 +828,7 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
     s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
     if (s->rc != 0)
         return;
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     uint64_t t0 = kc_mono_ns();
     s->rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
     if (s->rc != 0)
@@ -720,7 +839,7 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
     if (auth != NULL) {
         snprintf(s->why, sizeof s->why, "%s", auth);
         kc__node_fail(&r->rctx, nd, -EACCES, auth);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
         s->rc = -EACCES;
         return;
     }
@@ -728,7 +847,7 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
         snprintf(s->why, sizeof s->why, "answered PING with an error: %.80s", rep->str);
     else if (!pong)
         snprintf(s->why, sizeof s->why, "answered PING with something else than PONG");
-    r->hi->free_reply(rep);
+    kc__reply_free(rep);
     if (!pong) {
         kc__node_fail(&r->rctx, nd, -EPROTO, s->why);
         s->rc = -EPROTO;
@@ -737,12 +856,12 @@ static void ping_node(struct kc_remote *r, struct kc__node *nd, struct kc_remote
     kc__cmd_set(&cmd, 2, "INFO", "server");
     if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
         info_field(rep, "redis_version", s->version, sizeof s->version);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
     }
     kc__cmd_set(&cmd, 2, "INFO", "replication");
     if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) == 0) {
         info_field(rep, "role", s->role, sizeof s->role);
-        r->hi->free_reply(rep);
+        kc__reply_free(rep);
     }
 }
 
@@ -812,5 +931,105 @@ int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep)
             rc = p;
     }
     rep->roundtrip_rc = rc;
+    return rc;
+}
+
+/* ---- the remote as a whole: scan (remote stats, prune) ------------------ */
+
+/* "kcache:<ns>:<48 hex digits>" into ns and key: 0, or -EINVAL for a key
+ * of another shape (locks, foreign keys). */
+static int parse_entry_name(const char *k, size_t len, char *ns, size_t nscap, kc_key *key)
+{
+    if (len < 7 + 2 + 48 || memcmp(k, "kcache:", 7) != 0 || k[len - 49] != ':')
+        return -EINVAL;
+    size_t nl = len - 49 - 7;
+    if (nl == 0 || nl >= nscap || memchr(k + 7, '{', nl) != NULL)
+        return -EINVAL;
+    uint64_t v[3] = {0, 0, 0};
+    for (int i = 0; i < 48; i++) {
+        char c = k[len - 48 + i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0)
+            return -EINVAL;
+        v[i / 16] = v[i / 16] << 4 | (uint64_t)d;
+    }
+    memcpy(ns, k + 7, nl);
+    ns[nl] = '\0';
+    *key = (kc_key){.id = {.hi = v[0], .lo = v[1]}, .build = v[2]};
+    return 0;
+}
+
+/* SCANs one server's entry keys, their sizes by STRLEN (pipelined). */
+static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb cb, void *arg)
+{
+    char cursor[32] = "0";
+    do {
+        struct kc__cmd cmd;
+        kc__cmd_set(&cmd, 6, "SCAN", cursor, "MATCH", "kcache:*", "COUNT", "1000");
+        redisReply *rep = NULL;
+        int rc = kc__node_exec(&r->rctx, nd, 1, &cmd, &rep);
+        if (rc != 0)
+            return rc;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY || rep->element[0]->len >= sizeof cursor) {
+            return garbage(r, nd, rep);
+        }
+        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+        const redisReply *keys = rep->element[1];
+        for (size_t i = 0; i < keys->elements && rc == 0;) {
+            struct kc__cmd sl[8];
+            char nss[8][128];
+            kc_key ks[8];
+            int n = 0;
+            for (; i < keys->elements && n < 8; i++) {
+                const redisReply *e = keys->element[i];
+                if (e->type != REDIS_REPLY_STRING ||
+                    parse_entry_name(e->str, e->len, nss[n], sizeof nss[n], &ks[n]) != 0)
+                    continue;
+                kc__cmd_set(&sl[n], 2, "STRLEN", e->str);
+                n++;
+            }
+            if (n == 0)
+                continue;
+            redisReply *lens[8];
+            rc = kc__node_exec(&r->rctx, nd, n, sl, lens);
+            if (rc != 0)
+                break; /* no replies */
+            for (int j = 0; j < n; j++) {
+                uint64_t bytes = lens[j]->type == REDIS_REPLY_INTEGER && lens[j]->integer > 0
+                                     ? (uint64_t)lens[j]->integer
+                                     : 0;
+                if (rc == 0 && bytes > 0)
+                    rc = cb(nss[j], &ks[j], bytes, arg);
+                kc__reply_free(lens[j]);
+            }
+        }
+        kc__reply_free(rep);
+        if (rc != 0)
+            return rc;
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}
+
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc == 0 && r->cfg.mode == KC_REMOTE_CLUSTER) {
+        rc = kc__cluster_refresh(&r->rctx, &r->cl, NULL);
+        /* Every node that serves a slot (the primaries), once. */
+        for (int i = 0; rc == 0 && i < r->cl.n_nodes; i++) {
+            bool serves = false;
+            for (int s = 0; s < KC__SLOTS && !serves; s++)
+                serves = r->cl.slot[s] == i;
+            if (serves)
+                rc = scan_node(r, r->cl.nodes[i], cb, arg);
+        }
+    } else {
+        for (int i = 0; rc == 0 && i < r->n_nodes; i++)
+            rc = scan_node(r, r->nodes[i], cb, arg);
+    }
+    pthread_mutex_unlock(&r->mu);
     return rc;
 }

@@ -111,6 +111,14 @@ def main():
         for k in ("refused_delay_ms", "hung_delay_ms"):
             if not isinstance(remote.get("down", {}).get(k), (int, float)):
                 problems.append(f"remote.down.{k} not a number")
+        # 7e: the fault rows, each beside its run without the fault (the
+        # cluster row only where the cluster formed).
+        faults = remote.get("faults") or {}
+        for name in ("restart", "full"):
+            for k in ("base_compiles", "fault_compiles", "base_wall_s", "fault_wall_s",
+                      "wall_ratio"):
+                if not isinstance((faults.get(name) or {}).get(k), (int, float)):
+                    problems.append(f"remote.faults.{name}.{k} not a number")
     elif not remote.get("reason"):
         problems.append("remote unavailable without a reason")
     link = res.get("link", {})

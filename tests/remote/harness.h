@@ -456,9 +456,7 @@ static redisReply *h_raw(const struct kc_remote_endpoint *ep, int argc, const ch
 
 static void h_free(redisReply *rep)
 {
-    const struct kc__hiredis *hi;
-    kc__hiredis_load(&hi);
-    hi->free_reply(rep);
+    kc__reply_free(rep);
 }
 
 #endif

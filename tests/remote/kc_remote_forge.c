@@ -11,6 +11,11 @@
  * KEYHEX: the 48 hex digits of the server key's end (id.hi, id.lo, build).
  * SECRETKEY: a `kcache keygen` secret key (0600); without it the value is
  * unsigned. Exit status 0, or 1 with a message.
+ *
+ *   kc-remote-forge --lock OUT LOCKNAME TTL_MS SECRETKEY
+ *
+ * writes the value a holder of SECRETKEY puts in lock LOCKNAME for TTL_MS
+ * from now (a trusted writer's lock, when the key is trusted).
  */
 #include "remote_internal.h"
 
@@ -52,8 +57,29 @@ static int slurp(const char *path, unsigned char **out, size_t *len)
     return 0;
 }
 
+static int lock_main(char **argv)
+{
+    const struct kc__sodium *na = NULL;
+    static struct kc__keys keys;
+    int rc;
+    if ((rc = kc__sodium_load(&na)) != 0)
+        return fail("libsodium", rc);
+    if ((rc = kc__keys_load_secret(na, argv[5], &keys)) != 0)
+        return fail(argv[5], rc);
+    char v[KC__LOCK_VALUE_MAX];
+    uint64_t exp = kc_wall_ns() / 1000000 + strtoull(argv[4], NULL, 10);
+    if ((rc = kc__lock_value(na, &keys, argv[3], "deadnode:1:0", exp, v, sizeof v)) != 0)
+        return fail("lock value", rc);
+    FILE *f = fopen(argv[2], "wb");
+    if (f == NULL || fwrite(v, 1, strlen(v), f) != strlen(v) || fclose(f) != 0)
+        return fail(argv[2], errno);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 6 && strcmp(argv[1], "--lock") == 0)
+        return lock_main(argv);
     if (argc != 6 && argc != 7) {
         fprintf(stderr, "usage: kc-remote-forge OUT NS KEYHEX KIND BODYFILE [SECRETKEY]\n");
         return 2;

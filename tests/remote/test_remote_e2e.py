@@ -424,6 +424,26 @@ print("hiredis" if "libhiredis" in maps else "no-hiredis",
 '''
 
 
+LONG_PROBE = r'''
+import ctypes, os, sys, time
+nv = ctypes.CDLL(sys.argv[1])
+go = sys.argv[2]
+def compile(path):
+    src = open(path, 'rb').read()
+    prog = ctypes.c_void_p()
+    name = os.path.basename(path)[:-3].encode()  # as nvrtc_bench names it
+    assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, name, 0, None, None) == 0
+    opts = (ctypes.c_char_p * 2)(b"-arch=compute_80", sys.argv[5].encode())
+    assert nv.nvrtcCompileProgram(prog, 2, opts) == 0
+    nv.nvrtcDestroyProgram(ctypes.byref(prog))
+for i, path in enumerate(sys.argv[3:5]):
+    while not os.path.exists(go + '.%d' % (i + 1)):
+        time.sleep(0.01)
+    compile(path)
+    open(go + '.%d.done' % (i + 1), 'w').close()
+'''
+
+
 def libnvrtc():
     out = subprocess.run(['ldd', BENCH], capture_output=True, text=True).stdout
     m = re.search(r'(\S*libnvrtc\.so\S*) => (\S+)', out)
@@ -669,6 +689,59 @@ def faults(ctx):
     check(r.misses == K and r.remote['errors'] >= 1, 'Redis down: compiled, an error counted')
     check(r.stderr.count('kcache: warning') == 1, 'Redis down: one warning')
 
+    # A long-lived host across a Redis restart: its lookup while Redis is
+    # down fails (the remote off), and once Redis is back it shares again
+    # within seconds (a breaker, not a fuse): a kernel another node
+    # published meanwhile is a remote hit, not a compile.
+    rs.restart_empty()
+    probe_node = ctx.node(url)
+    go = os.path.join(ctx.root, 'go')
+    env = probe_node.environ()
+    env['LD_PRELOAD'] = SHIM
+    probe = subprocess.Popen([sys.executable, '-c', LONG_PROBE, libnvrtc(), go,
+                              os.path.join(ctx.src, 'ka.cu'), os.path.join(ctx.src, 'kb.cu'),
+                              '-I' + ctx.inc], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    rs.stop()
+    with open(go + '.1', 'w'):
+        pass  # ka: compiled while Redis is down
+    while not os.path.exists(go + '.1.done') and probe.poll() is None:
+        time.sleep(0.01)
+    rs.start()
+    publisher = ctx.node(url)
+    publisher.start(['kb'], ctx).wait()
+    publisher.settle()
+    time.sleep(1.5)  # past the first backoff
+    with open(go + '.2', 'w'):
+        pass  # kb: published by the other node
+    o, e = probe.communicate(timeout=RUN_TIMEOUT)
+    m = STATS_RE.search(e)
+    r = REMOTE_RE.search(e)
+    check(probe.returncode == 0 and m is not None and r is not None,
+          'the long-lived host ran (%s)' % e[-500:])
+    if m and r:
+        check(int(m.group(2)) == 1 and int(m.group(1)) == 1 and int(r.group(1)) >= 1,
+              'after Redis came back, the host shared again: ka compiled, kb a remote hit '
+              '(nvrtc hits %s misses %s; remote hits %s errors %s)'
+              % (m.group(1), m.group(2), r.group(1), r.group(3)))
+    probe_node.settle()
+
+    # Read-only (keyless) nodes beside one writer, all cold at once: they
+    # wait for the writer's compiles rather than compile everything
+    # themselves.
+    rs.restart_empty()
+    writer = ctx.node(url)
+    readers = [ctx.node(url, writer=False) for _ in range(3)]
+    wruns = [writer.start(rotate(j), ctx) for j in range(4)]
+    time.sleep(0.05)
+    rruns = [n.start(rotate(i * 4 + j), ctx) for i, n in enumerate(readers) for j in range(4)]
+    runs = [r.wait() for r in wruns + rruns]
+    check_outputs(runs, ctx.ref, '1 writer and 3 read-only nodes')
+    check(misses(runs) <= 2 * K,
+          '1 writer, 3 read-only nodes: at most twice the kernels compiled (%d for %d)'
+          % (misses(runs), K))
+    writer.settle()
+
     # SIGSTOPped: the timeouts hold.
     rs.restart_empty()
     rs.p.send_signal(signal.SIGSTOP)
@@ -718,7 +791,10 @@ def faults(ctx):
     check(len(manifests) == K, 'one manifest per kernel')
     rs.cmd('FLUSHALL')
     for k in manifests:
-        rs.cmd('SET', 'kcache:lock:{%s}' % k, 'deadnode:1:0', 'PX', '1500')
+        lk = 'kcache:lock:{%s}' % k
+        out = os.path.join(ctx.root, 'lock.val')
+        subprocess.run([FORGE, '--lock', out, lk, '1500', ctx.key], check=True, timeout=60)
+        rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', '1500')
     n = ctx.node(url)
     r = n.start(KERNELS, ctx).wait()
     check_outputs([r], ctx.ref, 'a lock holder died')
@@ -726,6 +802,55 @@ def faults(ctx):
     check(r.misses == K and s['remote']['lock_busy'] >= 1 and s['remote']['locks'] >= 1,
           'a dead holder\'s lock: waited on, expired, taken (busy %d, taken %d)'
           % (s['remote']['lock_busy'], s['remote']['locks']))
+
+    # Locks any writer to Redis can set (no key needed), without expiry:
+    # not a trusted writer's, not waited on (KCACHE_LOCK_TIMEOUT is 60 s).
+    rs.cmd('FLUSHALL')
+    for k in manifests:
+        rs.cmd('SET', 'kcache:lock:{%s}' % k, 'node-x:1:0123456789abcdef')
+    n = ctx.node(url)
+    t0 = time.monotonic()
+    r = n.start(KERNELS, ctx).wait()
+    took = time.monotonic() - t0
+    check_outputs([r], ctx.ref, 'locks without expiry set by an untrusted writer')
+    s = n.stats()
+    check(r.misses == K and took < 30 and s['remote']['lock_untrusted'] >= K,
+          'untrusted locks are not waited on (%.1f s, %d not waited on)'
+          % (took, s['remote'].get('lock_untrusted', -1)))
+
+    # A trusted writer's locks that are never published (held 60 s): a
+    # process waits out one KCACHE_LOCK_TIMEOUT in all, not one per kernel.
+    rs.cmd('FLUSHALL')
+    for k in manifests:
+        lk = 'kcache:lock:{%s}' % k
+        out = os.path.join(ctx.root, 'lock.val')
+        subprocess.run([FORGE, '--lock', out, lk, '60000', ctx.key], check=True, timeout=60)
+        rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', '60000')
+    n = ctx.node(url, extra={'KCACHE_LOCK_TIMEOUT': '2000'})
+    t0 = time.monotonic()
+    r = n.start(KERNELS, ctx).wait()
+    took = time.monotonic() - t0
+    check_outputs([r], ctx.ref, 'trusted locks never published')
+    check(r.misses == K and took < 2 + 0.5 * K + 2,
+          'a process waits one lock timeout in all (%.1f s for %d kernels, 2 s timeout)'
+          % (took, K))
+
+    # Full once the holder took its first lock: its upload is refused and
+    # its owner lets the lock go, so nobody waits it out (60 s here).
+    rs.cmd('FLUSHALL')
+    holder = ctx.node(url)
+    run = holder.start(KERNELS, ctx)
+    while run.p.poll() is None and not rs.cmd('KEYS', 'kcache:lock:*'):
+        time.sleep(0.001)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    rs.cmd('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')
+    r = run.wait()
+    check_outputs([r], ctx.ref, 'Redis full under a lock holder')
+    holder.settle()
+    left = rs.cmd('KEYS', 'kcache:lock:*')
+    check(not left, 'Redis full: the holder that could not publish let its locks go (%d left, '
+          'pttl %s)' % (len(left), [rs.cmd('PTTL', k) for k in left]))
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
 
     # Values truncated, bit-flipped, swapped between keys.
     rs.restart_empty()

@@ -75,6 +75,47 @@ KCACHE_REMOTE="redis://bob:hunter2@host:notaport" run "$KC" config
 expect_out_match '^warning: KCACHE_REMOTE: .*bad host or port.*remote is off' "malformed URL warns"
 expect_out_no_match 'hunter2' "the warning does not show the password"
 
+# remote stats: entries and bytes per namespace and build, locks and
+# foreign keys left out; remote prune by build, then by namespace.
+b1=00000000000000000000000000000001000000000000000a
+b2=00000000000000000000000000000002000000000000000b
+redis-cli -s "$sock" SET "kcache:nvrtc:13.0-a:$b1" 12345678 >/dev/null
+redis-cli -s "$sock" SET "kcache:nvrtc:13.0-a:$b2" 1234 >/dev/null
+redis-cli -s "$sock" SET "kcache:jit:13.0-a:$b2" 123 >/dev/null
+redis-cli -s "$sock" SET "kcache:lock:{kcache:jit:13.0-a:$b2}" x >/dev/null
+redis-cli -s "$sock" SET "someone:else" x >/dev/null
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote stats
+expect_rc 0 "remote stats"
+expect_out_match '^Remote entries: +3 ' "remote stats counts the entries, not locks"
+expect_out_match '^  nvrtc:13.0-a +000000000000000a +1  8 B$' "one row per namespace and build"
+expect_out_match '^  nvrtc:13.0-a +000000000000000b +1  4 B$' "the other build"
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote stats --json
+expect_rc 0 "remote stats --json"
+[ "$(json_get "d['entries']")" = 3 ] && ok || fail "remote stats --json: $out"
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote prune
+expect_rc 2 "remote prune without --build or --namespace"
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote prune --build b
+expect_rc 1 "remote prune by a node that does not write"
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote prune --build b
+expect_rc 0 "remote prune --build"
+expect_out_match '^pruned 2 entries' "prune --build drops that build's entries"
+[ "$(redis-cli -s "$sock" EXISTS "kcache:nvrtc:13.0-a:$b1")" = 1 ] && ok || fail "pruned another build"
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote prune --namespace nvrtc:13.0-a
+expect_out_match '^pruned 1 entries' "prune --namespace"
+[ "$(redis-cli -s "$sock" EXISTS someone:else)" = 1 ] && ok || fail "pruned a foreign key"
+redis-cli -s "$sock" FLUSHALL >/dev/null
+
+# stats --openmetrics: gauges and counters a textfile collector reads.
+run "$KC" --dir "$T/om" stats --openmetrics
+expect_rc 0 "stats --openmetrics"
+expect_out_match '^# TYPE kcache_hits counter$' "openmetrics counter families"
+expect_out_match '^kcache_hits_total\{dir="[^"]*/om",backend="nvrtc"\} 0$' "per-backend samples"
+expect_out_match '^kcache_remote_timeouts_total\{dir="[^"]*"\} 0$' "remote counters"
+expect_out_match '^kcache_entries\{dir="[^"]*"\} 0$' "store gauges"
+expect_out_match '^# EOF$' "ends with # EOF"
+
 # ping without a remote, and with the server down.
 KCACHE_REMOTE= run "$KC" remote ping
 expect_rc 1 "ping without KCACHE_REMOTE"
