@@ -150,7 +150,7 @@ static int (*real_openat)(int, const char *, int, ...);
 static FILE *(*real_fopen)(const char *, const char *);
 static FILE *(*real_fopen64)(const char *, const char *);
 static int (*real_xstat)(int, const char *, struct stat *);
-static int (*real_xstat64)(int, const char *, struct stat *);
+static int (*real_xstat64)(int, const char *, struct stat64 *);
 static int (*real_stat)(const char *, struct stat *);
 static int (*real_access)(const char *, int);
 
@@ -254,13 +254,14 @@ KC_EXPORT int __xstat(int ver, const char *path, struct stat *st)
     return rc;
 }
 
-KC_EXPORT int __xstat64(int ver, const char *path, struct stat *st)
+/* struct stat64 as glibc < 2.33 declares it (the same layout on x86_64). */
+KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 {
     REAL(real_xstat64, "__xstat64", "GLIBC_2.2.5");
     int rc = real_xstat64(ver, path, st);
     if (__builtin_expect(tracking != NULL, 0)) {
         int e = errno;
-        record_stat(path, rc, e, st);
+        record_stat(path, rc, e, (struct stat *)st);
         errno = e;
     }
     return rc;
@@ -269,7 +270,11 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat *st)
 KC_EXPORT int stat(const char *path, struct stat *st)
 {
     REAL(real_stat, "stat", NULL);
-    int rc = real_stat(path, st);
+    /* glibc < 2.33 exports no stat (its callers reach __xstat): the same
+     * call through __xstat, version 1 (_STAT_VER on x86_64). */
+    if (real_stat == NULL)
+        REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
+    int rc = real_stat != NULL ? real_stat(path, st) : real_xstat(1, path, st);
     if (__builtin_expect(tracking != NULL, 0)) {
         int e = errno;
         record_stat(path, rc, e, st);

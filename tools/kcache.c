@@ -28,8 +28,13 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* Linux 5.9; glibc < 2.34 does not name it */
+#endif
 
 #ifndef KC_VERSION
 #define KC_VERSION "unknown"
@@ -1215,7 +1220,8 @@ static int cmd_push(struct ctx *c, const char *ns)
  * getcwd failed, and then the working directory is kept. */
 static void owner_detach(struct ctx *c)
 {
-    if (close_range(3, ~0U, 0) != 0) {
+    /* close_range through syscall(): glibc < 2.34 has no wrapper. */
+    if (syscall(SYS_close_range, 3, ~0U, 0) != 0) {
         long max = sysconf(_SC_OPEN_MAX);
         for (long fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
             close((int)fd);

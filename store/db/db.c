@@ -9,6 +9,7 @@
  */
 #include "internal.h"
 #include "meta.h"
+#include "rocksdb_compat.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -184,6 +184,20 @@ char *kc__find_tool(const char *given, const char *lib)
 /* Starts `tool owner --dir DIR` detached. tool is an absolute path (from
  * kc__find_tool); a relative dir is made absolute against the working
  * directory now, as the caller's own accesses see it. */
+/* Closes the child's descriptors from `from` up: glibc 2.34's
+ * posix_spawn_file_actions_addclosefrom_np where this glibc has it (found
+ * at run time, so a shim built against glibc 2.31 asks nothing newer);
+ * without it the owner closes what it inherited itself (kcache owner's
+ * owner_detach). */
+static void add_closefrom(posix_spawn_file_actions_t *fa, int from)
+{
+    int (*addclosefrom)(posix_spawn_file_actions_t *, int) =
+        (int (*)(posix_spawn_file_actions_t *, int))dlvsym(
+            RTLD_DEFAULT, "posix_spawn_file_actions_addclosefrom_np", "GLIBC_2.34");
+    if (addclosefrom != NULL)
+        addclosefrom(fa, from);
+}
+
 static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
 {
     char absdir[PATH_MAX];
@@ -239,7 +253,7 @@ static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid
      * and does not pin the host's working directory. */
     for (int fd = 0; fd < 3; fd++)
         posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    add_closefrom(&fa, 3);
     posix_spawn_file_actions_addchdir_np(&fa, "/");
     int rc = posix_spawn(pid, tool, &fa, &at, argv, env);
     posix_spawn_file_actions_destroy(&fa);

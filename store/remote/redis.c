@@ -37,7 +37,7 @@ static int hi_rc = -ENOSYS;
 
 static void hi_load_once(void)
 {
-    void *h = dlopen(KC__HIREDIS_SONAME, RTLD_NOW | RTLD_LOCAL);
+    void *h = kc__remote_dlopen(KC__HIREDIS_SONAME);
     if (h == NULL) {
         kc_log(KC_LOG_WARN, "remote: %s not found (%s); the remote is off", KC__HIREDIS_SONAME,
                dlerror());

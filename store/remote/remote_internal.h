@@ -12,6 +12,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Opens one of the remote's libraries: the packaged tree's
+ * libkcache-remote-deps.so beside this object when there is one, else
+ * the system's soname (load.c). RTLD_NOW | RTLD_LOCAL; NULL as dlopen. */
+void *kc__remote_dlopen(const char *soname);
+
 /* ---- libhiredis, dlopen()ed (redis.c) ----------------------------------- */
 
 #define KC__HIREDIS_SONAME "libhiredis.so.0.14"

@@ -29,7 +29,7 @@ static int sodium_rc = -ENOSYS;
 
 static void sodium_load_once(void)
 {
-    void *h = dlopen(KC__SODIUM_SONAME, RTLD_NOW | RTLD_LOCAL);
+    void *h = kc__remote_dlopen(KC__SODIUM_SONAME);
     if (h == NULL) {
         kc_log(KC_LOG_WARN,
                "remote: %s not found (%s); remote entries cannot be signed or "
