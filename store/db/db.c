@@ -68,7 +68,7 @@ static rocksdb_options_t *make_options(int cf, rocksdb_cache_t *cache, bool seco
         /* A reader opens tables lazily (only those a lookup touches), does
          * not read every table's properties for statistics, and does not
          * stat every file: a fresh process pays for what it reads. */
-        rocksdb_options_set_max_open_files(o, 256);
+        rocksdb_options_set_max_open_files(o, KC_ROCKSDB_SECONDARY_MAX_OPEN_FILES);
         /* The default (16) starts 16 threads per column family at open
          * to load table handlers: ~80 short-lived threads per process. */
         rocksdb_options_set_max_file_opening_threads(o, 1);

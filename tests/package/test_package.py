@@ -154,7 +154,7 @@ def in_root(root, work, nvrtc, script, timeout=600):
               'mount --bind %s "$r/opt/nvrtc"; mount -o remount,bind,ro "$r/opt/nvrtc";'
               'mount -t proc proc "$r/proc";'
               'exec chroot --userspec=%d:%d "$r" env -i PATH=/usr/bin:/bin HOME=/tmp/kc/home '
-              'LANG=C.UTF-8 sh -c "$0"') % (sh_quote(root), sh_quote(work), sh_quote(nvrtc),
+              'LANG=C.UTF-8 LD_LIBRARY_PATH=/opt/nvrtc sh -c "$0"') % (sh_quote(root), sh_quote(work), sh_quote(nvrtc),
                                              NOBODY, NOBODY)
     return run(['unshare', '--mount', '--propagation', 'private', 'sh', '-c', mounts, script],
                timeout=timeout)
