@@ -154,6 +154,18 @@ static int (*real_xstat64)(int, const char *, struct stat64 *);
 static int (*real_stat)(const char *, struct stat *);
 static int (*real_access)(const char *, int);
 
+/* stat() as libc has it. glibc < 2.33 exports no stat (its callers reach
+ * __xstat through an inline wrapper): there, the same call through
+ * __xstat, version 1 (_STAT_VER on x86_64). */
+static int libc_stat(const char *path, struct stat *st)
+{
+    REAL(real_stat, "stat", NULL);
+    if (real_stat != NULL)
+        return real_stat(path, st);
+    REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
+    return real_xstat(1, path, st);
+}
+
 static int mode_arg(int flags, va_list ap)
 {
     return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(ap, int) : 0;
@@ -269,12 +281,7 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 
 KC_EXPORT int stat(const char *path, struct stat *st)
 {
-    REAL(real_stat, "stat", NULL);
-    /* glibc < 2.33 exports no stat (its callers reach __xstat): the same
-     * call through __xstat, version 1 (_STAT_VER on x86_64). */
-    if (real_stat == NULL)
-        REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
-    int rc = real_stat != NULL ? real_stat(path, st) : real_xstat(1, path, st);
+    int rc = libc_stat(path, st);
     if (__builtin_expect(tracking != NULL, 0)) {
         int e = errno;
         record_stat(path, rc, e, st);
@@ -290,8 +297,7 @@ KC_EXPORT int access(const char *path, int mode)
     if (__builtin_expect(tracking != NULL, 0)) {
         int e = errno;
         struct stat st;
-        REAL(real_stat, "stat", NULL);
-        if (rc == 0 && real_stat(path, &st) == 0)
+        if (rc == 0 && libc_stat(path, &st) == 0)
             record(path, kind_of(&st), &st);
         else if (rc != 0)
             record_stat(path, rc, e, NULL);
@@ -426,8 +432,7 @@ int kc__deps_finish(struct kc__deps *d)
         if (e->kind != KC_DEP_FILE)
             continue;
         struct stat now;
-        REAL(real_stat, "stat", NULL);
-        if (real_stat(e->path, &now) != 0)
+        if (libc_stat(e->path, &now) != 0)
             return -ESTALE;
         /* The file must be the one the compile read. */
         if (now.st_ino != e->st.st_ino || now.st_dev != e->st.st_dev ||
@@ -519,8 +524,7 @@ static int dep_stat(struct kc__dirs *ds, const char *path, struct stat *st)
             return -1;
         }
     }
-    REAL(real_stat, "stat", NULL);
-    return real_stat(path, st);
+    return libc_stat(path, st);
 }
 
 bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
