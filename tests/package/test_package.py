@@ -480,6 +480,23 @@ def main():
               'auditwheel show reports %s, the tag the README states and the wheel carries (%s)'
               % (m.group(1) if m else None, show[-400:]))
 
+        # The packaged shim asks nothing of glibc above the floor (objdump
+        # -T), and its record beside it says so for kcache-run.
+        ex = os.path.join(work, 'shim-check')
+        os.makedirs(ex)
+        run(['tar', 'xzf', tarball, '-C', ex])
+        lib = os.path.join(ex, 'kcache-%s' % version, 'lib')
+        syms = run(['objdump', '-T', os.path.join(lib, 'libkcache.so')]).stdout
+        vers = sorted({tuple(int(x) for x in v.split('.'))
+                       for v in re.findall(r'GLIBC_(\d+(?:\.\d+)+)', syms)})
+        rec = open(os.path.join(lib, 'libkcache.so.glibc')).read().strip()
+        check(vers and vers[-1] <= (2, 31) and '.'.join(map(str, vers[-1])) == rec,
+              'objdump -T: the packaged shim needs glibc %s at most (floor 2.31; its record: %s)'
+              % ('.'.join(map(str, vers[-1])) if vers else None, rec))
+        needed = re.findall(r'NEEDED\s+(\S+)', run(['objdump', '-p', os.path.join(lib, 'libkcache.so')]).stdout)
+        check(set(needed) <= {'libc.so.6', 'libdl.so.2', 'libpthread.so.0', 'ld-linux-x86-64.so.2'},
+              'the packaged shim needs libc, libdl, libpthread only (%s)' % needed)
+
         nvrtc = nvrtc_dir()
         for t in makers:
             t.join()
