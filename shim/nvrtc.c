@@ -24,12 +24,15 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <link.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define BACKEND "nvrtc"
 
@@ -246,8 +249,48 @@ static bool side_effect_option(const char *o)
     return false;
 }
 
+/* Options with which NVRTC records the directory it runs in (measured, for
+ * every option of NVRTC 13.0: docs/internals.md): line info and debug
+ * info (the PTX's .file lines, the cubin's debug sections) join it with a
+ * relative program name, in-memory header names and headers found through
+ * relative paths; -G's compile unit and the LTO and OptiX IR hold it even
+ * for an absolute name. NVRTC takes none of them with a value. */
+static bool records_cwd(const char *o)
+{
+    static const char *const opts[] = {"-lineinfo", "--generate-line-info", "-G",
+                                       "--device-debug", "-dlto", "--dlink-time-opt",
+                                       "-optix-ir", "--optix-ir"};
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+        if (strcmp(o, opts[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The directory NVRTC records, as LLVM finds it: $PWD when it is absolute
+ * and names the same directory as ".", else getcwd(). 0 or -errno. */
+static int nvrtc_cwd(char *buf, size_t len)
+{
+    const char *pwd = getenv("PWD");
+    struct stat a, b;
+    if (pwd != NULL && pwd[0] == '/' && strlen(pwd) < len && stat(pwd, &a) == 0 &&
+        stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        memcpy(buf, pwd, strlen(pwd) + 1);
+        return 0;
+    }
+    return getcwd(buf, len) != NULL ? 0 : -errno;
+}
+
+/* The request's key without the header files read (the manifest's name):
+ * everything that decides the output, the working directory included when
+ * an option makes NVRTC record it. -ENOENT when that directory cannot be
+ * named (removed, too long): such compiles pass through. */
 static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
 {
+    char cwd[PATH_MAX];
+    cwd[0] = 0;
+    for (int i = 0; i < n_opts && cwd[0] == 0; i++)
+        if (records_cwd(opts[i]) && nvrtc_cwd(cwd, sizeof cwd) != 0)
+            return -ENOENT;
     const struct identity *id = nvrtc_identity();
     struct kc__hasher *h = kc__hasher_new();
     if (h == NULL || id == NULL) {
@@ -270,6 +313,10 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
     kc__hash_u64(h, (uint64_t)p->n_exprs);
     for (int i = 0; i < p->n_exprs; i++)
         kc__hash_str(h, p->exprs[i]);
+    if (cwd[0] != 0) {
+        kc__hash_str(h, "cwd");
+        kc__hash_str(h, cwd);
+    }
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
     return 0;
