@@ -490,8 +490,7 @@ static int read_input_file(const char *path, void **out, size_t *len, struct sta
         rc = -errno;
         goto done;
     }
-    if (!S_ISREG(st->st_mode) || st->st_size <= 0 ||
-        (uint64_t)st->st_size > KC_LINK_MAX_INPUT) {
+    if (!S_ISREG(st->st_mode) || st->st_size <= 0 || (uint64_t)st->st_size > KC_LINK_MAX_INPUT) {
         rc = -EINVAL;
         goto done;
     }
@@ -515,7 +514,8 @@ static int read_input_file(const char *path, void **out, size_t *len, struct sta
     struct stat after;
     if (pread(fd, &extra, 1, (off_t)n) != 0 || fstat(fd, &after) != 0 ||
         after.st_size != st->st_size || after.st_mtim.tv_sec != st->st_mtim.tv_sec ||
-        after.st_mtim.tv_nsec != st->st_mtim.tv_nsec || after.st_ctim.tv_sec != st->st_ctim.tv_sec ||
+        after.st_mtim.tv_nsec != st->st_mtim.tv_nsec ||
+        after.st_ctim.tv_sec != st->st_ctim.tv_sec ||
         after.st_ctim.tv_nsec != st->st_ctim.tv_nsec) {
         rc = -ESTALE;
         goto done;

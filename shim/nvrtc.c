@@ -257,9 +257,9 @@ static bool side_effect_option(const char *o)
  * for an absolute name. NVRTC takes none of them with a value. */
 static bool records_cwd(const char *o)
 {
-    static const char *const opts[] = {"-lineinfo", "--generate-line-info", "-G",
-                                       "--device-debug", "-dlto", "--dlink-time-opt",
-                                       "-optix-ir", "--optix-ir"};
+    static const char *const opts[] = {
+        "-lineinfo", "--generate-line-info", "-G",        "--device-debug",
+        "-dlto",     "--dlink-time-opt",     "-optix-ir", "--optix-ir"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
         if (strcmp(o, opts[i]) == 0)
             return true;

@@ -550,7 +550,6 @@ static int culink(const char *dir, const char *only)
     return 0;
 }
 
-
 /* ---- seq: one link of explicit steps (inputs that change under the link) ---------- */
 
 static int put_file(const char *dir, const char *src, const char *dst)
