@@ -412,6 +412,16 @@ static void fingerprint(const struct stat *st, uint64_t fp[5])
     fp[4] = (uint64_t)st->st_ctim.tv_sec * 1000000000ull + (uint64_t)st->st_ctim.tv_nsec;
 }
 
+void kc__dep_fingerprint(const struct stat *st, uint64_t fp[5])
+{
+    struct timespec clock;
+    clock_gettime(CLOCK_REALTIME, &clock);
+    if (clock.tv_sec > st->st_ctim.tv_sec + 1 && clock.tv_sec > st->st_mtim.tv_sec + 1)
+        fingerprint(st, fp);
+    else
+        memset(fp, 0, 5 * sizeof *fp);
+}
+
 int kc__deps_finish(struct kc__deps *d)
 {
     if (d->failed)
@@ -432,12 +442,7 @@ int kc__deps_finish(struct kc__deps *d)
         int rc = kc__file_digest(e->path, &now, &e->digest);
         if (rc != 0)
             return rc;
-        struct timespec clock;
-        clock_gettime(CLOCK_REALTIME, &clock);
-        if (clock.tv_sec > now.st_ctim.tv_sec + 1 && clock.tv_sec > now.st_mtim.tv_sec + 1)
-            fingerprint(&now, e->fp);
-        else
-            memset(e->fp, 0, sizeof e->fp);
+        kc__dep_fingerprint(&now, e->fp);
     }
     return 0;
 }

@@ -79,6 +79,12 @@ void kc__dirs_close(struct kc__dirs *ds);
  * (may be NULL) keeps directory handles across the checks of one set. */
 bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs);
 
+/* The fingerprint a dependency records (device, inode, size, mtime and
+ * ctime in ns) for a file whose content is read now and described by st,
+ * or all zero when it changed within 2 s of now (a second write within the
+ * clock's granularity could keep those times). */
+void kc__dep_fingerprint(const struct stat *st, uint64_t fp[5]);
+
 /* The content digest of a regular file, through the memo. 0 or -errno. */
 int kc__file_digest(const char *path, const struct stat *st, kc_digest *out);
 

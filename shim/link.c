@@ -231,11 +231,32 @@ static kc_key manifest_key(const kc_digest *base)
 
 /* ---- file steps: manifests as for headers (codec.h, deps.h) ----------------- */
 
-/* Whether the store knows a file step: the base's manifest lists the
- * chain `want` (the step with the content read at the add). 0 or -ENOENT.
- * The content is matched, not the file: the bytes given to the library are
- * those read, whatever the file holds by then. */
-static int file_known(const char *ns, const kc_digest *base, const kc_digest *want)
+/* A file input read at the add: its bytes, and their digest once taken. */
+struct file_read {
+    const char *path;
+    const struct stat *st; /* as the bytes were read */
+    const void *bytes;
+    size_t len;
+    uint64_t fp[5]; /* kc__dep_fingerprint of st */
+    bool hashed;
+    kc_digest content;
+};
+
+static void file_hash(struct file_read *fr)
+{
+    if (!fr->hashed) {
+        fr->content = kc_digest_of(fr->bytes, fr->len);
+        fr->hashed = true;
+    }
+}
+
+/* Whether the store knows a file step: the base's manifest lists the chain
+ * of the content read (*p is set to it). 0 or -ENOENT. The content is
+ * matched, not the file: the bytes given to the library are those read,
+ * whatever the file holds by then. A set whose file had this file's
+ * fingerprint when it was read names its content without hashing the
+ * bytes again (nothing can have written them since: see deps.h). */
+static int file_known(const char *ns, const kc_digest *base, struct file_read *fr, kc_digest *p)
 {
     kc_key mk = manifest_key(base);
     void *body = NULL;
@@ -250,9 +271,30 @@ static int file_known(const char *ns, const kc_digest *base, const kc_digest *wa
         return -ENOENT;
     }
     rc = -ENOENT;
-    for (uint64_t i = 0; i < m->n && rc != 0; i++)
-        if (m->sets[i].result.lo == want->lo && m->sets[i].result.hi == want->hi)
+    bool fp_set = false;
+    for (int k = 0; k < 5; k++)
+        fp_set |= fr->fp[k] != 0;
+    for (uint64_t i = 0; i < m->n && rc != 0 && fp_set && !fr->hashed; i++) {
+        const struct kc__dep_set *set = &m->sets[i];
+        if (set->n != 1 || memcmp(set->deps[0].fp, fr->fp, sizeof fr->fp) != 0 ||
+            strcmp(set->deps[0].path, fr->path) != 0)
+            continue;
+        kc_digest r = file_result(base, &set->deps[0].digest);
+        if (r.lo == set->result.lo && r.hi == set->result.hi) {
+            fr->content = set->deps[0].digest;
+            fr->hashed = true;
+            *p = r;
             rc = 0;
+        }
+    }
+    if (rc != 0) {
+        file_hash(fr);
+        kc_digest want = file_result(base, &fr->content);
+        for (uint64_t i = 0; i < m->n && rc != 0; i++)
+            if (m->sets[i].result.lo == want.lo && m->sets[i].result.hi == want.hi)
+                rc = 0;
+        *p = want;
+    }
     kc__manifest_free(m);
     return rc;
 }
@@ -446,10 +488,10 @@ static int push_step(struct kc__link_sess *s, const struct kc__link_step *st)
     return 0;
 }
 
-/* Records a file input in s->files: its path, its stat when it was read
- * and the digest of the bytes read; its index in *idx. */
-static int push_file(struct kc__link_sess *s, const char *path, const struct stat *st,
-                     const kc_digest *content, size_t *idx)
+/* Records a file input in s->files: its path, its stat and fingerprint
+ * when it was read and the digest of the bytes read (fr hashed); its index
+ * in *idx. */
+static int push_file(struct kc__link_sess *s, const struct file_read *fr, size_t *idx)
 {
     struct kc__deps *d = &s->files;
     if (d->n == d->cap) {
@@ -462,12 +504,13 @@ static int push_file(struct kc__link_sess *s, const char *path, const struct sta
     }
     struct kc__dep *e = &d->v[d->n];
     memset(e, 0, sizeof *e);
-    e->path = strdup(path);
+    e->path = strdup(fr->path);
     if (e->path == NULL)
         return -ENOMEM;
     e->kind = KC_DEP_FILE;
-    e->st = *st;
-    e->digest = *content;
+    e->st = *fr->st;
+    e->digest = fr->content;
+    memcpy(e->fp, fr->fp, sizeof e->fp);
     *idx = d->n++;
     return 0;
 }
@@ -588,10 +631,12 @@ static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
 }
 
 /* Whether the step whose marker (data) or manifest (file) the store holds
- * is known: the chain after it is *p. Takes the step's lock when it is not
- * (waiting for a holder, then looking again). */
-static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *base,
-                       const kc_digest *p)
+ * is known: the chain after it is *p (for a file, set from fr, the bytes
+ * read, which are hashed on the way if no fingerprint names them). Takes
+ * the step's lock when it is not (waiting for a holder, then looking
+ * again). */
+static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *base, kc_digest *p,
+                       struct file_read *fr)
 {
     const struct kc_config *cfg = kc__config();
     if (cfg->recache)
@@ -599,7 +644,7 @@ static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *b
     for (int attempt = 0; attempt < 2; attempt++) {
         bool known = false;
         if (by_file) {
-            known = file_known(s->ns, base, p) == 0;
+            known = file_known(s->ns, base, fr, p) == 0;
         } else {
             kc_key k = marker_key(p);
             void *body = NULL;
@@ -689,6 +734,7 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
      * file that changes or goes after the add changes nothing. */
     struct kc__link_input f = *in;
     struct stat fst;
+    struct file_read fr = {.path = in->name, .st = &fst};
     if (in->by_file) {
         void *bytes = NULL;
         size_t len = 0;
@@ -698,10 +744,9 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
             kc__link_materialize(s, true);
             return s->ops->add(s, in);
         }
-        f.data = bytes;
-        f.size = len;
-        step.content = kc_digest_of(bytes, len);
-        step.p = file_result(&step.base, &step.content);
+        f.data = fr.bytes = bytes;
+        f.size = fr.len = len;
+        kc__dep_fingerprint(&fst, fr.fp);
     } else if (data_step(&s->prefix, in, &step.p) != 0) {
         kc__link_materialize(s, true);
         return s->ops->add(s, in);
@@ -709,9 +754,10 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
 
     int rc;
     if (s->state == KC_LINK_DEFER) {
-        if (step_known(s, in->by_file, &step.base, &step.p)) {
+        if (step_known(s, in->by_file, &step.base, &step.p, &fr)) {
             step.known = 1;
-            if (in->by_file && push_file(s, in->name, &fst, &step.content, &step.dep) != 0)
+            step.content = fr.content;
+            if (in->by_file && push_file(s, &fr, &step.dep) != 0)
                 goto pass;
             if (push_step(s, &step) != 0)
                 goto pass;
@@ -730,6 +776,11 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
     }
 
     /* LIVE: the library adds, and the chain follows. */
+    if (in->by_file) {
+        file_hash(&fr);
+        step.content = fr.content;
+        step.p = file_result(&step.base, &step.content);
+    }
     uint64_t t0 = kc_mono_ns();
     rc = s->ops->add(s, &f);
     s->work_ns += kc_mono_ns() - t0;
@@ -741,8 +792,7 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
         release_locks(s);
         return rc;
     }
-    if ((in->by_file && push_file(s, in->name, &fst, &step.content, &step.dep) != 0) ||
-        push_step(s, &step) != 0) {
+    if ((in->by_file && push_file(s, &fr, &step.dep) != 0) || push_step(s, &step) != 0) {
         s->state = KC_LINK_PASS;
         release_locks(s);
         return rc;
