@@ -4,6 +4,7 @@ so the shim's dlsym hands out its wrappers) in the working directory it is
 started in, and writes every getter's answer per case to a JSON file.
 
 Usage: cwd_client.py LIBNVRTC CASES.json OUT.json
+(KCACHE_TEST_RMDIR_CWD=1: the working directory, empty, is removed first.)
 
 A case: {"name": program name or null, "src": source, "opts": [...],
 "headers": [[include name, text], ...]}. Output per case: compile rc and,
@@ -12,11 +13,14 @@ for PTX, CUBIN, LTO-IR, OptiX IR and the log, the size rc and the bytes
 """
 import ctypes
 import json
+import os
 import sys
 
 
 def main():
     lib, cases_path, out_path = sys.argv[1:4]
+    if os.environ.get("KCACHE_TEST_RMDIR_CWD") == "1":
+        os.rmdir(os.getcwd())  # compile where the directory is gone
     nvrtc = ctypes.CDLL(lib)
     with open(cases_path) as f:
         cases = json.load(f)

@@ -92,12 +92,14 @@ def check(cond, msg):
     print("ok: " + msg, flush=True)
 
 
-def run(tmp, cwd, label, store=None, pwd=None):
+def run(tmp, cwd, label, store=None, pwd=None, gone=False):
     """Runs the client in cwd (with PWD=pwd, default cwd); returns (outputs,
     ["hit"|"miss"|..., one per compile]) -- the second only under the shim."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("KCACHE_") and k != "LD_PRELOAD"}
     env["PWD"] = pwd or cwd
+    if gone:
+        env["KCACHE_TEST_RMDIR_CWD"] = "1"
     if store is not None:
         env["LD_PRELOAD"] = SHIM
         env["KCACHE_DIR"] = store
@@ -178,6 +180,19 @@ def main():
         got, v = run(tmp, a, "shim in A, PWD naming B", store, pwd=b)
         same("shim in A, PWD naming B", ref_a, got)
         expect("shim, PWD naming B", v, {c[0]: "hit" for c in CASES})
+        # A directory removed under the program: NVRTC records none (the
+        # names stay relative); kcache cannot name it and passes the keyed
+        # compiles through.
+        for d in ("goneR", "goneS"):
+            os.makedirs(os.path.join(tmp, d))
+        ref_g, _ = run(tmp, os.path.join(tmp, "goneR"), "NVRTC in a removed directory", gone=True)
+        got, v = run(tmp, os.path.join(tmp, "goneS"), "shim in a removed directory", store,
+                     gone=True)
+        same("shim in a removed directory", ref_g, got)
+        got_v = {CASES[i][0]: x for i, x in enumerate(v)}
+        bad = {c[0]: got_v[c[0]] for c in CASES if c[5] and got_v[c[0]] != "pass-through"}
+        check(not bad, "shim in a removed directory: the keyed compiles pass through (%s)"
+              % (bad or "all"))
         return 0
     except Failure as e:
         print("FAIL: %s" % e, flush=True)
