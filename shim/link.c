@@ -1228,8 +1228,9 @@ static int jl_add(struct kc__link_sess *s, const struct kc__link_input *in)
     if (in->by_file && in->data != NULL) {
         /* A file's bytes as read at the add, under its path: nvJitLink
          * reads a file and adds its bytes so named (the same link, logs and
-         * codes for every input type, measured: docs/internals.md). */
-        add_data_fn f = (add_data_fn)jl_any(F_ADD_DATA);
+         * codes for every input type, measured: docs/internals.md), of
+         * the release the host's handle was made through. */
+        add_data_fn f = (add_data_fn)jl_for(F_ADD_DATA, jl_sess_v(s));
         return f ? f(s->h, in->type, in->data, in->size, in->name) : NVJITLINK_ERROR_INTERNAL;
     }
     if (in->by_file) {

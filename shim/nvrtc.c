@@ -31,8 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define BACKEND "nvrtc"
 
@@ -266,30 +264,42 @@ static bool records_cwd(const char *o)
     return false;
 }
 
-/* The directory NVRTC records, as LLVM finds it: $PWD when it is absolute
- * and names the same directory as ".", else getcwd(). 0 or -errno. */
-static int nvrtc_cwd(char *buf, size_t len)
+/* Whether the request names the working directory itself (an option, the
+ * program's name, source or headers hold it): then a path under it that
+ * the compile named may be absolute as given, not made from a relative
+ * one (kc__deps_note_cwd). */
+static bool names_cwd(nvrtcProgram prog, int n_opts, const char *const *opts)
 {
-    const char *pwd = getenv("PWD");
-    struct stat a, b;
-    if (pwd != NULL && pwd[0] == '/' && strlen(pwd) < len && stat(pwd, &a) == 0 &&
-        stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-        memcpy(buf, pwd, strlen(pwd) + 1);
-        return 0;
-    }
-    return getcwd(buf, len) != NULL ? 0 : -errno;
+    char cwd[PATH_MAX];
+    if (kc__cwd(cwd, sizeof cwd) != 0)
+        return true;
+    bool named = false;
+    for (int i = 0; i < n_opts && !named; i++)
+        named = strstr(opts[i], cwd) != NULL;
+    pthread_mutex_lock(&progs_lock);
+    const struct prog *p = find_locked(prog);
+    if (p == NULL)
+        named = true;
+    for (int i = 0; p != NULL && !named && i < p->n_headers; i++)
+        named = (p->headers[i] != NULL && strstr(p->headers[i], cwd) != NULL) ||
+                (p->include_names[i] != NULL && strstr(p->include_names[i], cwd) != NULL);
+    if (p != NULL && !named)
+        named = (p->name != NULL && strstr(p->name, cwd) != NULL) ||
+                (p->src != NULL && strstr(p->src, cwd) != NULL);
+    pthread_mutex_unlock(&progs_lock);
+    return named;
 }
 
 /* The request's key without the header files read (the manifest's name):
- * everything that decides the output, the working directory included when
- * an option makes NVRTC record it. -ENOENT when that directory cannot be
+ * everything that decides the output, the working directory (kc__cwd)
+ * included when an option makes NVRTC record it. -ENOENT when that directory cannot be
  * named (removed, too long): such compiles pass through. */
 static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
 {
     char cwd[PATH_MAX];
     cwd[0] = 0;
     for (int i = 0; i < n_opts && cwd[0] == 0; i++)
-        if (records_cwd(opts[i]) && nvrtc_cwd(cwd, sizeof cwd) != 0)
+        if (records_cwd(opts[i]) && kc__cwd(cwd, sizeof cwd) != 0)
             return -ENOENT;
     const struct identity *id = nvrtc_identity();
     struct kc__hasher *h = kc__hasher_new();
@@ -983,6 +993,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             c.passthrough = 1;
         } else if (kc__deps_finish(&deps) != 0) {
             kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
+        } else if (kc__deps_note_cwd(&deps, names_cwd(prog, numOptions, options)) != 0) {
+            c.errors = 1;
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);

@@ -8,8 +8,9 @@ Usage: cwd_client.py LIBNVRTC CASES.json OUT.json
 
 A case: {"name": program name or null, "src": source, "opts": [...],
 "headers": [[include name, text], ...]}. Output per case: compile rc and,
-for PTX, CUBIN, LTO-IR, OptiX IR and the log, the size rc and the bytes
-(hex), or null when the getter fails.
+for PTX, CUBIN, LTO-IR, OptiX IR, NVVM (11.x, 12.x) and the log, those
+the library has, the size rc and the bytes (hex), or null when the getter
+fails.
 """
 import ctypes
 import json
@@ -40,7 +41,9 @@ def main():
         opts = [o.encode() for o in c["opts"]]
         arr = (ctypes.c_char_p * max(len(opts), 1))(*opts)
         r = {"compile": nvrtc.nvrtcCompileProgram(p, len(opts), arr)}
-        for g in ("PTX", "CUBIN", "LTOIR", "OptiXIR", "ProgramLog"):
+        for g in ("PTX", "CUBIN", "LTOIR", "OptiXIR", "NVVM", "ProgramLog"):
+            if not hasattr(nvrtc, "nvrtcGet%sSize" % g):
+                continue  # not in this release
             size = ctypes.c_size_t(0)
             src = getattr(nvrtc, "nvrtcGet%sSize" % g)(p, ctypes.byref(size))
             data = None

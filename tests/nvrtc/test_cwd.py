@@ -17,7 +17,8 @@ compiles whose options record no path must still hit in every directory,
 and those whose options can record one must miss where the directory
 differs (and only there).
 
-Usage: test_cwd.py   (environment: KCACHE_SHIM, KCACHE_TEST_NVRTC_LIB)
+Usage: test_cwd.py   (environment: KCACHE_SHIM, KCACHE_TEST_NVRTC_LIB: the
+NVRTC to test, the toolkit's or a release's wheel in .venv-wheels)
 """
 import json
 import os
@@ -77,8 +78,8 @@ CASES = [
     ("dlto-abs", "/kc/abs/k.cu", PLAIN, [C90, "--dlink-time-opt"], [], True),
     ("optix", "/kc/abs/k.cu", PLAIN, [C90, "-optix-ir"], [], True),
 ]
-# Independent of the directory although keyed (checked, so a change in
-# NVRTC shows here).
+# Independent of the directory although keyed (checked; NVRTC 13.0 and
+# 12.9 record it for every other keyed case, 13.5 no longer for -optix-ir).
 KEYED_INDEPENDENT = {"lineinfo-abs-plain"}
 
 
@@ -133,6 +134,9 @@ def expect(label, verdicts, want):
 
 
 def main():
+    if not os.path.exists(LIB):
+        print("FAIL: %s is missing (scripts/setup installs it)" % LIB)
+        return 1
     tmp = tempfile.mkdtemp(prefix="kcache-cwd-")
     try:
         with open(os.path.join(tmp, "cases.json"), "w") as f:
@@ -153,14 +157,20 @@ def main():
         ref_b, _ = run(tmp, b, "NVRTC in B")
         ref_l, _ = run(tmp, a, "NVRTC in A, PWD through a link", pwd=link)
         ref_p, _ = run(tmp, a, "NVRTC in A, PWD naming B", pwd=b)
+        # Compiles NVRTC refuses for other reasons than the source (an option
+        # this release lacks) are never cached: a miss every time.
+        uncached = {c[0] for c, x in zip(CASES, ref_a) if x.get("compile") not in (0, 6)}
         dep = {c[0] for c, x, y in zip(CASES, ref_a, ref_b) if x != y}
         dep_l = {c[0] for c, x, y in zip(CASES, ref_a, ref_l) if x != y}
         print("note: outputs that differ between A and B: %s" % sorted(dep))
         keyed = {c[0] for c in CASES if c[5]}
         check(dep <= keyed, "every directory-dependent output is keyed (not keyed: %s)"
               % sorted(dep - keyed))
-        check(keyed - dep == KEYED_INDEPENDENT, "keyed but independent of the directory: "
-              "exactly %s (%s)" % (sorted(KEYED_INDEPENDENT), sorted(keyed - dep)))
+        check(KEYED_INDEPENDENT <= keyed - dep, "keyed but independent of the directory: "
+              "%s (%s)" % (sorted(KEYED_INDEPENDENT), sorted(keyed - dep)))
+        if keyed - dep != KEYED_INDEPENDENT:
+            print("note: this NVRTC records no directory for %s either (keyed all the same)"
+                  % sorted(keyed - dep - KEYED_INDEPENDENT))
         check(dep_l == dep, "through a link NVRTC names the link ($PWD): the same outputs "
               "differ (%s)" % sorted(dep_l ^ dep))
         check(ref_p == ref_a, "a PWD naming another directory is not used: outputs as in A")
@@ -170,16 +180,33 @@ def main():
         expect("shim cold in A", v, {c[0]: "miss" for c in CASES})
         got, v = run(tmp, b, "shim in B", store)
         same("shim in B, store filled in A", ref_b, got)
-        expect("shim in B", v, {c[0]: "miss" if c[5] else "hit" for c in CASES})
+        expect("shim in B", v, {c[0]: "miss" if c[5] or c[0] in uncached else "hit"
+                                 for c in CASES})
         got, v = run(tmp, a, "shim warm in A", store)
         same("shim warm in A", ref_a, got)
-        expect("shim warm in A", v, {c[0]: "hit" for c in CASES})
+        expect("shim warm in A", v, {c[0]: "miss" if c[0] in uncached else "hit"
+                                      for c in CASES})
         got, v = run(tmp, a, "shim in A, PWD through a link", store, pwd=link)
         same("shim in A, PWD through a link", ref_l, got)
-        expect("shim, PWD through a link", v, {c[0]: "miss" if c[5] else "hit" for c in CASES})
+        expect("shim, PWD through a link", v,
+               {c[0]: "miss" if c[5] or c[0] in uncached else "hit" for c in CASES})
         got, v = run(tmp, a, "shim in A, PWD naming B", store, pwd=b)
         same("shim in A, PWD naming B", ref_a, got)
-        expect("shim, PWD naming B", v, {c[0]: "hit" for c in CASES})
+        expect("shim, PWD naming B", v, {c[0]: "miss" if c[0] in uncached else "hit"
+                                          for c in CASES})
+        # Another directory whose header differs: the compile that reads it
+        # misses there (NVRTC 13.5 opens it by an absolute path made from
+        # the directory, so the manifest must hold only where it was made).
+        c_dir = os.path.join(tmp, "projC")
+        os.makedirs(os.path.join(c_dir, "inc"))
+        with open(os.path.join(c_dir, "inc", "kc_cwd.h"), "w") as f:
+            f.write(HDR.replace("2.0f", "3.0f"))
+        ref_c, _ = run(tmp, c_dir, "NVRTC in C")
+        got, v = run(tmp, c_dir, "shim in C", store)
+        same("shim in C, another header", ref_c, got)
+        hdr = {c[0] for c in CASES if "-Iinc" in c[3] and c[2] is RELHDR}
+        expect("shim in C", v, {c[0]: "miss" if c[5] or c[0] in hdr or c[0] in uncached
+                                 else "hit" for c in CASES})
         # A directory removed under the program: NVRTC records none (the
         # names stay relative); kcache cannot name it and passes the keyed
         # compiles through.
@@ -190,7 +217,8 @@ def main():
                      gone=True)
         same("shim in a removed directory", ref_g, got)
         got_v = {CASES[i][0]: x for i, x in enumerate(v)}
-        bad = {c[0]: got_v[c[0]] for c in CASES if c[5] and got_v[c[0]] != "pass-through"}
+        bad = {c[0]: got_v[c[0]] for c in CASES
+               if c[5] and c[0] not in uncached and got_v[c[0]] != "pass-through"}
         check(not bad, "shim in a removed directory: the keyed compiles pass through (%s)"
               % (bad or "all"))
         return 0
