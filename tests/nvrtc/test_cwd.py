@@ -61,6 +61,11 @@ CASES = [
     ("error", "k.cu", ERROR, [C90, "-Iinc"], [], False),
     ("dopt", "k.cu", PLAIN, [C90, "-dopt=on"], [], False),
     ("xptxas", "k.cu", PLAIN, ["-arch=sm_90", "-Xptxas", "-O2"], [], False),
+    # An absolute -I under the directory the store is filled in (A): the
+    # request names A, so a header path under it may be absolute as given;
+    # the entry made in A holds only in A (BOUND_TO_A: a miss in B), the one
+    # made in B (nothing under B) everywhere.
+    ("abs-I", "k.cu", RELHDR, [C90, "-I@A@/inc"], [], False),
     ("lineinfo", "k.cu", PLAIN, [C90, "-lineinfo"], [], True),
     ("lineinfo-noname", None, PLAIN, [C90, "-lineinfo"], [], True),
     ("lineinfo-long", "./k.cu", PLAIN, [C90, "--generate-line-info"], [], True),
@@ -81,6 +86,7 @@ CASES = [
 # Independent of the directory although keyed (checked; NVRTC 13.0 and
 # 12.9 record it for every other keyed case, 13.5 no longer for -optix-ir).
 KEYED_INDEPENDENT = {"lineinfo-abs-plain"}
+BOUND_TO_A = {"abs-I"}
 
 
 class Failure(Exception):
@@ -140,7 +146,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kcache-cwd-")
     try:
         with open(os.path.join(tmp, "cases.json"), "w") as f:
-            json.dump([{"name": n, "src": s, "opts": o, "headers": h}
+            json.dump([{"name": n, "src": s, "opts": [x.replace("@A@", os.path.join(tmp, "projA"))
+                                                      for x in o], "headers": h}
                        for (_, n, s, o, h, _) in CASES], f)
         dirs = {}
         for d in ("projA", "projB"):
@@ -180,8 +187,8 @@ def main():
         expect("shim cold in A", v, {c[0]: "miss" for c in CASES})
         got, v = run(tmp, b, "shim in B", store)
         same("shim in B, store filled in A", ref_b, got)
-        expect("shim in B", v, {c[0]: "miss" if c[5] or c[0] in uncached else "hit"
-                                 for c in CASES})
+        expect("shim in B", v, {c[0]: "miss" if c[5] or c[0] in uncached | BOUND_TO_A
+                                 else "hit" for c in CASES})
         got, v = run(tmp, a, "shim warm in A", store)
         same("shim warm in A", ref_a, got)
         expect("shim warm in A", v, {c[0]: "miss" if c[0] in uncached else "hit"
@@ -205,8 +212,8 @@ def main():
         got, v = run(tmp, c_dir, "shim in C", store)
         same("shim in C, another header", ref_c, got)
         hdr = {c[0] for c in CASES if "-Iinc" in c[3] and c[2] is RELHDR}
-        expect("shim in C", v, {c[0]: "miss" if c[5] or c[0] in hdr or c[0] in uncached
-                                 else "hit" for c in CASES})
+        expect("shim in C", v, {c[0]: "miss" if c[5] or c[0] in hdr | uncached else "hit"
+                                 for c in CASES})
         # A directory removed under the program: NVRTC records none (the
         # names stay relative); kcache cannot name it and passes the keyed
         # compiles through.
