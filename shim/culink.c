@@ -159,6 +159,15 @@ static int device_identity(char *ns, size_t len, struct kc__hasher *h)
 static int cl_add(struct kc__link_sess *s, const struct kc__link_input *in)
 {
     pthread_once(&cl_once, cl_resolve);
+    if (in->by_file && in->data != NULL) {
+        /* A file's bytes as read at the add, under its path, as the driver
+         * adds a file it reads (PTX as text: with its NUL). */
+        add_fn f = cl.link_add;
+        size_t size = in->type == CU_JIT_INPUT_PTX ? in->size + 1 : in->size;
+        return f ? f(s->h, in->type, (void *)in->data, size, in->name, in->n_opt,
+                     (CUjit_option *)in->opt, in->val)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+    }
     if (in->by_file) {
         add_file_fn f = in->real != NULL ? (add_file_fn)in->real : cl.link_add_file;
         return f ? f(s->h, in->type, in->name, in->n_opt, (CUjit_option *)in->opt, in->val)

@@ -423,6 +423,66 @@ static void fingerprint(const struct stat *st, uint64_t fp[5])
     fp[4] = (uint64_t)st->st_ctim.tv_sec * 1000000000ull + (uint64_t)st->st_ctim.tv_nsec;
 }
 
+void kc__dep_fingerprint(const struct stat *st, uint64_t fp[5])
+{
+    struct timespec clock;
+    clock_gettime(CLOCK_REALTIME, &clock);
+    if (clock.tv_sec > st->st_ctim.tv_sec + 1 && clock.tv_sec > st->st_mtim.tv_sec + 1)
+        fingerprint(st, fp);
+    else
+        memset(fp, 0, 5 * sizeof *fp);
+}
+
+int kc__cwd(char *buf, size_t len)
+{
+    const char *pwd = getenv("PWD");
+    struct stat a, b;
+    REAL(real_stat, "stat", NULL);
+    if (pwd != NULL && pwd[0] == '/' && strlen(pwd) < len && real_stat(pwd, &a) == 0 &&
+        real_stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        memcpy(buf, pwd, strlen(pwd) + 1);
+        return 0;
+    }
+    return getcwd(buf, len) != NULL ? 0 : -errno;
+}
+
+int kc__deps_note_cwd(struct kc__deps *d, bool ambiguous)
+{
+    char cwd[PATH_MAX];
+    if (kc__cwd(cwd, sizeof cwd) != 0)
+        return 0; /* no directory to name: paths under it cannot be told */
+    size_t n = strlen(cwd), under = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        char *p = d->v[i].path;
+        /* Strictly under it: the directory itself is stat'ed by every
+         * compile (LLVM checks that $PWD names "."). */
+        size_t skip = n == 1 ? 1 : n + 1;
+        if (d->v[i].kind == KC_DEP_CWD || strncmp(p, cwd, n) != 0 || (n > 1 && p[n] != '/') ||
+            p[skip] == 0)
+            continue;
+        under++;
+        if (!ambiguous)
+            memmove(p, p + skip, strlen(p + skip) + 1);
+    }
+    if (under == 0 || !ambiguous)
+        return 0;
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 64;
+        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
+        if (v == NULL)
+            return -ENOMEM;
+        d->v = v;
+        d->cap = cap;
+    }
+    struct kc__dep *e = &d->v[d->n];
+    memset(e, 0, sizeof *e);
+    if ((e->path = strdup(cwd)) == NULL)
+        return -ENOMEM;
+    e->kind = KC_DEP_CWD;
+    d->n++;
+    return 0;
+}
+
 int kc__deps_finish(struct kc__deps *d)
 {
     if (d->failed)
@@ -442,12 +502,7 @@ int kc__deps_finish(struct kc__deps *d)
         int rc = kc__file_digest(e->path, &now, &e->digest);
         if (rc != 0)
             return rc;
-        struct timespec clock;
-        clock_gettime(CLOCK_REALTIME, &clock);
-        if (clock.tv_sec > now.st_ctim.tv_sec + 1 && clock.tv_sec > now.st_mtim.tv_sec + 1)
-            fingerprint(&now, e->fp);
-        else
-            memset(e->fp, 0, sizeof e->fp);
+        kc__dep_fingerprint(&now, e->fp);
     }
     return 0;
 }
@@ -539,6 +594,10 @@ bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
         return S_ISDIR(st.st_mode);
     case KC_DEP_OTHER:
         return !S_ISDIR(st.st_mode);
+    case KC_DEP_CWD: {
+        char cwd[PATH_MAX];
+        return kc__cwd(cwd, sizeof cwd) == 0 && strcmp(cwd, dep->path) == 0;
+    }
     case KC_DEP_FILE: {
         if (!S_ISREG(st.st_mode))
             return false;

@@ -19,6 +19,9 @@ enum kc__dep_kind {
     KC_DEP_FILE = 1,   /* read: content digest */
     KC_DEP_DIR = 2,    /* exists, a directory */
     KC_DEP_OTHER = 3,  /* exists, stat'ed only (not read) */
+    KC_DEP_CWD = 4,    /* the working directory was this one (kc__cwd): the
+                          compile named paths under it that may be absolute
+                          as given (kc__deps_note_cwd) */
 };
 
 struct kc__dep {
@@ -78,6 +81,27 @@ void kc__dirs_close(struct kc__dirs *ds);
  * ctime), so an unchanged file is read once per process at most. `dirs`
  * (may be NULL) keeps directory handles across the checks of one set. */
 bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs);
+
+/* The fingerprint a dependency records (device, inode, size, mtime and
+ * ctime in ns) for a file whose content is read now and described by st,
+ * or all zero when it changed within 2 s of now (a second write within the
+ * clock's granularity could keep those times). */
+void kc__dep_fingerprint(const struct stat *st, uint64_t fp[5]);
+
+/* The working directory as NVRTC (LLVM) names it: $PWD when it is
+ * absolute and names the same directory as ".", else getcwd(). 0 or
+ * -errno (removed, longer than len). */
+int kc__cwd(char *buf, size_t len);
+
+/* After kc__deps_finish: paths the compile named under the working
+ * directory (NVRTC 13.5 joins it with every relative name it looks up:
+ * the program name, include directories, header names) are made relative
+ * again, so they are checked where each lookup runs, as that NVRTC would
+ * look them up there. When the request itself names the directory
+ * (`ambiguous`: an absolute include path or name under it), such a path
+ * may be absolute as given: a KC_DEP_CWD dependency on the directory is
+ * added instead, so the set holds only there. 0 or -errno. */
+int kc__deps_note_cwd(struct kc__deps *d, bool ambiguous);
 
 /* The content digest of a regular file, through the memo. 0 or -errno. */
 int kc__file_digest(const char *path, const struct stat *st, kc_digest *out);

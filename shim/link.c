@@ -21,10 +21,12 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* nvJitLink.h defines the unversioned names as inline functions; this file
  * defines them as exports instead. */
@@ -229,9 +231,32 @@ static kc_key manifest_key(const kc_digest *base)
 
 /* ---- file steps: manifests as for headers (codec.h, deps.h) ----------------- */
 
-/* The chain after a file step the store knows: the result of the first
- * set of the base's manifest whose file still holds. 0 or -ENOENT. */
-static int file_known(const char *ns, const kc_digest *base, kc_digest *result)
+/* A file input read at the add: its bytes, and their digest once taken. */
+struct file_read {
+    const char *path;
+    const struct stat *st; /* as the bytes were read */
+    const void *bytes;
+    size_t len;
+    uint64_t fp[5]; /* kc__dep_fingerprint of st */
+    bool hashed;
+    kc_digest content;
+};
+
+static void file_hash(struct file_read *fr)
+{
+    if (!fr->hashed) {
+        fr->content = kc_digest_of(fr->bytes, fr->len);
+        fr->hashed = true;
+    }
+}
+
+/* Whether the store knows a file step: the base's manifest lists the chain
+ * of the content read (*p is set to it). 0 or -ENOENT. The content is
+ * matched, not the file: the bytes given to the library are those read,
+ * whatever the file holds by then. A set whose file had this file's
+ * fingerprint when it was read names its content without hashing the
+ * bytes again (nothing can have written them since: see deps.h). */
+static int file_known(const char *ns, const kc_digest *base, struct file_read *fr, kc_digest *p)
 {
     kc_key mk = manifest_key(base);
     void *body = NULL;
@@ -245,19 +270,31 @@ static int file_known(const char *ns, const kc_digest *base, kc_digest *result)
         st_purge(ns, &mk);
         return -ENOENT;
     }
-    struct kc__dirs dirs = {0};
     rc = -ENOENT;
-    for (uint64_t i = 0; i < m->n && rc != 0; i++) {
+    bool fp_set = false;
+    for (int k = 0; k < 5; k++)
+        fp_set |= fr->fp[k] != 0;
+    for (uint64_t i = 0; i < m->n && rc != 0 && fp_set && !fr->hashed; i++) {
         const struct kc__dep_set *set = &m->sets[i];
-        uint64_t j = 0;
-        while (j < set->n && kc__dep_holds(&set->deps[j], &dirs))
-            j++;
-        if (j == set->n) {
-            *result = set->result;
+        if (set->n != 1 || memcmp(set->deps[0].fp, fr->fp, sizeof fr->fp) != 0 ||
+            strcmp(set->deps[0].path, fr->path) != 0)
+            continue;
+        kc_digest r = file_result(base, &set->deps[0].digest);
+        if (r.lo == set->result.lo && r.hi == set->result.hi) {
+            fr->content = set->deps[0].digest;
+            fr->hashed = true;
+            *p = r;
             rc = 0;
         }
     }
-    kc__dirs_close(&dirs);
+    if (rc != 0) {
+        file_hash(fr);
+        kc_digest want = file_result(base, &fr->content);
+        for (uint64_t i = 0; i < m->n && rc != 0; i++)
+            if (m->sets[i].result.lo == want.lo && m->sets[i].result.hi == want.hi)
+                rc = 0;
+        *p = want;
+    }
     kc__manifest_free(m);
     return rc;
 }
@@ -451,8 +488,10 @@ static int push_step(struct kc__link_sess *s, const struct kc__link_step *st)
     return 0;
 }
 
-/* Records a file input in s->files (its stat now); its index in *idx. */
-static int push_file(struct kc__link_sess *s, const char *path, const struct stat *st, size_t *idx)
+/* Records a file input in s->files: its path, its stat and fingerprint
+ * when it was read and the digest of the bytes read (fr hashed); its index
+ * in *idx. */
+static int push_file(struct kc__link_sess *s, const struct file_read *fr, size_t *idx)
 {
     struct kc__deps *d = &s->files;
     if (d->n == d->cap) {
@@ -465,22 +504,88 @@ static int push_file(struct kc__link_sess *s, const char *path, const struct sta
     }
     struct kc__dep *e = &d->v[d->n];
     memset(e, 0, sizeof *e);
-    e->path = strdup(path);
+    e->path = strdup(fr->path);
     if (e->path == NULL)
         return -ENOMEM;
     e->kind = KC_DEP_FILE;
-    e->st = *st;
+    e->st = *fr->st;
+    e->digest = fr->content;
+    memcpy(e->fp, fr->fp, sizeof e->fp);
     *idx = d->n++;
     return 0;
 }
 
+/* The bytes of the file a host adds, read when it adds it (nvJitLink and
+ * the driver read it then): 0 with *out (malloc'd, a NUL after the bytes),
+ * *len and the file's stat. Anything but a regular file of 1 byte to
+ * KC_LINK_MAX_INPUT that reads whole and unchanged is a negative errno:
+ * the library is given the path and answers (missing, unreadable, a FIFO,
+ * a directory, empty). Opened non-blocking, so a FIFO put in its place
+ * cannot hang the host. */
+static int read_input_file(const char *path, void **out, size_t *len, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return -errno;
+    int rc = 0;
+    unsigned char *buf = NULL;
+    if (fstat(fd, st) != 0) {
+        rc = -errno;
+        goto done;
+    }
+    if (!S_ISREG(st->st_mode) || st->st_size <= 0 || (uint64_t)st->st_size > KC_LINK_MAX_INPUT) {
+        rc = -EINVAL;
+        goto done;
+    }
+    size_t n = (size_t)st->st_size, got = 0;
+    if ((buf = malloc(n + 1)) == NULL) {
+        rc = -ENOMEM;
+        goto done;
+    }
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : -ESTALE;
+            goto done;
+        }
+        got += (size_t)r;
+    }
+    /* Whole and unchanged: nothing past the end, the same size and times. */
+    unsigned char extra;
+    struct stat after;
+    if (pread(fd, &extra, 1, (off_t)n) != 0 || fstat(fd, &after) != 0 ||
+        after.st_size != st->st_size || after.st_mtim.tv_sec != st->st_mtim.tv_sec ||
+        after.st_mtim.tv_nsec != st->st_mtim.tv_nsec ||
+        after.st_ctim.tv_sec != st->st_ctim.tv_sec ||
+        after.st_ctim.tv_nsec != st->st_ctim.tv_nsec) {
+        rc = -ESTALE;
+        goto done;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    buf = NULL;
+done:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* Keeps a copy of the input for the real handle. A file's bytes (read at
+ * the add, in->data) are taken over: freed with the session, or now when
+ * the call fails. */
 static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
 {
     if (s->n_def == s->cap_def) {
         size_t cap = s->cap_def ? s->cap_def * 2 : 8;
         struct kc__link_input *v = realloc(s->def, cap * sizeof *v);
-        if (v == NULL)
+        if (v == NULL) {
+            if (in->by_file)
+                free((void *)in->data);
             return -ENOMEM;
+        }
         s->def = v;
         s->cap_def = cap;
     }
@@ -492,7 +597,9 @@ static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
     int failed = 0;
     if (in->name != NULL && (c.name = strdup(in->name)) == NULL)
         failed = 1;
-    if (!in->by_file) {
+    if (in->by_file) {
+        c.data = in->data;
+    } else {
         /* A NUL after the bytes: nvJitLink reads PTX given without one as a
          * string, up to the first NUL (in the host's buffer, one past its
          * end, which a host that passes PTX so has made a NUL). */
@@ -524,9 +631,12 @@ static int defer(struct kc__link_sess *s, const struct kc__link_input *in)
 }
 
 /* Whether the step whose marker (data) or manifest (file) the store holds
- * is known. Takes the step's lock when it is not (waiting for a holder,
- * then looking again). For a file step, *p is set from the manifest. */
-static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *base, kc_digest *p)
+ * is known: the chain after it is *p (for a file, set from fr, the bytes
+ * read, which are hashed on the way if no fingerprint names them). Takes
+ * the step's lock when it is not (waiting for a holder, then looking
+ * again). */
+static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *base, kc_digest *p,
+                       struct file_read *fr)
 {
     const struct kc_config *cfg = kc__config();
     if (cfg->recache)
@@ -534,7 +644,7 @@ static bool step_known(struct kc__link_sess *s, bool by_file, const kc_digest *b
     for (int attempt = 0; attempt < 2; attempt++) {
         bool known = false;
         if (by_file) {
-            known = file_known(s->ns, base, p) == 0;
+            known = file_known(s->ns, base, fr, p) == 0;
         } else {
             kc_key k = marker_key(p);
             void *body = NULL;
@@ -618,69 +728,84 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
         return s->ops->add(s, in);
 
     struct kc__link_step step = {.by_file = in->by_file};
+    /* A file is read now, as the library would read it: the step is keyed
+     * by those bytes and the real handle is given them (named by the path,
+     * which nvJitLink and the driver treat as they treat the file), so a
+     * file that changes or goes after the add changes nothing. */
+    struct kc__link_input f = *in;
     struct stat fst;
+    struct file_read fr = {.path = in->name, .st = &fst};
     if (in->by_file) {
-        if (file_base(&s->prefix, in, &step.base) != 0 || stat(in->name, &fst) != 0 ||
-            !S_ISREG(fst.st_mode)) {
-            /* Not a regular file we can track: the library answers. */
+        void *bytes = NULL;
+        size_t len = 0;
+        if (file_base(&s->prefix, in, &step.base) != 0 ||
+            read_input_file(in->name, &bytes, &len, &fst) != 0) {
+            /* Not a file we can read whole: the library answers. */
             kc__link_materialize(s, true);
             return s->ops->add(s, in);
         }
+        f.data = fr.bytes = bytes;
+        f.size = fr.len = len;
+        kc__dep_fingerprint(&fst, fr.fp);
     } else if (data_step(&s->prefix, in, &step.p) != 0) {
         kc__link_materialize(s, true);
         return s->ops->add(s, in);
     }
 
+    int rc;
     if (s->state == KC_LINK_DEFER) {
-        if (step_known(s, in->by_file, &step.base, &step.p)) {
+        if (step_known(s, in->by_file, &step.base, &step.p, &fr)) {
             step.known = 1;
-            struct stat now;
-            /* The file as it is now: what a later miss would store. */
-            if (in->by_file &&
-                (stat(in->name, &now) != 0 || push_file(s, in->name, &now, &step.dep) != 0)) {
-                kc__link_materialize(s, true);
-                return s->ops->add(s, in);
+            step.content = fr.content;
+            if (in->by_file && push_file(s, &fr, &step.dep) != 0)
+                goto pass;
+            if (push_step(s, &step) != 0)
+                goto pass;
+            int drc = defer(s, &f); /* takes f.data */
+            f.data = in->data;
+            if (drc != 0) {
+                s->n_steps--;
+                goto pass;
             }
-            if (defer(s, in) == 0 && push_step(s, &step) == 0) {
-                s->prefix = step.p;
-                return s->ops->success;
-            }
-            kc__link_materialize(s, true);
-            return s->ops->add(s, in);
+            s->prefix = step.p;
+            return s->ops->success;
         }
         kc__link_materialize(s, false);
         if (s->state == KC_LINK_PASS)
-            return s->ops->add(s, in);
+            goto pass;
     }
 
     /* LIVE: the library adds, and the chain follows. */
+    if (in->by_file) {
+        file_hash(&fr);
+        step.content = fr.content;
+        step.p = file_result(&step.base, &step.content);
+    }
     uint64_t t0 = kc_mono_ns();
-    int rc = s->ops->add(s, in);
+    rc = s->ops->add(s, &f);
     s->work_ns += kc_mono_ns() - t0;
+    if (f.data != in->data)
+        free((void *)f.data);
     if (rc != s->ops->success) {
         /* A failed add is not cached: the link passes through. */
         s->state = KC_LINK_PASS;
         release_locks(s);
         return rc;
     }
-    if (in->by_file) {
-        /* The content the library read: the file as stat saw it before the
-         * add, unchanged after (checked again before anything is stored). */
-        if (kc__file_digest(in->name, &fst, &step.content) != 0 ||
-            push_file(s, in->name, &fst, &step.dep) != 0) {
-            s->state = KC_LINK_PASS;
-            release_locks(s);
-            return rc;
-        }
-        step.p = file_result(&step.base, &step.content);
-    }
-    if (push_step(s, &step) != 0) {
+    if ((in->by_file && push_file(s, &fr, &step.dep) != 0) || push_step(s, &step) != 0) {
         s->state = KC_LINK_PASS;
         release_locks(s);
         return rc;
     }
     s->prefix = step.p;
     return rc;
+pass:
+    /* The library answers from here on, and for this add as the host made
+     * it. */
+    if (f.data != in->data)
+        free((void *)f.data);
+    kc__link_materialize(s, true);
+    return s->ops->add(s, in);
 }
 
 /* ---- completion ------------------------------------------------------------------- */
@@ -742,24 +867,6 @@ bool kc__link_complete_begin(struct kc__link_sess *s, uint64_t t_enter)
     return false;
 }
 
-/* Whether the files added are those the chain hashed, unchanged. */
-static bool files_hold(struct kc__link_sess *s)
-{
-    if (s->files.n == 0)
-        return true;
-    if (kc__deps_finish(&s->files) != 0)
-        return false;
-    for (size_t i = 0; i < s->n_steps; i++) {
-        const struct kc__link_step *st = &s->steps[i];
-        if (!st->by_file)
-            continue;
-        kc_digest p = file_result(&st->base, &s->files.v[st->dep].digest);
-        if (p.lo != st->p.lo || p.hi != st->p.hi)
-            return false;
-    }
-    return true;
-}
-
 static int store_all(struct kc__link_sess *s, const struct kc__lrec *rec, uint64_t work_ns)
 {
     void *body = NULL;
@@ -800,9 +907,6 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
             c.errors = 1;
             kc_log_once(KC_LOG_WARN, "cannot capture a %s result; continuing uncached",
                         s->ops->what);
-        } else if (!files_hold(s)) {
-            kc_log(KC_LOG_DEBUG, "%s: an input file changed during the link; not cached",
-                   s->ops->what);
         } else {
             int prc = store_all(s, rec, s->work_ns + took_ns);
             if (prc == 0) {
@@ -1121,6 +1225,14 @@ static int jl_sess_v(const struct kc__link_sess *s)
 
 static int jl_add(struct kc__link_sess *s, const struct kc__link_input *in)
 {
+    if (in->by_file && in->data != NULL) {
+        /* A file's bytes as read at the add, under its path: nvJitLink
+         * reads a file and adds its bytes so named (the same link, logs and
+         * codes for every input type, measured: docs/internals.md), of
+         * the release the host's handle was made through. */
+        add_data_fn f = (add_data_fn)jl_for(F_ADD_DATA, jl_sess_v(s));
+        return f ? f(s->h, in->type, in->data, in->size, in->name) : NVJITLINK_ERROR_INTERNAL;
+    }
     if (in->by_file) {
         add_file_fn f =
             in->real ? (add_file_fn)in->real : (add_file_fn)jl_for(F_ADD_FILE, jl_sess_v(s));

@@ -5,8 +5,12 @@
  * Every handle the host creates gets a session: the key so far, and the
  * inputs added. The key is a chain: the link's identity and options, then
  * one step per input in order (type, name, content digest; for an input
- * added by file, its path, and its content through a manifest with the
- * file's stat fingerprint, as headers are tracked). A step the store knows
+ * added by file, its path and the content read when the host added it,
+ * listed in a manifest of the path's step). A file is read at the add, as
+ * the library reads it, and the real handle is given those bytes under
+ * the path (never the path later), so the link is of what the file held
+ * then, whatever happens to it before the library would have read a
+ * deferred one. A step the store knows
  * (some earlier link added the same inputs in the same order and the add
  * succeeded) is deferred: the host gets the success the library gave, and
  * the real handle is not given the input yet, since adding PTX is where the
@@ -40,7 +44,9 @@ struct kc__link_input {
     int by_file;      /* added by file name */
     int type;         /* the API's input type */
     char *name;       /* data: the input's name (may be NULL); file: the path */
-    const void *data; /* data: the bytes (the host's, or the session's copy) */
+    const void *data; /* data: the bytes (the host's, or the session's copy);
+                         file: the bytes read at the add (the session's), or
+                         NULL for the path as the host gave it */
     size_t size;
     unsigned n_opt; /* cuLink: the input's JIT options (integer values only) */
     int *opt;

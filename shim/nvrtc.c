@@ -24,6 +24,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <link.h>
 #include <nvrtc.h>
 #include <pthread.h>
@@ -246,8 +247,60 @@ static bool side_effect_option(const char *o)
     return false;
 }
 
+/* Options with which NVRTC records the directory it runs in (measured, for
+ * every option of NVRTC 13.0: docs/internals.md): line info and debug
+ * info (the PTX's .file lines, the cubin's debug sections) join it with a
+ * relative program name, in-memory header names and headers found through
+ * relative paths; -G's compile unit and the LTO and OptiX IR hold it even
+ * for an absolute name. NVRTC takes none of them with a value. */
+static bool records_cwd(const char *o)
+{
+    static const char *const opts[] = {
+        "-lineinfo", "--generate-line-info", "-G",        "--device-debug",
+        "-dlto",     "--dlink-time-opt",     "-optix-ir", "--optix-ir"};
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+        if (strcmp(o, opts[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Whether the request names the working directory itself (an option, the
+ * program's name, source or headers hold it): then a path under it that
+ * the compile named may be absolute as given, not made from a relative
+ * one (kc__deps_note_cwd). */
+static bool names_cwd(nvrtcProgram prog, int n_opts, const char *const *opts)
+{
+    char cwd[PATH_MAX];
+    if (kc__cwd(cwd, sizeof cwd) != 0)
+        return true;
+    bool named = false;
+    for (int i = 0; i < n_opts && !named; i++)
+        named = strstr(opts[i], cwd) != NULL;
+    pthread_mutex_lock(&progs_lock);
+    const struct prog *p = find_locked(prog);
+    if (p == NULL)
+        named = true;
+    for (int i = 0; p != NULL && !named && i < p->n_headers; i++)
+        named = (p->headers[i] != NULL && strstr(p->headers[i], cwd) != NULL) ||
+                (p->include_names[i] != NULL && strstr(p->include_names[i], cwd) != NULL);
+    if (p != NULL && !named)
+        named = (p->name != NULL && strstr(p->name, cwd) != NULL) ||
+                (p->src != NULL && strstr(p->src, cwd) != NULL);
+    pthread_mutex_unlock(&progs_lock);
+    return named;
+}
+
+/* The request's key without the header files read (the manifest's name):
+ * everything that decides the output, the working directory (kc__cwd)
+ * included when an option makes NVRTC record it. -ENOENT when that directory cannot be
+ * named (removed, too long): such compiles pass through. */
 static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
 {
+    char cwd[PATH_MAX];
+    cwd[0] = 0;
+    for (int i = 0; i < n_opts && cwd[0] == 0; i++)
+        if (records_cwd(opts[i]) && kc__cwd(cwd, sizeof cwd) != 0)
+            return -ENOENT;
     const struct identity *id = nvrtc_identity();
     struct kc__hasher *h = kc__hasher_new();
     if (h == NULL || id == NULL) {
@@ -270,6 +323,10 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
     kc__hash_u64(h, (uint64_t)p->n_exprs);
     for (int i = 0; i < p->n_exprs; i++)
         kc__hash_str(h, p->exprs[i]);
+    if (cwd[0] != 0) {
+        kc__hash_str(h, "cwd");
+        kc__hash_str(h, cwd);
+    }
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
     return 0;
@@ -936,6 +993,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             c.passthrough = 1;
         } else if (kc__deps_finish(&deps) != 0) {
             kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
+        } else if (kc__deps_note_cwd(&deps, names_cwd(prog, numOptions, options)) != 0) {
+            c.errors = 1;
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);

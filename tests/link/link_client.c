@@ -8,6 +8,14 @@
  *   link_client run DIR [THREADS] [SCEN]  the nvJitLink scenarios (all, or one)
  *   link_client culink DIR [SCEN]         the cuLink* scenarios (the stand-in
  *                                         driver first on LD_LIBRARY_PATH)
+ *   link_client seq DIR LABEL OPTS STEP...  one nvJitLink link of the steps
+ *   link_client cuseq DIR LABEL STEP...     one cuLink* link (the stand-in)
+ *                                         STEPs: file:TYPE:NAME, data:TYPE:NAME
+ *                                         (add DIR/NAME), put:SRC:DST (DIR/SRC's
+ *                                         bytes written over DIR/DST in place),
+ *                                         rm:NAME; TYPE ptx, ltoir, lib, any;
+ *                                         OPTS comma-separated; the cubin goes
+ *                                         to DIR/out-LABEL
  *   link_client bench ARCH ITERS FILE...  links FILEs (.ltoir and .ptx added
  *                                         as data, .a by file) for ARCH ITERS
  *                                         times in this process and prints one
@@ -35,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- nvJitLink, linked or dlopen'd ------------------------------------------ */
 
@@ -191,6 +200,11 @@ static const char *srcs[][2] = {
     {"m",
      "extern __device__ float g(float);\n"
      "extern \"C\" __global__ void km(float *x) { x[threadIdx.x] = g(x[threadIdx.x]) + 1.0f; }\n"},
+    /* Two inputs that link together, but not either twice (kc_x). */
+    {"x", "__device__ int kc_y = 1;\n"
+          "extern \"C\" __global__ void kx(int *o) { *o = kc_y + 7; }\n"},
+    {"y", "__device__ int kc_x = 2;\n"
+          "extern \"C\" __global__ void ky(int *o) { *o = kc_x * 3; }\n"},
 };
 
 static int gen(const char *dir)
@@ -536,6 +550,149 @@ static int culink(const char *dir, const char *only)
     return 0;
 }
 
+/* ---- seq: one link of explicit steps (inputs that change under the link) ---------- */
+
+static int put_file(const char *dir, const char *src, const char *dst)
+{
+    size_t n;
+    char *b = slurp(dir, src, &n);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, dst);
+    FILE *f = fopen(path, "wb"); /* in place: the same inode, truncated */
+    if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+    }
+    free(b);
+    return 0;
+}
+
+/* Runs the put: and rm: steps; 1 when `step` was one. */
+static int file_step(const char *dir, const char *step)
+{
+    char a[256], b[256];
+    if (sscanf(step, "put:%255[^:]:%255s", a, b) == 2)
+        return put_file(dir, a, b), 1;
+    if (sscanf(step, "rm:%255s", a) == 1) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, a);
+        unlink(path);
+        return 1;
+    }
+    return 0;
+}
+
+static int seq(const char *dir, const char *label, const char *opts, int n, char **steps)
+{
+    jl_load();
+    static const struct {
+        const char *name;
+        nvJitLinkInputType jl;
+        CUjitInputType cu;
+    } types[] = {{"ptx", NVJITLINK_INPUT_PTX, CU_JIT_INPUT_PTX},
+                 {"ltoir", NVJITLINK_INPUT_LTOIR, CU_JIT_INPUT_PTX},
+                 {"lib", NVJITLINK_INPUT_LIBRARY, CU_JIT_INPUT_LIBRARY},
+                 {"any", NVJITLINK_INPUT_ANY, CU_JIT_INPUT_PTX}};
+    const char *o[8];
+    char obuf[512];
+    int no = 0;
+    snprintf(obuf, sizeof obuf, "%s", opts);
+    for (char *t = strtok(obuf, ","); t && no < 8; t = strtok(NULL, ","))
+        o[no++] = t;
+    struct out out = {0};
+    nvJitLinkHandle h = NULL;
+    say(&out, "@%s", label);
+    say(&out, "  create rc=%d", JL(create)(&h, (uint32_t)no, o));
+    for (int i = 0; i < n; i++) {
+        if (file_step(dir, steps[i]))
+            continue;
+        char kind[16], type[16], name[256];
+        if (sscanf(steps[i], "%15[^:]:%15[^:]:%255s", kind, type, name) != 3) {
+            fprintf(stderr, "bad step %s\n", steps[i]);
+            return 2;
+        }
+        size_t t = 0;
+        while (t < sizeof types / sizeof *types && strcmp(types[t].name, type))
+            t++;
+        if (t == sizeof types / sizeof *types)
+            return 2;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        nvJitLinkResult rc;
+        if (!strcmp(kind, "file")) {
+            rc = JL(add_file)(h, types[t].jl, path);
+        } else {
+            size_t len;
+            char *b = slurp(dir, name, &len);
+            rc = JL(add_data)(h, types[t].jl, b, len, name);
+            free(b);
+        }
+        say(&out, "  %s rc=%d", steps[i], rc);
+    }
+    say(&out, "  complete rc=%d", JL(complete)(h));
+    getters(&out, h, dir, label, 1);
+    say(&out, "  destroy rc=%d", JL(destroy)(&h));
+    fwrite(out.p, 1, out.n, stdout);
+    return 0;
+}
+
+static int cuseq(const char *dir, const char *label, int n, char **steps)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return 2;
+    CUdevice d;
+    CUcontext c;
+    if (CU(cuInit)(0) || CU(cuDeviceGet)(&d, 0) || CU(cuDevicePrimaryCtxRetain)(&c, d) ||
+        CU(cuCtxSetCurrent)(c))
+        return 2;
+    struct out o = {0};
+    say(&o, "@%s", label);
+    char info[4096], err[4096];
+    memset(info, 'I', sizeof info);
+    memset(err, 'E', sizeof err);
+    CUjit_option opt[4] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                           CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *val[4] = {info, (void *)(uintptr_t)sizeof info, err, (void *)(uintptr_t)sizeof err};
+    CUlinkState st = NULL;
+    CUresult rc = CU(cuLinkCreate_v2)(4, opt, val, &st);
+    say(&o, "  create rc=%s", cu_name(rc));
+    if (rc)
+        return 1;
+    for (int i = 0; i < n; i++) {
+        if (file_step(dir, steps[i]))
+            continue;
+        char kind[16], type[16], name[256];
+        if (sscanf(steps[i], "%15[^:]:%15[^:]:%255s", kind, type, name) != 3)
+            return 2;
+        CUjitInputType t = !strcmp(type, "lib") ? CU_JIT_INPUT_LIBRARY : CU_JIT_INPUT_PTX;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (!strcmp(kind, "file")) {
+            rc = CU(cuLinkAddFile_v2)(st, t, path, 0, NULL, NULL);
+        } else {
+            size_t len;
+            char *b = slurp(dir, name, &len);
+            rc = CU(cuLinkAddData_v2)(st, t, b, len + 1, name, 0, NULL, NULL);
+            free(b);
+        }
+        say(&o, "  %s rc=%s", steps[i], cu_name(rc));
+    }
+    void *cubin = NULL;
+    size_t size = 0;
+    rc = CU(cuLinkComplete)(st, &cubin, &size);
+    say(&o, "  complete rc=%s size=%zu fnv=%016llx", cu_name(rc), size,
+        rc == CUDA_SUCCESS ? (unsigned long long)fnv(cubin, size) : 0ull);
+    if (rc == CUDA_SUCCESS)
+        spill(dir, label, cubin, size);
+    say(&o, "  info [%.*s]", (int)strnlen(info, sizeof info), info);
+    say(&o, "  error [%.*s]", (int)strnlen(err, sizeof err), err);
+    say(&o, "  destroy rc=%s", cu_name(CU(cuLinkDestroy)(st)));
+    fwrite(o.p, 1, o.n, stdout);
+    return 0;
+}
+#undef CU
+
 /* ---- bench: one link, timed (scripts/bench) ------------------------------------------ */
 
 static double now_us(void)
@@ -647,6 +804,10 @@ int main(int argc, char **argv)
         return run(argv[2], argc > 3 ? atoi(argv[3]) : 1, argc > 4 ? argv[4] : NULL);
     if (argc >= 3 && !strcmp(argv[1], "culink"))
         return culink(argv[2], argc > 3 ? argv[3] : NULL);
+    if (argc >= 5 && !strcmp(argv[1], "seq"))
+        return seq(argv[2], argv[3], argv[4], argc - 5, argv + 5);
+    if (argc >= 4 && !strcmp(argv[1], "cuseq"))
+        return cuseq(argv[2], argv[3], argc - 4, argv + 4);
     if (argc >= 5 && !strcmp(argv[1], "bench"))
         return bench(argv[2], atoi(argv[3]), argc - 4, argv + 4);
     fprintf(stderr, "usage: link_client gen|run|culink DIR ... | bench ARCH ITERS FILE...\n");

@@ -14,6 +14,9 @@ Usage: test_link.py TEST
                    total links = distinct links
   switch           KCACHE_LINK=0, KCACHE_READONLY=1, KCACHE_RECACHE=1
   culink           cuLink* against the stand-in driver, logs and all
+  late             a file added (nvJitLinkAddFile, cuLinkAddFile) that changes
+                   or goes after the add, while the store knows its first
+                   content: the link is of the bytes the file held at the add
   core             cuda.core's Linker (nvJitLink backend) from the venv
   numba            numba-cuda from the venv, no GPU: NVVM to PTX/LTO-IR, its
                    linker's three links to cubins, cold and warm
@@ -353,6 +356,71 @@ def t_culink(tmp):
             check(jit > 0, "cold: the stand-in compiled (%d)" % jit)
 
 
+def t_late(tmp):
+    """Inputs added by file are linked as they were when added, whatever
+    happens to the file before the library would read a deferred one (issue
+    21, item 3): one path reused for two inputs, rewritten or removed before
+    the completion, a library rebuilt in place; nvJitLink (both clients) and
+    cuLink on the stand-in. Each link is run by the library alone, then
+    under the shim on a store primed with the file's first content (so the
+    first add is deferred), then again (warm)."""
+    d = prepare(tmp)
+    nvcc_lib(d, "g5", G_SRC % "5.0f", True)
+    with open(os.path.join(d, "empty.ptx"), "wb"):
+        pass
+    os.makedirs(os.path.join(d, "adir.ptx"))
+    S90, LTO = "-arch=sm_90", "-arch=sm_90,-lto"
+    cases = [
+        # (label, api, options, steps of the priming link, steps)
+        ("reuse", "seq", S90, ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "put:y.ptx:tmp.ptx", "file:ptx:tmp.ptx"]),
+        ("rewritten", "seq", S90,
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "data:ptx:y.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "put:y.ptx:tmp.ptx"]),
+        ("removed", "seq", S90,
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "data:ptx:y.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "rm:tmp.ptx"]),
+        ("library", "seq", LTO,
+         ["data:ltoir:m.ltoir", "put:libg.a:tmp.a", "file:lib:tmp.a"],
+         ["data:ltoir:m.ltoir", "put:libg.a:tmp.a", "file:lib:tmp.a", "put:libg5.a:tmp.a",
+          "data:ltoir:b.ltoir"]),
+        ("missing", "seq", S90, ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "file:ptx:nothere.ptx", "data:ptx:y.ptx"]),
+        ("notfile", "seq", S90, ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "file:ptx:adir.ptx", "file:ptx:empty.ptx"]),
+        ("cu-reuse", "cuseq", None, ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "put:y.ptx:tmp.ptx", "file:ptx:tmp.ptx"]),
+        ("cu-rewritten", "cuseq", None,
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "data:ptx:y.ptx"],
+         ["put:x.ptx:tmp.ptx", "file:ptx:tmp.ptx", "put:y.ptx:tmp.ptx"]),
+    ]
+    only = os.environ.get("KCACHE_TEST_LATE_ONLY")
+    for label, api, opts, prime, steps in cases:
+        if only and label != only:
+            continue
+        for client in ((LINKED, DLOPEN) if api == "seq" else (LINKED,)):
+            cname = "dlopen" if client == DLOPEN else "linked"
+            store = os.path.join(tmp, "store-%s-%s" % (label, cname))
+            cu = api == "cuseq"
+
+            def argv(lab, st):
+                return [client, api, d, lab] + ([] if cu else [opts]) + st
+
+            clear_outputs(d)
+            ref, _ = run(argv(label, steps), store, shim=False, standin=cu)
+            ref_out = outputs(d)
+            _, err = run(argv("prime", prime), store, standin=cu)
+            check(stats(err)[3] == 1, "%s (%s): the priming link stored" % (label, cname))
+            for when in ("primed", "warm"):
+                clear_outputs(d)
+                out, err = run(argv(label, steps), store, standin=cu)
+                compare("%s (%s, %s)" % (label, cname, when), ref, out)
+                check(outputs(d) == ref_out, "%s (%s, %s): the link of the bytes each file "
+                      "held when added, as the library's own (%s)"
+                      % (label, cname, when, stats(err)))
+                check(not warnings(err), "%s (%s, %s): no warning" % (label, cname, when))
+
+
 def t_core(tmp):
     if not os.path.exists(VENV_PY):
         print("SKIP: no venv python at %s" % VENV_PY)
@@ -408,7 +476,8 @@ def main():
             rc = t_identity(tmp, LINKED)
         elif t == "identity-dlopen":
             rc = t_identity(tmp, DLOPEN)
-        elif t in ("edit", "options", "threads", "multiproc", "switch", "culink", "core", "numba"):
+        elif t in ("edit", "options", "threads", "multiproc", "switch", "culink", "late", "core",
+                   "numba"):
             rc = globals()["t_" + t](tmp)
         else:
             print(__doc__, file=sys.stderr)

@@ -281,3 +281,60 @@ Test(deps, header_truncated_while_hashed)
     cr_assert_eq(WEXITSTATUS(status), 0, "a digest of bytes the file never held (%d)",
                  WEXITSTATUS(status));
 }
+
+/* NVRTC 13.5 names what it looks up under the working directory by an
+ * absolute path made from it: kc__deps_note_cwd makes those relative again
+ * (so the set is checked where each lookup runs), leaves the directory
+ * itself and paths elsewhere alone, and for a request that names the
+ * directory adds a KC_DEP_CWD dependency instead, which holds only there
+ * (as NVRTC names it: $PWD when it names "."). */
+Test(deps, paths_under_the_working_directory)
+{
+    char cwd[PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(a, sizeof a, "%s/a", root);
+    snprintf(b, sizeof b, "%s/b", root);
+    cr_assert_eq(mkdir(a, 0700), 0);
+    cr_assert_eq(mkdir(b, 0700), 0);
+    cr_assert_eq(chdir(a), 0);
+    setenv("PWD", a, 1);
+    char want[PATH_MAX];
+    cr_assert_eq(kc__cwd(want, sizeof want), 0);
+    cr_assert_str_eq(want, a);
+
+    for (int ambiguous = 0; ambiguous < 2; ambiguous++) {
+        struct kc__deps d = {0};
+        d.cap = 8;
+        d.v = calloc(d.cap, sizeof *d.v);
+        char under[PATH_MAX + 16];
+        snprintf(under, sizeof under, "%s/inc/h.h", a);
+        const char *paths[] = {under, a, "/usr/include/x.h", "rel/y.h"};
+        for (int i = 0; i < 4; i++) {
+            d.v[d.n].path = strdup(paths[i]);
+            d.v[d.n++].kind = KC_DEP_ABSENT;
+        }
+        cr_assert_eq(kc__deps_note_cwd(&d, ambiguous), 0);
+        cr_assert_str_eq(d.v[1].path, a, "the directory itself is left as it is");
+        cr_assert_str_eq(d.v[2].path, "/usr/include/x.h");
+        cr_assert_str_eq(d.v[3].path, "rel/y.h");
+        if (!ambiguous) {
+            cr_assert_eq(d.n, 4);
+            cr_assert_str_eq(d.v[0].path, "inc/h.h", "made relative again");
+        } else {
+            cr_assert_eq(d.n, 5, "a dependency on the directory");
+            cr_assert_str_eq(d.v[0].path, under, "kept as named");
+            cr_assert_eq(d.v[4].kind, KC_DEP_CWD);
+            cr_assert_str_eq(d.v[4].path, a);
+            both(&d.v[4], true, "in the directory");
+            cr_assert_eq(chdir(b), 0);
+            setenv("PWD", b, 1);
+            both(&d.v[4], false, "in another directory");
+            setenv("PWD", a, 1); /* names another directory than ".": not used */
+            both(&d.v[4], false, "PWD naming another directory than .");
+            cr_assert_eq(chdir(a), 0);
+            both(&d.v[4], true, "back");
+        }
+        kc__deps_free(&d);
+    }
+    cr_assert_eq(chdir(cwd), 0);
+}
