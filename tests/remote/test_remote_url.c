@@ -531,8 +531,8 @@ Test(value, lock_values_are_blobs)
     cr_assert_eq(kc__lock_value_check(na, &reader, lock, v, n, now, 86400000), 0);
     cr_assert_eq(kc__lock_value_check(na, &reader, "kcache:lock:{ns:abd}", v, n, now, 86400000),
                  -EKEYREJECTED);
-    cr_assert_eq(kc__lock_value_check(na, &reader, lock, v, n, now + 5000, 86400000),
-                 -EKEYREJECTED, "an expired value replayed");
+    cr_assert_eq(kc__lock_value_check(na, &reader, lock, v, n, now + 5000, 86400000), -EKEYREJECTED,
+                 "an expired value replayed");
     const char *sp = strrchr(v, ' ');
     unsigned char sig[KC__SIG_LEN + 2];
     cr_assert_eq(kc__b64_decode(sp + 1, strlen(sp + 1), sig, sizeof sig), KC__SIG_LEN);
@@ -540,13 +540,12 @@ Test(value, lock_values_are_blobs)
     size_t ll = strlen(lock), sl = (size_t)(sp - v);
     memcpy(msg, lock, ll + 1);
     memcpy(msg + ll + 1, v, sl);
-    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-lock-v1", signer.self.id, msg, ll + 1 + sl,
-                                 sig),
-                 0);
-    cr_assert_eq(kc__blob_verify(na, &reader, "kcache-blob-v1", signer.self.id, msg, ll + 1 + sl,
-                                 sig),
-                 -EKEYREJECTED);
-    /* The expiry is signed: moved later, the value no longer verifies. */
+    cr_assert_eq(
+        kc__blob_verify(na, &reader, "kcache-lock-v1", signer.self.id, msg, ll + 1 + sl, sig), 0);
+    cr_assert_eq(
+        kc__blob_verify(na, &reader, "kcache-blob-v1", signer.self.id, msg, ll + 1 + sl, sig),
+        -EKEYREJECTED);
+    /* The expiry is signed: changed, the value no longer verifies. */
     char w[KC__LOCK_VALUE_MAX];
     memcpy(w, v, n + 1);
     char *e = w + sl - 1;
