@@ -208,8 +208,8 @@ int kc__rv_decode(const struct kc__sodium *na, const struct kc__keys *keys, cons
 /*
  * A cluster-wide lock's value: "<token> kcl1 <signer id, 16 hex digits>
  * <expiry, ms since the epoch> <Ed25519 signature, base64>", the signature
- * over "kcache-lock-v1", NUL, the lock key's name, NUL, and the value up
- * to the space before it. Bound to its key and to its expiry, a value
+ * a blob's (kc__blob_sign) in context "kcache-lock-v1" over the lock key's
+ * name, NUL, and the value up to the space before it. Bound to its key and to its expiry, a value
  * cannot be replayed under another lock nor after it expired; a waiter
  * waits only on a lock a trusted writer took.
  */

@@ -732,20 +732,22 @@ int kc__blob_verify(const struct kc__sodium *na, const struct kc__keys *keys, co
 
 /* ---- lock values -------------------------------------------------------- */
 
+/* A lock value is a blob in this context; what it signs is the lock's
+ * name, a NUL, and the value up to the space before the signature, so a
+ * value is bound to its lock and to the expiry written in it. */
 static const char lock_context[] = "kcache-lock-v1";
 
-/* The message a lock value's signature covers, in buf (cap bytes): its
- * length, or 0 when it does not fit. */
+/* That message, in buf (cap bytes): its length, or 0 when it does not
+ * fit. */
 static size_t lock_message(const char *lock, const char *signed_part, size_t n, char *buf,
                            size_t cap)
 {
-    size_t ll = strlen(lock), cl = sizeof lock_context; /* its NUL included */
-    if (cl + ll + 1 + n > cap)
+    size_t ll = strlen(lock);
+    if (ll + 1 + n > cap)
         return 0;
-    memcpy(buf, lock_context, cl);
-    memcpy(buf + cl, lock, ll + 1);
-    memcpy(buf + cl + ll + 1, signed_part, n);
-    return cl + ll + 1 + n;
+    memcpy(buf, lock, ll + 1);
+    memcpy(buf + ll + 1, signed_part, n);
+    return ll + 1 + n;
 }
 
 int kc__lock_value(const struct kc__sodium *na, const struct kc__keys *keys, const char *lock,
@@ -759,12 +761,11 @@ int kc__lock_value(const struct kc__sodium *na, const struct kc__keys *keys, con
     char msg[1024];
     size_t ml = lock_message(lock, out, (size_t)n, msg, sizeof msg);
     unsigned char sig[KC__SIG_LEN];
-    unsigned long long sl = 0;
     if (ml == 0)
         return -EINVAL;
-    if (na->sign_detached(sig, &sl, (const unsigned char *)msg, ml, keys->sk) != 0 ||
-        sl != KC__SIG_LEN)
-        return -EIO;
+    int rc = kc__blob_sign(na, keys, lock_context, msg, ml, sig);
+    if (rc != 0)
+        return rc;
     out[n] = ' ';
     kc__b64_encode(sig, sizeof sig, out + n + 1);
     return 0;
@@ -809,9 +810,6 @@ int kc__lock_value_check(const struct kc__sodium *na, const struct kc__keys *key
         return -EKEYREJECTED;
     if (keys->trust_any)
         return 0;
-    const struct kc__pubkey *pk = na != NULL ? kc__keys_find(keys, (uint64_t)kid) : NULL;
-    if (pk == NULL)
-        return -EKEYREJECTED;
     unsigned char sig[KC__SIG_LEN + 2];
     if (kc__b64_decode(sig64, strlen(sig64), sig, sizeof sig) != KC__SIG_LEN)
         return -EKEYREJECTED;
@@ -821,7 +819,7 @@ int kc__lock_value_check(const struct kc__sodium *na, const struct kc__keys *key
     *e = ' ';
     char msg[1024];
     size_t ml = lock_message(lock, buf, signed_len, msg, sizeof msg);
-    if (ml == 0 || na->verify_detached(sig, (const unsigned char *)msg, ml, pk->pk) != 0)
+    if (ml == 0)
         return -EKEYREJECTED;
-    return 0;
+    return kc__blob_verify(na, keys, lock_context, (uint64_t)kid, msg, ml, sig);
 }

@@ -116,9 +116,13 @@ def main():
         faults = remote.get("faults") or {}
         for name in ("restart", "full"):
             for k in ("base_compiles", "fault_compiles", "base_wall_s", "fault_wall_s",
-                      "wall_ratio"):
+                      "wall_ratio", "base_cpu_s", "fault_cpu_s", "cpu_ratio"):
                 if not isinstance((faults.get(name) or {}).get(k), (int, float)):
                     problems.append(f"remote.faults.{name}.{k} not a number")
+            for k in ("timeouts", "refusals", "errors", "off"):
+                if not isinstance(((faults.get(name) or {}).get("fault_remote") or {}).get(k),
+                                  int):
+                    problems.append(f"remote.faults.{name}.fault_remote.{k} not a number")
     elif not remote.get("reason"):
         problems.append("remote unavailable without a reason")
     link = res.get("link", {})

@@ -517,6 +517,43 @@ Test(value, blobs)
     cr_assert_eq(kc__blob_sign(na, &reader, "kcache-lock-v1", "tok", 3, sig), -EROFS);
 }
 
+/* A lock value is a blob in context "kcache-lock-v1" over its lock's name,
+ * a NUL and the value before the signature: one signing mechanism for
+ * small values. Bound to the lock's name and expiry, it verifies for
+ * nothing else. */
+Test(value, lock_values_are_blobs)
+{
+    char v[KC__LOCK_VALUE_MAX];
+    const char *lock = "kcache:lock:{ns:abc}";
+    uint64_t now = 1700000000000ull;
+    cr_assert_eq(kc__lock_value(na, &signer, lock, "host:1:2", now + 5000, v, sizeof v), 0);
+    size_t n = strlen(v);
+    cr_assert_eq(kc__lock_value_check(na, &reader, lock, v, n, now, 86400000), 0);
+    cr_assert_eq(kc__lock_value_check(na, &reader, "kcache:lock:{ns:abd}", v, n, now, 86400000),
+                 -EKEYREJECTED);
+    cr_assert_eq(kc__lock_value_check(na, &reader, lock, v, n, now + 5000, 86400000), -EKEYREJECTED,
+                 "an expired value replayed");
+    const char *sp = strrchr(v, ' ');
+    unsigned char sig[KC__SIG_LEN + 2];
+    cr_assert_eq(kc__b64_decode(sp + 1, strlen(sp + 1), sig, sizeof sig), KC__SIG_LEN);
+    char msg[KC__LOCK_VALUE_MAX + 64];
+    size_t ll = strlen(lock), sl = (size_t)(sp - v);
+    memcpy(msg, lock, ll + 1);
+    memcpy(msg + ll + 1, v, sl);
+    cr_assert_eq(
+        kc__blob_verify(na, &reader, "kcache-lock-v1", signer.self.id, msg, ll + 1 + sl, sig), 0);
+    cr_assert_eq(
+        kc__blob_verify(na, &reader, "kcache-blob-v1", signer.self.id, msg, ll + 1 + sl, sig),
+        -EKEYREJECTED);
+    /* The expiry is signed: changed, the value no longer verifies. */
+    char w[KC__LOCK_VALUE_MAX];
+    memcpy(w, v, n + 1);
+    char *e = w + sl - 1;
+    *e = *e == '9' ? '8' : (char)(*e + 1);
+    cr_assert_eq(kc__lock_value_check(na, &reader, lock, w, n, now, 86400000), -EKEYREJECTED);
+    cr_assert_eq(kc__lock_value(na, &reader, lock, "host:1:2", now + 5000, v, sizeof v), -EROFS);
+}
+
 /* Signer tags: what a local store records for the key that signed. */
 Test(value, signer_tags)
 {
