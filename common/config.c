@@ -46,6 +46,7 @@ const struct kc_config_var kc_config_vars[] = {
     [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
     [KC_VAR_REMOTE_PASSWORD_FILE] = {"KCACHE_REMOTE_PASSWORD_FILE",
                                      "file (0600) holding the Redis password of KCACHE_REMOTE"},
+    [KC_VAR_NVVM] = {"KCACHE_NVVM", "cache libNVVM compiles (numba-cuda, cuda.core)"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -276,6 +277,7 @@ void kc_config_load(struct kc_config *cfg)
     cfg->lock_timeout_ms = 30000;
     cfg->single_flight = true;
     cfg->link = true;
+    cfg->nvvm = true;
 
     /* A secure-execution process (set-user-ID or set-group-ID, file
      * capabilities) must not obey its caller's environment, which could
@@ -335,6 +337,7 @@ void kc_config_load(struct kc_config *cfg)
     load_size(cfg, KC_VAR_ALLOC_POOL, &cfg->alloc_pool);
     load_bool(cfg, KC_VAR_SINGLE_FLIGHT, &cfg->single_flight);
     load_bool(cfg, KC_VAR_LINK, &cfg->link);
+    load_bool(cfg, KC_VAR_NVVM, &cfg->nvvm);
 
     v = env(cfg, KC_VAR_LOG);
     if (v != NULL) {
@@ -490,6 +493,8 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case KC_VAR_REMOTE_PASSWORD_FILE:
         snprintf(buf, len, "%s",
                  cfg->remote_password_file[0] ? cfg->remote_password_file : "(none)");
+    case KC_VAR_NVVM:
+        snprintf(buf, len, "%d", cfg->nvvm);
         break;
     default:
         snprintf(buf, len, "?");

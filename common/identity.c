@@ -384,6 +384,30 @@ int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, c
     return 0;
 }
 
+int kc__nvvm_namespace(const void *compile, int major, int minor, const int ir[4], int format,
+                       char *ns, size_t len, kc_digest *id)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL)
+        return -ENOMEM;
+    kc__hash_str(h, "nvvm-identity");
+    kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
+    for (int i = 0; i < 4; i++)
+        kc__hash_u64(h, (uint64_t)(uint32_t)ir[i]);
+    kc_digest d;
+    if (compile != NULL && kc__loaded_identity(compile, &d) == 0)
+        kc__hash_bytes(h, &d, sizeof d);
+    else
+        kc__hash_str(h, "unknown-libnvvm");
+    kc_digest digest = kc__hash_digest(h);
+    kc__hasher_free(h);
+    snprintf(ns, len, "nvvm:%d.%d-%016llx-f%d", major, minor, (unsigned long long)digest.lo,
+             format);
+    if (id != NULL)
+        *id = digest;
+    return 0;
+}
+
 int kc__jit_namespace(int major, int minor, int version, const kc_digest *lib, char *ns, size_t len,
                       kc_digest *fp)
 {

@@ -60,6 +60,15 @@ int kc__loaded_exports(const void *addr, int (*each)(const char *name, void *arg
 int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns, size_t len,
                         kc_digest *id);
 
+/* libNVVM's namespace, "nvvm:<major>.<minor>-<16 hex digits>-f<format>",
+ * and the identity digest behind it (*id, when not NULL): nvvmVersion
+ * (major, minor), nvvmIRVersion (ir[4]: major, minor, debug major, debug
+ * minor) and the build-id of the libnvvm holding `compile` (the real
+ * nvvmCompileProgram). An entry of one libNVVM build never serves another.
+ * 0, or -ENOMEM. */
+int kc__nvvm_namespace(const void *compile, int major, int minor, const int ir[4], int format,
+                       char *ns, size_t len, kc_digest *id);
+
 /* The JIT namespace of a device: "jit:" and 16 hex digits of the digest of
  * its compute capability, the driver's version and libcuda's build-id, so
  * an entry for one device and driver never serves another. The digest goes

@@ -247,8 +247,8 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 
 /* ---- counters --------------------------------------------------------- */
 
-#define N_BACKENDS 4
-static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link"};
+#define N_BACKENDS 5
+static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm"};
 static struct kc_counters counters[N_BACKENDS];
 _Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
 
@@ -438,9 +438,9 @@ static int family_cmp(const char *a, size_t alen, const struct family *b)
 static void families_init(void)
 {
     const struct kc__hook *tables[] = {kc__nvrtc_hooks, kc__driver_hooks, kc__link_hooks,
-                                       kc__culink_hooks};
+                                       kc__culink_hooks, kc__nvvm_hooks};
     int n = 0;
-    for (int t = 0; t < 4; t++)
+    for (int t = 0; t < 5; t++)
         for (const struct kc__hook *h = tables[t]; h->name != NULL; h++) {
             size_t len = family_len(h->name);
             int i = 0;
@@ -516,6 +516,9 @@ static int classify_info(const Dl_info *info)
         return KC_LIB_CUDA;
     if (has_prefix(base, "libnvJitLink.") || has_prefix(base, "libnvJitLink_"))
         return KC_LIB_NVJITLINK;
+    /* libnvvm.so.4, a wheel's libnvvm.so.N */
+    if (has_prefix(base, "libnvvm."))
+        return KC_LIB_NVVM;
     return 0;
 }
 
@@ -524,9 +527,9 @@ const struct kc__hook *kc__hook_find(const char *name, int lib)
     if (name == NULL)
         return NULL;
     const struct kc__hook *tables[] = {kc__nvrtc_hooks, kc__driver_hooks, kc__link_hooks,
-                                       kc__culink_hooks};
-    int libs[] = {KC_LIB_NVRTC, KC_LIB_CUDA, KC_LIB_NVJITLINK, KC_LIB_CUDA};
-    for (int t = 0; t < 4; t++) {
+                                       kc__culink_hooks, kc__nvvm_hooks};
+    int libs[] = {KC_LIB_NVRTC, KC_LIB_CUDA, KC_LIB_NVJITLINK, KC_LIB_CUDA, KC_LIB_NVVM};
+    for (int t = 0; t < 5; t++) {
         if (lib != 0 && lib != libs[t])
             continue;
         for (const struct kc__hook *h = tables[t]; h->name != NULL; h++)

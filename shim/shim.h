@@ -64,13 +64,14 @@ struct kc__hook {
     int lib;          /* KC_LIB_* the real one must come from */
 };
 
-enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2, KC_LIB_NVJITLINK = 3 };
+enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2, KC_LIB_NVJITLINK = 3, KC_LIB_NVVM = 4 };
 
 /* Each part registers its table (NULL-name terminated). */
 extern const struct kc__hook kc__nvrtc_hooks[];
 extern const struct kc__hook kc__driver_hooks[];
 extern const struct kc__hook kc__link_hooks[];   /* link.c: nvJitLink */
 extern const struct kc__hook kc__culink_hooks[]; /* culink.c: the driver's cuLink* */
+extern const struct kc__hook kc__nvvm_hooks[];   /* nvvm.c: libNVVM */
 
 /* The hook of a name no table lists but a family's pattern takes (link.c:
  * __nvJitLink<Fn>_<major>_<minor> of a release later than its table), given

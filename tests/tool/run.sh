@@ -31,10 +31,10 @@ LD_PRELOAD="$DUMMY" run "$R" -- env
 LD_PRELOAD="$LIB:$DUMMY" run "$R" -- env
 [ "$(envval LD_PRELOAD)" = "$LIB:$DUMMY" ] && ok || fail "nested kcache-run does not add it twice: $(envval LD_PRELOAD)"
 
-run "$R" --dir rel/c --disable --recache --log debug --stats --no-nvrtc --no-jit --no-link --no-memo --no-alloc env
+run "$R" --dir rel/c --disable --recache --log debug --stats --no-nvrtc --no-jit --no-link --no-nvvm --no-memo --no-alloc env
 expect_rc 0 "all flags, no --"
 for kv in KCACHE_DISABLE=1 KCACHE_RECACHE=1 KCACHE_LOG=debug KCACHE_STATS=1 KCACHE_NVRTC=0 \
-    KCACHE_JIT=0 KCACHE_LINK=0 KCACHE_MEMO=0 KCACHE_ALLOC=0; do
+    KCACHE_JIT=0 KCACHE_LINK=0 KCACHE_NVVM=0 KCACHE_MEMO=0 KCACHE_ALLOC=0; do
     [ "$(envval "${kv%%=*}")" = "${kv#*=}" ] && ok || fail "flag sets $kv: $(envval "${kv%%=*}")"
 done
 [ "$(envval KCACHE_DIR)" = "$PWD/rel/c" ] && ok || fail "--dir is made absolute: $(envval KCACHE_DIR)"

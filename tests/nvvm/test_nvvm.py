@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""libNVVM compiles cached (suite 'nvvm').
+
+Usage: test_nvvm.py TEST
+  toolkit    the toolkit's libnvvm through cuda.bindings.nvvm, numba-cuda and
+             cuda.core (tests/nvvm/nvvm_client.py: direct, bad, order, core,
+             numba) without the shim, then cold and warm: every line
+             identical; cold misses and stores, warm hits only
+  wheel      the same with the nvidia-nvvm 13.5 wheel's libnvvm (installed by
+             scripts/setup-wheels outside the venv); a store warmed by the
+             toolkit's libNVVM serves none of it (another namespace)
+  threads    8 threads compiling the same 4 programs at once: 4 verifies and
+             4 compiles in all; identical to the library's own answers
+  multiproc  8 processes at once on an empty store, the same 4 programs:
+             verifies + compiles = distinct (8), identical outputs
+  switch     KCACHE_NVVM=0 and kcache-run --no-nvvm: no NVVM call counted;
+             KCACHE_READONLY=1 stores nothing
+
+Environment (tests/nvvm/meson.build): KCACHE_SHIM, KCACHE_SRC.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = os.environ["KCACHE_SHIM"]
+SRC = os.environ.get("KCACHE_SRC", os.path.dirname(os.path.dirname(HERE)))
+VENV = os.path.join(SRC, ".venv")
+VENV_PY = os.environ.get("KCACHE_VENV_PYTHON", os.path.join(VENV, "bin", "python"))
+CLIENT = os.path.join(HERE, "nvvm_client.py")
+WHEELS = os.environ.get("KCACHE_WHEELS") or os.path.join(SRC, ".venv-wheels")
+WHEEL_LIB = os.path.join(WHEELS, "nvvm-13.5", "nvidia", "cu13", "lib", "libnvvm.so.4")
+RUN = os.path.join(SRC, "scripts", "kcache-run")
+
+NVVM_RE = re.compile(r"nvvm hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+) errors=(\d+)")
+ALL = ["direct", "bad", "order", "core", "numba"]
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+    print("ok: " + msg, flush=True)
+
+
+def env_for(store, shim, **kv):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD",)}
+    env["KCACHE_DIR"] = store
+    env["KCACHE_STATS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    if shim:
+        env["LD_PRELOAD"] = SHIM
+    env.update({k: str(v) for k, v in kv.items()})
+    return env
+
+
+def start(scen, store, shim=True, prefix=(), **kv):
+    return subprocess.Popen(list(prefix) + [VENV_PY, CLIENT] + scen, env=env_for(store, shim, **kv),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, what):
+    out, err = p.communicate(timeout=280)
+    if p.returncode != 0:
+        raise Failure("%s exited %d:\n%s\n%s" % (what, p.returncode, out[-2000:], err[-3000:]))
+    return out, err
+
+
+def run(scen, store, shim=True, **kv):
+    return finish(start(scen, store, shim, **kv), " ".join(scen))
+
+
+def stats(err):
+    """(hits, misses, passthrough, stores, errors) of the nvvm backend."""
+    m = NVVM_RE.search(err)
+    if m is None:
+        raise Failure("no nvvm stats on stderr: %r" % err[-1500:])
+    return tuple(int(x) for x in m.groups())
+
+
+def warnings(err):
+    return [l for l in err.splitlines() if l.startswith("kcache:") and "stats:" not in l]
+
+
+def same(ref, got, what):
+    if ref != got:
+        a, b = ref.splitlines(), got.splitlines()
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                raise Failure("%s differs at line %d: %r != %r" % (what, i + 1, x, y))
+        raise Failure("%s differs in length (%d != %d lines)" % (what, len(a), len(b)))
+    print("ok: %s identical to libNVVM's own (%d lines)" % (what, len(ref.splitlines())), flush=True)
+
+
+def cold_warm(tmp, scen, tag, **kv):
+    store = os.path.join(tmp, "store-" + tag)
+    ref, _ = run(scen, store, shim=False, **kv)
+    cold, err = run(scen, store, **kv)
+    same(ref, cold, tag + " cold")
+    h, m, p, s, e = stats(err)
+    check(h == 0 and m > 0 and s == m and p == 0 and e == 0,
+          "%s cold: every verify and compile missed and was stored (%s)" % (tag, stats(err)))
+    check(not warnings(err), "%s cold: no warning (%s)" % (tag, warnings(err)))
+    warm, err = run(scen, store, **kv)
+    same(ref, warm, tag + " warm")
+    h2, m2, p2, s2, e2 = stats(err)
+    check(h2 == m and m2 == 0 and s2 == 0 and e2 == 0,
+          "%s warm: every verify and compile served (%s)" % (tag, stats(err)))
+    return store, ref
+
+
+def t_toolkit(tmp):
+    cold_warm(tmp, ALL, "toolkit")
+
+
+def t_wheel(tmp):
+    check(os.path.exists(WHEEL_LIB), "the nvidia-nvvm wheel is installed (%s)" % WHEEL_LIB)
+    store, ref = cold_warm(tmp, ALL, "wheel", KCACHE_TEST_NVVM_LIB=WHEEL_LIB)
+    check("nvvm-13.5" in ref.splitlines()[0], "the wheel's libnvvm is the one used: %s"
+          % ref.splitlines()[0])
+    # The toolkit's libNVVM on the wheel's store: another namespace, misses.
+    out, err = run(["direct"], store)
+    tref, _ = run(["direct"], store, shim=False)
+    same(tref, out, "toolkit on the wheel's store")
+    h, m, p, s, e = stats(err)
+    check(h == 0 and m > 0, "a store of the wheel's libNVVM serves none of the toolkit's (%s)"
+          % (stats(err),))
+
+
+def t_threads(tmp):
+    store = os.path.join(tmp, "store")
+    ref, _ = run(["threads"], store, shim=False)
+    check(ref.count("same as thread 0: True") == 8, "8 threads agree without the shim")
+    cold, err = run(["threads"], store)
+    same(ref, cold, "threads cold")
+    h, m, p, s, e = stats(err)
+    check(m == 8 and h == 56 and e == 0, "8 threads x (4 verifies + 4 compiles): 8 compiled, "
+          "56 served (%s)" % (stats(err),))
+    warm, err = run(["threads"], store)
+    same(ref, warm, "threads warm")
+    check(stats(err)[:2] == (64, 0), "threads warm: all served (%s)" % (stats(err),))
+
+
+def t_multiproc(tmp):
+    store = os.path.join(tmp, "store")
+    ref, _ = run(["same"], store, shim=False)
+    procs = [start(["same"], store) for _ in range(8)]
+    total = [0] * 5
+    for i, p in enumerate(procs):
+        out, err = finish(p, "process %d" % i)
+        same(ref, out, "process %d" % i)
+        for k, v in enumerate(stats(err)):
+            total[k] += v
+    check(total[1] == 8 and total[0] == 56 and total[4] == 0,
+          "8 processes: verifies + compiles = distinct (8 misses, 56 hits: %s)" % (total,))
+
+
+def t_switch(tmp):
+    store = os.path.join(tmp, "store")
+    ref, _ = run(["direct"], store, shim=False)
+    out, err = run(["direct"], store, KCACHE_NVVM=0)
+    same(ref, out, "KCACHE_NVVM=0")
+    check(stats(err) == (0, 0, 0, 0, 0), "KCACHE_NVVM=0: nothing counted (%s)" % (stats(err),))
+    p = start(["direct"], store, shim=False, prefix=[RUN, "--no-nvvm", "--stats", "--"])
+    out, err = finish(p, "kcache-run --no-nvvm")
+    same(ref, out, "kcache-run --no-nvvm")
+    check(stats(err) == (0, 0, 0, 0, 0), "kcache-run --no-nvvm: nothing counted (%s)"
+          % (stats(err),))
+    out, err = run(["direct"], store, KCACHE_READONLY=1)
+    same(ref, out, "KCACHE_READONLY=1")
+    h, m, p, s, e = stats(err)
+    check(m > 0 and s == 0, "KCACHE_READONLY=1: compiled, nothing stored (%s)" % (stats(err),))
+
+
+TESTS = {"toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+         "switch": t_switch}
+
+
+def main(argv):
+    if len(argv) != 2 or argv[1] not in TESTS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = os.environ.get("KCACHE_TEST_TMP") or None
+    tmp = tempfile.mkdtemp(prefix="kcache-nvvm-", dir=root)
+    try:
+        TESTS[argv[1]](tmp)
+    except Failure as e:
+        print("FAIL: %s" % e, flush=True)
+        return 1
+    finally:
+        rm_settled(tmp)
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
