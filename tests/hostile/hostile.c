@@ -23,6 +23,7 @@
 #include <cuda.h>
 #include <nvJitLink.h>
 #include <nvrtc.h>
+#include <nvvm.h>
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -1502,6 +1503,238 @@ CASE(dlsym, garbage_handle)
     SAY("%s", dlsym(GARBAGE, "nvrtcVersion") ? "found" : "NULL");
 }
 
+/* ---- libNVVM (libnvvm.so.4, dlopen'ed like cuda.bindings.nvvm) ---------- */
+
+static void *vm;
+#define VM(name) ((__typeof__(&name))sym(vm, #name))
+
+static const char vm_ir[] =
+    "target triple = \"nvptx64-nvidia-cuda\"\n"
+    "target datalayout = \"e-p:64:64:64-i1:8:8-i8:8:8-i16:16:16-i32:32:32-i64:64:64-"
+    "i128:128:128-f32:32:32-f64:64:64-v16:16:16-v32:32:32-v64:64:64-v128:128:128-n16:32:64\"\n"
+    "define void @k(float* %p) {\n"
+    "entry:\n"
+    "  %v = load float, float* %p\n"
+    "  %m = fmul float %v, 3.0\n"
+    "  store float %m, float* %p\n"
+    "  ret void\n"
+    "}\n"
+    "!nvvm.annotations = !{!0}\n"
+    "!0 = !{void (float*)* @k, !\"kernel\", i32 1}\n"
+    "!nvvmir.version = !{!1}\n"
+    "!1 = !{i32 2, i32 0, i32 3, i32 2}\n";
+static const char *vm_opts[] = {"-arch=compute_90"};
+
+/* A program holding vm_ir (or `ir`), optionally verified and compiled. */
+static nvvmProgram vm_prog(const char *ir, int verify, int compile)
+{
+    nvvmProgram p = NULL;
+    if (VM(nvvmCreateProgram)(&p) != NVVM_SUCCESS)
+        _exit(5);
+    if (ir != NULL)
+        SAY("add rc=%d", VM(nvvmAddModuleToProgram)(p, ir, strlen(ir), "k.ll"));
+    if (verify)
+        SAY("verify rc=%d", VM(nvvmVerifyProgram)(p, 1, vm_opts));
+    if (compile)
+        SAY("compile rc=%d", VM(nvvmCompileProgram)(p, 1, vm_opts));
+    return p;
+}
+
+/* Every getter of p, with real buffers. */
+static void vm_getters(nvvmProgram p, const char *what)
+{
+    size_t n = 7777;
+    nvvmResult rc = VM(nvvmGetCompiledResultSize)(p, &n);
+    SAY("%s: result size rc=%d n=%zu", what, rc, n);
+    char *b = calloc(1, n < (1 << 20) ? n + 16 : 16);
+    memset(b, 0x5a, n < (1 << 20) ? n + 16 : 16);
+    rc = VM(nvvmGetCompiledResult)(p, b);
+    SAY("%s: result rc=%d first=%.40s", what, rc, b);
+    free(b);
+    n = 7777;
+    rc = VM(nvvmGetProgramLogSize)(p, &n);
+    SAY("%s: log size rc=%d n=%zu", what, rc, n);
+    b = calloc(1, n < (1 << 20) ? n + 16 : 16);
+    rc = VM(nvvmGetProgramLog)(p, b);
+    SAY("%s: log rc=%d log=%s", what, rc, b);
+    free(b);
+}
+
+CASE(nvvmCreateProgram, null_prog)
+{
+    SAY("rc=%d", VM(nvvmCreateProgram)(NULL));
+}
+
+CASE(nvvmDestroyProgram, hostile)
+{
+    nvvmProgram p = NULL;
+    SAY("null rc=%d", VM(nvvmDestroyProgram)(NULL));
+    SAY("null handle rc=%d", VM(nvvmDestroyProgram)(&p));
+    p = vm_prog(vm_ir, 1, 1);
+    SAY("rc=%d %s", VM(nvvmDestroyProgram)(&p), p == NULL ? "NULL" : "set");
+    SAY("twice rc=%d", VM(nvvmDestroyProgram)(&p));
+}
+
+static void vm_add_cases(nvvmResult (*add)(nvvmProgram, const char *, size_t, const char *))
+{
+    SAY("null prog rc=%d", add(NULL, vm_ir, strlen(vm_ir), "k"));
+    nvvmProgram p = vm_prog(NULL, 0, 0);
+    SAY("null buffer rc=%d", add(p, NULL, 10, "k"));
+    SAY("size 0 rc=%d", add(p, vm_ir, 0, "k"));
+    SAY("null name rc=%d", add(p, vm_ir, strlen(vm_ir), NULL));
+    SAY("compile rc=%d", VM(nvvmCompileProgram)(p, 1, vm_opts));
+    vm_getters(p, "size 0 and null name");
+    VM(nvvmDestroyProgram)(&p);
+    p = vm_prog(vm_ir, 1, 1);
+    SAY("after compile rc=%d", add(p, vm_ir, strlen(vm_ir), "again"));
+    vm_getters(p, "added after compile");
+    SAY("compile again rc=%d", VM(nvvmCompileProgram)(p, 1, vm_opts));
+    vm_getters(p, "compiled again");
+    VM(nvvmDestroyProgram)(&p);
+}
+
+CASE(nvvmAddModuleToProgram, hostile)
+{
+    vm_add_cases(VM(nvvmAddModuleToProgram));
+}
+
+CASE(nvvmLazyAddModuleToProgram, hostile)
+{
+    vm_add_cases(VM(nvvmLazyAddModuleToProgram));
+}
+
+static void vm_event_cases(nvvmResult (*ev)(nvvmProgram, int, const char **), const char *name)
+{
+    const char *bad[] = {"-no-such-option"}, *nul[] = {"-arch=compute_90", NULL};
+    SAY("%s null prog rc=%d", name, ev(NULL, 1, vm_opts));
+    nvvmProgram p = vm_prog(NULL, 0, 0);
+    SAY("%s empty rc=%d", name, ev(p, 0, NULL));
+    vm_getters(p, "empty");
+    VM(nvvmDestroyProgram)(&p);
+    const char *cases[] = {"negative", "null array", "null entry", "bad option",
+                           "garbage",  "twice",      "verified"};
+    for (int i = 0; i < 7; i++) {
+        p = vm_prog(i == 4 ? "this is not NVVM IR" : vm_ir, i == 6, 0);
+        nvvmResult rc = i == 0   ? ev(p, -1, vm_opts)
+                        : i == 1 ? ev(p, 2, NULL)
+                        : i == 2 ? ev(p, 2, nul)
+                        : i == 3 ? ev(p, 1, bad)
+                                 : ev(p, 1, vm_opts);
+        SAY("%s %s rc=%d", name, cases[i], rc);
+        if (i == 5)
+            SAY("%s %s again rc=%d", name, cases[i], ev(p, 1, vm_opts));
+        vm_getters(p, cases[i]);
+        VM(nvvmDestroyProgram)(&p);
+    }
+}
+
+CASE(nvvmVerifyProgram, hostile)
+{
+    vm_event_cases(VM(nvvmVerifyProgram), "verify");
+    nvvmProgram p = vm_prog(vm_ir, 0, 1);
+    SAY("verify after compile rc=%d", VM(nvvmVerifyProgram)(p, 1, vm_opts));
+    vm_getters(p, "verify after compile");
+    VM(nvvmDestroyProgram)(&p);
+}
+
+CASE(nvvmCompileProgram, hostile)
+{
+    vm_event_cases(VM(nvvmCompileProgram), "compile");
+}
+
+CASE(nvvmCompileProgram, destroyed)
+{
+    nvvmProgram p = vm_prog(vm_ir, 1, 1), q = p;
+    VM(nvvmDestroyProgram)(&p);
+    SAY("rc=%d", VM(nvvmCompileProgram)(q, 1, vm_opts));
+}
+
+CASE(nvvmGetCompiledResultSize, hostile)
+{
+    size_t n = 7;
+    SAY("null prog rc=%d n=%zu", VM(nvvmGetCompiledResultSize)(NULL, &n), n);
+    for (int state = 0; state < 3; state++) {
+        nvvmProgram p = state == 0   ? vm_prog(vm_ir, 0, 0)
+                        : state == 1 ? vm_prog(vm_ir, 1, 1)
+                                     : vm_prog("garbage", 1, 1);
+        SAY("state %d: null size rc=%d", state, VM(nvvmGetCompiledResultSize)(p, NULL));
+        vm_getters(p, "states");
+        VM(nvvmDestroyProgram)(&p);
+    }
+}
+
+CASE(nvvmGetCompiledResult, hostile)
+{
+    char b[8] = "xxxxxxx";
+    SAY("null prog rc=%d %s", VM(nvvmGetCompiledResult)(NULL, b), b);
+}
+
+CASE(nvvmGetCompiledResult, null_buffer)
+{
+    nvvmProgram p = vm_prog(vm_ir, 1, 1);
+    SAY("rc=%d", VM(nvvmGetCompiledResult)(p, NULL));
+}
+
+CASE(nvvmGetProgramLogSize, hostile)
+{
+    size_t n = 7;
+    SAY("null prog rc=%d n=%zu", VM(nvvmGetProgramLogSize)(NULL, &n), n);
+}
+
+CASE(nvvmGetProgramLogSize, null_size)
+{
+    nvvmProgram p = vm_prog(vm_ir, 1, 1);
+    SAY("rc=%d", VM(nvvmGetProgramLogSize)(p, NULL));
+}
+
+CASE(nvvmGetProgramLog, hostile)
+{
+    char b[8] = "xxxxxxx";
+    SAY("null prog rc=%d %s", VM(nvvmGetProgramLog)(NULL, b), b);
+}
+
+CASE(nvvmGetProgramLog, null_buffer)
+{
+    nvvmProgram p = vm_prog("garbage", 1, 1);
+    SAY("rc=%d", VM(nvvmGetProgramLog)(p, NULL));
+}
+
+CASE(nvvmVersion, null_args)
+{
+    int a = 7, b = 7;
+    nvvmResult rc = VM(nvvmVersion)(&a, &b);
+    SAY("rc=%d %d.%d", rc, a, b);
+    SAY("null rc=%d", VM(nvvmVersion)(NULL, NULL));
+}
+
+CASE(nvvmIRVersion, null_args)
+{
+    int a = 7, b = 7, c = 7, d = 7;
+    nvvmResult rc = VM(nvvmIRVersion)(&a, &b, &c, &d);
+    SAY("rc=%d %d.%d %d.%d", rc, a, b, c, d);
+    SAY("null rc=%d", VM(nvvmIRVersion)(NULL, NULL, NULL, NULL));
+}
+
+// clang-format off
+#define NVVM_CASES                                                                                 \
+    C(nvvmCreateProgram, null_prog, NULL)                                                          \
+    C(nvvmDestroyProgram, hostile, NULL)                                                           \
+    C(nvvmAddModuleToProgram, hostile, NULL)                                                       \
+    C(nvvmLazyAddModuleToProgram, hostile, NULL)                                                   \
+    C(nvvmVerifyProgram, hostile, NULL)                                                            \
+    C(nvvmCompileProgram, hostile, NULL)                                                           \
+    C(nvvmCompileProgram, destroyed, "libNVVM uses a destroyed program handle (use after free)")   \
+    C(nvvmGetCompiledResultSize, hostile, NULL)                                                    \
+    C(nvvmGetCompiledResult, hostile, NULL)                                                        \
+    C(nvvmGetCompiledResult, null_buffer, "libNVVM writes through a NULL result buffer")           \
+    C(nvvmGetProgramLogSize, hostile, NULL)                                                        \
+    C(nvvmGetProgramLogSize, null_size, "libNVVM writes through a NULL size pointer")              \
+    C(nvvmGetProgramLog, hostile, NULL)                                                            \
+    C(nvvmGetProgramLog, null_buffer, "libNVVM writes through a NULL log buffer")                  \
+    C(nvvmVersion, null_args, NULL)                                                                \
+    C(nvvmIRVersion, null_args, NULL)
+// clang-format on
+
 #define C(hook, label, crash) {#hook, #label, hook##__##label, crash},
 #define GETTER_ENTRIES(S, G)                                                                       \
     C(S, null_prog, NULL) C(S, states, NULL) C(G, null_prog, NULL) C(G, null_out, NULL)
@@ -1613,7 +1846,8 @@ static const struct hcase cases[] = {
                                                                                                   "glibc's dlsym dereferences a NULL name")
                                                                                                     C(dlsym,
                                                                                                       garbage_handle,
-                                                                                                      "glibc's dlsym dereferences a garbage handle")};
+                                                                                                      "glibc's dlsym dereferences a garbage handle")
+                                                                                                        NVVM_CASES};
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static int nofork;
@@ -1686,7 +1920,8 @@ int main(int argc, char **argv)
         dlopen(nvrtc != NULL && nvrtc[0] != '\0' ? nvrtc : "libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
     cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     jl = dlopen("libnvJitLink.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!nv || !cu || !jl) {
+    vm = dlopen("libnvvm.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!nv || !cu || !jl || !vm) {
         fprintf(stderr, "hostile: dlopen: %s\n", dlerror());
         return 2;
     }

@@ -53,7 +53,7 @@ def check(cond, what):
 def hooks_in_source():
     """Every intercepted name, read from the shim's sources."""
     names = set()
-    for f in ("shim/nvrtc.c", "shim/driver.c", "shim/link.c", "shim/culink.c"):
+    for f in ("shim/nvrtc.c", "shim/driver.c", "shim/link.c", "shim/culink.c", "shim/nvvm.c"):
         text = open(os.path.join(SRC, f)).read()
         names.update(re.findall(r"^\s*HOOK\((\w+),", text, re.M))
         names.update(re.findall(r'^\s*\{"(\w+)", NULL,', text, re.M))
