@@ -26,6 +26,8 @@ static char nvrtc_ns[MAX_LOCAL][64];
 static int n_nvrtc;
 static int nvrtc_tried[MAX_LOCAL][2]; /* versions looked for: major, minor+1 */
 static int n_nvrtc_tried;
+static char nvvm_ns[MAX_LOCAL][64];
+static int n_nvvm = -1; /* -1: not looked */
 static char jit_ns[MAX_LOCAL][32];
 static int n_jit = -1; /* -1: not looked; -2: no driver here */
 
@@ -39,6 +41,10 @@ void kc_tool_ns_describe(const char *ns, char *out, size_t n)
                  fmt);
     else if (sscanf(ns, "jit:%16[0-9a-f]%n", id, &len) == 1 && ns[len] == '\0')
         snprintf(out, n, "CUDA driver JIT, device and driver fingerprint %s", id);
+    else if (sscanf(ns, "nvvm:%d.%d-%16[0-9a-f]-f%d%n", &major, &minor, id, &fmt, &len) == 4 &&
+             ns[len] == '\0')
+        snprintf(out, n, "libNVVM %d.%d, libnvvm identity %s, record format %d", major, minor, id,
+                 fmt);
     else
         snprintf(out, n, "not a namespace kcache's shim uses");
 }
@@ -89,6 +95,36 @@ static void local_nvrtc(int want_major, int want_minor)
         n_nvrtc++;
 }
 
+/* The namespace the shim gives the libnvvm the loader finds here, else the
+ * toolkit's ($CUDA_HOME, /usr/local/cuda: lib64/ or nvvm/lib64/), as
+ * shim/nvvm.c's nvvm_identity computes it. */
+static void local_nvvm(void)
+{
+    n_nvvm = 0;
+    void *h = dlopen("libnvvm.so.4", RTLD_NOW | RTLD_LOCAL);
+    const char *roots[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    const char *subs[] = {"lib64", "nvvm/lib64"};
+    char path[4200];
+    for (size_t i = 0; h == NULL && i < sizeof roots / sizeof *roots; i++)
+        for (size_t j = 0; h == NULL && j < 2 && roots[i] != NULL && roots[i][0] == '/'; j++) {
+            snprintf(path, sizeof path, "%s/%s/libnvvm.so.4", roots[i], subs[j]);
+            h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        }
+    if (h == NULL)
+        return;
+    int (*version)(int *, int *) = (int (*)(int *, int *))dlsym(h, "nvvmVersion");
+    int (*ir_version)(int *, int *, int *, int *) =
+        (int (*)(int *, int *, int *, int *))dlsym(h, "nvvmIRVersion");
+    void *compile = dlsym(h, "nvvmCompileProgram");
+    int major = 0, minor = 0, ir[4] = {0};
+    if (version == NULL || ir_version == NULL || compile == NULL || version(&major, &minor) != 0 ||
+        ir_version(&ir[0], &ir[1], &ir[2], &ir[3]) != 0)
+        return;
+    if (kc__nvvm_namespace(compile, major, minor, ir, KC_FORMAT_VERSION, nvvm_ns[0],
+                           sizeof nvvm_ns[0], NULL) == 0)
+        n_nvvm = 1;
+}
+
 /* The JIT namespaces of this machine's devices (shim/driver.c): compute
  * capability, driver version and the driver library's identity. */
 static void local_jit(void)
@@ -133,6 +169,17 @@ int kc_tool_ns_usable(const char *ns)
         local_nvrtc(major, minor);
         for (int i = 0; i < n_nvrtc; i++)
             if (strcmp(nvrtc_ns[i], ns) == 0)
+                return 1;
+        return 0;
+    }
+    if (sscanf(ns, "nvvm:%d.%d-%16[0-9a-f]-f%d%n", &major, &minor, id, &fmt, &len) == 4 &&
+        ns[len] == '\0') {
+        if (fmt != KC_FORMAT_VERSION)
+            return 0;
+        if (n_nvvm == -1)
+            local_nvvm();
+        for (int i = 0; i < n_nvvm; i++)
+            if (strcmp(nvvm_ns[i], ns) == 0)
                 return 1;
         return 0;
     }

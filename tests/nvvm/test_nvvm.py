@@ -13,6 +13,9 @@ Usage: test_nvvm.py TEST
              4 compiles in all; identical to the library's own answers
   multiproc  8 processes at once on an empty store, the same 4 programs:
              verifies + compiles = distinct (8), identical outputs
+  bundle     a store of NVVM entries exported, shown (its nvvm namespace
+             usable here, as the tool computes it) and imported unsigned into
+             an empty store, which then serves every verify and compile
   switch     KCACHE_NVVM=0 and kcache-run --no-nvvm: no NVVM call counted;
              KCACHE_READONLY=1 stores nothing
 
@@ -181,7 +184,35 @@ def t_switch(tmp):
     check(m > 0 and s == 0, "KCACHE_READONLY=1: compiled, nothing stored (%s)" % (stats(err),))
 
 
-TESTS = {"toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+def tool(*args):
+    p = subprocess.run([os.environ["KCACHE_TOOL"]] + list(args), capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items()
+                                         if not k.startswith("KCACHE_")})
+    if p.returncode != 0:
+        raise Failure("kcache %s exited %d: %s" % (" ".join(args), p.returncode, p.stderr))
+    return p.stdout
+
+
+def t_bundle(tmp):
+    a, ref = cold_warm(tmp, ["direct", "bad"], "a")
+    bundle = os.path.join(tmp, "a.kcb")
+    tool("--dir", a, "export", "-o", bundle)
+    show = tool("bundle", "show", bundle)
+    nss = re.findall(r"^  (nvvm:\S+)$", show, re.M)
+    check(len(nss) == 1, "the bundle holds one nvvm namespace (%r)" % show)
+    check("; usable here" in show.split(nss[0], 1)[1].splitlines()[1],
+          "bundle show: the nvvm namespace is usable here (%r)" % show)
+    b = os.path.join(tmp, "store-b")
+    out = tool("--dir", b, "import", bundle, "--trust-unsigned")
+    check("imported" in out, "import: %r" % out)
+    got, err = run(["direct", "bad"], b)
+    same(ref, got, "served from the imported bundle")
+    h, m, p, s_, e = stats(err)
+    check(h > 0 and m == 0, "the imported store serves every verify and compile (%s)"
+          % (stats(err),))
+
+
+TESTS = {"bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 
