@@ -2714,6 +2714,9 @@ static const struct proc si_procs[] = {
     PROC(cuGetErrorName, cuGetErrorName, 6000),
 };
 
+/* Entry points added for real clients (the block at the end of this file). */
+static const struct proc *si_client_procs(size_t *n);
+
 static CUresult proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
                             CUdriverProcAddressQueryResult *status)
 {
@@ -2727,8 +2730,10 @@ static CUresult proc_lookup(const char *symbol, void **pfn, int version, cuuint6
     bool ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     const struct proc *best = NULL;
     bool found = false;
-    for (size_t i = 0; i < sizeof si_procs / sizeof si_procs[0]; i++) {
-        const struct proc *p = &si_procs[i];
+    size_t n_more = 0, n_base = sizeof si_procs / sizeof si_procs[0];
+    const struct proc *more = si_client_procs(&n_more);
+    for (size_t i = 0; i < n_base + n_more; i++) {
+        const struct proc *p = i < n_base ? &si_procs[i] : &more[i - n_base];
         if (strcmp(p->base, symbol))
             continue;
         found = true;
@@ -2843,4 +2848,114 @@ SI_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config)
 SI_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 {
     return ctx_destroy(ctx);
+}
+
+/* ---- entry points real clients ask for (numba-cuda, cuda-cccl) -------------------------
+ *
+ * numba-cuda's @cuda.jit and cuda-cccl's algorithms initialise through
+ * cuda.core and cuda.bindings, which resolve the driver through
+ * cuGetProcAddress: the table below lists what they ask for, the functions
+ * above (cuFuncGetAttribute, ...) and in unsupported.c (cuLaunchKernelEx,
+ * cuMemsetD8Async: nothing executes) included. Queries answer as the
+ * documented API does for the stand-in's device.
+ */
+
+SI_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    INIT_CHECK();
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    DEV_CHECK(dev);
+    memset(uuid, 0, sizeof *uuid);
+    memcpy(uuid->bytes, "kcache-standin", 14);
+    uuid->bytes[15] = (char)dev;
+    return CUDA_SUCCESS;
+}
+
+SI_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid_v2(uuid, dev);
+}
+
+/* A kernel's attributes in a device's context: those of its function
+ * (cuFuncGetAttribute's fixed answers), once the kernel handle checks. */
+SI_EXPORT CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel,
+                                        CUdevice dev)
+{
+    INIT_CHECK();
+    if (pi == NULL || (int)attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    DEV_CHECK(dev);
+    int slot;
+    LOCK();
+    struct kern *k = kern_get(kernel, &slot);
+    UNLOCK();
+    if (k == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+        *pi = 1024;
+        break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+        *pi = 16;
+        break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+        *pi = cfg_major * 10 + cfg_minor;
+        break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        *pi = 49152;
+        break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        *pi = -1;
+        break;
+    default:
+        *pi = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Occupancy as the device's limits give it (2048 threads, 32 blocks per
+ * multiprocessor); the kernel's registers and shared memory are not read. */
+SI_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
+                                                               int blockSize,
+                                                               size_t dynamicSMemSize)
+{
+    INIT_CHECK();
+    if (numBlocks == NULL || blockSize <= 0 || blockSize > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCK();
+    struct func *f = func_get(func);
+    UNLOCK();
+    if (f == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    int n = 2048 / blockSize;
+    *numBlocks = dynamicSMemSize > 227 * 1024 ? 0 : n > 32 ? 32 : n;
+    return CUDA_SUCCESS;
+}
+
+/* A device-side copy: nothing executes on the stand-in. */
+SI_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    INIT_CHECK();
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static const struct proc si_client_table[] = {
+    PROC(cuDeviceGetUuid, cuDeviceGetUuid, 9020),
+    PROC(cuDeviceGetUuid, cuDeviceGetUuid_v2, 11040),
+    PROC(cuFuncGetAttribute, cuFuncGetAttribute, 2020),
+    PROC(cuFuncSetAttribute, cuFuncSetAttribute, 9000),
+    PROC(cuKernelGetAttribute, cuKernelGetAttribute, 12000),
+    PROC(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor,
+         6050),
+    PROC(cuLaunchKernelEx, cuLaunchKernelEx, 11060),
+    PROC(cuMemcpyAsync, cuMemcpyAsync, 4000),
+    PROC(cuMemsetD8Async, cuMemsetD8Async, 3020),
+};
+
+static const struct proc *si_client_procs(size_t *n)
+{
+    *n = sizeof si_client_table / sizeof si_client_table[0];
+    return si_client_table;
 }
