@@ -16,6 +16,10 @@ Usage: test_nvvm.py TEST
   bundle     a store of NVVM entries exported, shown (its nvvm namespace
              usable here, as the tool computes it) and imported unsigned into
              an empty store, which then serves every verify and compile
+  clients    real clients on the stand-in driver (tests/nvvm/clients.py):
+             numba-cuda @cuda.jit (NVVM and the link served warm) and
+             cuda-cccl make_reduce_into (NVRTC and the link served warm);
+             cold and warm outputs identical to the run without the shim
   switch     KCACHE_NVVM=0 and kcache-run --no-nvvm: no NVVM call counted;
              KCACHE_READONLY=1 stores nothing
 
@@ -212,7 +216,45 @@ def t_bundle(tmp):
           % (stats(err),))
 
 
-TESTS = {"bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+CLIENTS = os.path.join(HERE, "clients.py")
+BACKEND_RE = r"%s hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+) errors=(\d+)"
+
+
+def backend(err, name):
+    m = re.search(BACKEND_RE % name, err)
+    if m is None:
+        raise Failure("no %s stats on stderr: %r" % (name, err[-1500:]))
+    return tuple(int(x) for x in m.groups())
+
+
+def client(which, store, shim=True):
+    env = env_for(store, shim, LD_LIBRARY_PATH=os.environ["KCACHE_TEST_STANDIN_DIR"])
+    p = subprocess.run([VENV_PY, CLIENTS, which], env=env, capture_output=True, text=True,
+                       timeout=280)
+    if p.returncode != 0:
+        raise Failure("clients.py %s exited %d:\n%s\n%s" % (which, p.returncode, p.stdout[-2000:],
+                                                           p.stderr[-3000:]))
+    return p.stdout, p.stderr
+
+
+def t_clients(tmp):
+    for which, served in (("numba", ("nvvm", "link")), ("cccl", ("nvrtc", "link"))):
+        store = os.path.join(tmp, "store-" + which)
+        ref, _ = client(which, store, shim=False)
+        cold, err = client(which, store)
+        same(ref, cold, which + " cold")
+        for b in served:
+            h, m = backend(err, b)[:2]
+            check(m > 0 and h == 0, "%s cold: %s compiled and stored (%s)"
+                  % (which, b, backend(err, b)))
+        warm, err = client(which, store)
+        same(ref, warm, which + " warm")
+        for b in served:
+            h, m = backend(err, b)[:2]
+            check(h > 0 and m == 0, "%s warm: %s served (%s)" % (which, b, backend(err, b)))
+
+
+TESTS = {"clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 
