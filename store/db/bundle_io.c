@@ -218,6 +218,10 @@ void kc__bundle_ns_describe(const char *ns, char *out, size_t n)
                  fmt);
     else if (sscanf(ns, "jit:%16[0-9a-f]%n", id, &len) == 1 && ns[len] == '\0')
         snprintf(out, n, "CUDA driver JIT, device and driver fingerprint %s", id);
+    else if (sscanf(ns, "nvvm:%d.%d-%16[0-9a-f]-f%d%n", &major, &minor, id, &fmt, &len) == 4 &&
+             ns[len] == '\0')
+        snprintf(out, n, "libNVVM %d.%d, libnvvm identity %s, record format %d", major, minor, id,
+                 fmt);
     else
         snprintf(out, n, "not a namespace kcache's shim uses");
 }

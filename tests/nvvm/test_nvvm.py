@@ -20,16 +20,22 @@ Usage: test_nvvm.py TEST
              numba-cuda @cuda.jit (NVVM and the link served warm) and
              cuda-cccl make_reduce_into (NVRTC and the link served warm);
              cold and warm outputs identical to the run without the shim
+  remote     a private redis-server (unix socket): node A compiles, its owner
+             uploads the NVVM entries; a fresh node B is served every verify
+             and compile from the remote, outputs identical
   switch     KCACHE_NVVM=0 and kcache-run --no-nvvm: no NVVM call counted;
              KCACHE_READONLY=1 stores nothing
 
 Environment (tests/nvvm/meson.build): KCACHE_SHIM, KCACHE_SRC.
 """
+import fcntl
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from kctest import rm_settled  # noqa: E402
@@ -254,7 +260,67 @@ def t_clients(tmp):
             check(h > 0 and m == 0, "%s warm: %s served (%s)" % (which, b, backend(err, b)))
 
 
-TESTS = {"clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+def settle(store, timeout=60):
+    """Waits until the store's owner has drained (and uploaded) everything."""
+    spool, lock = os.path.join(store, "spool"), os.path.join(store, "owner.lock")
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = os.path.isdir(spool) and any(n[:2] in ("p-", "d-", "c-", "h-", "x-")
+                                            for n in os.listdir(spool))
+        if not busy and os.path.exists(lock):
+            with open(lock) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    busy = True
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise Failure("the owner of %s did not finish" % store)
+        time.sleep(0.05)
+
+
+def t_remote(tmp):
+    check(shutil.which("redis-server") is not None, "redis-server is installed")
+    rdir = os.path.join(tmp, "redis")
+    os.makedirs(rdir)
+    sock = os.path.join(rdir, "s")
+    srv = subprocess.Popen(["redis-server", "--port", "0", "--dir", rdir, "--save", "",
+                            "--appendonly", "no", "--unixsocket", sock, "--unixsocketperm", "700",
+                            "--logfile", os.path.join(rdir, "log")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.025)
+        key = os.path.join(tmp, "writer.key")
+        tool("keygen", key)
+        kv = {"KCACHE_REMOTE": "redis+unix:" + sock, "KCACHE_REMOTE_SIGNING_KEY": key,
+              "KCACHE_REMOTE_TRUSTED_KEYS": key + ".pub",
+              "KCACHE_TOOL": os.environ["KCACHE_TOOL"], "KCACHE_OWNER_IDLE_MS": "300"}
+        a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+        ref, _ = run(["direct", "bad"], a, shim=False)
+        cold, err = run(["direct", "bad"], a, **kv)
+        same(ref, cold, "node A cold")
+        h, m = stats(err)[:2]
+        check(m > 0 and h == 0, "node A compiled (%s)" % (stats(err),))
+        settle(a)
+        got, err = run(["direct", "bad"], b, **kv)
+        same(ref, got, "node B served by the remote")
+        h2, m2 = stats(err)[:2]
+        rm = re.search(r"; remote hits=(\d+)", err)
+        check(m2 == 0 and h2 == m and rm is not None and int(rm.group(1)) == m,
+              "node B: no compile, every verify and compile a remote hit (%s, remote %s)"
+              % (stats(err), rm and rm.group(1)))
+        settle(b)
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+TESTS = {"remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 
