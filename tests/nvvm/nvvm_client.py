@@ -87,7 +87,7 @@ def result(out, prog, what):
 LIBDEV = None
 
 
-def program(out, mods, steps, opts):
+def program(out, mods, steps, opts, vopts=None):
     """mods: [(bytes, lazy)] added first; steps: 'v' verify, 'c' compile,
     'L' lazy-add libdevice, 'r' result, 'g' log."""
     global LIBDEV
@@ -100,7 +100,8 @@ def program(out, mods, steps, opts):
             call(out, "add %d" % i, f, prog, m, len(m), "m%d" % i)
         for s in steps:
             if s == "v":
-                call(out, "verify", nvvm.verify_program, prog, len(opts), opts)
+                v = opts if vopts is None else vopts
+                call(out, "verify", nvvm.verify_program, prog, len(v), v)
                 log(out, prog, "verify")
             elif s == "c":
                 call(out, "compile", nvvm.compile_program, prog, len(opts), opts)
@@ -139,6 +140,10 @@ def order(out):
     program(out, [(ir(7), False)], "Lcr", PTX)
     program(out, [(ir(7), False)], "vLcrvr", PTX)
     program(out, [(ir(8), False)], "Lcrcr", PTX)
+    # The verify is served (the second program of this IR and options in
+    # the process), the compile with other options misses: the real
+    # program compiles without having been verified.
+    program(out, [(ir(7), False)], "vLcr", LTO, vopts=PTX)
 
 
 def same(out):
