@@ -50,6 +50,9 @@ SCHEMA = {
              ("scenario", "inputs", "cubin_bytes", "cold_ms", "miss_ms", "hit_fresh_ms",
               "hit_inproc_p50_us", "hit_over_cold", "miss_over_cold", "process_hit_over_cold",
               "identical", "warnings"), "scenarios", ("demo_set_hit_over_cold",)),
+    "clients": (("runs", "numba", "cccl", "goals"),
+                ("client", "state", "phase_s", "nvvm_link_hooks_s", "stats"), "runs",
+                ("numba_nvvm_link", "cccl_reduce_into")),
 }
 RUN_FIELDS = ("wall_s", "cpu_s", "compiles")
 MEMO_FIELDS = ("get_function_hit_ns", "get_function_passthrough_ns", "mem_alloc_hit_ns",
@@ -148,6 +151,7 @@ def main():
                                  ("store", "sizes", "get_p50_us"),
                                  ("remote", "fresh_node", "remote_hit_ms"),
                                  ("link", "scenarios", "hit_fresh_ms"),
+                                 ("clients", "runs", "phase_s"),
                                  ("preload", "commands", "ratio")):
         if res.get(sec, {}).get("reason"):
             continue  # could not run here (say, no hyperfine), and says why
