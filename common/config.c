@@ -493,6 +493,7 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case KC_VAR_REMOTE_PASSWORD_FILE:
         snprintf(buf, len, "%s",
                  cfg->remote_password_file[0] ? cfg->remote_password_file : "(none)");
+        break;
     case KC_VAR_NVVM:
         snprintf(buf, len, "%d", cfg->nvvm);
         break;
