@@ -39,12 +39,11 @@ def numba_jit():
 
 
 def cccl():
-    # cuda.compute first: with numba-cuda's driver initialised before it,
-    # its nvJitLink link fails under the shim (error 6, on main too; see
-    # the report of issue 24).
-    import cuda.compute as cc
+    # numba-cuda first: its driver loads libnvJitLink RTLD_LOCAL before
+    # libcccl.c.parallel.so links it.
     import numpy as np
     from numba import cuda
+    import cuda.compute as cc
     d_in = cuda.to_device(np.arange(1000, dtype=np.int32))
     d_out = cuda.device_array(1, dtype=np.int32)
     h_init = np.array([0], dtype=np.int32)
