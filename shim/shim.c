@@ -24,10 +24,12 @@
 
 static struct kc_config config;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static bool config_loaded; /* config_init ran (shim_fini reads it) */
 
 static void config_init(void)
 {
     kc_config_load(&config);
+    __atomic_store_n(&config_loaded, true, __ATOMIC_RELEASE);
     kc__log_set_level(config.log_level);
     for (int i = 0; i < config.n_warnings; i++)
         kc_log(KC_LOG_WARN, "%s", config.warnings[i]);
@@ -268,9 +270,26 @@ void kc__count(const char *backend, const struct kc_counters *c)
     }
 }
 
+/* Whether the KCACHE_STATS line is wanted at exit. A process that never
+ * reached a hook has not read its configuration (it is read on first use):
+ * then KCACHE_STATS alone is looked at (one getenv; nothing in a
+ * secure-execution process, where kc_config_get reads no variable), and
+ * only when it is set is the rest read, for the line. */
+static bool stats_wanted(void)
+{
+    if (__atomic_load_n(&config_loaded, __ATOMIC_ACQUIRE))
+        return config.stats;
+    const char *v = kc_config_get(KC_VAR_STATS);
+    bool on = false;
+    if (v == NULL || v[0] == '\0' || kc_parse_bool(v, &on) != 0 || !on)
+        return false;
+    return kc__config()->stats;
+}
+
 __attribute__((destructor)) static void shim_fini(void)
 {
-    if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !config.stats)
+    bool want_stats = stats_wanted();
+    if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !want_stats)
         return;
     struct kc_counters snap[N_BACKENDS];
     for (int i = 0; i < N_BACKENDS; i++) {
@@ -304,7 +323,7 @@ __attribute__((destructor)) static void shim_fini(void)
     if (st != NULL)
         api->flush(st);
 
-    if (config.stats) {
+    if (want_stats) {
         char line[2048];
         int n = snprintf(line, sizeof line, "kcache: stats:");
         for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {

@@ -1,13 +1,15 @@
 /*
  * exec_client: one NVRTC compile, for tests/security/test_exec.py.
  *
- * Usage: exec_client [--chdir DIR]
+ * Usage: exec_client [--chdir DIR | --no-compile]
  *
  * Changes the working directory to DIR (when given) before the first NVRTC
  * call, compiles a small kernel, and prints "rc=<code>" and the PTX on
  * stdout, so runs with and without the kcache shim compare byte for byte.
  * stderr gets one line "exec_client: secure=<AT_SECURE>", which tells the
- * test whether the process ran in secure-execution mode.
+ * test whether the process ran in secure-execution mode. With --no-compile
+ * it exits after that line, having called no NVRTC function (a process
+ * that never reaches a hook).
  *
  * Built twice: linked against libnvrtc (the shim comes in by LD_PRELOAD),
  * and linked against libkcache.so ahead of libnvrtc, with an absolute rpath,
@@ -38,8 +40,10 @@ int main(int argc, char **argv)
             perror("exec_client: chdir");
             return 2;
         }
+    } else if (argc == 2 && strcmp(argv[1], "--no-compile") == 0) {
+        return 0;
     } else if (argc != 1) {
-        fprintf(stderr, "usage: exec_client [--chdir DIR]\n");
+        fprintf(stderr, "usage: exec_client [--chdir DIR | --no-compile]\n");
         return 2;
     }
     nvrtcProgram prog;

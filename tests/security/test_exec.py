@@ -22,7 +22,10 @@
             (AT_SECURE): KCACHE_TOOL naming a marker script never runs,
             KCACHE_STATS prints nothing, nothing is stored, the outputs equal
             NVRTC's own. The same copy without the set-user-ID bit runs the
-            script (the check can fail).
+            script (the check can fail). A process that reaches no hook
+            (exec_client --no-compile) prints the KCACHE_STATS line all the
+            same (all zeros), and nothing with KCACHE_STATS unset or 0, or
+            set-user-ID.
   fds       a host with an extra inherited file descriptor (a pipe) starts
             the owner (KCACHE_OWNER_IDLE_MS=60000): the owner holds no fd to
             the pipe, its working directory is /, and the pipe's reader sees
@@ -318,6 +321,17 @@ def test_secure():
         check(any(l.startswith("kcache: stats:") for l in kc_lines(err)),
               "secure: plain run printed the stats line (control)")
         os.unlink(os.path.join(mdir, "tool-ran"))
+        # No hook reached: the configuration is read lazily, and the line
+        # is printed all the same; nothing without KCACHE_STATS.
+        rc, out, err = run([CLIENT_SHIM, "--no-compile"], env)
+        stats = [l for l in kc_lines(err) if l.startswith("kcache: stats:")]
+        check(rc == 0 and len(stats) == 1 and "nvrtc hits=0 misses=0" in stats[0],
+              "secure: a process that reaches no hook prints one stats line (%s)" % kc_lines(err))
+        for kv in ({}, {"KCACHE_STATS": "0"}):
+            e = base_env(KCACHE_DIR=cache, KCACHE_TOOL=script, **kv)
+            rc, out, err = run([CLIENT_SHIM, "--no-compile"], e)
+            check(rc == 0 and kc_lines(err) == [],
+                  "secure: no hook, KCACHE_STATS %s: no kcache line (%s)" % (kv, kc_lines(err)))
 
         # The set-user-ID copy (owner nobody), run as root: AT_SECURE.
         prog = os.path.join(sd, "exec_client_suid")
@@ -341,6 +355,9 @@ def test_secure():
         check(kc_lines(err) == [], "secure: no kcache line, KCACHE_STATS and KCACHE_LOG "
               "ignored (%s)" % kc_lines(err))
         check(os.listdir(cache) == [], "secure: nothing stored (%s)" % os.listdir(cache))
+        rc, out, err = run([prog, "--no-compile"], env)
+        check(rc == 0 and "secure=1" in err and kc_lines(err) == [],
+              "secure: set-user-ID, no hook: no kcache line (%s)" % kc_lines(err))
     finally:
         wait_owner_gone(os.path.join(sd, "cache-plain"), 10)
         shutil.rmtree(sd, ignore_errors=True)
