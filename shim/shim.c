@@ -183,7 +183,7 @@ static void remote_attach(struct kc_store *st, const struct kc_config *cfg)
     struct kc_remote_config rc;
     char why[256];
     if (kc_remote_config_parse(&s, &rc, why, sizeof why) != 0) {
-        kc_log(KC_LOG_WARN, "KCACHE_REMOTE: %s; the remote is off", why);
+        kc_log(KC_LOG_WARN, "%s; the remote is off", why); /* why names KCACHE_REMOTE */
         kc_remote_config_free(&rc);
         return;
     }

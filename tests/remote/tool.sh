@@ -3,7 +3,9 @@
 # socket in the test's directory (suite remote): `kcache keygen PATH`,
 # `kcache remote ping` (writer, read-only reader, server down), and
 # `kcache config` showing the remote variables with passwords redacted
-# and a malformed KCACHE_REMOTE as a warning.
+# and a malformed KCACHE_REMOTE as a warning (the tool's, and the shim's
+# in a process that compiles: one prefix, not two).
+SHIM=${KCACHE_SHIM:-}
 . "$(dirname "$0")/../tool/lib.sh"
 
 server=
@@ -74,6 +76,20 @@ expect_out_no_match 'hunter2' "config never shows the password"
 KCACHE_REMOTE="redis://bob:hunter2@host:notaport" run "$KC" config
 expect_out_match '^warning: KCACHE_REMOTE: .*bad host or port.*remote is off' "malformed URL warns"
 expect_out_no_match 'hunter2' "the warning does not show the password"
+# The shim's warning, in a process that compiles (NVRTC through ctypes).
+if [ -n "$SHIM" ] && [ -e /usr/local/cuda/lib64/libnvrtc.so ]; then
+    KCACHE_REMOTE="redis://bob:hunter2@host:notaport" LD_PRELOAD="$SHIM" KCACHE_DIR="$T/shimdir" \
+        KCACHE_TOOL="$KC" run python3 -c '
+import ctypes
+n = ctypes.CDLL("/usr/local/cuda/lib64/libnvrtc.so")
+p = ctypes.c_void_p()
+assert n.nvrtcCreateProgram(ctypes.byref(p), b"__global__ void k() {}", b"k.cu", 0, None, None) == 0
+print(n.nvrtcCompileProgram(p, 0, None))'
+    expect_out_match '^0$' "the shim's process compiles"
+    expect_err_match "^kcache: warning: KCACHE_REMOTE: 'redis://bob:\*+@host:notaport': bad host or port; the remote is off\$" \
+        "the shim warns of a malformed KCACHE_REMOTE"
+    printf '%s\n' "$err" | grep -q 'KCACHE_REMOTE: KCACHE_REMOTE' && fail "the shim's warning repeats its prefix: $err" || ok
+fi
 
 # remote stats: entries and bytes per namespace and build, locks and
 # foreign keys left out; remote prune by build, then by namespace.
