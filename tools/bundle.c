@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -217,6 +218,115 @@ static bool api_ok(const struct kc_store_api *api)
 
 /* ---- kcache export ------------------------------------------------------------ */
 
+/* Where a bundle goes. A regular file (or a new one) is replaced whole: the
+ * bundle is written to a temp file beside it and renamed over it once
+ * complete. Anything else a path may name is not replaced: a FIFO or a
+ * character device (another program's pipe, /dev/null, a tape) is written
+ * in place, and a directory, a socket or a block device is refused. A
+ * symbolic link is followed: what it names gets these rules, and the link
+ * stays. */
+struct out_file {
+    int fd;
+    const char *path;       /* as given */
+    char dst[PATH_MAX];     /* the file replaced (empty: written in place) */
+    char tmp[PATH_MAX + 32]; /* its temp file */
+};
+
+static int out_open(const char *out, struct out_file *of)
+{
+    memset(of, 0, sizeof *of);
+    of->path = out;
+    of->fd = -1;
+    if (strcmp(out, "-") == 0) {
+        of->fd = STDOUT_FILENO;
+        return 0;
+    }
+    const char *target = out;
+    struct stat sb;
+    bool exists = lstat(out, &sb) == 0;
+    if (!exists && errno != ENOENT) {
+        kc_tool_err("cannot write %s: %s", out, strerror(errno));
+        return -1;
+    }
+    if (exists && S_ISLNK(sb.st_mode)) {
+        /* What it names, or, when that does not exist yet, a new file in
+         * the directory the link's target names. */
+        if (realpath(out, of->dst) != NULL) {
+            target = of->dst;
+            exists = lstat(target, &sb) == 0;
+        } else {
+            kc_tool_err("cannot write %s: a symbolic link to %s", out,
+                        errno == ENOENT ? "nothing" : strerror(errno));
+            return -1;
+        }
+    }
+    if (exists && (S_ISFIFO(sb.st_mode) || S_ISCHR(sb.st_mode))) {
+        of->dst[0] = '\0';
+        of->fd = open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat fb;
+        if (of->fd >= 0 && (fstat(of->fd, &fb) != 0 || fb.st_dev != sb.st_dev ||
+                            fb.st_ino != sb.st_ino || isatty(of->fd))) {
+            bool tty = isatty(of->fd);
+            close(of->fd);
+            of->fd = -1;
+            kc_tool_err("cannot write %s: %s", out,
+                        tty ? "not writing a bundle to a terminal" : "it changed meanwhile");
+            return -1;
+        }
+        if (of->fd < 0) {
+            kc_tool_err("cannot write %s: %s", out, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    if (exists && !S_ISREG(sb.st_mode)) {
+        kc_tool_err("cannot write %s: %s", out,
+                    S_ISDIR(sb.st_mode) ? "it is a directory"
+                                        : "not a regular file, a FIFO or a character device "
+                                          "(not replaced)");
+        return -1;
+    }
+    if (target != of->dst)
+        snprintf(of->dst, sizeof of->dst, "%s", out);
+    if (snprintf(of->tmp, sizeof of->tmp, "%s.tmp-XXXXXX", of->dst) >= (int)sizeof of->tmp) {
+        kc_tool_err("cannot write %s: the path is too long", out);
+        return -1;
+    }
+    /* mkostemp's 0600: a bundle holds the store's entries, as private as
+     * the store until its owner shares it. */
+    of->fd = mkostemp(of->tmp, O_CLOEXEC);
+    if (of->fd < 0) {
+        kc_tool_err("cannot write %s: %s", out, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Ends the output after an export that returned rc: a replaced file is
+ * renamed into place when all went well (not fsynced, as tar and cp do
+ * not: the rename shows it whole to every process, and one an OS crash
+ * tore is refused whole by import: its trailer), its temp file removed
+ * otherwise. Every error closing or renaming is the export's. */
+static int out_close(struct out_file *of, int rc, struct kc_bundle_info *info)
+{
+    if (of->fd == STDOUT_FILENO)
+        return rc;
+    if (close(of->fd) != 0 && rc == 0) {
+        rc = -errno;
+        snprintf(info->why, sizeof info->why, "cannot write %s: %s", of->path, strerror(errno));
+    }
+    if (of->tmp[0] != '\0') {
+        if (rc == 0 && rename(of->tmp, of->dst) != 0) {
+            rc = -errno;
+            snprintf(info->why, sizeof info->why, "cannot write %s: %s", of->path,
+                     strerror(errno));
+        }
+        if (rc < 0)
+            unlink(of->tmp);
+    }
+    return rc;
+}
+
 static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *const *globs,
                       size_t n_globs, uint64_t since, uint64_t max_size, const char *sign,
                       int codec, int level)
@@ -225,6 +335,8 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     if (!api_ok(api))
         return KC_EXIT_RUNTIME;
     bool to_stdout = strcmp(out, "-") == 0;
+    /* A reader that goes away is a write error (EPIPE), reported. */
+    signal(SIGPIPE, SIG_IGN);
     if (to_stdout && isatty(STDOUT_FILENO)) {
         kc_tool_err("not writing a bundle to a terminal; use -o FILE or a pipe");
         return KC_EXIT_RUNTIME;
@@ -262,22 +374,13 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
                    "left out",
                    strerror(-rc));
     }
-    int fd = STDOUT_FILENO;
-    char tmp[PATH_MAX + 32] = "";
-    if (!to_stdout) {
-        if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", out) >= (int)sizeof tmp) {
-            api->ops->close(st);
-            crypto_close(&k);
-            return kc_tool_usage_error("-o: path too long");
-        }
-        fd = mkostemp(tmp, O_CLOEXEC);
-        if (fd < 0) {
-            kc_tool_err("cannot write %s: %s", out, strerror(errno));
-            api->ops->close(st);
-            crypto_close(&k);
-            return KC_EXIT_RUNTIME;
-        }
+    struct out_file of;
+    if (out_open(out, &of) < 0) {
+        api->ops->close(st);
+        crypto_close(&k);
+        return KC_EXIT_RUNTIME;
     }
+    int fd = of.fd;
     struct kc_bundle_export_opts o = {
         .fd = fd,
         .globs = globs,
@@ -292,22 +395,7 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     int rc = kc_store_admin()->bundle_export(st, &o, &info);
     api->ops->close(st);
     crypto_close(&k);
-    if (!to_stdout) {
-        /* mkostemp's 0600: a bundle holds the store's entries, as private
-         * as the store until its owner shares it. Not fsynced (as tar and
-         * cp do not): the rename shows it whole to every process, and one
-         * an OS crash tore is refused whole by import (its trailer). */
-        if (close(fd) != 0 && rc == 0) {
-            rc = -errno;
-            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
-        }
-        if (rc == 0 && rename(tmp, out) != 0) {
-            rc = -errno;
-            snprintf(info.why, sizeof info.why, "cannot write %s: %s", out, strerror(errno));
-        }
-        if (rc < 0)
-            unlink(tmp);
-    }
+    rc = out_close(&of, rc, &info);
     if (rc < 0) {
         kc_tool_err("export failed: %s", info.why);
         free(info.ns);
@@ -325,7 +413,7 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
         fprintf(f, "  %s: %" PRIu64 " entries, %s\n", info.ns[i].ns, info.ns[i].entries,
                 kc_tool_human_size(info.ns[i].raw_bytes, b1, sizeof b1));
     free(info.ns);
-    return fflush(f) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(f);
 }
 
 /* ---- kcache import / bundle show --------------------------------------------- */
@@ -440,7 +528,7 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
            skipped);
     print_namespaces(&info, true);
     free(info.ns);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 static int cmd_show(const struct kc_tool_ctx *t, const char *path)
@@ -496,7 +584,7 @@ static int cmd_show(const struct kc_tool_ctx *t, const char *path)
     print_namespaces(&info, false);
     crypto_close(&k);
     free(info.ns);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 /* ---- arguments ---------------------------------------------------------------- */

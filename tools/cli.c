@@ -3,9 +3,11 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static void err_v(const char *fmt, va_list ap, const char *suffix)
 {
@@ -51,4 +53,15 @@ const char *kc_tool_human_size(uint64_t n, char *buf, size_t len)
     }
     snprintf(buf, len, "%.1f %s", v, units[u]);
     return buf;
+}
+
+int kc_tool_flush(FILE *f)
+{
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f))
+        return 0;
+    int e = errno != 0 ? errno : EIO;
+    fprintf(stderr, "kcache: error: cannot write %s: %s\n",
+            f == stdout ? "standard output" : "standard error", strerror(e));
+    return KC_EXIT_RUNTIME;
 }

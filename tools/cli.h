@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KC_EXIT_RUNTIME 1 /* something could not be done: one line on stderr */
 #define KC_EXIT_USAGE 2   /* the command line was wrong */
@@ -20,5 +21,10 @@ int kc_tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2
 
 /* n bytes in binary units ("512 B", "1.5 MiB"), into buf; returns buf. */
 const char *kc_tool_human_size(uint64_t n, char *buf, size_t len);
+
+/* Flushes f (stdout or stderr) and checks its error flag: 0, or after one
+ * error line naming the write error, KC_EXIT_RUNTIME. Every command's
+ * output ends with it: a full disk or a closed pipe is a failure. */
+int kc_tool_flush(FILE *f);
 
 #endif

@@ -536,7 +536,7 @@ static int cmd_stats(struct ctx *c, bool json)
         c->adm->stats_free(s);
     if (st != NULL)
         c->api->ops->close(st);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 /* ---- ls / show --------------------------------------------------------- */
@@ -574,7 +574,7 @@ static int cmd_ls(struct ctx *c, const char *ns)
     c->api->ops->close(st);
     if (rc != 0)
         return walk_error(c, rc);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 struct show_match {
@@ -682,7 +682,7 @@ static int cmd_show(struct ctx *c, const char *key)
         printf("State:        %s\n", m->pending ? "pending (in the spool)" : "stored");
     }
     free(s.m);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 /* ---- verify / gc / clear ---------------------------------------------- */
@@ -712,7 +712,7 @@ static int cmd_verify(struct ctx *c)
     printf("checked %" PRIu64 " records: %" PRIu64 " bad, %" PRIu64 " purged, %" PRIu64
            " bad spool files removed\n",
            r.checked, r.bad, r.purged, r.spool_bad);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 static int cmd_gc(struct ctx *c, uint64_t max_size)
@@ -742,7 +742,7 @@ static int cmd_gc(struct ctx *c, uint64_t max_size)
            kc_tool_human_size(r.bytes_before, b1, sizeof b1),
            kc_tool_human_size(r.bytes_after, b2, sizeof b2),
            kc_tool_human_size(max_size ? max_size : c->cfg.max_size, b3, sizeof b3));
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 static int cmd_clear(struct ctx *c)
@@ -764,7 +764,7 @@ static int cmd_clear(struct ctx *c)
         }
     }
     printf("cleared %s\n", c->dir);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 /* ---- config / owner ---------------------------------------------------- */
@@ -816,7 +816,7 @@ static int cmd_config(struct ctx *c)
     for (int i = 0; i < rc.n_warnings; i++)
         printf("warning: %s\n", rc.warnings[i]);
     kc_remote_config_free(&rc);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 /* ---- keygen / remote ping ---------------------------------------------- */
@@ -838,7 +838,7 @@ static int cmd_keygen(const char *path)
            "public key: %s.pub (a line for every node's KCACHE_REMOTE_TRUSTED_KEYS file)\n"
            "key id %s\n",
            path, path, id);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    return kc_tool_flush(stdout);
 }
 
 static struct kc_remote *tool_remote(struct ctx *c);
@@ -879,7 +879,7 @@ static int cmd_remote_ping(struct ctx *c)
     else
         printf("signed entry: %s\n", strerror(-p.roundtrip_rc));
     kc_remote_close(r);
-    if (fflush(stdout) != 0)
+    if (kc_tool_flush(stdout) != 0)
         return KC_EXIT_RUNTIME;
     return rc == 0 ? 0 : KC_EXIT_RUNTIME;
 }
@@ -1208,7 +1208,7 @@ static int cmd_push(struct ctx *c, const char *ns)
                                       : "the remote failed; see the warning above");
         return KC_EXIT_RUNTIME;
     }
-    if (fflush(stdout) != 0)
+    if (kc_tool_flush(stdout) != 0)
         return KC_EXIT_RUNTIME;
     return failed == 0 ? 0 : KC_EXIT_RUNTIME;
 }

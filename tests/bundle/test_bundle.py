@@ -28,6 +28,16 @@ TEST is one of:
              bundle show of damaged and foreign files.
   run        scripts/kcache-run --import FILE imports before the command,
              and still runs the command when the import is refused.
+  special    export -o onto what is not a regular file: a FIFO is written
+             in place (its reader gets the bundle, the FIFO stays), a
+             character device node (made here as root: /dev/full's numbers)
+             is written in place and its ENOSPC reported (exit 1; the node
+             stays), a symbolic link's target is replaced and the link
+             stays, a dangling link and a directory are refused; standard
+             output on /dev/full is an error. import and bundle show of
+             /dev/zero, /dev/urandom and an endless pipe stop at the header
+             with nothing copied, and of a FIFO with no writer return
+             (bounded) with one error line.
   usable     JIT entries of two devices (the stand-in driver at 9.0 and
              8.0): bundle show says which one this device can use, as the
              shim names them; import --only-usable skips the other.
@@ -482,6 +492,99 @@ def test_select(env, t, populate):
     check("trailer: missing or damaged" in show, f"show truncated: {show!r}")
 
 
+def test_special(env, t, populate):
+    a = env.store("a")
+    subprocess.run([populate, a, "20", "--drain"], check=True, stdout=subprocess.DEVNULL,
+                   env=dict(t.base))
+    d = os.path.join(env.tmp, "special")
+    os.makedirs(d)
+
+    def one_error(p, what, words):
+        lines = p.stderr.decode(errors="replace").splitlines()
+        errs = [l for l in lines if l.startswith("kcache: error: ")]
+        check(p.returncode == 1 and len(errs) == 1 and words in errs[0],
+              f"{what}: exit {p.returncode}, stderr {p.stderr!r} (expected one error "
+              f"line saying {words!r})")
+
+    # A FIFO: written in place, its reader gets the bundle.
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    proc = subprocess.Popen([TOOL, "--dir", a, "export", "-o", fifo], env=t.base,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got, end = b"", time.monotonic() + 60
+    while time.monotonic() < end:
+        import select
+        r, _, _ = select.select([rfd], [], [], 0.1)
+        if r:
+            chunk = os.read(rfd, 1 << 16)
+            if not chunk:
+                break
+            got += chunk
+        elif proc.poll() is not None and time.monotonic() > end - 58:
+            break
+    os.close(rfd)
+    out, err = proc.communicate(timeout=60)
+    check(proc.returncode == 0, f"export -o FIFO: exit {proc.returncode}: {err!r}")
+    check(stat.S_ISFIFO(os.lstat(fifo).st_mode), "export -o FIFO replaced the FIFO")
+    check(got[:8] == b"KCBUNDLE" and got[-8:] == b"KCBUNEND",
+          f"export -o FIFO: the reader got {len(got)} bytes, not a bundle")
+    # A character device: written in place. Our own node with /dev/full's
+    # numbers (never /dev/full itself: code that replaces the target would
+    # replace this copy), so the write fails with ENOSPC.
+    if os.geteuid() == 0:
+        node = os.path.join(d, "full")
+        try:
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+        except OSError as e:
+            print(f"  (no device node: {e}; that case is not checked)", flush=True)
+            node = None
+        if node:
+            p = t.run(["--dir", a, "export", "-o", node], check_rc=None)
+            st = os.lstat(node)
+            check(stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 7),
+                  "export -o DEVICE replaced the device node")
+            one_error(p, "export -o a full device", "No space left on device")
+    else:
+        print("  (not root: no device node made; that case is not checked)", flush=True)
+    # Standard output on /dev/full: written in place, ENOSPC reported.
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([TOOL, "--dir", a, "export", "-o", "-"], env=t.base, stdout=full,
+                           stderr=subprocess.PIPE, timeout=120)
+    one_error(p, "export -o - onto /dev/full", "No space left on device")
+    # The summary onto a full standard output: an error too.
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([TOOL, "--dir", a, "export", "-o", os.path.join(d, "x.kcb")],
+                           env=t.base, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    one_error(p, "export's summary onto /dev/full", "No space left on device")
+
+    # A symbolic link: its target replaced, the link kept.
+    target = os.path.join(d, "target.kcb")
+    with open(target, "w") as f:
+        f.write("old\n")
+    link = os.path.join(d, "link.kcb")
+    os.symlink("target.kcb", link)
+    t.run(["--dir", a, "export", "-o", link])
+    check(os.path.islink(link) and os.readlink(link) == "target.kcb",
+          "export -o LINK replaced the link")
+    with open(target, "rb") as f:
+        check(f.read(8) == b"KCBUNDLE", "export -o LINK did not write the link's target")
+    dangling = os.path.join(d, "dangling")
+    os.symlink("nowhere/at/all", dangling)
+    p = t.run(["--dir", a, "export", "-o", dangling], check_rc=None)
+    one_error(p, "export -o a dangling link", "symbolic link")
+    check(os.path.islink(dangling), "export -o a dangling link replaced it")
+    sub = os.path.join(d, "adir")
+    os.mkdir(sub)
+    p = t.run(["--dir", a, "export", "-o", sub], check_rc=None)
+    one_error(p, "export -o DIR", "directory")
+    check(os.path.isdir(sub) and os.listdir(sub) == [], "export -o DIR changed it")
+    # A regular file: replaced whole, no temp file left.
+    t.run(["--dir", a, "export", "-o", target])
+    left = [n for n in os.listdir(d) if ".tmp-" in n]
+    check(not left, f"temp files left: {left}")
+
+
 def test_usable(env, t):
     """JIT namespaces on the stand-in driver: the tool tells this machine's
     devices (as the shim names them) from others, and --only-usable skips
@@ -588,6 +691,8 @@ def main():
             test_run(env, t, populate)
         elif test == "usable":
             test_usable(env, t)
+        elif test == "special":
+            test_special(env, t, populate)
         else:
             print(f"unknown test {test}", file=sys.stderr)
             return 2
