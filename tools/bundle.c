@@ -28,6 +28,8 @@
 #include <unistd.h>
 
 #define DRAIN_WAIT_MS 15000
+/* How long import and bundle show wait for a FIFO's writer. */
+#define FIFO_WAIT_MS 5000
 #define MAX_GLOBS 64
 
 static const char *utc(uint64_t ns, char *buf, size_t len)
@@ -428,15 +430,56 @@ static const char *usable_words(int u)
     return u == 1 ? "usable here" : u == 0 ? "not usable here" : "usability unknown";
 }
 
+/* Waits, at most FIFO_WAIT_MS, for the FIFO fd (opened O_NONBLOCK) to have
+ * a writer: 0 once it has one (its bytes are not consumed: tee(2) peeks),
+ * -1 when none came. A FIFO that cannot be peeked at is taken as it is. */
+static int fifo_wait_writer(int fd)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0)
+        return 0;
+    int rc = -1;
+    for (int waited = 0; waited <= FIFO_WAIT_MS; waited += 20) {
+        ssize_t n = tee(fd, p[1], 1, SPLICE_F_NONBLOCK);
+        if (n > 0 || (n < 0 && errno == EAGAIN) || (n < 0 && errno != EINTR)) {
+            rc = 0; /* bytes, a writer yet to write, or no peeking */
+            break;
+        }
+        /* 0: no writer (or one that wrote nothing and left) */
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    close(p[0]);
+    close(p[1]);
+    return rc;
+}
+
 static int open_bundle(const char *path, int *fd)
 {
     if (strcmp(path, "-") == 0) {
         *fd = STDIN_FILENO;
         return 0;
     }
-    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* Not blocking in open: a FIFO with no writer would hold it forever. */
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (*fd < 0) {
         kc_tool_err("cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    memset(&sb, 0, sizeof sb);
+    if (fstat(*fd, &sb) == 0 && S_ISFIFO(sb.st_mode) && fifo_wait_writer(*fd) != 0) {
+        kc_tool_err("cannot read %s: a FIFO nothing writes to (waited %d s)", path,
+                    FIFO_WAIT_MS / 1000);
+        close(*fd);
+        return -1;
+    }
+    int fl = fcntl(*fd, F_GETFL);
+    if (fl != -1)
+        fcntl(*fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (S_ISDIR(sb.st_mode)) {
+        kc_tool_err("cannot read %s: %s", path, strerror(EISDIR));
+        close(*fd);
         return -1;
     }
     return 0;

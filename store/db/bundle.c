@@ -624,9 +624,12 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
 
 /* ---- import ------------------------------------------------------------------ */
 
-/* A private copy of what fd holds (a pipe, or a file others may change
- * between the passes): an unlinked file in $TMPDIR (or /tmp), 0600. */
-static int private_copy(int fd, struct kc_bundle_info *info, int *out)
+/* An empty private file for a copy of the bundle (a pipe, or a file others
+ * may change between the passes): unlinked, in $TMPDIR (or /tmp), 0600.
+ * The first pass writes into it what it reads (kc__bstream's copy_fd), so
+ * nothing is copied past the first byte that fails a check: /dev/zero or an
+ * endless pipe stops at the header. */
+static int private_copy(struct kc_bundle_info *info, int *out)
 {
     const char *tmp = getenv("TMPDIR");
     if (tmp == NULL || tmp[0] != '/')
@@ -640,41 +643,6 @@ static int private_copy(int fd, struct kc_bundle_info *info, int *out)
             return why(info, -errno, "cannot make a private copy of the bundle in %s: %s", tmp,
                        strerror(errno));
         unlink(path);
-    }
-    unsigned char *buf = malloc(1 << 20);
-    if (buf == NULL) {
-        close(c);
-        return why(info, -ENOMEM, "out of memory");
-    }
-    int rc = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf, 1 << 20);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            rc = why(info, -errno, "cannot read the bundle: %s", strerror(errno));
-            break;
-        }
-        if (r == 0)
-            break;
-        for (ssize_t w = 0; w < r;) {
-            ssize_t k = write(c, buf + w, (size_t)(r - w));
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0) {
-                rc = why(info, k < 0 ? -errno : -EIO, "cannot copy the bundle to %s: %s", tmp,
-                         strerror(k < 0 ? errno : EIO));
-                break;
-            }
-            w += k;
-        }
-        if (rc != 0)
-            break;
-    }
-    free(buf);
-    if (rc != 0) {
-        close(c);
-        return rc;
     }
     *out = c;
     return 0;
@@ -702,12 +670,17 @@ static int show(const struct kc_bundle_import_opts *o, struct kc_bundle_info *in
     return 0;
 }
 
-/* Pass 1: reads and checks all of it; counts what is present already. */
+/* Pass 1: reads and checks all of it (copying what it reads to copy_fd,
+ * when not -1); counts what is present already. */
 static int verify_pass(struct kc_store *st, const struct kc_bundle_import_opts *o, int fd,
-                       struct kc_bundle_info *info)
+                       int copy_fd, struct kc_bundle_info *info)
 {
     struct kc__bundle_reader r;
-    int rc = kc__bundle_reader_begin(&r, fd, NULL, 0, info, o->crypto, o->trust_unsigned != 0);
+    int rc = kc__bundle_reader_begin_copy(&r, fd, copy_fd, info, o->crypto,
+                                          o->trust_unsigned != 0);
+    if (rc < 0 && r.s.copy_err != 0)
+        rc = why(info, r.s.copy_err, "cannot copy the bundle to a private file: %s",
+                 strerror(-r.s.copy_err));
     /* A dry run (the command that checks a bundle) inflates every body; an
      * import checks each against its digest and its frame's stated size,
      * and every get inflates and checks a body before it is served. */
@@ -722,6 +695,9 @@ static int verify_pass(struct kc_store *st, const struct kc_bundle_import_opts *
         int n = kc__bundle_reader_next(&r, &sp, NULL, NULL, &idx);
         if (n <= 0) {
             rc = n;
+            if (rc < 0 && r.s.copy_err != 0)
+                rc = why(info, r.s.copy_err, "cannot copy the bundle to a private file: %s",
+                         strerror(-r.s.copy_err));
             break;
         }
         struct kc_bundle_ns *e = &info->ns[idx];
@@ -952,25 +928,25 @@ int kc__bundle_import(struct kc_store *st, const struct kc_bundle_import_opts *o
     if (o->header_only)
         return show(o, info);
     /* Two readings of the same bytes: the file's, when it is a regular file
-     * only this user (or root) can change; else a private copy's. */
+     * only this user (or root) can change; else a private copy's, made by
+     * the first reading (a dry run reads once and copies nothing). */
     struct stat sb;
     int fd = o->fd, copy = -1;
     if (fstat(fd, &sb) != 0)
         return why(info, -errno, "cannot read the bundle: %s", strerror(errno));
     bool private = S_ISREG(sb.st_mode) && (sb.st_uid == geteuid() || sb.st_uid == 0) &&
                    (sb.st_mode & 022) == 0 && lseek(fd, 0, SEEK_CUR) == 0;
-    if (!private) {
-        int rc = private_copy(fd, info, &copy);
-        if (rc < 0)
-            return rc;
-        fd = copy;
-    }
-    int rc = lseek(fd, 0, SEEK_SET) == 0 ? 0 : -errno;
-    if (rc < 0)
-        why(info, rc, "cannot read the bundle: %s", strerror(-rc));
+    bool second = st != NULL && !o->dry_run;
+    int rc = 0;
+    if (private && lseek(fd, 0, SEEK_SET) != 0)
+        rc = why(info, -errno, "cannot read the bundle: %s", strerror(errno));
+    if (rc == 0 && !private && second)
+        rc = private_copy(info, &copy);
     if (rc == 0)
-        rc = verify_pass(st, o, fd, info);
-    if (rc == 0 && st != NULL && !o->dry_run) {
+        rc = verify_pass(st, o, fd, copy, info);
+    if (copy >= 0)
+        fd = copy;
+    if (rc == 0 && second) {
         for (size_t i = 0; i < info->n_ns; i++)
             info->ns[i].imported = info->ns[i].present = info->ns[i].skipped = 0;
         rc = lseek(fd, 0, SEEK_SET) == 0 ? 0 : -errno;

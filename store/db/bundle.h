@@ -136,6 +136,12 @@ struct kc__bstream {
     const struct kc_bundle_crypto *crypto; /* digest_add when hashing */
     bool hashing;
     bool eof;
+    /* Reading: every byte read from fd is also written to copy_fd (-1:
+     * none), so that a stream is copied only as far as it is read and
+     * checked. copy_err: the first error writing it (the read then fails
+     * with it). */
+    int copy_fd;
+    int copy_err;
 };
 
 /* Starts a stream over fd (reading or writing) or, with fd -1, over the
@@ -291,6 +297,12 @@ struct kc__bundle_reader {
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                             bool trust_unsigned);
+/* The same over fd, writing every byte it reads from fd to copy_fd (-1:
+ * none) as it goes, for as long as the reader is used (a stream copied
+ * only as far as it checks out). */
+int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
+                                 struct kc_bundle_info *info,
+                                 const struct kc_bundle_crypto *crypto, bool trust_unsigned);
 /* The next record: 1 with *sp decoded and checked (pointing into the
  * reader's block, valid until the next call) and *put, *len its put file;
  * 0 after the trailer, once every count, digest and the signature check

@@ -29,6 +29,7 @@ int kc__bs_init(struct kc__bstream *s, int fd, const void *mem, size_t n)
 {
     memset(s, 0, sizeof *s);
     s->fd = fd;
+    s->copy_fd = -1;
     s->mem = mem;
     s->mem_len = n;
     s->xxh = XXH3_createState();
@@ -56,6 +57,20 @@ void kc__bs_free(struct kc__bstream *s)
         XXH3_freeState(s->xxh);
     memset(s, 0, sizeof *s);
     s->fd = -1;
+    s->copy_fd = -1;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n);
+
+/* Copies n bytes just read to copy_fd, if any: 0 or the write error. */
+static int bs_copy(struct kc__bstream *s, const unsigned char *p, size_t n)
+{
+    if (s->copy_fd < 0 || n == 0)
+        return 0;
+    int rc = write_all(s->copy_fd, p, n);
+    if (rc < 0 && s->copy_err == 0)
+        s->copy_err = rc;
+    return rc;
 }
 
 static void bs_hash(struct kc__bstream *s, const void *p, size_t n)
@@ -82,6 +97,9 @@ static int bs_fill(struct kc__bstream *s, size_t want)
             return -errno;
         if (r == 0)
             s->eof = true;
+        int rc = bs_copy(s, s->buf + s->len, (size_t)r);
+        if (rc < 0)
+            return rc;
         s->len += (size_t)r;
     }
     return 0;
@@ -105,6 +123,9 @@ int kc__bs_read(struct kc__bstream *s, void *p, size_t n)
                     s->eof = true;
                     return -ENODATA;
                 }
+                int rc = bs_copy(s, o, (size_t)r);
+                if (rc < 0)
+                    return rc;
                 bs_hash(s, o, (size_t)r);
                 s->off += (uint64_t)r;
                 o += r;
@@ -145,8 +166,6 @@ bool kc__bs_at_end(struct kc__bstream *s)
         return false;
     return s->pos == s->len;
 }
-
-static int write_all(int fd, const unsigned char *p, size_t n);
 
 int kc__bs_flush(struct kc__bstream *s)
 {
@@ -770,9 +789,27 @@ bool kc__bundle_reader_has_dict(const struct kc__bundle_reader *r, uint64_t id)
     return false;
 }
 
+static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
+                        int copy_fd, struct kc_bundle_info *info,
+                        const struct kc_bundle_crypto *crypto, bool trust_unsigned);
+
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                             bool trust_unsigned)
+{
+    return reader_begin(r, fd, mem, n, -1, info, crypto, trust_unsigned);
+}
+
+int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
+                                 struct kc_bundle_info *info,
+                                 const struct kc_bundle_crypto *crypto, bool trust_unsigned)
+{
+    return reader_begin(r, fd, NULL, 0, copy_fd, info, crypto, trust_unsigned);
+}
+
+static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
+                        int copy_fd, struct kc_bundle_info *info,
+                        const struct kc_bundle_crypto *crypto, bool trust_unsigned)
 {
     memset(r, 0, sizeof *r);
     memset(info, 0, sizeof *info);
@@ -782,6 +819,8 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
     int rc = kc__bs_init(&r->s, fd, mem, n);
     if (rc < 0)
         return fail(r, rc, "out of memory");
+    if (fd >= 0)
+        r->s.copy_fd = copy_fd;
     /* The digest starts with the first byte; it is kept only when the
      * header says the bundle is signed by a key we trust. */
     bool can_verify = crypto != NULL && crypto->digest_begin != NULL && crypto->verify != NULL;

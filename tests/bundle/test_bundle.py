@@ -584,6 +584,53 @@ def test_special(env, t, populate):
     left = [n for n in os.listdir(d) if ".tmp-" in n]
     check(not left, f"temp files left: {left}")
 
+    # Endless inputs: refused at the header, nothing copied past what was
+    # read to check it. A file-size limit of 8 MiB (SIGXFSZ) keeps a tool
+    # that copies without bound from filling the disk here.
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, 8 << 20))
+
+    b = env.store("endless")
+    for src in ("/dev/zero", "/dev/urandom"):
+        for args in (["--dir", b, "import", src, "--trust-unsigned"], ["bundle", "show", src]):
+            p = subprocess.run([TOOL] + args, env=t.base, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=60, preexec_fn=limited)
+            one_error(p, " ".join(args), "not a kcache bundle")
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        p = subprocess.run([TOOL, "--dir", b, "import", "-", "--trust-unsigned"], env=t.base,
+                           stdin=yes.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60, preexec_fn=limited)
+    finally:
+        yes.kill()
+        yes.wait()
+    one_error(p, "import of an endless pipe", "not a kcache bundle")
+    check(t.entries(b) == [], "an endless input imported entries")
+
+    # A FIFO nothing writes to: import and bundle show return (bounded),
+    # one line each; one whose writer comes later is read.
+    lonely = os.path.join(d, "lonely")
+    os.mkfifo(lonely)
+    procs = [subprocess.Popen([TOOL] + args, env=t.base, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for args in (["--dir", b, "import", lonely], ["bundle", "show", lonely])]
+    for pr, what in zip(procs, ("import", "bundle show")):
+        try:
+            out, err = pr.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise Failure(f"{what} of a FIFO with no writer hung")
+        pr.stderr = err
+        one_error(pr, f"{what} of a FIFO with no writer", "nothing writes to")
+    later = subprocess.Popen(["sh", "-c", 'sleep 1; exec "$0" --dir "$1" export -o "$2"',
+                              TOOL, a, lonely], env=t.base, stdout=subprocess.DEVNULL)
+    out = import_ok(t, b, lonely, "--trust-unsigned")
+    later.wait(timeout=60)
+    check("imported 20 of 20 entries" in out, f"import of a FIFO written later: {out!r}")
+
 
 def test_usable(env, t):
     """JIT namespaces on the stand-in driver: the tool tells this machine's
