@@ -411,9 +411,12 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
             kc_tool_human_size(info.raw_bytes, b2, sizeof b2), info.key_id ? "signed" : "unsigned");
     if (info.key_id)
         fprintf(f, "signed by key %016" PRIx64 "\n", info.key_id);
-    for (size_t i = 0; i < info.n_ns; i++)
-        fprintf(f, "  %s: %" PRIu64 " entries, %s\n", info.ns[i].ns, info.ns[i].entries,
+    for (size_t i = 0; i < info.n_ns; i++) {
+        char nm[KC_TOOL_PRINTABLE_MAX];
+        fprintf(f, "  %s: %" PRIu64 " entries, %s\n",
+                kc_tool_printable(info.ns[i].ns, nm, sizeof nm), info.ns[i].entries,
                 kc_tool_human_size(info.ns[i].raw_bytes, b1, sizeof b1));
+    }
     free(info.ns);
     return kc_tool_flush(f);
 }
@@ -489,9 +492,10 @@ static void print_namespaces(const struct kc_bundle_info *info, bool counts)
 {
     for (size_t i = 0; i < info->n_ns; i++) {
         const struct kc_bundle_ns *e = &info->ns[i];
-        char d[200], b[32];
+        char d[200], b[32], nm[KC_TOOL_PRINTABLE_MAX];
         kc_tool_ns_describe(e->ns, d, sizeof d);
-        printf("  %s\n    %s; %s\n    %" PRIu64 " entries, %s", e->ns, d, usable_words(e->usable),
+        printf("  %s\n    %s; %s\n    %" PRIu64 " entries, %s",
+               kc_tool_printable(e->ns, nm, sizeof nm), d, usable_words(e->usable),
                e->entries, kc_tool_human_size(e->raw_bytes, b, sizeof b));
         if (counts)
             printf(": %" PRIu64 " imported, %" PRIu64 " already present, %" PRIu64 " skipped",

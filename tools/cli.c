@@ -13,10 +13,16 @@ static void err_v(const char *fmt, va_list ap, const char *suffix)
 {
     char line[1024];
     vsnprintf(line, sizeof line, fmt, ap);
-    /* One line, whatever the message held. */
-    for (char *p = line; *p; p++)
-        if (*p == '\n' || *p == '\r')
+    /* One line of printable text, whatever the message held (a namespace
+     * from a bundle may hold escape sequences): line breaks become spaces,
+     * other control bytes '?'. */
+    for (char *p = line; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '\n' || c == '\r')
             *p = ' ';
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0))
+            *p = '?';
+    }
     fflush(stdout);
     fprintf(stderr, "kcache: error: %s%s\n", line, suffix);
 }
@@ -64,4 +70,33 @@ int kc_tool_flush(FILE *f)
     fprintf(stderr, "kcache: error: cannot write %s: %s\n",
             f == stdout ? "standard output" : "standard error", strerror(e));
     return KC_EXIT_RUNTIME;
+}
+
+const char *kc_tool_printable(const char *s, char *buf, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (len == 0)
+        return buf;
+    for (const unsigned char *p = (const unsigned char *)s; *p != 0; p++) {
+        char e[5];
+        size_t n = 0;
+        if (*p == '\\') {
+            e[n++] = '\\';
+            e[n++] = '\\';
+        } else if (*p >= 0x20 && *p < 0x7f) {
+            e[n++] = (char)*p;
+        } else {
+            e[n++] = '\\';
+            e[n++] = 'x';
+            e[n++] = hex[*p >> 4];
+            e[n++] = hex[*p & 15];
+        }
+        if (o + n >= len)
+            break;
+        memcpy(buf + o, e, n);
+        o += n;
+    }
+    buf[o] = 0;
+    return buf;
 }

@@ -22,6 +22,14 @@ int kc_tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2
 /* n bytes in binary units ("512 B", "1.5 MiB"), into buf; returns buf. */
 const char *kc_tool_human_size(uint64_t n, char *buf, size_t len);
 
+/* s with every byte that is not printable ASCII written as \xHH (and a
+ * backslash doubled), into buf (len bytes; cut short to fit); returns buf.
+ * Names read from a store or a bundle go through it before they are
+ * printed: they may hold anything (escape sequences, line breaks). A
+ * buffer of KC_TOOL_PRINTABLE_MAX bytes holds any namespace. */
+#define KC_TOOL_PRINTABLE_MAX (4 * 128 + 1)
+const char *kc_tool_printable(const char *s, char *buf, size_t len);
+
 /* Flushes f (stdout or stderr) and checks its error flag: 0, or after one
  * error line naming the write error, KC_EXIT_RUNTIME. Every command's
  * output ends with it: a full disk or a closed pipe is a failure. */

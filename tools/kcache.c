@@ -138,14 +138,16 @@ static void key_hex(const kc_key *k, char out[33])
     snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, k->id.hi, k->id.lo);
 }
 
-/* Prints s as a JSON string. */
+/* Prints s as a JSON string: ASCII only (a byte past it, which a store's
+ * name may hold whether or not it is UTF-8, as \u00XX, so the document is
+ * always valid and shows no control byte). */
 static void json_str(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
             fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
+        else if (*p < 0x20 || *p >= 0x7f)
             fprintf(f, "\\u%04x", *p);
         else
             fputc(*p, f);
@@ -511,9 +513,12 @@ static int cmd_stats(struct ctx *c, bool json)
         printf("Compile time saved:   %.3f s\n", saved_ns / 1e9);
         if (v->n_ns > 0) {
             printf("Namespaces:\n");
-            for (size_t i = 0; i < v->n_ns; i++)
-                printf("  %-40s %8" PRIu64 " entries  %s\n", v->ns[i].ns, v->ns[i].entries,
+            for (size_t i = 0; i < v->n_ns; i++) {
+                char nm[KC_TOOL_PRINTABLE_MAX];
+                printf("  %-40s %8" PRIu64 " entries  %s\n",
+                       kc_tool_printable(v->ns[i].ns, nm, sizeof nm), v->ns[i].entries,
                        kc_tool_human_size(v->ns[i].raw_bytes, b1, sizeof b1));
+            }
         }
         printf("Backends:\n");
         for (size_t i = 0; i < nb; i++) {
@@ -522,9 +527,10 @@ static int cmd_stats(struct ctx *c, bool json)
             memset(&z, 0, sizeof z);
             const struct kc_counters *k = b != NULL ? &b->c : &z;
             uint64_t lookups = k->hits + k->misses;
+            char nm[KC_TOOL_PRINTABLE_MAX];
             printf("  %-6s hits %" PRIu64 "  misses %" PRIu64 "  passthrough %" PRIu64
                    "  stores %" PRIu64 "  errors %" PRIu64,
-                   names[i], k->hits, k->misses, k->passthrough, k->stores, k->errors);
+                   kc_tool_printable(names[i], nm, sizeof nm), k->hits, k->misses, k->passthrough, k->stores, k->errors);
             if (lookups > 0)
                 printf("  hit rate %.1f%%", 100.0 * (double)k->hits / (double)lookups);
             printf("  saved %.3fs  compiled %.3fs\n", k->saved_ns / 1e9, k->compile_ns / 1e9);
@@ -544,9 +550,10 @@ static int cmd_stats(struct ctx *c, bool json)
 static int ls_cb(const struct kc_entry *e, void *arg)
 {
     (void)arg;
-    char hex[33], t[40];
+    char hex[33], t[40], nm[KC_TOOL_PRINTABLE_MAX];
     key_hex(&e->key, hex);
-    printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex, e->ns,
+    printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex,
+           kc_tool_printable(e->ns, nm, sizeof nm),
            kind_name(e->info.kind), e->info.body_size, e->stored_bytes, e->info.hits,
            format_time(e->info.last_hit, t, sizeof t), e->pending ? " pending" : "");
     return 0;
@@ -668,7 +675,8 @@ static int cmd_show(struct ctx *c, const char *key)
             printf("\n");
         printf("Key:          %s\n", hex);
         printf("Build:        %016" PRIx64 "\n", m->key.build);
-        printf("Namespace:    %s\n", m->ns);
+        char nm[KC_TOOL_PRINTABLE_MAX];
+        printf("Namespace:    %s\n", kc_tool_printable(m->ns, nm, sizeof nm));
         printf("Kind:         %s\n", kind_name(m->info.kind));
         printf("Format:       %" PRIu32 "\n", m->info.format);
         printf("Size:         %" PRIu64 " bytes (%s)\n", m->info.body_size,

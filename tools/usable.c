@@ -73,10 +73,12 @@ static void local_nvrtc(int want_major, int want_minor)
     for (int i = 0; i < n_nvrtc_tried; i++)
         if (nvrtc_tried[i][0] == want_major && nvrtc_tried[i][1] == want_minor + 1)
             return;
-    if (n_nvrtc_tried < MAX_LOCAL) {
-        nvrtc_tried[n_nvrtc_tried][0] = want_major;
-        nvrtc_tried[n_nvrtc_tried++][1] = want_minor + 1;
-    }
+    /* Past MAX_LOCAL versions looked for (a bundle may name thousands),
+     * no more libraries are loaded: those are not found here. */
+    if (n_nvrtc_tried >= MAX_LOCAL)
+        return;
+    nvrtc_tried[n_nvrtc_tried][0] = want_major;
+    nvrtc_tried[n_nvrtc_tried++][1] = want_minor + 1;
     void *h = open_nvrtc(want_major);
     if (h == NULL)
         return;

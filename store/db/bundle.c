@@ -314,6 +314,7 @@ struct nslist {
     struct kc_bundle_info *info;
     size_t cap;
     int err;
+    struct kc__nsindex index;
 };
 
 static struct kc_bundle_ns *ns_get(struct nslist *l, const char *ns)
@@ -321,9 +322,9 @@ static struct kc_bundle_ns *ns_get(struct nslist *l, const char *ns)
     struct kc_bundle_info *info = l->info;
     if (info->n_ns > 0 && strcmp(info->ns[info->n_ns - 1].ns, ns) == 0)
         return &info->ns[info->n_ns - 1];
-    for (size_t i = 0; i < info->n_ns; i++)
-        if (strcmp(info->ns[i].ns, ns) == 0)
-            return &info->ns[i];
+    size_t i = kc__nsindex_find(&l->index, info->ns, ns);
+    if (i != SIZE_MAX)
+        return &info->ns[i];
     if (info->n_ns == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 8;
         struct kc_bundle_ns *v = realloc(info->ns, cap * sizeof *v);
@@ -334,10 +335,15 @@ static struct kc_bundle_ns *ns_get(struct nslist *l, const char *ns)
         info->ns = v;
         l->cap = cap;
     }
-    struct kc_bundle_ns *e = &info->ns[info->n_ns++];
+    struct kc_bundle_ns *e = &info->ns[info->n_ns];
     memset(e, 0, sizeof *e);
     snprintf(e->ns, sizeof e->ns, "%s", ns);
     e->usable = -1;
+    if (kc__nsindex_add(&l->index, info->ns, info->n_ns) != 0) {
+        l->err = -ENOMEM;
+        return NULL;
+    }
+    info->n_ns++;
     return e;
 }
 
@@ -556,6 +562,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
             info->ns = NULL;
             info->n_ns = 0;
             l.cap = 0;
+            kc__nsindex_free(&l.index);
             info->entries = info->raw_bytes = 0;
             if (rc == 0 && o->max_size < fixed + KC__BUNDLE_BLOCK_HDR) {
                 rc = why(info, -ENOSPC, "--max-size %" PRIu64 " is smaller than an empty bundle",
@@ -575,6 +582,7 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         if (rc == 0)
             rc = each_cand(&s, add_ns, &l);
     }
+    kc__nsindex_free(&l.index);
     if (rc != 0) {
         if (have)
             kc__store_reader_release(st);

@@ -233,6 +233,22 @@ static inline uint64_t kc__put_file_size(size_t nl, uint64_t bs)
 /* The bytes a record of a put file of len bytes takes in a block. */
 #define KC__BUNDLE_REC_SIZE(len) ((uint64_t)KC__BUNDLE_REC_HDR + (len))
 
+/* ---- a namespace table's index (bundle_io.c) ----------------------------- */
+
+/* Names of an array of struct kc_bundle_ns, hashed: finding one costs the
+ * same for 1 or 65,536 namespaces (a bundle header holds up to
+ * KC__BUNDLE_MAX_NS). It keeps indices, so the array may move. */
+struct kc__nsindex {
+    uint32_t *slot; /* index + 1; 0: empty */
+    size_t cap, n;
+};
+/* The index in v of name, or SIZE_MAX. */
+size_t kc__nsindex_find(const struct kc__nsindex *x, const struct kc_bundle_ns *v,
+                        const char *name);
+/* Indexes v[i], whose name is not indexed yet. 0 or -ENOMEM. */
+int kc__nsindex_add(struct kc__nsindex *x, const struct kc_bundle_ns *v, size_t i);
+void kc__nsindex_free(struct kc__nsindex *x);
+
 /* ---- the reader (bundle_io.c) ------------------------------------------- */
 
 /* A body record as the reader found it. */
@@ -254,6 +270,7 @@ struct kc__bundle_reader {
     uint64_t block_no, record_no;
     uint64_t seen_raw;
     uint64_t *ns_entries, *ns_bytes; /* tallies per namespace of info->ns */
+    struct kc__nsindex ns_index;     /* info->ns by name */
     void *zdctx;                     /* ZSTD_DCtx */
     bool done;
     /* Set by the caller: inflate every stored body and check it against

@@ -22,6 +22,8 @@
 #include <zstd.h>
 
 #define IO_CHUNK (1u << 20)
+/* The header text lists namespaces up to about this many bytes. */
+#define HEADER_TEXT_NS (256u << 10)
 
 /* ---- the stream ---------------------------------------------------------- */
 
@@ -281,7 +283,14 @@ static void header_text(struct kc__buf *t, const struct kc_bundle_info *info, in
         ascii_line(t, "signed by key %016" PRIx64, info->key_id);
     else
         ascii_line(t, "unsigned");
+    /* The text is for people and bounded (a reader refuses more than
+     * KC__BUNDLE_MAX_TEXT): past HEADER_TEXT_NS bytes of namespaces the
+     * rest are counted, not listed (the table after the text has them all). */
     for (size_t i = 0; i < info->n_ns; i++) {
+        if (t->len > HEADER_TEXT_NS) {
+            ascii_line(t, "and %zu more namespaces", info->n_ns - i);
+            break;
+        }
         char d[200];
         kc__bundle_ns_describe(info->ns[i].ns, d, sizeof d);
         ascii_line(t, "namespace %s: %s; %" PRIu64 " entries, %" PRIu64 " bytes", info->ns[i].ns, d,
@@ -652,6 +661,60 @@ void kc__bundle_writer_free(struct kc__bundle_writer *w)
     memset(w, 0, sizeof *w);
 }
 
+/* ---- namespace index ---------------------------------------------------------- */
+
+static size_t ns_hash(const char *name)
+{
+    return (size_t)XXH3_64bits(name, strlen(name));
+}
+
+size_t kc__nsindex_find(const struct kc__nsindex *x, const struct kc_bundle_ns *v,
+                        const char *name)
+{
+    if (x->cap == 0)
+        return SIZE_MAX;
+    size_t mask = x->cap - 1;
+    for (size_t i = ns_hash(name) & mask; x->slot[i] != 0; i = (i + 1) & mask)
+        if (strcmp(v[x->slot[i] - 1].ns, name) == 0)
+            return x->slot[i] - 1;
+    return SIZE_MAX;
+}
+
+static void ns_place(uint32_t *slot, size_t mask, const struct kc_bundle_ns *v, uint32_t i)
+{
+    size_t j = ns_hash(v[i].ns) & mask;
+    while (slot[j] != 0)
+        j = (j + 1) & mask;
+    slot[j] = i + 1;
+}
+
+int kc__nsindex_add(struct kc__nsindex *x, const struct kc_bundle_ns *v, size_t i)
+{
+    if (i >= UINT32_MAX)
+        return -ENOMEM;
+    if (2 * (x->n + 1) > x->cap) {
+        size_t cap = x->cap ? 2 * x->cap : 64;
+        uint32_t *slot = calloc(cap, sizeof *slot);
+        if (slot == NULL)
+            return -ENOMEM;
+        for (size_t k = 0; k < x->cap; k++)
+            if (x->slot[k] != 0)
+                ns_place(slot, cap - 1, v, x->slot[k] - 1);
+        free(x->slot);
+        x->slot = slot;
+        x->cap = cap;
+    }
+    ns_place(x->slot, x->cap - 1, v, (uint32_t)i);
+    x->n++;
+    return 0;
+}
+
+void kc__nsindex_free(struct kc__nsindex *x)
+{
+    free(x->slot);
+    memset(x, 0, sizeof *x);
+}
+
 /* ---- the reader ------------------------------------------------------------- */
 
 static int fail(struct kc__bundle_reader *r, int rc, const char *fmt, ...)
@@ -932,11 +995,14 @@ static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, si
         memcpy(e->ns, h + o + KC__BUNDLE_NS_FIXED, nl);
         e->ns[nl] = '\0';
         e->usable = -1;
-        for (uint32_t j = 0; j < i; j++)
-            if (strcmp(info->ns[j].ns, e->ns) == 0) {
-                free(h);
-                return fail(r, -EBADMSG, "damaged header: namespace %s twice", e->ns);
-            }
+        if (kc__nsindex_find(&r->ns_index, info->ns, e->ns) != SIZE_MAX) {
+            free(h);
+            return fail(r, -EBADMSG, "damaged header: namespace %s twice", e->ns);
+        }
+        if (kc__nsindex_add(&r->ns_index, info->ns, i) != 0) {
+            free(h);
+            return fail(r, -ENOMEM, "out of memory");
+        }
         sum_entries += e->entries;
         sum_bytes += e->raw_bytes;
         o += KC__BUNDLE_NS_FIXED + nl;
@@ -1382,11 +1448,8 @@ again:
     if (!detached && (bd.lo != want.lo || bd.hi != want.hi))
         return fail(r, -EBADMSG, "entry %" PRIu64 " in %s: its body does not match its digest", no,
                     sp->ns);
-    size_t i;
-    for (i = 0; i < r->info->n_ns; i++)
-        if (strcmp(r->info->ns[i].ns, sp->ns) == 0)
-            break;
-    if (i == r->info->n_ns)
+    size_t i = kc__nsindex_find(&r->ns_index, r->info->ns, sp->ns);
+    if (i >= r->info->n_ns)
         return fail(r, -EBADMSG, "entry %" PRIu64 " is in namespace %s, which the header lacks", no,
                     sp->ns);
     if (no > r->info->entries || r->ns_entries[i] >= r->info->ns[i].entries)
@@ -1425,6 +1488,7 @@ void kc__bundle_reader_free(struct kc__bundle_reader *r)
     free(r->raw);
     free(r->ns_entries);
     free(r->ns_bytes);
+    kc__nsindex_free(&r->ns_index);
     if (r->zdctx != NULL)
         ZSTD_freeDCtx(r->zdctx);
     memset(r, 0, sizeof *r);

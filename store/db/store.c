@@ -222,15 +222,20 @@ static struct kc_backend_stats *stats_backend(struct kc_store_stats *s, const ch
     return b;
 }
 
-static struct kc_ns_stats *stats_ns(struct kc_store_stats *s, const char *name)
+/* A new namespace's tally: the kernels family is walked in key order
+ * (ns \0 key), so each namespace's entries come together, once; the array
+ * grows by doubling (a store may hold tens of thousands). */
+static struct kc_ns_stats *stats_ns(struct kc_store_stats *s, const char *name, size_t *cap)
 {
-    for (size_t i = 0; i < s->n_ns; i++)
-        if (strcmp(s->ns[i].ns, name) == 0)
-            return &s->ns[i];
-    struct kc_ns_stats *v = realloc(s->ns, (s->n_ns + 1) * sizeof *v);
-    if (v == NULL)
-        return NULL;
-    s->ns = v;
+    if (s->n_ns == *cap) {
+        size_t c = *cap ? 2 * *cap : 16;
+        struct kc_ns_stats *v = realloc(s->ns, c * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        s->ns = v;
+        *cap = c;
+    }
+    struct kc_ns_stats *v = s->ns;
     struct kc_ns_stats *n = &v[s->n_ns++];
     memset(n, 0, sizeof *n);
     snprintf(n->ns, sizeof n->ns, "%s", name);
@@ -293,6 +298,7 @@ static int st_stats(struct kc_store *store, struct kc_store_stats **out)
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
         struct kc_ns_stats *cur = NULL;
+        size_t ns_cap = 0;
         for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
             size_t kl, vl;
             const char *k = rocksdb_iter_key(it, &kl);
@@ -306,7 +312,7 @@ static int st_stats(struct kc_store *store, struct kc_store_stats **out)
             if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0)
                 raw = h.body_size;
             if (cur == NULL || strcmp(cur->ns, ns) != 0)
-                cur = stats_ns(s, ns);
+                cur = stats_ns(s, ns, &ns_cap);
             if (cur != NULL) {
                 cur->entries++;
                 cur->raw_bytes += raw;

@@ -30,6 +30,11 @@
  *   stored-garbage a stored body whose frame states the right size but
  *                 does not inflate (its digest is of those bytes): an
  *                 import takes it, a dry run refuses it
+ *   evil-name     the valid bundle, its namespace a name holding a line
+ *                 break and terminal escapes that, printed raw, forge a
+ *                 "signed by key ... (a trusted key)" line
+ *   many-ns       65,536 namespaces whose names share a 119-byte prefix,
+ *                 one entry each (a 9.7 MB header), in kernels key order
  * Exit status 0 once written, 2 on bad usage, 1 on an error.
  */
 #include "bundle.h"
@@ -79,6 +84,8 @@ static int s_sign(void *ctx, const void *msg, size_t n, unsigned char sig[64])
 }
 
 static const char *NS = "nvrtc-test";
+
+#define EVIL_NS "nvrtc-test\nsigned by key 0123456789abcdef (a trusted key)\x1b[2K\r\x9b" "1m"
 
 /* A put file of (NS, key i) with a body of n bytes. */
 static void make_put(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest *bd)
@@ -251,8 +258,56 @@ int main(int argc, char **argv)
         close(fd);
         return rc < 0;
     }
+    if (strcmp(mode, "evil-name") == 0) {
+        NS = EVIL_NS;
+        snprintf(ns.ns, sizeof ns.ns, "%s", NS);
+        make_put(&put, 1, 3000, &k1, &b1);
+        put1.len = 0;
+        kc__buf_add(&put1, put.p, put.len);
+        make_put(&put, 0, 2000, &k0, &b0);
+        ns.raw_bytes = KC__BUNDLE_REC_SIZE(put.len) + KC__BUNDLE_REC_SIZE(put1.len);
+        info.raw_bytes = ns.raw_bytes;
+    }
+    if (strcmp(mode, "many-ns") == 0) {
+        /* One entry per namespace, in name order (so in kernels key order). */
+        enum { N = 65536 };
+        struct kc_bundle_ns *v = calloc(N, sizeof *v);
+        char prefix[120];
+        memset(prefix, 'p', 119);
+        memcpy(prefix, "kcache-test-", 12);
+        prefix[119] = 0;
+        uint64_t total = 0;
+        for (int i = 0; i < N; i++) {
+            snprintf(v[i].ns, sizeof v[i].ns, "%s%05d", prefix, i);
+            NS = v[i].ns;
+            make_put(&put, i, 64, &k0, &b0);
+            v[i].entries = 1;
+            v[i].raw_bytes = KC__BUNDLE_REC_SIZE(put.len);
+            total += v[i].raw_bytes;
+        }
+        info.n_ns = N;
+        info.ns = v;
+        info.entries = N;
+        info.raw_bytes = total;
+        rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
+        for (int i = 0; i < N && rc == 0; i++) {
+            NS = v[i].ns;
+            make_put(&put, i, 64, &k0, &b0);
+            rc = kc__bundle_writer_add(&w, NS, &k0, &b0, put.p, put.len);
+        }
+        uint64_t size = 0;
+        rc = rc ? rc : kc__bundle_writer_finish(&w, &size);
+        kc__bundle_writer_free(&w);
+        if (close(fd) != 0 && rc == 0)
+            rc = -errno;
+        free(v);
+        if (rc < 0)
+            fprintf(stderr, "bundle_forge: %s\n", strerror(-rc));
+        return rc < 0;
+    }
     rc = kc__bundle_writer_begin(&w, fd, &info, KC_BUNDLE_ZSTD, 0, crypto, NULL, 0);
-    if (strcmp(mode, "valid") == 0 || strcmp(mode, "extra-bytes") == 0) {
+    if (strcmp(mode, "valid") == 0 || strcmp(mode, "extra-bytes") == 0 ||
+        strcmp(mode, "evil-name") == 0) {
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k0, &b0, put.p, put.len);
         rc = rc ? rc : kc__bundle_writer_add(&w, NS, &k1, &b1, put1.p, put1.len);
     } else if (strcmp(mode, "key-mismatch") == 0) {

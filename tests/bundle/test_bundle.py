@@ -38,6 +38,12 @@ TEST is one of:
              /dev/zero, /dev/urandom and an endless pipe stop at the header
              with nothing copied, and of a FIFO with no writer return
              (bounded) with one error line.
+  names      a bundle whose namespace holds a line break and terminal
+             escapes: bundle show, import, ls, show, stats (text and JSON)
+             print it escaped, never a forged "signed by key" line or a
+             control byte. A header of 65,536 namespaces sharing a 119-byte
+             prefix (one entry each): bundle show, import and stats stay
+             within generous CPU-time bounds (each check was quadratic).
   usable     JIT entries of two devices (the stand-in driver at 9.0 and
              8.0): bundle show says which one this device can use, as the
              shim names them; import --only-usable skips the other.
@@ -632,6 +638,69 @@ def test_special(env, t, populate):
     check("imported 20 of 20 entries" in out, f"import of a FIFO written later: {out!r}")
 
 
+EVIL = b"nvrtc-test\nsigned by key 0123456789abcdef (a trusted key)\x1b[2K\r\x9b1m"
+
+
+def cpu_run(t, args, limit, what):
+    """Runs the tool; checks it exits 0 within `limit` s of CPU time (user +
+    system: a bound on its work, whatever else the machine runs)."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = t.run(args)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"  {what}: {cpu:.2f} s CPU", flush=True)
+    check(cpu <= limit, f"{what}: {cpu:.2f} s of CPU time, the bound is {limit} s")
+    return p
+
+
+def test_names(env, t, forge):
+    def clean(what, data):
+        check(not re.search(rb"[\x00-\x09\x0b-\x1f\x7f-\x9f]", data),
+              f"{what}: a control byte is printed: {data[:400]!r}")
+        check(not re.search(rb"^signed by key 0123456789abcdef", data, re.M),
+              f"{what}: the name forged a signer line: {data[:400]!r}")
+
+    evil = os.path.join(env.tmp, "evil.kcb")
+    subprocess.run([forge, "evil-name", evil], check=True)
+    shown = br"nvrtc-test\x0asigned by key 0123456789abcdef (a trusted key)\x1b[2K\x0d\x9b1m"
+    p = t.run(["bundle", "show", evil])
+    clean("bundle show", p.stdout)
+    check(shown in p.stdout, f"bundle show does not show the name escaped: {p.stdout!r}")
+    b = env.store("evil")
+    p = t.run(["--dir", b, "import", evil, "--trust-unsigned"])
+    clean("import", p.stdout)
+    check(shown in p.stdout, f"import does not show the name escaped: {p.stdout!r}")
+    p = t.run(["--dir", b, "ls"])
+    clean("ls", p.stdout)
+    lines = p.stdout.splitlines()
+    check(len(lines) == 2 and all(shown in l for l in lines), f"ls: {p.stdout!r}")
+    p = t.run(["--dir", b, "show", lines[0].split()[0].decode()])
+    clean("show", p.stdout)
+    check(b"Namespace:    " + shown + b"\n" in p.stdout, f"show: {p.stdout!r}")
+    p = t.run(["--dir", b, "stats"])
+    clean("stats", p.stdout)
+    check(shown in p.stdout, f"stats: {p.stdout!r}")
+    p = t.run(["--dir", b, "stats", "--json"])
+    clean("stats --json", p.stdout)
+    import json
+    d = json.loads(p.stdout)
+    check([n["name"] for n in d["namespaces"]] == [EVIL.decode("latin-1")],
+          f"stats --json: namespaces {d['namespaces']}")
+
+    # 65,536 namespaces: every check of them linear (or n log n).
+    many = os.path.join(env.tmp, "many.kcb")
+    subprocess.run([forge, "many-ns", many], check=True)
+    check(os.path.getsize(many) > 9_000_000, f"many-ns: {os.path.getsize(many)} bytes")
+    p = cpu_run(t, ["bundle", "show", many], 3.0, "bundle show of 65,536 namespaces")
+    check(p.stdout.count(b"\n  kcache-test-") == 65536, "bundle show: not every namespace listed")
+    c = env.store("many")
+    cpu_run(t, ["--dir", c, "import", many, "--trust-unsigned"], 10.0,
+            "import of 65,536 namespaces")
+    p = cpu_run(t, ["--dir", c, "stats"], 3.0, "stats of a store of 65,536 namespaces")
+    check(re.search(rb"^Entries: +65536", p.stdout, re.M), f"stats: {p.stdout[:300]!r}")
+
+
 def test_usable(env, t):
     """JIT namespaces on the stand-in driver: the tool tells this machine's
     devices (as the shim names them) from others, and --only-usable skips
@@ -740,6 +809,8 @@ def main():
             test_usable(env, t)
         elif test == "special":
             test_special(env, t, populate)
+        elif test == "names":
+            test_names(env, t, forge)
         else:
             print(f"unknown test {test}", file=sys.stderr)
             return 2
