@@ -354,9 +354,10 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     }
     struct stat sb;
     if (stat(t->dir, &sb) != 0) {
+        int e = errno; /* before crypto_close, which may change it */
         crypto_close(&k);
-        if (errno != ENOENT) {
-            kc_tool_err("cannot use cache directory %s: %s", t->dir, strerror(errno));
+        if (e != ENOENT) {
+            kc_tool_err("cannot use cache directory %s: %s", t->dir, strerror(e));
             return KC_EXIT_RUNTIME;
         }
         kc_tool_err("no store in %s: nothing to export", t->dir);

@@ -376,7 +376,8 @@ static int cmp_used(const void *a, const void *b)
 /* Hot files for the most recently used entries, as many as DIR/hot's
  * bound holds (as bundle.c's import_hot chooses them from the database),
  * written from the bundle's bodies while the tables are written and
- * ingested (no lookup, no pass over the tables). The bound follows the
+ * ingested (no lookup, no pass over the tables), under staged names that
+ * become theirs once the tables are in (kc__hot_stage_end). The bound follows the
  * tables' size, which is not known yet: it is taken from the bodies'
  * stored bytes, which the tables hold and more (kc__hot_enforce brings DIR/hot
  * to the real bound afterwards). */
@@ -424,7 +425,7 @@ static void *bulk_hot(void *arg)
         if (e->at <= j->map_len && e->len <= j->map_len - e->at &&
             kc__body_decode(j->map + e->at, (size_t)e->len, j->ow->d.dicts, &body, &bl) == 0 &&
             bl == h.body_size && kc__body_xxh(body, bl) == h.body_xxh)
-            kc__hot_write(ow, ns, &key, &h, body, bl);
+            kc__hot_write_staged(ow, ns, &key, &h, body, bl);
         free(body);
         if (!kc__hot_can_write(ow))
             break;
@@ -491,7 +492,11 @@ int kc__bulk_import(struct kc__owner *ow, int fd, const struct kc_bundle_import_
     }
     if (hj.started) {
         pthread_join(hj.th, NULL);
-        if (rc == 1 && ow->unique <= ow->max_size) {
+        /* Written under staged names: served only once their entries are
+         * committed (a kill before leaves none a reader finds). */
+        bool publish = rc == 1 && ow->unique <= ow->max_size;
+        kc__hot_stage_end(ow, publish);
+        if (publish) {
             kc__hot_enforce(ow);
             *hot_done = true;
         } else {

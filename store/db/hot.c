@@ -281,14 +281,18 @@ void kc__hot_touch(struct kc__owner *o, const char *ns, const kc_key *key)
     free(body);
 }
 
-bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const struct kc__hdr *h,
-                   const void *body, size_t len)
+static bool hot_write(struct kc__owner *o, const char *ns, const kc_key *key,
+                      const struct kc__hdr *h, const void *body, size_t len, bool staged)
 {
     struct kc__buf b = {0};
     bool ok = false;
     if (kc__spool_put_encode(&b, ns, key, NULL, h, body, len) == 0) {
-        char name[40];
-        kc__spool_name(ns, key, 0, name);
+        char hash[40], name[64];
+        kc__spool_name(ns, key, 0, hash);
+        if (staged)
+            snprintf(name, sizeof name, "i-%d-%s", (int)getpid(), hash);
+        else
+            snprintf(name, sizeof name, "%s", hash);
         if (kc__spool_write(o->p.hot, name, b.p, b.len, false) == 0) {
             o->hot_bytes += hot_blocks(b.len);
             ok = true;
@@ -296,6 +300,38 @@ bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const
     }
     kc__buf_free(&b);
     return ok;
+}
+
+bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const struct kc__hdr *h,
+                   const void *body, size_t len)
+{
+    return hot_write(o, ns, key, h, body, len, false);
+}
+
+bool kc__hot_write_staged(struct kc__owner *o, const char *ns, const kc_key *key,
+                          const struct kc__hdr *h, const void *body, size_t len)
+{
+    return hot_write(o, ns, key, h, body, len, true);
+}
+
+void kc__hot_stage_end(struct kc__owner *o, bool publish)
+{
+    char prefix[32];
+    int pl = snprintf(prefix, sizeof prefix, "i-%d-", (int)getpid());
+    DIR *d = opendir(o->p.hot);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)pl) != 0)
+            continue;
+        if (!publish || !hot_name(e->d_name + pl) ||
+            renameat(dirfd(d), e->d_name, dirfd(d), e->d_name + pl) != 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+    if (!publish)
+        o->hot_bytes = kc__hot_list(o, NULL, NULL);
 }
 
 bool kc__hot_can_write(struct kc__owner *o)

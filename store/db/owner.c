@@ -100,7 +100,9 @@ static void clean_stale(struct kc__owner *o)
             continue;
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == 't' && e->d_name[1] == '-' && kc__pid_gone(e->d_name + 2))
+            /* t-: temp files; i-: a killed import's staged hot files. */
+            if ((e->d_name[0] == 't' || (i == 1 && e->d_name[0] == 'i')) &&
+                e->d_name[1] == '-' && kc__pid_gone(e->d_name + 2))
                 unlinkat(dirfd(d), e->d_name, 0);
         }
         closedir(d);

@@ -115,6 +115,13 @@ uint64_t kc__hot_limit(struct kc__owner *o);
  * it was written (o->hot_bytes counts it). */
 bool kc__hot_write(struct kc__owner *o, const char *ns, const kc_key *key, const struct kc__hdr *h,
                    const void *body, size_t len);
+/* The same under a staged name (DIR/hot/i-<pid>-<hash>, which no reader
+ * looks for), for entries not committed yet: kc__hot_stage_end publishes
+ * them (renamed to their hot names) once they are, or removes them. A
+ * killed writer's are swept at the next session (owner.c clean_stale). */
+bool kc__hot_write_staged(struct kc__owner *o, const char *ns, const kc_key *key,
+                          const struct kc__hdr *h, const void *body, size_t len);
+void kc__hot_stage_end(struct kc__owner *o, bool publish);
 /* Whether hot files may be written now (a bound, and room on the disk). */
 bool kc__hot_can_write(struct kc__owner *o);
 /* Past the bound, packs and removes the least recently hit hot files. */

@@ -44,6 +44,10 @@ TEST is one of:
              control byte. A header of 65,536 namespaces sharing a 119-byte
              prefix (one entry each): bundle show, import and stats stay
              within generous CPU-time bounds (each check was quadratic).
+  killed     kill -9 of imports into an empty store (the tables path, hot
+             files written beside it) at spread-out moments: the store never
+             holds a hot file of an entry its database lacks (a reader would
+             serve it), and verify, after, finds no bad hot file.
   usable     JIT entries of two devices (the stand-in driver at 9.0 and
              8.0): bundle show says which one this device can use, as the
              shim names them; import --only-usable skips the other.
@@ -701,6 +705,50 @@ def test_names(env, t, forge):
     check(re.search(rb"^Entries: +65536", p.stdout, re.M), f"stats: {p.stdout[:300]!r}")
 
 
+def hot_names(store):
+    d = os.path.join(store, "hot")
+    if not os.path.isdir(d):
+        return []
+    return [n for n in os.listdir(d) if re.fullmatch(r"[0-9a-f]{32}", n)]
+
+
+def test_killed(env, t, populate):
+    a = env.store("a")
+    subprocess.run([populate, a, "1500", "--drain"], check=True, stdout=subprocess.DEVNULL,
+                   env=dict(t.base))
+    bundle = os.path.join(env.tmp, "a.kcb")
+    t.run(["--dir", a, "export", "-o", bundle])
+    # Killed as soon as the import's first hot file (under any name) is
+    # there, and a few ms later: while the tables are being written.
+    caught = 0
+    for i, delay in enumerate((0, 0, 0.005, 0.01, 0.02, 0.04)):
+        s = env.store(f"killed{i}")
+        hot = os.path.join(s, "hot")
+        p = subprocess.Popen([TOOL, "--dir", s, "import", bundle, "--trust-unsigned"],
+                             env=t.base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < end:
+            try:
+                if any(not n.startswith("t-") for n in os.listdir(hot)):
+                    break
+            except FileNotFoundError:
+                pass
+            time.sleep(0.0005)
+        time.sleep(delay)
+        p.kill()
+        p.wait()
+        n = len(t.entries(s))
+        names = hot_names(s)
+        caught += n == 0 and p.returncode == -9
+        check(n > 0 or names == [],
+              f"kill -9 {delay * 1000:.0f} ms after the import's first hot file: "
+              f"{len(names)} hot files, no entry in the database")
+        v = t.run(["--dir", s, "verify"]).stdout.decode()
+        check(" 0 bad spool files removed" in v, f"verify after the kill: {v!r}")
+    print(f"  {caught} of 6 kills before the tables were in", flush=True)
+    check(caught > 0, "no kill landed before the tables were in: the check did not run")
+
+
 def test_usable(env, t):
     """JIT namespaces on the stand-in driver: the tool tells this machine's
     devices (as the shim names them) from others, and --only-usable skips
@@ -811,6 +859,8 @@ def main():
             test_special(env, t, populate)
         elif test == "names":
             test_names(env, t, forge)
+        elif test == "killed":
+            test_killed(env, t, populate)
         else:
             print(f"unknown test {test}", file=sys.stderr)
             return 2
