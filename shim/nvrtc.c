@@ -829,9 +829,10 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
         /* The seed's take_by_source: an earlier build's artifact of the
          * same request is moved under this build's key. */
         kc_key found;
-        if (api->take_by_source(st, ns, &result, build, &body, &len, &found) == 0) {
+        if (api->take_by_source(st, ns, &result, build, &body, &len, &found, &info) == 0) {
             grc = 0;
-            api->put(st, ns, &key, &result, KC_KIND_NVRTC, body, len, 0);
+            /* It keeps the compile time it saves (a hit reports it). */
+            api->put(st, ns, &key, &result, KC_KIND_NVRTC, body, len, info.saved_ns);
         }
     }
     if (grc != 0)

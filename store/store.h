@@ -319,10 +319,12 @@ struct kc_store_ops {
     /* The seed's take_by_source: the artifact another kernel finalized from
      * `source`. If that kernel's build is `build` it keeps its entry (a copy
      * is returned); if it is of an earlier build, the entry is moved: the
-     * sources map and the old key are purged. 0 with *body, *len and *found
-     * filled; -ENOENT when none. */
+     * sources map and the old key are purged. 0 with *body, *len, *found
+     * and (when not NULL) *info filled: the entry's header, whose saved_ns
+     * the moved entry keeps; -ENOENT when none. */
     int (*take_by_source)(struct kc_store *st, const char *ns, const kc_digest *source,
-                          uint64_t build, void **body, size_t *len, kc_key *found);
+                          uint64_t build, void **body, size_t *len, kc_key *found,
+                          struct kc_record_info *info);
 
     /* Removes `key` from `ns` (a bad or stale entry). 0 or -ENOENT. */
     int (*purge)(struct kc_store *st, const char *ns, const kc_key *key);

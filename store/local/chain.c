@@ -228,7 +228,8 @@ int kc__chain_put(struct kc_store *st, const char *ns, const kc_key *key, const 
 }
 
 int kc__chain_take_by_source(struct kc_store *st, const char *ns, const kc_digest *source,
-                             uint64_t build, void **body, size_t *len, kc_key *found)
+                             uint64_t build, void **body, size_t *len, kc_key *found,
+                             struct kc_record_info *info)
 {
     if (st == NULL || !kc__ns_ok(ns) || source == NULL || body == NULL || len == NULL)
         return -EINVAL;
@@ -244,10 +245,14 @@ int kc__chain_take_by_source(struct kc_store *st, const char *ns, const kc_diges
     }
     if (rc != 0)
         return -ENOENT;
-    if (lookup(st, ns, &k, body, len, NULL) != 0)
+    struct kc_record_info got;
+    memset(&got, 0, sizeof got);
+    if (lookup(st, ns, &k, body, len, &got) != 0)
         return -ENOENT;
     if (found != NULL)
         *found = k;
+    if (info != NULL)
+        *info = got;
     if (k.build == build) {
         kc__pending_hit(&st->pd, ns, &k);
         return 0;

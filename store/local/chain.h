@@ -146,7 +146,8 @@ int kc__chain_get(struct kc_store *st, const char *ns, const kc_key *key, void *
 int kc__chain_put(struct kc_store *st, const char *ns, const kc_key *key, const kc_digest *source,
                   uint32_t kind, const void *body, size_t len, uint64_t saved_ns);
 int kc__chain_take_by_source(struct kc_store *st, const char *ns, const kc_digest *source,
-                             uint64_t build, void **body, size_t *len, kc_key *found);
+                             uint64_t build, void **body, size_t *len, kc_key *found,
+                             struct kc_record_info *info);
 int kc__chain_purge(struct kc_store *st, const char *ns, const kc_key *key);
 void kc__chain_count(struct kc_store *st, const char *backend, const struct kc_counters *c);
 /* Keeps locally an entry a tier behind the local one served (the chain

@@ -22,7 +22,8 @@ TEST is one of:
   upgrade    a bundle exported by this build, imported into an empty store,
              then served to a shim of another build (the same library with
              another GNU build-id: what a rebuild gives): every compile hits
-             through take_by_source and the entries move to the new build.
+             through take_by_source and the entries move to the new build,
+             keeping the compile time they save (KCACHE_STATS saved > 0).
   select     --namespace, --max-size (the most recently used entries that
              fit, the file within the size), --hit-since, --only-usable,
              bundle show of damaged and foreign files.
@@ -387,6 +388,10 @@ def test_upgrade(env, t, client):
     check(hits == up.cacheable and misses <= up.uncached and errors == 0,
           f"rebuilt shim: hits={hits} misses={misses} errors={errors}, expected "
           f"{up.cacheable} hits (take_by_source)")
+    # Hits on entries moved from the earlier build save their compile time
+    # as hits of entries compiled here do (the bundle carries it).
+    saved = float(re.search(rb"nvrtc hits=\d+ .*? saved=([0-9.]+)s", up.stderr).group(1))
+    check(saved > 0, f"rebuilt shim: {hits} hits saved {saved} s")
     # The entries moved to the new build (drained by a tool session first).
     t.run(["--dir", b, "gc"])
     new_builds = set(t.builds(b, "nvrtc"))
@@ -396,6 +401,8 @@ def test_upgrade(env, t, client):
     again = env.run("rebuilt shim, second run", client, store=b, KCACHE_STATS=1,
                     KCACHE_STORE_LIB=store_lib, KCACHE_TOOL=TOOL)
     expect_warm(again)
+    saved = float(re.search(rb"nvrtc hits=\d+ .*? saved=([0-9.]+)s", again.stderr).group(1))
+    check(saved > 0, f"rebuilt shim, second run: the moved entries save {saved} s")
 
 
 def test_select(env, t, populate):

@@ -174,7 +174,7 @@ Test(store, kernels_sharing_a_source_each_keep_it)
             void *b = NULL;
             size_t n = 0;
             kc_key found;
-            int rc = api->take_by_source(st, NS, &d, build, &b, &n, &found);
+            int rc = api->take_by_source(st, NS, &d, build, &b, &n, &found, NULL);
             cr_assert_eq(rc, 0, "kept by source: %s", strerror(-rc));
             cr_assert_eq(n, 1);
             cr_assert_eq(((char *)b)[0], '7');
@@ -206,13 +206,13 @@ Test(store, an_earlier_build_is_moved)
     void *b = NULL;
     size_t n = 0;
     kc_key found;
-    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), 0);
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found, NULL), 0);
     cr_assert_eq(n, 1);
     cr_assert_eq(((char *)b)[0], '7');
     cr_assert_eq(found.build, earlier);
     api->free(b);
     expect_miss(st, &kernel_then, "moved out");
-    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), -ENOENT,
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found, NULL), -ENOENT,
                  "the sources entry moved too");
 
     /* And for everyone else, once the owner has applied it. */
@@ -220,7 +220,7 @@ Test(store, an_earlier_build_is_moved)
     api->close(st);
     st = open_at(dir, 0, 0);
     expect_miss(st, &kernel_then, "moved out, seen by a fresh process");
-    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found), -ENOENT);
+    cr_assert_eq(api->take_by_source(st, NS, &d, current, &b, &n, &found, NULL), -ENOENT);
     api->close(st);
 }
 

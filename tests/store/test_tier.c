@@ -321,7 +321,7 @@ Test(tier, an_earlier_builds_entry_is_moved_once)
     size_t n;
     kc_key found;
     /* The same build keeps its entry. */
-    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 1, &b, &n, &found), 0);
+    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 1, &b, &n, &found, NULL), 0);
     free(b);
     struct kc__sp_item *it;
     cr_assert_eq(spool_items(KC__SP_PURGE, &it), 0, "kept");
@@ -329,7 +329,7 @@ Test(tier, an_earlier_builds_entry_is_moved_once)
 
     /* Build 2 moves it: one request of key and source, every tier past the
      * local one purges the key, and neither is served again here. */
-    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found), 0);
+    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found, NULL), 0);
     cr_assert(n == 19 && memcmp(b, "compiled by build 1", n) == 0);
     free(b);
     cr_assert(memcmp(&found, &db.key, sizeof found) == 0);
@@ -338,14 +338,14 @@ Test(tier, an_earlier_builds_entry_is_moved_once)
     free(it);
     cr_assert_eq(db.purges, 1);
     cr_assert_null(get_str(st, &db.key), "moved out");
-    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found), -ENOENT,
+    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found, NULL), -ENOENT,
                  "the source moved too");
 
     /* The new build's put of the source is found first, from memory. */
     kc_key mine = key(7, 2);
     cr_assert_eq(kc__chain_put(st, NS, &mine, &src, KC_KIND_BLOB, "build 2", 7, 0), 0);
     int takes = db.takes;
-    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found), 0);
+    cr_assert_eq(kc__chain_take_by_source(st, NS, &src, 2, &b, &n, &found, NULL), 0);
     free(b);
     cr_assert(memcmp(&found, &mine, sizeof found) == 0);
     cr_assert_eq(db.takes, takes, "own puts before any tier's sources map");
