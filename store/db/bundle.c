@@ -539,7 +539,10 @@ int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *o
         return why(info, -EINVAL, "invalid arguments (signing hooks)");
 
     struct kc__db *d = NULL;
-    bool have = kc__store_reader_hold(st, &d) == 0;
+    int hold = kc__store_reader_hold(st, &d);
+    if (hold < 0 && hold != -ENOENT)
+        return why(info, hold, "cannot read the store: %s", strerror(-hold));
+    bool have = hold == 0;
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(ro, 0);
     struct sel s = {.o = o, .d = d, .exact = o->max_size > 0, .ro = ro};

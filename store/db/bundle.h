@@ -345,7 +345,8 @@ struct kc_store;
 struct kc__db;
 struct kc__owner;
 /* The store's reader caught up and held: 0 with *d (release it), -ENOENT
- * when there is no database yet. */
+ * when there is no database yet, -EIO when there is one and no reader
+ * could be opened (a few tries). */
 int kc__store_reader_hold(struct kc_store *st, struct kc__db **d);
 void kc__store_reader_release(struct kc_store *st);
 /* Becomes the owner for a tool operation (-EROFS on a read-only store),

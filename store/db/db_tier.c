@@ -518,6 +518,21 @@ bool kc__dbt_refresh(struct kc__dbt *st, uint64_t g, bool force)
     return ok;
 }
 
+bool kc__dbt_reopen(struct kc__dbt *st)
+{
+    pthread_mutex_lock(&st->mu);
+    bool ok = false;
+    if (!st->exiting) {
+        reopen_cancel(st);
+        reader_drop(st);
+        if (reader_open(st) != 0)
+            st->next_open_ns = kc_mono_ns() + OPEN_RETRY_NS;
+        ok = __atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return ok;
+}
+
 static int reader_lookup(struct kc__dbt *st, const char *ns, const kc_key *key, void **body,
                          size_t *len, struct kc__hdr *h)
 {

@@ -136,6 +136,9 @@ uint64_t kc__dbt_gen(struct kc__dbt *st);
  * (force: even if it did not move), opening it if need be. Whether the
  * reader is usable; use it holding rdlk shared, while rd_ready. */
 bool kc__dbt_refresh(struct kc__dbt *st, uint64_t g, bool force);
+/* Closes the reader and opens a new one now (a tool's retry after a walk
+ * that failed). Returns whether the reader is usable. */
+bool kc__dbt_reopen(struct kc__dbt *st);
 
 /* ---- the owner (owner.c; its jobs in the files owner.h lists) ---------- */
 

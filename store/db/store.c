@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define SPOOL_READ_MAX (1ull << 32)
 #define OP_WAIT_MS 15000
@@ -130,19 +132,98 @@ static bool pending_has(const struct pending *pd, const char *ns, const kc_key *
     return false;
 }
 
-/* A fresh view for a tool operation: the reader caught up, if there is a
- * database at all, and held (rdlk shared; the caller unlocks it). false:
- * there is no reader. */
-static bool fresh_reader(struct kc__dbt *st)
+/* Whether the directory holds a database (its CURRENT file). */
+static bool db_exists(struct kc__dbt *st)
 {
-    if (!kc__dbt_refresh(st, kc__dbt_gen(st), true))
-        return false;
+    char cur[PATH_MAX];
+    snprintf(cur, sizeof cur, "%s/CURRENT", st->p.db);
+    return access(cur, F_OK) == 0;
+}
+
+/* A fresh view for a tool operation: the reader caught up, if there is a
+ * database at all, and held (rdlk shared; the caller unlocks it). A reader
+ * opened now is caught up once more: the owner may have flushed (a new
+ * table in its MANIFEST, the log it replaces deleted) between the
+ * secondary's reading of the two. retry: open a new reader first (after a
+ * walk that failed). 1 held; 0 there is no database; -EIO there is one
+ * and no reader could be opened. */
+static int fresh_reader(struct kc__dbt *st, bool retry)
+{
+    bool ok = retry ? kc__dbt_reopen(st) : kc__dbt_refresh(st, kc__dbt_gen(st), true);
+    if (ok)
+        ok = kc__dbt_refresh(st, kc__dbt_gen(st), true);
+    if (!ok)
+        return db_exists(st) ? -EIO : 0;
     pthread_rwlock_rdlock(&st->rdlk);
     if (!st->rd_ready) {
         pthread_rwlock_unlock(&st->rdlk);
-        return false;
+        return db_exists(st) ? -EIO : 0;
     }
-    return true;
+    return 1;
+}
+
+/* Whether the held reader sees every table in DIR/db. A secondary leaves
+ * out, silently, a table its MANIFEST names that is not there when it
+ * looks (one a compaction or a flush of the owner removed meanwhile), and
+ * then shows less than the store holds (an owner at work: "0 or 8 of 12
+ * entries"). A table there that the reader lacks says its view is not
+ * the owner's: it is opened again (a table being written that its
+ * MANIFEST does not name yet says the same, harmlessly). */
+static bool reader_whole(struct kc__dbt *st)
+{
+    const rocksdb_livefiles_t *lf = rocksdb_livefiles(st->rd.db);
+    if (lf == NULL)
+        return true;
+    int n = rocksdb_livefiles_count(lf);
+    bool whole = true;
+    DIR *d = opendir(st->p.db);
+    struct dirent *de;
+    while (whole && d != NULL && (de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (len < 5 || strcmp(de->d_name + len - 4, ".sst") != 0 ||
+            strspn(de->d_name, "0123456789") != len - 4)
+            continue; /* not a table of the database (bulk.c's are named apart) */
+        bool found = false;
+        for (int i = 0; !found && i < n; i++) {
+            const char *name = rocksdb_livefiles_name(lf, i);
+            if (name != NULL && name[0] == '/')
+                name++;
+            found = name != NULL && strcmp(name, de->d_name) == 0;
+        }
+        whole = found;
+    }
+    if (d != NULL)
+        closedir(d);
+    rocksdb_livefiles_destroy(lf);
+    return whole;
+}
+
+/* fresh_reader for a walk of the whole store: a reader that does not see
+ * every table (reader_whole) is opened again, a few times. */
+static int whole_reader(struct kc__dbt *st, bool retry)
+{
+    int have = fresh_reader(st, retry);
+    for (int i = 0; have > 0 && i < 8 && !reader_whole(st); i++) {
+        pthread_rwlock_unlock(&st->rdlk);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+        have = fresh_reader(st, true);
+    }
+    return have;
+}
+
+/* Attempts at a tool's walk of the database: a reader that cannot be
+ * opened or read while an owner changes the files under it (a table a
+ * compaction removed, a log a flush removed) is opened again, a few times,
+ * WALK_WAIT_MS apart; then the error is the operation's (never a partial
+ * walk reported as the store's contents). */
+#define WALK_TRIES 4
+#define WALK_WAIT_MS 50
+
+static void walk_pause(void)
+{
+    struct timespec ts = {0, WALK_WAIT_MS * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 static int st_foreach(struct kc_store *store, const char *ns,
@@ -154,11 +235,16 @@ static int st_foreach(struct kc_store *store, const char *ns,
     struct pending pd;
     pending_load(st, ns, &pd, NULL);
     int rc = 0;
-    pthread_mutex_lock(&st->mu);
-    bool have = false;
-    pthread_mutex_unlock(&st->mu);
-    have = fresh_reader(st);
-    if (have) {
+    /* Retried while nothing was handed to cb yet (the reader could not be
+     * opened or failed at once); an error after that is the walk's. */
+    size_t given = 0;
+    for (int attempt = 0; attempt < WALK_TRIES; attempt++) {
+        if (attempt > 0)
+            walk_pause();
+        int have = whole_reader(st, attempt > 0);
+        rc = have < 0 ? have : 0;
+        if (have <= 0)
+            continue;
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
         size_t nsl = ns ? strlen(ns) : 0;
@@ -197,9 +283,15 @@ static int st_foreach(struct kc_store *store, const char *ns,
                 }
             }
             rc = cb(&e, arg);
+            given++;
         }
+        int ie = kc__db_iter_err(&st->rd, it);
         rocksdb_iter_destroy(it);
         pthread_rwlock_unlock(&st->rdlk);
+        if (rc == 0 && ie != 0)
+            rc = ie;
+        if (rc == 0 || given > 0 || ie == 0)
+            break;
     }
     for (size_t i = 0; rc == 0 && i < pd.n; i++)
         rc = cb(&pd.e[i], arg);
@@ -284,6 +376,77 @@ static void st_stats_free(struct kc_store_stats *s)
     free(s);
 }
 
+/* The put files waiting in the spool (p- and d- names). */
+static uint64_t spool_puts(struct kc__dbt *st)
+{
+    DIR *d = opendir(st->p.spool);
+    uint64_t n = 0;
+    struct dirent *de;
+    while (d != NULL && (de = readdir(d)) != NULL)
+        n += (de->d_name[0] == 'p' || de->d_name[0] == 'd') && de->d_name[1] == '-';
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* The database's part of the statistics, through the held reader: entries
+ * and bytes per namespace, unique bytes, counters. 0 or the walk's error. */
+static int stats_db(struct kc__dbt *st, struct kc_store_stats *s)
+{
+    rocksdb_iterator_t *it =
+        rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
+    struct kc_ns_stats *cur = NULL;
+    size_t ns_cap = 0;
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        char ns[KC__NS_MAX + 1];
+        kc_key key;
+        struct kc__hdr h;
+        if (kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0)
+            continue;
+        uint64_t raw = 0;
+        if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0)
+            raw = h.body_size;
+        if (cur == NULL || strcmp(cur->ns, ns) != 0)
+            cur = stats_ns(s, ns, &ns_cap);
+        if (cur != NULL) {
+            cur->entries++;
+            cur->raw_bytes += raw;
+        }
+        s->entries++;
+        s->raw_bytes += raw;
+    }
+    int rc = kc__db_iter_err(&st->rd, it);
+    rocksdb_iter_destroy(it);
+    if (rc != 0)
+        return rc;
+    it = rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_META]);
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
+        uint64_t size, a[KC_N_COUNTERS];
+        char name[sizeof s->backends[0].backend]; /* longer names are not reported */
+        if (kl == KC__META_REF_KEY_LEN && kc__meta_is(k, kl, KC__META_REF_PREFIX) &&
+            kc__meta_ref_parse(v, vl, NULL, &size) == 0) {
+            s->unique_bytes += size;
+        } else if (kc__meta_counters_name(k, kl, name, sizeof name) == 0 &&
+                   kc__meta_counters_parse(v, vl, a) == 0) {
+            struct kc_backend_stats *b = stats_backend(s, name);
+            if (b != NULL) {
+                struct kc_counters c;
+                kc_counters_from_array(&c, a);
+                kc_counters_add(&b->c, &c);
+            }
+        }
+    }
+    rc = kc__db_iter_err(&st->rd, it);
+    rocksdb_iter_destroy(it);
+    return rc;
+}
+
 static int st_stats(struct kc_store *store, struct kc_store_stats **out)
 {
     struct kc__dbt *st = kc__dbt_of(store);
@@ -293,56 +456,31 @@ static int st_stats(struct kc_store *store, struct kc_store_stats **out)
     if (s == NULL)
         return -ENOMEM;
     s->max_size = st->max_size ? st->max_size : KC_DEFAULT_MAX_SIZE;
-    bool have = fresh_reader(st);
-    if (have) {
-        rocksdb_iterator_t *it =
-            rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
-        struct kc_ns_stats *cur = NULL;
-        size_t ns_cap = 0;
-        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-            size_t kl, vl;
-            const char *k = rocksdb_iter_key(it, &kl);
-            const char *v = rocksdb_iter_value(it, &vl);
-            char ns[KC__NS_MAX + 1];
-            kc_key key;
-            struct kc__hdr h;
-            if (kc__kkey_split((const unsigned char *)k, kl, ns, &key) != 0)
-                continue;
-            uint64_t raw = 0;
-            if (vl == KC__KVAL_LEN && kc__hdr_decode(v, vl, &h) == 0)
-                raw = h.body_size;
-            if (cur == NULL || strcmp(cur->ns, ns) != 0)
-                cur = stats_ns(s, ns, &ns_cap);
-            if (cur != NULL) {
-                cur->entries++;
-                cur->raw_bytes += raw;
-            }
-            s->entries++;
-            s->raw_bytes += raw;
+    /* The database and the spool as of one moment: a walk during which
+     * puts left the spool (drained by a running owner) is done again, as
+     * is one whose reader failed (WALK_TRIES). */
+    int rc = 0;
+    for (int attempt = 0; attempt < WALK_TRIES; attempt++) {
+        if (attempt > 0)
+            walk_pause();
+        free(s->ns);
+        free(s->backends);
+        uint64_t max = s->max_size;
+        memset(s, 0, sizeof *s);
+        s->max_size = max;
+        uint64_t before = spool_puts(st);
+        int have = whole_reader(st, attempt > 0 && rc != 0);
+        rc = have < 0 ? have : 0;
+        if (have > 0) {
+            rc = stats_db(st, s);
+            pthread_rwlock_unlock(&st->rdlk);
         }
-        rocksdb_iter_destroy(it);
-        it = rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_META]);
-        for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-            size_t kl, vl;
-            const char *k = rocksdb_iter_key(it, &kl);
-            const unsigned char *v = (const unsigned char *)rocksdb_iter_value(it, &vl);
-            uint64_t size, a[KC_N_COUNTERS];
-            char name[sizeof s->backends[0].backend]; /* longer names are not reported */
-            if (kl == KC__META_REF_KEY_LEN && kc__meta_is(k, kl, KC__META_REF_PREFIX) &&
-                kc__meta_ref_parse(v, vl, NULL, &size) == 0) {
-                s->unique_bytes += size;
-            } else if (kc__meta_counters_name(k, kl, name, sizeof name) == 0 &&
-                       kc__meta_counters_parse(v, vl, a) == 0) {
-                struct kc_backend_stats *b = stats_backend(s, name);
-                if (b != NULL) {
-                    struct kc_counters c;
-                    kc_counters_from_array(&c, a);
-                    kc_counters_add(&b->c, &c);
-                }
-            }
-        }
-        rocksdb_iter_destroy(it);
-        pthread_rwlock_unlock(&st->rdlk);
+        if (rc == 0 && spool_puts(st) == before)
+            break;
+    }
+    if (rc != 0) {
+        st_stats_free(s);
+        return rc;
     }
     stats_spool_counters(st, s);
     s->disk_bytes = kc__du(st->p.dir, &s->reserved_bytes);
@@ -400,7 +538,7 @@ static int st_verify(struct kc_store *store, int repair, struct kc_verify_report
         pending_load(st, NULL, &pd, &r.spool_bad);
         pending_free(&pd);
         hot_check(st, &r.spool_bad);
-        bool have = fresh_reader(st);
+        bool have = fresh_reader(st, false) > 0;
         if (have) {
             rocksdb_iterator_t *it =
                 rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
@@ -493,10 +631,20 @@ static int st_drain(struct kc_store *store, int timeout_ms)
 int kc__store_reader_hold(struct kc_store *store, struct kc__db **d)
 {
     struct kc__dbt *st = kc__dbt_of(store);
-    if (st == NULL || !fresh_reader(st))
+    if (st == NULL)
         return -ENOENT;
-    *d = &st->rd;
-    return 0;
+    for (int attempt = 0; attempt < WALK_TRIES; attempt++) {
+        if (attempt > 0)
+            walk_pause();
+        int have = whole_reader(st, attempt > 0);
+        if (have == 0)
+            return -ENOENT;
+        if (have > 0) {
+            *d = &st->rd;
+            return 0;
+        }
+    }
+    return -EIO;
 }
 
 void kc__store_reader_release(struct kc_store *store)
