@@ -229,8 +229,8 @@ static bool api_ok(const struct kc_store_api *api)
  * stays. */
 struct out_file {
     int fd;
-    const char *path;       /* as given */
-    char dst[PATH_MAX];     /* the file replaced (empty: written in place) */
+    const char *path;        /* as given */
+    char dst[PATH_MAX];      /* the file replaced (empty: written in place) */
     char tmp[PATH_MAX + 32]; /* its temp file */
 };
 
@@ -320,8 +320,7 @@ static int out_close(struct out_file *of, int rc, struct kc_bundle_info *info)
     if (of->tmp[0] != '\0') {
         if (rc == 0 && rename(of->tmp, of->dst) != 0) {
             rc = -errno;
-            snprintf(info->why, sizeof info->why, "cannot write %s: %s", of->path,
-                     strerror(errno));
+            snprintf(info->why, sizeof info->why, "cannot write %s: %s", of->path, strerror(errno));
         }
         if (rc < 0)
             unlink(of->tmp);
@@ -496,8 +495,8 @@ static void print_namespaces(const struct kc_bundle_info *info, bool counts)
         char d[200], b[32], nm[KC_TOOL_PRINTABLE_MAX];
         kc_tool_ns_describe(e->ns, d, sizeof d);
         printf("  %s\n    %s; %s\n    %" PRIu64 " entries, %s",
-               kc_tool_printable(e->ns, nm, sizeof nm), d, usable_words(e->usable),
-               e->entries, kc_tool_human_size(e->raw_bytes, b, sizeof b));
+               kc_tool_printable(e->ns, nm, sizeof nm), d, usable_words(e->usable), e->entries,
+               kc_tool_human_size(e->raw_bytes, b, sizeof b));
         if (counts)
             printf(": %" PRIu64 " imported, %" PRIu64 " already present, %" PRIu64 " skipped",
                    e->imported, e->present, e->skipped);

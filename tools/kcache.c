@@ -530,7 +530,8 @@ static int cmd_stats(struct ctx *c, bool json)
             char nm[KC_TOOL_PRINTABLE_MAX];
             printf("  %-6s hits %" PRIu64 "  misses %" PRIu64 "  passthrough %" PRIu64
                    "  stores %" PRIu64 "  errors %" PRIu64,
-                   kc_tool_printable(names[i], nm, sizeof nm), k->hits, k->misses, k->passthrough, k->stores, k->errors);
+                   kc_tool_printable(names[i], nm, sizeof nm), k->hits, k->misses, k->passthrough,
+                   k->stores, k->errors);
             if (lookups > 0)
                 printf("  hit rate %.1f%%", 100.0 * (double)k->hits / (double)lookups);
             printf("  saved %.3fs  compiled %.3fs\n", k->saved_ns / 1e9, k->compile_ns / 1e9);
@@ -553,9 +554,9 @@ static int ls_cb(const struct kc_entry *e, void *arg)
     char hex[33], t[40], nm[KC_TOOL_PRINTABLE_MAX];
     key_hex(&e->key, hex);
     printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex,
-           kc_tool_printable(e->ns, nm, sizeof nm),
-           kind_name(e->info.kind), e->info.body_size, e->stored_bytes, e->info.hits,
-           format_time(e->info.last_hit, t, sizeof t), e->pending ? " pending" : "");
+           kc_tool_printable(e->ns, nm, sizeof nm), kind_name(e->info.kind), e->info.body_size,
+           e->stored_bytes, e->info.hits, format_time(e->info.last_hit, t, sizeof t),
+           e->pending ? " pending" : "");
     return 0;
 }
 

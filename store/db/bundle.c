@@ -687,8 +687,7 @@ static int verify_pass(struct kc_store *st, const struct kc_bundle_import_opts *
                        int copy_fd, struct kc_bundle_info *info)
 {
     struct kc__bundle_reader r;
-    int rc = kc__bundle_reader_begin_copy(&r, fd, copy_fd, info, o->crypto,
-                                          o->trust_unsigned != 0);
+    int rc = kc__bundle_reader_begin_copy(&r, fd, copy_fd, info, o->crypto, o->trust_unsigned != 0);
     if (rc < 0 && r.s.copy_err != 0)
         rc = why(info, r.s.copy_err, "cannot copy the bundle to a private file: %s",
                  strerror(-r.s.copy_err));

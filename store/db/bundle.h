@@ -318,8 +318,8 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
  * none) as it goes, for as long as the reader is used (a stream copied
  * only as far as it checks out). */
 int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
-                                 struct kc_bundle_info *info,
-                                 const struct kc_bundle_crypto *crypto, bool trust_unsigned);
+                                 struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                                 bool trust_unsigned);
 /* The next record: 1 with *sp decoded and checked (pointing into the
  * reader's block, valid until the next call) and *put, *len its put file;
  * 0 after the trailer, once every count, digest and the signature check

@@ -668,8 +668,7 @@ static size_t ns_hash(const char *name)
     return (size_t)XXH3_64bits(name, strlen(name));
 }
 
-size_t kc__nsindex_find(const struct kc__nsindex *x, const struct kc_bundle_ns *v,
-                        const char *name)
+size_t kc__nsindex_find(const struct kc__nsindex *x, const struct kc_bundle_ns *v, const char *name)
 {
     if (x->cap == 0)
         return SIZE_MAX;
@@ -852,9 +851,9 @@ bool kc__bundle_reader_has_dict(const struct kc__bundle_reader *r, uint64_t id)
     return false;
 }
 
-static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
-                        int copy_fd, struct kc_bundle_info *info,
-                        const struct kc_bundle_crypto *crypto, bool trust_unsigned);
+static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n, int copy_fd,
+                        struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                        bool trust_unsigned);
 
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
@@ -864,15 +863,15 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
 }
 
 int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
-                                 struct kc_bundle_info *info,
-                                 const struct kc_bundle_crypto *crypto, bool trust_unsigned)
+                                 struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                                 bool trust_unsigned)
 {
     return reader_begin(r, fd, NULL, 0, copy_fd, info, crypto, trust_unsigned);
 }
 
-static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
-                        int copy_fd, struct kc_bundle_info *info,
-                        const struct kc_bundle_crypto *crypto, bool trust_unsigned)
+static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n, int copy_fd,
+                        struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                        bool trust_unsigned)
 {
     memset(r, 0, sizeof *r);
     memset(info, 0, sizeof *info);

@@ -101,8 +101,8 @@ static void clean_stale(struct kc__owner *o)
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
             /* t-: temp files; i-: a killed import's staged hot files. */
-            if ((e->d_name[0] == 't' || (i == 1 && e->d_name[0] == 'i')) &&
-                e->d_name[1] == '-' && kc__pid_gone(e->d_name + 2))
+            if ((e->d_name[0] == 't' || (i == 1 && e->d_name[0] == 'i')) && e->d_name[1] == '-' &&
+                kc__pid_gone(e->d_name + 2))
                 unlinkat(dirfd(d), e->d_name, 0);
         }
         closedir(d);

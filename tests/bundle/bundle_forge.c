@@ -85,7 +85,9 @@ static int s_sign(void *ctx, const void *msg, size_t n, unsigned char sig[64])
 
 static const char *NS = "nvrtc-test";
 
-#define EVIL_NS "nvrtc-test\nsigned by key 0123456789abcdef (a trusted key)\x1b[2K\r\x9b" "1m"
+#define EVIL_NS                                                                                    \
+    "nvrtc-test\nsigned by key 0123456789abcdef (a trusted key)\x1b[2K\r\x9b"                      \
+    "1m"
 
 /* A put file of (NS, key i) with a body of n bytes. */
 static void make_put(struct kc__buf *b, int i, size_t n, kc_key *key, kc_digest *bd)
