@@ -251,8 +251,8 @@ static int out_open(const char *out, struct out_file *of)
         return -1;
     }
     if (exists && S_ISLNK(sb.st_mode)) {
-        /* What it names, or, when that does not exist yet, a new file in
-         * the directory the link's target names. */
+        /* What it names; a link to nothing is refused (what would be
+         * made there is not the user's to guess). */
         if (realpath(out, of->dst) != NULL) {
             target = of->dst;
             exists = lstat(target, &sb) == 0;
