@@ -326,6 +326,7 @@ static int reader_open(struct kc__dbt *st)
         exit_hook_arm();
         __atomic_store_n(&st->rd_ready, 1, __ATOMIC_RELEASE);
     }
+    st->open_rc = rc;
     return rc;
 }
 

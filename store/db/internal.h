@@ -122,6 +122,7 @@ struct kc__dbt {
     uint64_t caught_gen;
     uint64_t rd_epoch;
     uint64_t next_open_ns;
+    int open_rc; /* the last reader_open's result (mu) */
     volatile uint64_t *gen;
 };
 

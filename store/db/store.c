@@ -9,6 +9,8 @@
 #include "internal.h"
 #include "meta.h"
 
+#include "../../common/log.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -147,17 +149,34 @@ static bool db_exists(struct kc__dbt *st)
  * secondary's reading of the two. retry: open a new reader first (after a
  * walk that failed). 1 held; 0 there is no database; -EIO there is one
  * and no reader could be opened. */
+static int no_reader(struct kc__dbt *st)
+{
+    if (!db_exists(st))
+        return 0;
+    pthread_mutex_lock(&st->mu);
+    int e = st->open_rc;
+    pthread_mutex_unlock(&st->mu);
+    /* No place for a reader's files (a read-only store's go to $TMPDIR),
+     * which another try will not change: said, and nothing is shown. */
+    if (e == -EACCES || e == -EPERM || e == -EROFS || e == -ENOSPC || e == -EDQUOT) {
+        kc_log(KC_LOG_WARN, "cannot open a reader of %s (%s); its entries are not shown", st->p.db,
+               strerror(-e));
+        return 0;
+    }
+    return -EIO;
+}
+
 static int fresh_reader(struct kc__dbt *st, bool retry)
 {
     bool ok = retry ? kc__dbt_reopen(st) : kc__dbt_refresh(st, kc__dbt_gen(st), true);
     if (ok)
         ok = kc__dbt_refresh(st, kc__dbt_gen(st), true);
     if (!ok)
-        return db_exists(st) ? -EIO : 0;
+        return no_reader(st);
     pthread_rwlock_rdlock(&st->rdlk);
     if (!st->rd_ready) {
         pthread_rwlock_unlock(&st->rdlk);
-        return db_exists(st) ? -EIO : 0;
+        return no_reader(st);
     }
     return 1;
 }
@@ -243,7 +262,9 @@ static int st_foreach(struct kc_store *store, const char *ns,
             walk_pause();
         int have = whole_reader(st, attempt > 0);
         rc = have < 0 ? have : 0;
-        if (have <= 0)
+        if (have == 0)
+            break; /* no database */
+        if (have < 0)
             continue;
         rocksdb_iterator_t *it =
             rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
