@@ -78,8 +78,9 @@ expect_out_match '^warning: KCACHE_REMOTE: .*bad host or port.*remote is off' "m
 expect_out_no_match 'hunter2' "the warning does not show the password"
 # The shim's warning, in a process that compiles (NVRTC through ctypes).
 if [ -n "$SHIM" ] && [ -e /usr/local/cuda/lib64/libnvrtc.so ]; then
+    # Read-only: nothing stored, no owner started (one would outlive the test).
     KCACHE_REMOTE="redis://bob:hunter2@host:notaport" LD_PRELOAD="$SHIM" KCACHE_DIR="$T/shimdir" \
-        KCACHE_TOOL="$KC" run python3 -c '
+        KCACHE_READONLY=1 KCACHE_TOOL=/nonexistent run python3 -c '
 import ctypes
 n = ctypes.CDLL("/usr/local/cuda/lib64/libnvrtc.so")
 p = ctypes.c_void_p()
