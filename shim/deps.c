@@ -43,6 +43,31 @@ void kc__deps_free(struct kc__deps *d)
     memset(d, 0, sizeof *d);
 }
 
+/* The part of `path` below the bundled headers directory `dir` (slashes
+ * after it skipped; "" for the directory itself), or NULL when it is not
+ * below it. */
+static const char *below_bundled(const char *dir, const char *path)
+{
+    size_t n = dir != NULL ? strlen(dir) : 0;
+    if (n == 0 || strncmp(path, dir, n) != 0 || (path[n] != '/' && path[n] != '\0' && dir[n - 1] != '/'))
+        return NULL;
+    path += n;
+    while (*path == '/')
+        path++;
+    return path;
+}
+
+/* The path a dependency names now: itself, or for a KC_DEP_BUNDLED one its
+ * file below `bundled` (in buf); NULL when there is no such directory. */
+static const char *dep_path(const char *path, const char *bundled, char *buf, size_t cap)
+{
+    if (path[0] != KC_DEP_BUNDLED)
+        return path;
+    if (bundled == NULL || (size_t)snprintf(buf, cap, "%s/%s", bundled, path + 1) >= cap)
+        return NULL;
+    return buf;
+}
+
 static bool ignored(const char *p)
 {
     return strncmp(p, "/proc/", 6) == 0 || strncmp(p, "/sys/", 5) == 0 ||
@@ -62,6 +87,25 @@ static void record(const char *path, int kind, const struct stat *st)
      * read there. */
     if (ignored(path))
         goto out;
+    char rel[PATH_MAX];
+    const char *below = below_bundled(d->bundled, path);
+    if (below != NULL) {
+        /* NVRTC's own headers: named by their place in the directory. The
+         * directory itself, its version marker (with the time of the
+         * install) and its lock are what installing it made, the same on a
+         * hit. */
+        if (below[0] == '\0' || strcmp(below, ".nvrtc_headers_version") == 0 ||
+            strcmp(below, ".nvrtc_install.lock") == 0)
+            goto out;
+        if ((size_t)snprintf(rel, sizeof rel, "%c%s", KC_DEP_BUNDLED, below) >= sizeof rel) {
+            d->failed = true;
+            goto out;
+        }
+        path = rel;
+    } else if (path[0] == KC_DEP_BUNDLED) {
+        d->failed = true; /* would read as one of them */
+        goto out;
+    }
     for (size_t i = 0; i < d->n; i++) {
         if (strcmp(d->v[i].path, path) != 0)
             continue;
@@ -121,7 +165,10 @@ static void record_open(const char *path, int fd, int flags, int err)
         return;
     }
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
-        tracking->writes = true;
+        /* NVRTC installing its bundled headers (or locking them) is what
+         * the hit does too (nvrtc.c): no side effect of the compile's own. */
+        if (below_bundled(tracking->bundled, path) == NULL)
+            tracking->writes = true;
         return;
     }
     struct stat st;
@@ -491,15 +538,17 @@ int kc__deps_finish(struct kc__deps *d)
         struct kc__dep *e = &d->v[i];
         if (e->kind != KC_DEP_FILE)
             continue;
+        char buf[PATH_MAX];
+        const char *path = dep_path(e->path, d->bundled, buf, sizeof buf);
         struct stat now;
-        if (libc_stat(e->path, &now) != 0)
+        if (path == NULL || libc_stat(path, &now) != 0)
             return -ESTALE;
         /* The file must be the one the compile read. */
         if (now.st_ino != e->st.st_ino || now.st_dev != e->st.st_dev ||
             now.st_size != e->st.st_size || now.st_mtim.tv_sec != e->st.st_mtim.tv_sec ||
             now.st_mtim.tv_nsec != e->st.st_mtim.tv_nsec)
             return -ESTALE;
-        int rc = kc__file_digest(e->path, &now, &e->digest);
+        int rc = kc__file_digest(path, &now, &e->digest);
         if (rc != 0)
             return rc;
         kc__dep_fingerprint(&now, e->fp);
@@ -584,8 +633,14 @@ static int dep_stat(struct kc__dirs *ds, const char *path, struct stat *st)
 
 bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
 {
+    char buf[PATH_MAX];
+    const char *path = dep_path(dep->path, dirs != NULL ? dirs->bundled : NULL, buf, sizeof buf);
+    if (path == NULL)
+        return false;
     struct stat st;
-    if (dep_stat(dirs, dep->path, &st) != 0)
+    /* A resolved path is not kept by the directory handles (they point
+     * into the manifest's paths). */
+    if (dep_stat(path == dep->path ? dirs : NULL, path, &st) != 0)
         return dep->kind == KC_DEP_ABSENT && (errno == ENOENT || errno == ENOTDIR);
     switch (dep->kind) {
     case KC_DEP_ABSENT:
@@ -606,7 +661,7 @@ bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
         if (dep->fp[4] != 0 && memcmp(fp, dep->fp, sizeof fp) == 0)
             return true;
         kc_digest d;
-        return kc__file_digest(dep->path, &st, &d) == 0 && d.lo == dep->digest.lo &&
+        return kc__file_digest(path, &st, &d) == 0 && d.lo == dep->digest.lo &&
                d.hi == dep->digest.hi;
     }
     }

@@ -43,7 +43,16 @@ struct kc__deps {
     size_t n, cap;
     bool writes; /* something was opened for writing: side effects */
     bool failed; /* out of memory or a file changed under the compile */
+    /* NVRTC's bundled headers directory of the compile (--use-bundled-
+     * headers=DIR), or NULL: NVRTC's own writes under it are no side
+     * effect, and a file read under it is recorded as KC_DEP_BUNDLED
+     * followed by its path below DIR, checked later below the DIR of the
+     * request looked up. */
+    const char *bundled;
 };
+
+/* The first byte of a dependency path below the bundled headers directory. */
+#define KC_DEP_BUNDLED '\x01'
 
 /* Starts recording on this thread into d (zeroed by the caller). */
 void kc__deps_begin(struct kc__deps *d);
@@ -71,6 +80,7 @@ struct kc__dirs {
         int fd; /* or -ENOENT / -ENOTDIR */
     } slot[KC__DIRS_SLOTS];
     int open, fd_limit;
+    const char *bundled; /* the bundled headers directory of the lookup, or NULL */
 };
 void kc__dirs_close(struct kc__dirs *ds);
 

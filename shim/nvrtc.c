@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BACKEND "nvrtc"
 
@@ -294,6 +295,8 @@ static bool names_cwd(nvrtcProgram prog, int n_opts, const char *const *opts)
  * everything that decides the output, the working directory (kc__cwd)
  * included when an option makes NVRTC record it. -ENOENT when that directory cannot be
  * named (removed, too long): such compiles pass through. */
+static const char *bundled_key_option(const char *o);
+
 static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
 {
     char cwd[PATH_MAX];
@@ -319,7 +322,7 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
     }
     kc__hash_u64(h, (uint64_t)n_opts);
     for (int i = 0; i < n_opts; i++)
-        kc__hash_str(h, opts[i]);
+        kc__hash_str(h, bundled_key_option(opts[i]));
     kc__hash_u64(h, (uint64_t)p->n_exprs);
     for (int i = 0; i < p->n_exprs; i++)
         kc__hash_str(h, p->exprs[i]);
@@ -330,6 +333,229 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
     return 0;
+}
+
+/* ---- NVRTC's bundled headers (13.3+) -------------------------------------------------- */
+
+/* --use-bundled-headers=DIR installs the headers NVRTC carries in
+ * libnvrtc-builtins into DIR (when its version marker is not there yet) and
+ * adds -I DIR -I DIR/cccl. The headers are NVRTC's own, covered by its
+ * identity, so DIR is not part of the key, unless an output names it:
+ * measured with 13.5, line info (.file lines) and debug info name DIR's
+ * headers, a diagnostic in one of them names its path in the log, and
+ * __FILE__ in one of them (CCCL's device assertions) puts the path in the
+ * PTX as bytes and in the LTO-IR, which is opaque. Those records are kept
+ * under the base with DIR ("base1"); the others under the base without it,
+ * which a fresh DIR per process (nvmath-python's) finds. Only the
+ * "--use-bundled-headers=DIR" form exists (13.5 answers INVALID_OPTION to
+ * "--use-bundled-headers" "DIR" and to "-use-bundled-headers=DIR"). */
+#define BUNDLED_OPT "--use-bundled-headers="
+
+static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc);
+
+struct bundled {
+    const char *dir; /* the request's DIR (in the host's options), or NULL */
+    int opt;         /* its option */
+    bool keyed;      /* every output may name DIR (line or debug info): base1 only */
+    kc_digest base1; /* the base with DIR */
+    struct prog *copy; /* the program, for the witness compile */
+};
+
+static const char *bundled_dir_of(const char *o)
+{
+    size_t n = sizeof BUNDLED_OPT - 1;
+    return o != NULL && strncmp(o, BUNDLED_OPT, n) == 0 && o[n] != '\0' ? o + n : NULL;
+}
+
+/* An option as base_key hashes it: DIR left out. */
+static const char *bundled_key_option(const char *o)
+{
+    return bundled_dir_of(o) != NULL ? BUNDLED_OPT "(bundled)" : o;
+}
+
+/* Finds the bundled headers option of a request. False when the request
+ * cannot be cached: more than one. */
+static bool bundled_find(int n, const char *const *opts, struct bundled *b)
+{
+    static const char *const lines[] = {"-lineinfo", "--generate-line-info", "-G",
+                                        "--device-debug"};
+    memset(b, 0, sizeof *b);
+    bool info = false;
+    for (int i = 0; i < n; i++) {
+        const char *d = bundled_dir_of(opts[i]);
+        if (d != NULL) {
+            if (b->dir != NULL)
+                return false;
+            b->dir = d;
+            b->opt = i;
+        }
+        for (size_t j = 0; j < sizeof lines / sizeof *lines; j++) {
+            size_t l = strlen(lines[j]);
+            if (strncmp(opts[i], lines[j], l) == 0 && (opts[i][l] == '\0' || opts[i][l] == '='))
+                info = true;
+        }
+    }
+    b->keyed = b->dir != NULL && info;
+    return true;
+}
+
+static void bundled_base(struct bundled *b, const kc_digest *base)
+{
+    struct kc__hasher *h = kc__hasher_new();
+    if (h == NULL) {
+        b->keyed = true; /* base1 = base: never a record without DIR */
+        b->base1 = *base;
+        return;
+    }
+    kc__hash_bytes(h, base, sizeof *base);
+    kc__hash_str(h, "bundled-headers-dir");
+    kc__hash_str(h, b->dir);
+    b->base1 = kc__hash_digest(h);
+    kc__hasher_free(h);
+}
+
+/* A deep copy of a shadow's program (no handle, no record). */
+static struct prog *prog_copy(const struct prog *p)
+{
+    struct prog *c = calloc(1, sizeof *c);
+    int failed = c == NULL;
+    if (failed)
+        return NULL;
+    c->src = dup_or_null(p->src, &failed);
+    c->name = dup_or_null(p->name, &failed);
+    c->headers = calloc(p->n_headers + 1, sizeof *c->headers);
+    c->include_names = calloc(p->n_headers + 1, sizeof *c->include_names);
+    c->exprs = calloc(p->n_exprs + 1, sizeof *c->exprs);
+    failed |= c->headers == NULL || c->include_names == NULL || c->exprs == NULL;
+    for (int i = 0; i < p->n_headers && !failed; i++, c->n_headers++) {
+        c->headers[i] = dup_or_null(p->headers[i], &failed);
+        c->include_names[i] = dup_or_null(p->include_names[i], &failed);
+    }
+    for (int i = 0; i < p->n_exprs && !failed; i++, c->n_exprs++)
+        c->exprs[i] = dup_or_null(p->exprs[i], &failed);
+    if (failed) {
+        prog_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static nvrtcResult (*real_install)(const char *, unsigned int, const char **);
+static nvrtcResult (*real_remove)(const char *, const char **);
+
+/* Installs NVRTC's headers into dir as the compile would (only when they
+ * are not there): a hit leaves DIR as the compile leaves it, and the
+ * manifest's headers below DIR are checked there. */
+static nvrtcResult bundled_install(const char *dir)
+{
+    if (real_install == NULL)
+        real_install = (__typeof__(real_install))sibling("nvrtcInstallBundledHeaders");
+    return real_install != NULL ? real_install(dir, 0, NULL) : NVRTC_ERROR_INTERNAL_ERROR;
+}
+
+static bool outputs_equal(const struct kc__replay *a, const struct kc__replay *b)
+{
+    if (a->compile_rc != b->compile_rc || a->n_names != b->n_names)
+        return false;
+    for (int i = 0; i < N_OUT; i++) {
+        const struct kc__output *x = &a->out[i], *y = &b->out[i];
+        if (x->size_rc != y->size_rc || x->size != y->size || x->get_rc != y->get_rc ||
+            x->nbytes != y->nbytes || (x->nbytes && memcmp(x->bytes, y->bytes, x->nbytes) != 0))
+            return false;
+    }
+    for (uint32_t i = 0; i < a->n_names; i++)
+        if (a->names[i].rc != b->names[i].rc || a->names[i].is_null != b->names[i].is_null ||
+            (a->names[i].name && strcmp(a->names[i].name, b->names[i].name) != 0))
+            return false;
+    return true;
+}
+
+/* Whether an output we can read names dir: as text (log, PTX, line info,
+ * the raw bytes of a cubin) or as the PTX initializer of a string
+ * ("{47, 116, 109, 112, ...}"). */
+static bool bundled_named(const struct kc__replay *r, const char *dir)
+{
+    size_t n = strlen(dir);
+    char dec[4 * 64 + 8], *w = dec;
+    for (size_t i = 0; i < n && i < 64; i++)
+        w += sprintf(w, i ? ", %u" : "%u", (unsigned)(unsigned char)dir[i]);
+    for (int i = 0; i < N_OUT; i++) {
+        const struct kc__output *o = &r->out[i];
+        if (o->nbytes >= n && memmem(o->bytes, o->nbytes, dir, n) != NULL)
+            return true;
+        if (i == OUT_PTX && o->nbytes > 0 && memmem(o->bytes, o->nbytes, dec, strlen(dec)) != NULL)
+            return true;
+    }
+    return false;
+}
+
+/* The witness: the same request compiled with its headers installed in
+ * another directory (made here, removed after). Whether every output is the
+ * same: then none depends on DIR. Needed when an output is opaque
+ * (LTO-IR, OptiX IR, Tile IR, NVVM, a cubin): 13.5's LTO-IR is encrypted,
+ * and a __FILE__ of DIR's headers in it cannot be seen. */
+static bool bundled_witness(const struct bundled *b, int n, const char *const *opts,
+                            const struct kc__replay *r)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX], opt[PATH_MAX + 32];
+    if (b->copy == NULL ||
+        (size_t)snprintf(dir, sizeof dir, "%s/kcache-bundled-XXXXXX",
+                         tmp && tmp[0] == '/' ? tmp : "/tmp") >= sizeof dir ||
+        mkdtemp(dir) == NULL)
+        return false;
+    bool same = false;
+    const char **o = calloc(n, sizeof *o);
+    nvrtcProgram h = NULL;
+    struct prog *c = b->copy;
+    if (o == NULL || bundled_install(dir) != NVRTC_SUCCESS ||
+        real_create(&h, c->src, c->name, c->n_headers, (const char *const *)c->headers,
+                    (const char *const *)c->include_names) != NVRTC_SUCCESS)
+        goto done;
+    for (int i = 0; i < n; i++)
+        o[i] = opts[i];
+    snprintf(opt, sizeof opt, BUNDLED_OPT "%s", dir);
+    o[b->opt] = opt;
+    for (int i = 0; i < c->n_exprs; i++)
+        real_add_name(h, c->exprs[i]);
+    nvrtcResult rc = real_compile(h, n, o);
+    struct prog w = *c;
+    w.h = h;
+    struct kc__replay *r2 = capture(&w, rc);
+    same = r2 != NULL && outputs_equal(r, r2);
+    kc__replay_free(r2);
+done:
+    if (real_destroy == NULL)
+        real_destroy = (__typeof__(real_destroy))sibling("nvrtcDestroyProgram");
+    if (h != NULL && real_destroy != NULL)
+        real_destroy(&h);
+    free(o);
+    if (real_remove == NULL)
+        real_remove = (__typeof__(real_remove))sibling("nvrtcRemoveBundledHeaders");
+    if (real_remove != NULL)
+        real_remove(dir, NULL);
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        kc_log_once(KC_LOG_WARN, "cannot remove %s (%s)", dir, strerror(errno));
+    return same;
+}
+
+/* The base a compile's record is kept under. */
+static const kc_digest *bundled_store_base(const struct bundled *b, const kc_digest *base, int n,
+                                           const char *const *opts, const struct kc__replay *r)
+{
+    if (b->dir == NULL)
+        return base;
+    if (b->keyed || bundled_named(r, b->dir))
+        return &b->base1;
+    bool opaque = false;
+    for (int i = 0; i < N_OUT; i++)
+        if (i != OUT_PTX && i != OUT_LOG && r->out[i].nbytes > 1)
+            opaque = true;
+    if (opaque && !bundled_witness(b, n, opts, r)) {
+        kc_log(KC_LOG_DEBUG, "nvrtc: an output depends on the bundled headers' directory");
+        return &b->base1;
+    }
+    return base;
 }
 
 /* ---- manifests ----------------------------------------------------------------------- */
@@ -370,10 +596,12 @@ struct mmemo {
 static struct mmemo *mmemo[MMEMO_BUCKETS];
 static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Finds the result id of the first dependency set of `m` that still holds. */
-static int manifest_match(const struct kc__manifest *m, kc_digest *result)
+/* Finds the result id of the first dependency set of `m` that still holds
+ * (bundled: the request's bundled headers directory, or NULL). */
+static int manifest_match(const struct kc__manifest *m, const char *bundled, kc_digest *result)
 {
     struct kc__dirs dirs = {0};
+    dirs.bundled = bundled;
     int rc = -ENOENT;
     for (uint64_t i = 0; i < m->n && rc != 0; i++) {
         const struct kc__dep_set *s = &m->sets[i];
@@ -395,7 +623,7 @@ static int manifest_match(const struct kc__manifest *m, kc_digest *result)
  * keeps it locally in place of the stale one, marked as the remote's; else
  * NULL. */
 static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns, const kc_key *mk,
-                                            kc_digest *result)
+                                            const char *bundled, kc_digest *result)
 {
     struct kc_remote *r = kc__remote();
     void *body = NULL;
@@ -404,7 +632,7 @@ static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns,
     if (r == NULL || kc_remote_get(r, ns, mk, &body, &len, &info) != 0)
         return NULL;
     struct kc__manifest *m = kc__manifest_decode(body, len);
-    if (m != NULL && manifest_match(m, result) == 0) {
+    if (m != NULL && manifest_match(m, bundled, result) == 0) {
         kc__chain_fill_back(st, ns, mk, &info, body, len);
     } else {
         kc__manifest_free(m);
@@ -419,13 +647,13 @@ static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns,
  * holds here (these headers differ from every compile it lists); else the
  * store's miss or error. */
 static int lookup_result(struct kc_store *st, const struct kc_store_ops *api, const char *ns,
-                         const kc_digest *base, kc_digest *result)
+                         const kc_digest *base, const char *bundled, kc_digest *result)
 {
     size_t b = (base->lo ^ base->hi) % MMEMO_BUCKETS;
     pthread_mutex_lock(&mmemo_lock);
     for (struct mmemo *e = mmemo[b]; e != NULL; e = e->next) {
         if (e->base.lo == base->lo && e->base.hi == base->hi) {
-            int rc = manifest_match(e->m, result);
+            int rc = manifest_match(e->m, bundled, result);
             pthread_mutex_unlock(&mmemo_lock);
             if (rc == 0)
                 return 0;
@@ -446,9 +674,9 @@ from_store:;
         api->purge(st, ns, &mk);
         return -ENOENT;
     }
-    rc = manifest_match(m, result) == 0 ? 0 : -ESTALE;
+    rc = manifest_match(m, bundled, result) == 0 ? 0 : -ESTALE;
     if (rc == -ESTALE) {
-        struct kc__manifest *rm = remote_manifest(st, ns, &mk, result);
+        struct kc__manifest *rm = remote_manifest(st, ns, &mk, bundled, result);
         if (rm != NULL) {
             kc__manifest_free(m);
             m = rm;
@@ -810,12 +1038,12 @@ static uint32_t nvrtc_outputs(void)
  * *stale (may be NULL): on a miss, whether a manifest was found that lists
  * no dependency set holding here. */
 static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
-                      const char *ns, uint64_t build, const kc_digest *base, nvrtcResult *rc,
-                      struct kc_counters *c, bool *stale)
+                      const char *ns, uint64_t build, const kc_digest *base, const char *bundled,
+                      nvrtcResult *rc, struct kc_counters *c, bool *stale)
 {
     const struct kc_config *cfg = kc__config();
     kc_digest result;
-    int lrc = lookup_result(st, api, ns, base, &result);
+    int lrc = lookup_result(st, api, ns, base, bundled, &result);
     if (stale != NULL)
         *stale = lrc == -ESTALE;
     if (lrc != 0)
@@ -869,6 +1097,23 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     return true;
 }
 
+/* try_serve for a request: with bundled headers, the record without DIR
+ * first, then the one with it. */
+static bool serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
+                  const char *ns, uint64_t build, const kc_digest *base, const struct bundled *b,
+                  nvrtcResult *rc, struct kc_counters *c, bool *stale)
+{
+    if (b->dir == NULL)
+        return try_serve(prog, st, api, ns, build, base, NULL, rc, c, stale);
+    bool s0 = false;
+    if (!b->keyed && try_serve(prog, st, api, ns, build, base, b->dir, rc, c, &s0))
+        return true;
+    bool hit = try_serve(prog, st, api, ns, build, &b->base1, b->dir, rc, c, stale);
+    if (stale != NULL && !b->keyed)
+        *stale = *stale && s0;
+    return hit;
+}
+
 /* try_serve's arguments, for the cluster-wide wait's polls. */
 struct serve_poll {
     nvrtcProgram prog;
@@ -877,6 +1122,7 @@ struct serve_poll {
     const char *ns;
     uint64_t build;
     const kc_digest *base;
+    const struct bundled *b;
     nvrtcResult *rc;
     struct kc_counters *c;
 };
@@ -887,7 +1133,7 @@ static int serve_poll(void *arg)
 {
     struct serve_poll *a = arg;
     bool stale = false;
-    if (try_serve(a->prog, a->st, a->api, a->ns, a->build, a->base, a->rc, a->c, &stale))
+    if (serve(a->prog, a->st, a->api, a->ns, a->build, a->base, a->b, a->rc, a->c, &stale))
         return 1;
     return stale ? -1 : 0;
 }
@@ -913,18 +1159,29 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     for (int i = 0; cacheable && i < numOptions; i++)
         if (options[i] == NULL || side_effect_option(options[i]))
             cacheable = false;
+    struct bundled bh = {0};
+    cacheable = cacheable && bundled_find(numOptions, options, &bh);
     kc_digest base = {0};
     bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0 &&
                  nvrtc_identity()->unknown[0] == '\0';
+    if (keyed && bh.dir != NULL) {
+        bundled_base(&bh, &base);
+        bh.copy = prog_copy(p);
+        keyed = bh.copy != NULL;
+    }
     pthread_mutex_unlock(&progs_lock);
 
     if (p == NULL || !nvrtc_enabled()) {
         /* Not a program we shadow (invalid handle, or caching off). */
+        prog_free(bh.copy);
         rc = real_compile(prog, numOptions, options);
         kc__guard_exit();
         return rc;
     }
-    if (!keyed || !resolve_getters()) {
+    /* The compile installs the bundled headers first, whatever follows
+     * (13.5 does even for an invalid option): so does a hit, and the
+     * manifest's headers below DIR are checked there. */
+    if (!keyed || !resolve_getters() || (bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)) {
         c.passthrough = 1;
         rc = real_compile(prog, numOptions, options);
         goto out;
@@ -936,7 +1193,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
 
-    if (st != NULL && !cfg->recache && try_serve(prog, st, api, ns, build, &base, &rc, &c, NULL))
+    if (st != NULL && !cfg->recache && serve(prog, st, api, ns, build, &base, &bh, &rc, &c, NULL))
         goto out;
 
     /* Single flight: one process compiles a missed request, the others
@@ -949,7 +1206,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         bool waited = false;
         flight = kc__flight_acquire(&base, &waited);
         if ((flight >= 0 || waited) && !cfg->recache &&
-            try_serve(prog, st, api, ns, build, &base, &rc, &c, &stale)) {
+            serve(prog, st, api, ns, build, &base, &bh, &rc, &c, &stale)) {
             kc__flight_release(flight);
             goto out;
         }
@@ -957,7 +1214,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
          * result through the remote (its manifest's key names the lock).
          * A manifest none of whose sets holds here came from a node whose
          * headers differ: nothing to wait for. */
-        struct serve_poll sp = {prog, st, api, ns, build, &base, &rc, &c};
+        struct serve_poll sp = {prog, st, api, ns, build, &base, &bh, &rc, &c};
         if (!stale && kc__flight_remote(ns, &mk, serve_poll, &sp, &rheld) == 1) {
             kc__flight_release(flight);
             goto out;
@@ -973,7 +1230,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     }
     pthread_mutex_unlock(&progs_lock);
 
-    struct kc__deps deps = {0};
+    struct kc__deps deps = {.bundled = bh.dir};
     uint64_t took = 0;
     bool stored = false;
     size_t stored_len = 0;
@@ -1003,11 +1260,15 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             pthread_mutex_unlock(&progs_lock);
             struct kc_buf b = {0};
             if (r != NULL && kc__replay_encode(r, &b) == 0) {
-                kc_digest result = result_id(&base, deps.v, deps.n);
+                uint64_t t0 = kc_mono_ns();
+                const kc_digest *sbase =
+                    bundled_store_base(&bh, &base, numOptions, options, r);
+                took += kc_mono_ns() - t0; /* the witness compile, if any */
+                kc_digest result = result_id(sbase, deps.v, deps.n);
                 kc_key key = {.id = result, .build = build};
                 int prc = api->put(st, ns, &key, &result, KC_KIND_NVRTC, b.p, b.len, took);
                 if (prc == 0)
-                    prc = manifest_add(st, api, ns, &base, &result, &deps);
+                    prc = manifest_add(st, api, ns, sbase, &result, &deps);
                 if (prc == 0) {
                     c.stores = 1;
                     stored = true;
@@ -1032,6 +1293,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     kc__flight_remote_release(ns, &mk, rheld, stored, stored_len);
     kc__flight_release(flight);
 out:
+    prog_free(bh.copy);
     kc__count(BACKEND, &c);
     if (kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG, "nvrtc %s: %.3f ms in the hook, %.3f ms of it compiling",
