@@ -49,7 +49,8 @@ void kc__deps_free(struct kc__deps *d)
 static const char *below_bundled(const char *dir, const char *path)
 {
     size_t n = dir != NULL ? strlen(dir) : 0;
-    if (n == 0 || strncmp(path, dir, n) != 0 || (path[n] != '/' && path[n] != '\0' && dir[n - 1] != '/'))
+    if (n == 0 || strncmp(path, dir, n) != 0 ||
+        (path[n] != '/' && path[n] != '\0' && dir[n - 1] != '/'))
         return NULL;
     path += n;
     while (*path == '/')

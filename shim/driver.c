@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define BACKEND "jit"
 
@@ -51,6 +52,7 @@
 
 static void *real_load_data, *real_load_data_ex, *real_load_fatbin, *real_lib_load;
 static void *real_gpa, *real_gpa_v2;
+static void *real_module_load, *real_lib_load_file; /* the loads from a file */
 
 typedef CUresult (*load_data_fn)(CUmodule *, const void *);
 typedef CUresult (*load_data_ex_fn)(CUmodule *, const void *, unsigned, CUjit_option *, void **);
@@ -59,6 +61,9 @@ typedef CUresult (*lib_load_fn)(CUlibrary *, const void *, CUjit_option *, void 
 typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t,
                               CUdriverProcAddressQueryResult *);
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*module_load_fn)(CUmodule *, const char *);
+typedef CUresult (*lib_load_file_fn)(CUlibrary *, const char *, CUjit_option *, void **, unsigned,
+                                     CUlibraryOption *, void **, unsigned);
 
 #define REAL(var, name) ((var) ? (var) : kc__hook_real(kc__hook_find(name, KC_LIB_CUDA)))
 
@@ -514,10 +519,22 @@ struct load_call {
     CUlibraryOption *lopt;
     void **lval;
     unsigned ln;
+    /* A load from a file (cuModuleLoad, cuLibraryLoadFromFile): its path;
+     * image is then its content, read once. */
+    const char *path;
 };
 
 static CUresult call_real(const struct load_call *c)
 {
+    if (c->path != NULL && c->api == API_LIBRARY) {
+        lib_load_file_fn f = (lib_load_file_fn)REAL(real_lib_load_file, "cuLibraryLoadFromFile");
+        return f ? f(c->lib, c->path, c->opt, c->val, c->n, c->lopt, c->lval, c->ln)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (c->path != NULL) {
+        module_load_fn f = (module_load_fn)REAL(real_module_load, "cuModuleLoad");
+        return f ? f(c->mod, c->path) : CUDA_ERROR_NOT_INITIALIZED;
+    }
     switch (c->api) {
     case API_DATA: {
         load_data_fn f = (load_data_fn)REAL(real_load_data, "cuModuleLoadData");
@@ -1019,6 +1036,81 @@ KC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
     return rc;
 }
 
+/* ---- loads from a file ------------------------------------------------------------ */
+
+/* cuModuleLoad and cuLibraryLoadFromFile: the file's content is read once
+ * here and loaded as data (cuModuleLoadData, cuLibraryLoadData) is: its
+ * content is the key, and a miss compiles and loads what was read. A file
+ * that cannot be read whole (missing, unreadable, a directory, over 1 GiB,
+ * changed while read), and every load the cache does not take, goes to the
+ * driver's own file function, which answers as it does without kcache. */
+#define FILE_LOAD_MAX (1ull << 30)
+
+static void *file_read(const char *path)
+{
+    FILE *f = path != NULL ? fopen(path, "rbe") : NULL;
+    if (f == NULL)
+        return NULL;
+    struct stat st;
+    char *buf = NULL;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size < FILE_LOAD_MAX &&
+        (buf = malloc((size_t)st.st_size + 1)) != NULL) {
+        size_t n = fread(buf, 1, (size_t)st.st_size + 1, f);
+        struct stat after;
+        if (n != (size_t)st.st_size || ferror(f) || fstat(fileno(f), &after) != 0 ||
+            after.st_size != st.st_size || after.st_mtim.tv_sec != st.st_mtim.tv_sec ||
+            after.st_mtim.tv_nsec != st.st_mtim.tv_nsec) {
+            free(buf);
+            buf = NULL;
+        } else {
+            buf[n] = '\0'; /* a PTX file's text, as a string */
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+static CUresult file_load(struct load_call *c)
+{
+    const struct kc_config *cfg = kc__config();
+    void *image = NULL;
+    if (kc__guard_held() || cfg->disable || !cfg->jit || (image = file_read(c->path)) == NULL)
+        return call_real(c);
+    c->image = image;
+    CUresult rc = jit_load(c);
+    free(image);
+    return rc;
+}
+
+KC_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    struct load_call c = {.api = API_DATA, .mod = module, .path = fname};
+    return file_load(&c);
+}
+
+KC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                         CUjit_option *jitOptions, void **jitOptionsValues,
+                                         unsigned int numJitOptions,
+                                         CUlibraryOption *libraryOptions,
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    struct load_call c = {.api = API_LIBRARY,
+                          .lib = library,
+                          .path = fileName,
+                          .n = numJitOptions,
+                          .opt = jitOptions,
+                          .val = jitOptionsValues,
+                          .lopt = libraryOptions,
+                          .lval = libraryOptionValues,
+                          .ln = numLibraryOptions};
+    /* CU_LIBRARY_BINARY_IS_PRESERVED is invalid with a file: the driver
+     * says so. */
+    for (unsigned i = 0; libraryOptions != NULL && i < numLibraryOptions; i++)
+        if (libraryOptions[i] == CU_LIBRARY_BINARY_IS_PRESERVED)
+            return call_real(&c);
+    return file_load(&c);
+}
+
 /* ---- the hook table ------------------------------------------------------------------ */
 
 /* Hidden aliases: the table points at our own code whatever the lookup
@@ -1031,6 +1123,8 @@ ALIAS(cuModuleLoadFatBinary)
 ALIAS(cuLibraryLoadData)
 ALIAS(cuGetProcAddress_v2)
 ALIAS(cuGetProcAddress)
+ALIAS(cuModuleLoad)
+ALIAS(cuLibraryLoadFromFile)
 
 #define HOOK(name, var)                                                                            \
     {                                                                                              \
@@ -1039,8 +1133,13 @@ ALIAS(cuGetProcAddress)
 #define MEMO_HOOK(name) {#name, (void *)kc__w_##name, &kc__real_##name, KC_LIB_CUDA},
 
 const struct kc__hook kc__driver_hooks[] = {
-    HOOK(cuModuleLoadData, real_load_data),           HOOK(cuModuleLoadDataEx, real_load_data_ex),
-    HOOK(cuModuleLoadFatBinary, real_load_fatbin),    HOOK(cuLibraryLoadData, real_lib_load),
-    HOOK(cuGetProcAddress_v2, real_gpa_v2),           HOOK(cuGetProcAddress, real_gpa),
+    HOOK(cuModuleLoadData, real_load_data),
+    HOOK(cuModuleLoadDataEx, real_load_data_ex),
+    HOOK(cuModuleLoadFatBinary, real_load_fatbin),
+    HOOK(cuLibraryLoadData, real_lib_load),
+    HOOK(cuGetProcAddress_v2, real_gpa_v2),
+    HOOK(cuGetProcAddress, real_gpa),
+    HOOK(cuModuleLoad, real_module_load),
+    HOOK(cuLibraryLoadFromFile, real_lib_load_file),
     KC_MEMO_WRAPPERS(MEMO_HOOK){NULL, NULL, NULL, 0},
 };

@@ -354,10 +354,10 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
 static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc);
 
 struct bundled {
-    const char *dir; /* the request's DIR (in the host's options), or NULL */
-    int opt;         /* its option */
-    bool keyed;      /* every output may name DIR (line or debug info): base1 only */
-    kc_digest base1; /* the base with DIR */
+    const char *dir;   /* the request's DIR (in the host's options), or NULL */
+    int opt;           /* its option */
+    bool keyed;        /* every output may name DIR (line or debug info): base1 only */
+    kc_digest base1;   /* the base with DIR */
     struct prog *copy; /* the program, for the witness compile */
 };
 
@@ -1181,7 +1181,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     /* The compile installs the bundled headers first, whatever follows
      * (13.5 does even for an invalid option): so does a hit, and the
      * manifest's headers below DIR are checked there. */
-    if (!keyed || !resolve_getters() || (bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)) {
+    if (!keyed || !resolve_getters() ||
+        (bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)) {
         c.passthrough = 1;
         rc = real_compile(prog, numOptions, options);
         goto out;
@@ -1261,8 +1262,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             struct kc_buf b = {0};
             if (r != NULL && kc__replay_encode(r, &b) == 0) {
                 uint64_t t0 = kc_mono_ns();
-                const kc_digest *sbase =
-                    bundled_store_base(&bh, &base, numOptions, options, r);
+                const kc_digest *sbase = bundled_store_base(&bh, &base, numOptions, options, r);
                 took += kc_mono_ns() - t0; /* the witness compile, if any */
                 kc_digest result = result_id(sbase, deps.v, deps.n);
                 kc_key key = {.id = result, .build = build};

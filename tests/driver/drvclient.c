@@ -48,7 +48,8 @@
     X(cuGetErrorName, cuGetErrorName) X(cuGetProcAddress, cuGetProcAddress_v2)                     \
     X(cuMemGetAddressRange, cuMemGetAddressRange_v2) X(cuPointerGetAttributes, cuPointerGetAttributes) \
     X(cuPointerSetAttribute, cuPointerSetAttribute)                                                \
-    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)
+    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState)                                      \
+    X(cuModuleLoad, cuModuleLoad) X(cuLibraryLoadFromFile, cuLibraryLoadFromFile)
 // clang-format on
 
 static struct {
@@ -187,14 +188,17 @@ static void say_func(const char *what, CUfunction f)
 }
 
 /* load FILE API [LOGSIZE] [KERNEL...]: loads an image through API (data,
- * ex, fatbin, library) and looks up kernels. ex and library pass log
- * buffers of LOGSIZE bytes and print what the driver wrote. */
+ * ex, fatbin, library; file and libfile: cuModuleLoad and
+ * cuLibraryLoadFromFile of FILE, which may be missing) and looks up
+ * kernels. ex, library and libfile pass log buffers of LOGSIZE bytes and
+ * print what the driver wrote. */
 static int sc_load(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
     const char *api = argv[1];
-    void *img = read_file(argv[0], NULL);
+    int from_file = !strcmp(api, "file") || !strcmp(api, "libfile");
+    void *img = from_file ? NULL : read_file(argv[0], NULL);
     size_t logsize = argc > 2 ? strtoul(argv[2], NULL, 0) : 4096;
     setup();
     char *info = calloc(1, logsize + 1), *err = calloc(1, logsize + 1);
@@ -208,8 +212,12 @@ static int sc_load(int argc, char **argv)
     CUmodule mod = NULL;
     CUlibrary libh = NULL;
     CUresult rc;
-    int lib_api = !strcmp(api, "library");
-    if (!strcmp(api, "data"))
+    int lib_api = !strcmp(api, "library") || !strcmp(api, "libfile");
+    if (!strcmp(api, "file"))
+        rc = D.cuModuleLoad(&mod, argv[0]);
+    else if (!strcmp(api, "libfile"))
+        rc = D.cuLibraryLoadFromFile(&libh, argv[0], opt, val, 6, NULL, NULL, 0);
+    else if (!strcmp(api, "data"))
         rc = D.cuModuleLoadData(&mod, img);
     else if (!strcmp(api, "ex"))
         rc = D.cuModuleLoadDataEx(&mod, img, 6, opt, val);

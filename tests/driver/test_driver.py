@@ -334,6 +334,57 @@ def test_switches():
     check(c.get("jit") == 1, "KCACHE_READONLY=1 stored nothing")
 
 
+def test_file_loads():
+    """cuModuleLoad and cuLibraryLoadFromFile (issue 23): cached like data
+    loads, the file's content the key; a missing, unreadable or directory
+    path, and a file whose content changes, answer as without the shim."""
+    work = os.path.join(TMP, "files")
+    os.makedirs(work, exist_ok=True)
+    f = os.path.join(work, "k.ptx")
+    shutil.copy(PTX, f)
+    for api, what in (("file", "cuModuleLoad"), ("libfile", "cuLibraryLoadFromFile")):
+        args = ["load", f, api, "4096", "add1", "scale"]
+        fresh_cache()
+        ref, _, _ = run(args, shim=False)
+        out1, err1, c1 = run(args)
+        out2, err2, c2 = run(args)
+        s1, s2 = stats(err1, "jit"), stats(err2, "jit")
+        check(normalize(out1) == normalize(ref) and normalize(out2) == normalize(ref),
+              what + ": same output as the driver's, cold and warm")
+        check(c1.get("jit") == 1 and s1 and s1["misses"] == 1 and s1["stores"] == 1,
+              what + ": cold run compiles and stores")
+        check(c2.get("jit", 0) == 0 and s2 and s2["hits"] == 1,
+              what + ": warm run loads the stored cubin, no JIT")
+        # The same content as a data load: one entry serves both.
+        if api == "file":
+            _, _, c3 = run(["load", PTX, "data", "0", "add1"])
+            check(c3.get("jit", 0) == 0, what + ": a data load of the same PTX is served")
+        # Another content under the same name: a miss, the new module.
+        g = os.path.join(work, "k2.ptx")
+        shutil.copy(PTX2, g)
+        os.replace(g, f)
+        ref2, _, _ = run(args, shim=False)
+        out3, _, c3 = run(args)
+        check(normalize(out3) == normalize(ref2) and c3.get("jit") == 1,
+              what + ": the file's new content is compiled, not the old served")
+        shutil.copy(PTX, f)
+        bad = [os.path.join(work, "missing.ptx"), work]
+        unreadable = os.path.join(work, "noread.ptx")
+        shutil.copy(PTX, unreadable)
+        os.chmod(unreadable, 0)
+        if os.geteuid() != 0:
+            bad.append(unreadable)
+        for b in bad:
+            ref, _, _ = run(["load", b, api, "4096", "add1"], shim=False)
+            out, err, _ = run(["load", b, api, "4096", "add1"])
+            s = stats(err, "jit")
+            check(out == ref and "CUDA_SUCCESS" not in out.splitlines()[0],
+                  "%s of %s: the driver's answer (%s)" % (what, os.path.basename(b),
+                                                        out.splitlines()[0]))
+            check(s is None or s["stores"] == 0, "%s of %s: nothing stored" % (what, b))
+        os.chmod(unreadable, 0o600)
+
+
 def main():
     name = sys.argv[1]
     fn = globals().get("test_" + name)

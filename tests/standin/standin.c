@@ -94,7 +94,8 @@
     X(cuPointerGetAttributes) X(cuPointerSetAttribute)                                             \
     X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)          \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuGetProcAddress) X(cuGetProcAddress_v2)            \
-    X(cuGetErrorString) X(cuGetErrorName)
+    X(cuGetErrorString) X(cuGetErrorName)                                                          \
+    X(cuModuleLoad) X(cuLibraryLoadFromFile)
 // clang-format on
 
 enum {
@@ -2712,6 +2713,8 @@ static const struct proc si_procs[] = {
     PROC(cuGetProcAddress, cuGetProcAddress_v2, 12000),
     PROC(cuGetErrorString, cuGetErrorString, 6000),
     PROC(cuGetErrorName, cuGetErrorName, 6000),
+    PROC(cuModuleLoad, cuModuleLoad, 2000),
+    PROC(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000),
 };
 
 /* Entry points added for real clients (the block at the end of this file). */
@@ -2958,4 +2961,86 @@ static const struct proc *si_client_procs(size_t *n)
 {
     *n = sizeof si_client_table / sizeof si_client_table[0];
     return si_client_table;
+}
+
+/* ---- loads from a file (issue 23) ------------------------------------------------- */
+
+/* cuModuleLoad and cuLibraryLoadFromFile: the file read whole, then loaded
+ * as its data would be. A file that cannot be opened or read (missing, a
+ * directory, no permission) is CUDA_ERROR_FILE_NOT_FOUND, as the driver
+ * answers; a NULL name CUDA_ERROR_INVALID_VALUE. */
+extern __typeof__(cuLibraryLoadData) si_library_load_data
+    __attribute__((alias("cuLibraryLoadData"), visibility("hidden")));
+
+static CUresult si_file_read(const char *path, char **out)
+{
+    if (path == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rbe");
+    if (f == NULL)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            char *b = realloc(buf, cap = cap ? cap * 2 : 65536);
+            if (b == NULL) {
+                free(buf);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            buf = b;
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    return CUDA_SUCCESS;
+}
+
+SI_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    COUNT(cuModuleLoad);
+    INIT_CHECK();
+    if (!module)
+        return CUDA_ERROR_INVALID_VALUE;
+    char *image = NULL;
+    CUresult rc = si_file_read(fname, &image);
+    if (rc)
+        return rc;
+    rc = module_load(module, image, 0, NULL, NULL);
+    free(image);
+    return rc;
+}
+
+SI_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                         CUjit_option *jitOptions, void **jitOptionsValues,
+                                         unsigned int numJitOptions,
+                                         CUlibraryOption *libraryOptions,
+                                         void **libraryOptionValues, unsigned int numLibraryOptions)
+{
+    COUNT(cuLibraryLoadFromFile);
+    INIT_CHECK();
+    if (!library)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; libraryOptions && i < numLibraryOptions; i++)
+        if (libraryOptions[i] == CU_LIBRARY_BINARY_IS_PRESERVED)
+            return CUDA_ERROR_INVALID_VALUE;
+    char *image = NULL;
+    CUresult rc = si_file_read(fileName, &image);
+    if (rc)
+        return rc;
+    rc = si_library_load_data(library, image, jitOptions, jitOptionsValues, numJitOptions,
+                              libraryOptions, libraryOptionValues, numLibraryOptions);
+    free(image);
+    return rc;
 }

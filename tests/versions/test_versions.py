@@ -20,6 +20,12 @@ Usage: test_versions.py TEST
            entry point kcache does not know, every link passes through
   flight   4 processes at once on an empty store (NVRTC 13.5): identical
            dumps, each distinct compile made once
+  bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
+           (bundled_client.py): without kcache, cold and warm the same
+           outputs and the same DIR; warm serves the compiles no output of
+           which names DIR (PTX, LTO-IR, a host-edited header), compiles
+           the others (a log naming a header, line info, CCCL's device
+           assertions in LTO-IR); the bundled-headers calls unchanged
 
 Environment (tests/versions/meson.build): KCACHE_SHIM, KCACHE_SRC,
 KCACHE_TEST_CC, KCACHE_TEST_CLIENT_SRC, KCACHE_TEST_TOOLKIT.
@@ -308,8 +314,29 @@ def t_flight(tmp):
           "single flight: each distinct compile made once (%d misses, %d hits)" % (misses, hits))
 
 
+def t_bundled(tmp):
+    lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
+    need(lib, "NVRTC 13.5")
+    client = os.path.join(SRC, "tests", "versions", "bundled_client.py")
+    store = os.path.join(tmp, "store")
+    outs = {}
+    for run_ in ("ref", "cold", "warm"):
+        outs[run_] = os.path.join(tmp, run_ + ".txt")
+        err = run([sys.executable, client, lib, outs[run_]], None if run_ == "ref" else store)
+        if run_ != "ref":
+            same(outs["ref"], outs[run_], run_ + " run")
+            h, m, pt, st, e = stats(err, "nvrtc")
+            check(e == 0 and pt == 0, "%s: no error, no pass-through" % run_)
+            want = (0, 6) if run_ == "cold" else (3, 3)
+            check((h, m) == want, "%s: %d hits, %d misses (%d, %d)" % ((run_,) + want + (h, m)))
+    leftover = [f for f in os.listdir(os.environ.get("TMPDIR", "/tmp"))
+                if f.startswith("kcache-bundled-")]
+    check(not leftover, "the witness directories are removed (%s)" % leftover)
+
+
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight"):
+    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight",
+                                                 "bundled"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")
