@@ -69,10 +69,36 @@ static const char *dep_path(const char *path, const char *bundled, char *buf, si
     return buf;
 }
 
+/* The CUDA driver's compute cache ($CUDA_CACHE_PATH, else
+ * ~/.nv/ComputeCache), which NVRTC 12.9+ reads and writes through the
+ * driver during a compile (its own cache, on unless --no-cache or
+ * CUDA_CACHE_DISABLE=1): what it holds changes no output, so its files are
+ * neither dependencies nor side effects. "" when there is none. */
+static char compute_cache_dir[PATH_MAX];
+
+static void compute_cache_init(void)
+{
+    const char *c = getenv("CUDA_CACHE_PATH"), *h = getenv("HOME");
+    if (c != NULL && c[0] == '/')
+        snprintf(compute_cache_dir, sizeof compute_cache_dir, "%s", c);
+    else if (h != NULL && h[0] == '/')
+        snprintf(compute_cache_dir, sizeof compute_cache_dir, "%s/.nv/ComputeCache", h);
+}
+
+static const char *compute_cache(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, compute_cache_init);
+    return compute_cache_dir;
+}
+
 static bool ignored(const char *p)
 {
-    return strncmp(p, "/proc/", 6) == 0 || strncmp(p, "/sys/", 5) == 0 ||
-           strncmp(p, "/dev/", 5) == 0;
+    if (strncmp(p, "/proc/", 6) == 0 || strncmp(p, "/sys/", 5) == 0 || strncmp(p, "/dev/", 5) == 0)
+        return true;
+    const char *cc = compute_cache();
+    size_t n = strlen(cc);
+    return n > 0 && strncmp(p, cc, n) == 0 && (p[n] == '/' || p[n] == '\0');
 }
 
 /* Records `path` (as the compile named it) with what the call found. The
@@ -168,7 +194,7 @@ static void record_open(const char *path, int fd, int flags, int err)
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
         /* NVRTC installing its bundled headers (or locking them) is what
          * the hit does too (nvrtc.c): no side effect of the compile's own. */
-        if (below_bundled(tracking->bundled, path) == NULL)
+        if (below_bundled(tracking->bundled, path) == NULL && !ignored(path))
             tracking->writes = true;
         return;
     }

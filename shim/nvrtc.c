@@ -226,18 +226,15 @@ static int nvrtc_major(void)
  * traces written to disk. Such compiles pass through uncached. */
 static bool side_effect_option(const char *o)
 {
-    static const char *bad[] = {"-pch",
-                                "--pch",
-                                "-create-pch",
-                                "--create-pch",
-                                "-use-pch",
-                                "--use-pch",
-                                "-pch-dir",
-                                "--pch-dir",
-                                "-time",
-                                "--time",
-                                "-fdevice-time-trace",
-                                "--fdevice-time-trace"};
+    static const char *bad[] = {"-pch", "--pch", "-create-pch", "--create-pch", "-use-pch",
+                                "--use-pch", "-pch-dir", "--pch-dir", "-time", "--time",
+                                "-fdevice-time-trace", "--fdevice-time-trace",
+                                /* NVRTC 12.9+'s own cache (in the driver's
+                                 * compute cache) writes its state into the
+                                 * log: the first compile of a process logs
+                                 * its set-up, later ones "already
+                                 * initialized", and hits or misses. */
+                                "-enable-cache-trace", "--enable-cache-trace"};
     if (o == NULL)
         return false;
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

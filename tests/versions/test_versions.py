@@ -20,6 +20,11 @@ Usage: test_versions.py TEST
            entry point kcache does not know, every link passes through
   flight   4 processes at once on an empty store (NVRTC 13.5): identical
            dumps, each distinct compile made once
+  nvrtc_cache  NVRTC 12.9+'s own cache (in the CUDA driver's compute
+           cache; inert here, no driver) beside kcache, for 12.9, 13.0,
+           13.5 (cache_client.py): without kcache, cold and warm the same
+           logs and PTX; --enable-cache-trace (whose log is the cache's
+           state) passes through, the others are served warm
   bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
            (bundled_client.py): without kcache, cold and warm the same
            outputs and the same DIR; warm serves the compiles no output of
@@ -314,6 +319,26 @@ def t_flight(tmp):
           "single flight: each distinct compile made once (%d misses, %d hits)" % (misses, hits))
 
 
+def t_nvrtc_cache(tmp):
+    client = os.path.join(SRC, "tests", "versions", "cache_client.py")
+    for rel in ("12.9", "13.0", "13.5"):
+        inc, libdir, so = nvrtc_of(rel)
+        lib = os.path.join(libdir, so)
+        need(lib, "NVRTC " + rel)
+        store = os.path.join(tmp, "store-" + rel)
+        outs = {}
+        for run_ in ("ref", "cold", "warm"):
+            outs[run_] = os.path.join(tmp, "%s-%s.txt" % (rel, run_))
+            err = run([sys.executable, client, lib, outs[run_]], None if run_ == "ref" else store)
+            if run_ != "ref":
+                same(outs["ref"], outs[run_], "NVRTC %s, %s run" % (rel, run_))
+                h, m, pt, _, e = stats(err, "nvrtc")
+                want = (0, 2, 2) if run_ == "cold" else (2, 0, 2)
+                check((h, m, pt) == want and e == 0,
+                      "NVRTC %s %s: %d hits, %d misses, %d pass-through (%d, %d, %d)"
+                      % ((rel, run_) + want + (h, m, pt)))
+
+
 def t_bundled(tmp):
     lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
     need(lib, "NVRTC 13.5")
@@ -336,7 +361,7 @@ def t_bundled(tmp):
 
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight",
-                                                 "bundled"):
+                                                 "bundled", "nvrtc_cache"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")
