@@ -447,7 +447,14 @@ static nvrtcResult bundled_install(const char *dir)
 {
     if (real_install == NULL)
         real_install = (__typeof__(real_install))sibling("nvrtcInstallBundledHeaders");
-    return real_install != NULL ? real_install(dir, 0, NULL) : NVRTC_ERROR_INTERNAL_ERROR;
+    if (real_install == NULL)
+        return NVRTC_ERROR_INTERNAL_ERROR;
+    uint64_t t0 = kc_mono_ns();
+    nvrtcResult rc = real_install(dir, 0, NULL);
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s: %d, %.1f ms", dir, (int)rc,
+               (kc_mono_ns() - t0) / 1e6);
+    return rc;
 }
 
 static bool outputs_equal(const struct kc__replay *a, const struct kc__replay *b)

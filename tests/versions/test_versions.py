@@ -25,6 +25,11 @@ Usage: test_versions.py TEST
            13.5 (cache_client.py): without kcache, cold and warm the same
            logs and PTX; --enable-cache-trace (whose log is the cache's
            state) passes through, the others are served warm
+  nvmath   nvmath-python 1.0 with libmathdx 0.4 (.venv-wheels/nvmath) on the
+           stand-in driver: a cuFFTDx FFT and a cuBLASDx matmul compiled to
+           LTO-IR (NVRTC 13.5, a fresh bundled-headers directory per
+           process) without kcache, cold and warm: the same LTO-IR, warm
+           served
   bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
            (bundled_client.py): without kcache, cold and warm the same
            outputs and the same DIR; warm serves the compiles no output of
@@ -117,9 +122,11 @@ def build(tmp, name, rel, jitlink=False, dlsym=False):
     return out
 
 
-def run(argv, store=None, timeout=280):
+def run(argv, store=None, timeout=280, env=None):
+    extra = env or {}
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+    env.update(extra)
     if store is not None:
         env.update(KCACHE_DIR=store, KCACHE_STATS="1", LD_PRELOAD=SHIM)
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
@@ -339,6 +346,34 @@ def t_nvrtc_cache(tmp):
                       % ((rel, run_) + want + (h, m, pt)))
 
 
+def nvmath_env():
+    """PYTHONPATH and LD_LIBRARY_PATH for nvmath_client.py: nvmath and
+    libmathdx from .venv-wheels/nvmath, NVRTC 13.5, the stand-in driver."""
+    nm = os.path.join(WHEELS, "nvmath")
+    need(os.path.join(nm, "nvmath"), "nvmath-python")
+    libs = [nvrtc_of("13.5")[1], os.path.join(nm, "nvidia", "cu13", "lib"),
+            os.environ["KCACHE_TEST_STANDIN_DIR"]]
+    return {"PYTHONPATH": nm, "LD_LIBRARY_PATH": ":".join(libs)}
+
+
+def t_nvmath(tmp):
+    client = os.path.join(SRC, "tests", "versions", "nvmath_client.py")
+    store = os.path.join(tmp, "store")
+    outs = {}
+    for run_ in ("ref", "cold", "warm"):
+        outs[run_] = os.path.join(tmp, run_ + ".txt")
+        err = run([sys.executable, client, outs[run_]], None if run_ == "ref" else store,
+                  timeout=900, env=nvmath_env())
+        print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
+        if run_ != "ref":
+            same(outs["ref"], outs[run_], run_ + " run")
+            h, m, pt, _, e = stats(err, "nvrtc")
+            want = (0, 2) if run_ == "cold" else (2, 0)
+            check((h, m) == want and pt == 0 and e == 0,
+                  "%s: %d hits, %d misses, no pass-through (%d, %d, %d)"
+                  % ((run_,) + want + (h, m, pt)))
+
+
 def t_bundled(tmp):
     lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
     need(lib, "NVRTC 13.5")
@@ -361,7 +396,7 @@ def t_bundled(tmp):
 
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight",
-                                                 "bundled", "nvrtc_cache"):
+                                                 "bundled", "nvrtc_cache", "nvmath"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""nvmath-python 1.0 with libmathdx 0.4 (tests/versions nvmath, scripts/bench).
+
+Usage: nvmath_client.py OUT [fft|matmul ...]
+Compiles a cuFFTDx FFT and a cuBLASDx matmul to LTO-IR, as a kernel that
+uses them would (libmathdx compiles with NVRTC 13.5 and
+--use-bundled-headers=<a fresh directory of this process>), and writes to
+OUT each one's symbol, LTO-IR size and digest, and the seconds it took.
+"""
+import hashlib
+import sys
+import time
+
+import numpy as np
+from nvmath.device import cublasdx, cufftdx
+from nvmath.device.common_cuda import CodeType, ComputeCapability
+
+out = open(sys.argv[1], "w")
+which = sys.argv[2:] or ["fft", "matmul"]
+for w in which:
+    t = time.time()
+    if w == "fft":
+        cc = ComputeCapability(8, 0)
+        fft = cufftdx.FFT(size=64, precision=np.float32, fft_type="c2c", execution="Thread",
+                          direction="forward", sm=cc)
+        code, sym = cufftdx.compile_fft_execute(fft, CodeType("lto", cc))
+    else:
+        cc = ComputeCapability(9, 0)
+        mm = cublasdx.Matmul(size=(16, 16, 16), precision=np.float32, data_type="real",
+                             arrangement=("row_major", "col_major", "col_major"),
+                             block_size=64, sm=cc)
+        code, sym = cublasdx.compile_blas_execute(mm, CodeType("lto", cc),
+                                                 execute_api="static_leading_dimensions")
+    dt = time.time() - t
+    out.write("%s %s %d %s\n" % (w, sym, len(code.data), hashlib.sha256(code.data).hexdigest()))
+    print("%s %.3f s" % (w, dt), file=sys.stderr, flush=True)
+out.close()
