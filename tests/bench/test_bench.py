@@ -53,6 +53,11 @@ SCHEMA = {
     "clients": (("runs", "numba", "cccl", "goals"),
                 ("client", "state", "phase_s", "nvvm_link_hooks_s", "stats"), "runs",
                 ("numba_nvvm_link", "cccl_reduce_into")),
+    "versions": (("available", "reason", "reps", "nvrtc", "nvmath", "nvrtc_own_cache", "goals"),
+                 ("release", "available", "cold_ms", "hit_fresh_ms", "hit_over_cold",
+                  "identical", "warnings"), "nvrtc",
+                 ("nvrtc_13.0_hit_over_cold", "nvmath_fft_warm_over_cold",
+                  "hit_vs_nvrtc_own_cache")),
 }
 RUN_FIELDS = ("wall_s", "cpu_s", "compiles")
 MEMO_FIELDS = ("get_function_hit_ns", "get_function_passthrough_ns", "mem_alloc_hit_ns",

@@ -358,11 +358,13 @@ def nvmath_env():
 
 def t_nvmath(tmp):
     client = os.path.join(SRC, "tests", "versions", "nvmath_client.py")
+    py = os.environ.get("KCACHE_VENV_PYTHON", os.path.join(SRC, ".venv", "bin", "python"))
+    need(py, "the project venv's python")
     store = os.path.join(tmp, "store")
     outs = {}
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
-        err = run([sys.executable, client, outs[run_]], None if run_ == "ref" else store,
+        err = run([py, client, outs[run_]], None if run_ == "ref" else store,
                   timeout=900, env=nvmath_env())
         print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
         if run_ != "ref":
