@@ -362,6 +362,7 @@ def t_nvmath(tmp):
     need(py, "the project venv's python")
     store = os.path.join(tmp, "store")
     outs = {}
+    n = 0
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
         err = run([py, client, outs[run_]], None if run_ == "ref" else store,
@@ -370,10 +371,16 @@ def t_nvmath(tmp):
         if run_ != "ref":
             same(outs["ref"], outs[run_], run_ + " run")
             h, m, pt, _, e = stats(err, "nvrtc")
-            want = (0, 2) if run_ == "cold" else (2, 0)
-            check((h, m) == want and pt == 0 and e == 0,
-                  "%s: %d hits, %d misses, no pass-through (%d, %d, %d)"
-                  % ((run_,) + want + (h, m, pt)))
+            if run_ == "cold":
+                # libmathdx compiles each function with NVRTC more than once.
+                n = m
+                check(h == 0 and m >= 2 and pt == 0 and e == 0,
+                      "cold: %d NVRTC compiles, all misses, no pass-through (%d hits, %d)"
+                      % (m, h, pt))
+            else:
+                check(h == n and m == 0 and pt == 0 and e == 0,
+                      "warm: all %d served (%d hits, %d misses, %d pass-through)"
+                      % (n, h, m, pt))
 
 
 def t_bundled(tmp):
