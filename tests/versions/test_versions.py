@@ -346,14 +346,16 @@ def t_nvrtc_cache(tmp):
                       % ((rel, run_) + want + (h, m, pt)))
 
 
-def nvmath_env():
-    """PYTHONPATH and LD_LIBRARY_PATH for nvmath_client.py: nvmath and
-    libmathdx from .venv-wheels/nvmath, NVRTC 13.5, the stand-in driver."""
+def nvmath_env(tmp):
+    """PYTHONPATH, LD_LIBRARY_PATH and TMPDIR for nvmath_client.py: nvmath
+    and libmathdx from .venv-wheels/nvmath, NVRTC 13.5, the stand-in driver;
+    libmathdx's bundled-headers directory (one per process, left behind at
+    exit) in the test's own directory."""
     nm = os.path.join(WHEELS, "nvmath")
     need(os.path.join(nm, "nvmath"), "nvmath-python")
     libs = [nvrtc_of("13.5")[1], os.path.join(nm, "nvidia", "cu13", "lib"),
             os.environ["KCACHE_TEST_STANDIN_DIR"]]
-    return {"PYTHONPATH": nm, "LD_LIBRARY_PATH": ":".join(libs)}
+    return {"PYTHONPATH": nm, "LD_LIBRARY_PATH": ":".join(libs), "TMPDIR": tmp}
 
 
 def t_nvmath(tmp):
@@ -366,7 +368,7 @@ def t_nvmath(tmp):
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
         err = run([py, client, outs[run_]], None if run_ == "ref" else store,
-                  timeout=900, env=nvmath_env())
+                  timeout=900, env=nvmath_env(tmp))
         print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
         if run_ != "ref":
             same(outs["ref"], outs[run_], run_ + " run")
