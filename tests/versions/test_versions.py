@@ -367,7 +367,8 @@ def t_nvmath(tmp):
     n = 0
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
-        err = run([py, client, outs[run_]], None if run_ == "ref" else store,
+        err = run([py, "-X", "faulthandler", client, outs[run_]],
+                  None if run_ == "ref" else store,
                   timeout=900, env=nvmath_env(tmp))
         print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
         if run_ != "ref":
