@@ -480,9 +480,12 @@ static bool outputs_equal(const struct kc__replay *a, const struct kc__replay *b
 static bool bundled_named(const struct kc__replay *r, const char *dir)
 {
     size_t n = strlen(dir);
-    char dec[4 * 64 + 8], *w = dec;
-    for (size_t i = 0; i < n && i < 64; i++)
-        w += sprintf(w, i ? ", %u" : "%u", (unsigned)(unsigned char)dir[i]);
+    /* At most 64 bytes of DIR, each ", 255" at the most. */
+    char dec[5 * 64 + 8];
+    size_t w = 0;
+    for (size_t i = 0; i < n && i < 64 && w < sizeof dec; i++)
+        w += (size_t)snprintf(dec + w, sizeof dec - w, i ? ", %u" : "%u",
+                              (unsigned)(unsigned char)dir[i]);
     for (int i = 0; i < N_OUT; i++) {
         const struct kc__output *o = &r->out[i];
         if (o->nbytes >= n && memmem(o->bytes, o->nbytes, dir, n) != NULL)
