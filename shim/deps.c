@@ -511,9 +511,8 @@ int kc__cwd(char *buf, size_t len)
 {
     const char *pwd = getenv("PWD");
     struct stat a, b;
-    REAL(real_stat, "stat", NULL);
-    if (pwd != NULL && pwd[0] == '/' && strlen(pwd) < len && real_stat(pwd, &a) == 0 &&
-        real_stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    if (pwd != NULL && pwd[0] == '/' && strlen(pwd) < len && libc_stat(pwd, &a) == 0 &&
+        libc_stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
         memcpy(buf, pwd, strlen(pwd) + 1);
         return 0;
     }
