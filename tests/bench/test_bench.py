@@ -53,7 +53,8 @@ SCHEMA = {
     "clients": (("runs", "numba", "cccl", "goals"),
                 ("client", "state", "phase_s", "nvvm_link_hooks_s", "stats"), "runs",
                 ("numba_nvvm_link", "cccl_reduce_into")),
-    "versions": (("available", "reason", "reps", "nvrtc", "nvmath", "nvrtc_own_cache", "goals"),
+    "versions": (("available", "reason", "reps", "nvrtc", "nvmath", "link", "nvrtc_own_cache",
+                  "goals"),
                  ("release", "available", "cold_ms", "hit_fresh_ms", "hit_over_cold",
                   "identical", "warnings"), "nvrtc",
                  ("nvrtc_13.0_hit_over_cold", "nvmath_fft_warm_over_cold",
@@ -146,6 +147,29 @@ def main():
                 problems.append(f"link: {rw.get('scenario')}: {rw['warnings']}")
     elif not link.get("reason"):
         problems.append("link unavailable without a reason")
+    # Section 11's links through the versioned names of nvJitLink 12.9 and
+    # 13.5: each release there, or named missing with a reason.
+    vlinks = res.get("versions", {}).get("link") or []
+    if not vlinks:
+        problems.append("versions.link is empty")
+    for rw in vlinks:
+        if not rw.get("available"):
+            if not rw.get("reason"):
+                problems.append("versions.link: a release unavailable without a reason")
+            continue
+        rel = rw.get("release")
+        if rw.get("calls") != "__nvJitLinkComplete_" + str(rel).replace(".", "_"):
+            problems.append(f"versions.link {rel}: calls {rw.get('calls')}")
+        if rw.get("identical") is not True:
+            problems.append(f"versions.link {rel}: cubins differ between runs")
+        if rw.get("warnings"):
+            problems.append(f"versions.link {rel}: {rw['warnings']}")
+        for k in ("cold_ms", "hit_fresh_ms", "hit_over_cold"):
+            if not isinstance(rw.get(k), (int, float)):
+                problems.append(f"versions.link {rel}: {k} not a number")
+        gv = res["versions"].get("goals", {}).get(f"link_{rel}_hit_over_cold")
+        if not isinstance(gv, dict) or any(k not in gv for k in GOAL):
+            problems.append(f"versions.goals.link_{rel}_hit_over_cold missing or incomplete")
     for k in MEMO_FIELDS:
         if k not in res.get("driver", {}).get("memo", {}):
             problems.append(f"driver.memo.{k} missing")
