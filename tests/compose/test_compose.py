@@ -74,11 +74,16 @@ def run(args, cache="cache", preload=None, extra=None):
 
 
 def stats(stderr, backend):
-    m = re.search(r"\b" + backend + r" hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+)"
-                  r" errors=(\d+)", stderr)
-    if not m:
-        return None
-    return dict(zip(("hits", "misses", "passthrough", "stores", "errors"), map(int, m.groups())))
+    """The backend's counts summed over every stats line: each process of
+    the tree prints its own (Triton's launcher build runs gcc under the
+    shim, and those children report zeros)."""
+    total = None
+    for m in re.finditer(r"\b" + backend + r" hits=(\d+) misses=(\d+) passthrough=(\d+)"
+                         r" stores=(\d+) errors=(\d+)", stderr):
+        one = dict(zip(("hits", "misses", "passthrough", "stores", "errors"),
+                       map(int, m.groups())))
+        total = one if total is None else {k: total[k] + one[k] for k in total}
+    return total
 
 
 def counts_of(path):
