@@ -292,3 +292,44 @@ bool kc__manifest_mergeable(uint32_t prov)
 {
     return KC_PROV_CODE(prov) == KC_PROV_LOCAL || KC_PROV_CODE(prov) == KC_PROV_SIGNED;
 }
+
+void kc__capture_pair(const struct kc__pair *p, int ok, int oom, struct kc__output *o)
+{
+    const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
+    size_t n = s1;
+    o->size_rc = p->size(p->ctx, &n);
+    o->size_set = 1;
+    if (n == s1) {
+        n = s2;
+        p->size(p->ctx, &n);
+        o->size_set = n != s2;
+        if (!o->size_set)
+            n = 0;
+    }
+    o->size = n;
+    if (o->size_rc == ok && o->size_set && n > 0 && n < (1ull << 34)) {
+        o->bytes = malloc(n);
+        if (o->bytes == NULL) {
+            o->get_rc = oom;
+            return;
+        }
+        o->get_rc = p->get(p->ctx, o->bytes);
+        o->nbytes = n;
+        return;
+    }
+    /* No size: see what the getter does with a small buffer, twice with two
+     * fill patterns, and keep the bytes it wrote. */
+    char a[64], b[64];
+    memset(a, 0x5a, sizeof a);
+    memset(b, 0xa5, sizeof b);
+    o->get_rc = p->get(p->ctx, a);
+    p->get(p->ctx, b);
+    size_t w = 0;
+    for (size_t i = 0; i < sizeof a; i++)
+        if (a[i] != 0x5a || b[i] != (char)0xa5)
+            w = i + 1;
+    if (w > 0 && (o->bytes = malloc(w)) != NULL) {
+        memcpy(o->bytes, a, w);
+        o->nbytes = w;
+    }
+}

@@ -31,6 +31,23 @@ struct kc__output {
     char *bytes;
 };
 
+/* A getter pair as capture sees it: size(ctx, &n) and get(ctx, buf), each
+ * answering the library's own code. */
+struct kc__pair {
+    int (*size)(void *ctx, size_t *n);
+    int (*get)(void *ctx, char *buf);
+    void *ctx;
+};
+
+/* What a size/get pair answers now, into *o (its NULL-argument probes are
+ * the caller's: some libraries crash on them): the size and whether the
+ * size getter wrote it at all; then the bytes, into a buffer of that size
+ * when the size getter answered `ok`, else what the getter writes into a
+ * small buffer, tried with two fill patterns. `oom` is the code recorded
+ * when there is no memory for the bytes. o->bytes is malloc'ed (the
+ * caller frees it with the record). */
+void kc__capture_pair(const struct kc__pair *p, int ok, int oom, struct kc__output *o);
+
 struct kc__lowered {
     char *expr;
     int rc;

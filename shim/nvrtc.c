@@ -736,51 +736,35 @@ static int manifest_add(struct kc_store *st, const struct kc_store_ops *api, con
 typedef nvrtcResult (*size_fn)(nvrtcProgram, size_t *);
 typedef nvrtcResult (*get_fn)(nvrtcProgram, char *);
 
+struct nv_pair {
+    nvrtcProgram h;
+    size_fn sz;
+    get_fn g;
+};
+
+static int nv_size(void *ctx, size_t *n)
+{
+    const struct nv_pair *p = ctx;
+    return p->sz(p->h, n);
+}
+
+static int nv_get(void *ctx, char *buf)
+{
+    const struct nv_pair *p = ctx;
+    return p->g(p->h, buf);
+}
+
 static void capture_output(nvrtcProgram h, size_fn sz, get_fn g, struct kc__output *o)
 {
     if (sz == NULL || g == NULL) {
         o->size_rc = o->get_rc = NVRTC_ERROR_INTERNAL_ERROR;
         return;
     }
-    const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
     o->size_null_rc = sz(h, NULL);
     o->get_null_rc = g(h, NULL);
-    size_t n = s1;
-    o->size_rc = sz(h, &n);
-    o->size_set = 1;
-    if (n == s1) {
-        n = s2;
-        sz(h, &n);
-        o->size_set = n != s2;
-        if (!o->size_set)
-            n = 0;
-    }
-    o->size = n;
-    if (o->size_rc == NVRTC_SUCCESS && o->size_set && n > 0 && n < (1ull << 34)) {
-        o->bytes = malloc(n);
-        if (o->bytes == NULL) {
-            o->get_rc = NVRTC_ERROR_OUT_OF_MEMORY;
-            return;
-        }
-        o->get_rc = g(h, o->bytes);
-        o->nbytes = n;
-        return;
-    }
-    /* No size: see what the getter does with a small buffer, twice with two
-     * fill patterns, and keep the bytes it wrote. */
-    char a[64], b[64];
-    memset(a, 0x5a, sizeof a);
-    memset(b, 0xa5, sizeof b);
-    o->get_rc = g(h, a);
-    g(h, b);
-    size_t w = 0;
-    for (size_t i = 0; i < sizeof a; i++)
-        if (a[i] != 0x5a || b[i] != (char)0xa5)
-            w = i + 1;
-    if (w > 0 && (o->bytes = malloc(w)) != NULL) {
-        memcpy(o->bytes, a, w);
-        o->nbytes = w;
-    }
+    struct nv_pair np = {h, sz, g};
+    kc__capture_pair(&(struct kc__pair){nv_size, nv_get, &np}, NVRTC_SUCCESS,
+                     NVRTC_ERROR_OUT_OF_MEMORY, o);
 }
 
 static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)

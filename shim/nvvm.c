@@ -282,47 +282,31 @@ static bool cacheable_rc(nvvmResult rc)
 
 /* ---- capture and lookup -------------------------------------------------------- */
 
+struct vm_pair {
+    nvvmProgram h;
+    size_fn sz;
+    get_fn g;
+};
+
+static int vm_size(void *ctx, size_t *n)
+{
+    const struct vm_pair *p = ctx;
+    return p->sz(p->h, n);
+}
+
+static int vm_get(void *ctx, char *buf)
+{
+    const struct vm_pair *p = ctx;
+    return p->g(p->h, buf);
+}
+
 /* What a size/get pair answers now (never given NULL: libNVVM crashes on
  * some of those, and a hit hands NULL to the real library anyway). */
 static void capture_output(nvvmProgram h, size_fn sz, get_fn g, struct kc__output *o)
 {
-    const size_t s1 = (size_t)0x5a5a5a5a5a5a5a5aull, s2 = (size_t)0xa5a5a5a5a5a5a5a5ull;
-    size_t n = s1;
-    o->size_rc = sz(h, &n);
-    o->size_set = 1;
-    if (n == s1) {
-        n = s2;
-        sz(h, &n);
-        o->size_set = n != s2;
-        if (!o->size_set)
-            n = 0;
-    }
-    o->size = n;
-    if (o->size_rc == NVVM_SUCCESS && o->size_set && n > 0 && n < (1ull << 34)) {
-        o->bytes = malloc(n);
-        if (o->bytes == NULL) {
-            o->get_rc = NVVM_ERROR_OUT_OF_MEMORY;
-            return;
-        }
-        o->get_rc = g(h, o->bytes);
-        o->nbytes = n;
-        return;
-    }
-    /* No size: what the getter writes into a small buffer, with two fill
-     * patterns (as shim/nvrtc.c). */
-    char a[64], b[64];
-    memset(a, 0x5a, sizeof a);
-    memset(b, 0xa5, sizeof b);
-    o->get_rc = g(h, a);
-    g(h, b);
-    size_t w = 0;
-    for (size_t i = 0; i < sizeof a; i++)
-        if (a[i] != 0x5a || b[i] != (char)0xa5)
-            w = i + 1;
-    if (w > 0 && (o->bytes = malloc(w)) != NULL) {
-        memcpy(o->bytes, a, w);
-        o->nbytes = w;
-    }
+    struct vm_pair vp = {h, sz, g};
+    kc__capture_pair(&(struct kc__pair){vm_size, vm_get, &vp}, NVVM_SUCCESS,
+                     NVVM_ERROR_OUT_OF_MEMORY, o);
 }
 
 static struct kc__replay *capture(nvvmProgram h, nvvmResult rc)
