@@ -103,6 +103,25 @@ static bool ignored(const char *p)
 
 /* Records `path` (as the compile named it) with what the call found. The
  * strongest observation of a path wins: a file read beats a stat. */
+struct kc__dep *kc__deps_push(struct kc__deps *d, const char *path, int kind)
+{
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 16;
+        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        d->v = v;
+        d->cap = cap;
+    }
+    struct kc__dep *e = &d->v[d->n];
+    memset(e, 0, sizeof *e);
+    if ((e->path = strdup(path)) == NULL)
+        return NULL;
+    e->kind = kind;
+    d->n++;
+    return e;
+}
+
 static void record(const char *path, int kind, const struct stat *st)
 {
     struct kc__deps *d = tracking;
@@ -142,27 +161,13 @@ static void record(const char *path, int kind, const struct stat *st)
         }
         goto out;
     }
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 64;
-        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
-        if (v == NULL) {
-            d->failed = true;
-            goto out;
-        }
-        d->v = v;
-        d->cap = cap;
-    }
-    struct kc__dep *e = &d->v[d->n];
-    memset(e, 0, sizeof *e);
-    e->path = strdup(path);
-    if (e->path == NULL) {
+    struct kc__dep *e = kc__deps_push(d, path, kind);
+    if (e == NULL) {
         d->failed = true;
         goto out;
     }
-    e->kind = kind;
     if (st != NULL)
         e->st = *st;
-    d->n++;
 out:
     tracking = d;
 }
@@ -539,20 +544,8 @@ int kc__deps_note_cwd(struct kc__deps *d, bool ambiguous)
     }
     if (under == 0 || !ambiguous)
         return 0;
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 64;
-        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
-        if (v == NULL)
-            return -ENOMEM;
-        d->v = v;
-        d->cap = cap;
-    }
-    struct kc__dep *e = &d->v[d->n];
-    memset(e, 0, sizeof *e);
-    if ((e->path = strdup(cwd)) == NULL)
+    if (kc__deps_push(d, cwd, KC_DEP_CWD) == NULL)
         return -ENOMEM;
-    e->kind = KC_DEP_CWD;
-    d->n++;
     return 0;
 }
 

@@ -54,6 +54,10 @@ struct kc__deps {
 /* The first byte of a dependency path below the bundled headers directory. */
 #define KC_DEP_BUNDLED '\x01'
 
+/* Appends a zeroed entry for `path` (copied) of `kind` to d. Returns it,
+ * or NULL when out of memory (d unchanged). */
+struct kc__dep *kc__deps_push(struct kc__deps *d, const char *path, int kind);
+
 /* Starts recording on this thread into d (zeroed by the caller). */
 void kc__deps_begin(struct kc__deps *d);
 

@@ -493,25 +493,13 @@ static int push_step(struct kc__link_sess *s, const struct kc__link_step *st)
  * in *idx. */
 static int push_file(struct kc__link_sess *s, const struct file_read *fr, size_t *idx)
 {
-    struct kc__deps *d = &s->files;
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 4;
-        struct kc__dep *v = realloc(d->v, cap * sizeof *v);
-        if (v == NULL)
-            return -ENOMEM;
-        d->v = v;
-        d->cap = cap;
-    }
-    struct kc__dep *e = &d->v[d->n];
-    memset(e, 0, sizeof *e);
-    e->path = strdup(fr->path);
-    if (e->path == NULL)
+    struct kc__dep *e = kc__deps_push(&s->files, fr->path, KC_DEP_FILE);
+    if (e == NULL)
         return -ENOMEM;
-    e->kind = KC_DEP_FILE;
     e->st = *fr->st;
     e->digest = fr->content;
     memcpy(e->fp, fr->fp, sizeof e->fp);
-    *idx = d->n++;
+    *idx = s->files.n - 1;
     return 0;
 }
 
