@@ -102,13 +102,16 @@ struct ctx {
     bool progress;                    /* stderr is a terminal */
 };
 
-static const char *kind_name(uint32_t kind)
+/* What an entry is, for people: its record's kind, named by the library
+ * that made it where two libraries share a layout (libNVVM's results are
+ * NVRTC replay records, nvJitLink's and cuLink's links are cubins). */
+static const char *kind_name(uint32_t kind, const char *ns)
 {
     switch (kind) {
     case KC_KIND_NVRTC:
-        return "nvrtc";
+        return strncmp(ns, "nvvm:", 5) == 0 ? "nvvm" : "nvrtc";
     case KC_KIND_JIT:
-        return "jit";
+        return strncmp(ns, "link:", 5) == 0 ? "link" : "jit";
     case KC_KIND_MANIFEST:
         return "manifest";
     case KC_KIND_BLOB:
@@ -554,7 +557,7 @@ static int ls_cb(const struct kc_entry *e, void *arg)
     char hex[33], t[40], nm[KC_TOOL_PRINTABLE_MAX];
     key_hex(&e->key, hex);
     printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex,
-           kc_tool_printable(e->ns, nm, sizeof nm), kind_name(e->info.kind), e->info.body_size,
+           kc_tool_printable(e->ns, nm, sizeof nm), kind_name(e->info.kind, e->ns), e->info.body_size,
            e->stored_bytes, e->info.hits, format_time(e->info.last_hit, t, sizeof t),
            e->pending ? " pending" : "");
     return 0;
@@ -678,7 +681,7 @@ static int cmd_show(struct ctx *c, const char *key)
         printf("Build:        %016" PRIx64 "\n", m->key.build);
         char nm[KC_TOOL_PRINTABLE_MAX];
         printf("Namespace:    %s\n", kc_tool_printable(m->ns, nm, sizeof nm));
-        printf("Kind:         %s\n", kind_name(m->info.kind));
+        printf("Kind:         %s\n", kind_name(m->info.kind, m->ns));
         printf("Format:       %" PRIu32 "\n", m->info.format);
         printf("Size:         %" PRIu64 " bytes (%s)\n", m->info.body_size,
                kc_tool_human_size(m->info.body_size, b1, sizeof b1));

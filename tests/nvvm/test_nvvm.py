@@ -221,6 +221,12 @@ def t_bundle(tmp):
     check(len(nss) == 1, "the bundle holds one nvvm namespace (%r)" % show)
     check("; usable here" in show.split(nss[0], 1)[1].splitlines()[1],
           "bundle show: the nvvm namespace is usable here (%r)" % show)
+    # ls names what each entry is for: libNVVM's results (NVRTC's record
+    # layout) as nvvm, their header manifests as manifests.
+    ls = [l.split() for l in tool("--dir", a, "ls").splitlines()]
+    kinds = sorted(set((f[1].split(":")[0], f[2]) for f in ls))
+    check(kinds == [("nvvm", "nvvm")], "ls: every entry of the nvvm namespace has kind nvvm "
+          "(%r)" % kinds)
     b = os.path.join(tmp, "store-b")
     out = tool("--dir", b, "import", bundle, "--trust-unsigned")
     check("imported" in out, "import: %r" % out)
