@@ -131,8 +131,30 @@ struct identity {
     int ready;
     kc_digest digest;
     char ns[96];
+    char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
 };
 static struct identity ident;
+
+/* Exports of libNVVM that are not hooks and touch no program's outputs:
+ * versions, error strings, a switch of its own locking, and the export
+ * tables NVRTC and the driver reach it through. */
+static const char *const nvvm_inert[] = {
+    "nvvmGetErrorString", "nvvmLLVMVersion", "nvvmDisableConcurrentAPI",
+    "__nvvmHandle",       "__nvvmHandleTarget",
+};
+
+/* kc__loaded_exports' callback: stops at the first export that is neither
+ * hooked nor inert, copying it to arg. */
+static int nvvm_export_known(const char *name, void *arg)
+{
+    if (kc__hook_find(name, KC_LIB_NVVM) != NULL)
+        return 0;
+    for (size_t i = 0; i < sizeof nvvm_inert / sizeof *nvvm_inert; i++)
+        if (strcmp(nvvm_inert[i], name) == 0)
+            return 0;
+    snprintf(arg, 128, "%s", name);
+    return 1;
+}
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const struct identity *nvvm_identity(void)
@@ -150,6 +172,15 @@ static const struct identity *nvvm_identity(void)
             pthread_mutex_unlock(&ident_lock);
             return NULL;
         }
+        /* Forward safety: an entry point this build does not know may be a
+         * getter of an output a record could not answer. */
+        if (kc__loaded_exports((const void *)real_compile, nvvm_export_known, ident.unknown) < 0)
+            snprintf(ident.unknown, sizeof ident.unknown, "(its symbol table)");
+        if (ident.unknown[0] != '\0')
+            kc_log(KC_LOG_INFO,
+                   "libNVVM %d.%d exports %s, which this kcache does not know; "
+                   "its programs pass through uncached",
+                   major, minor, ident.unknown);
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);
@@ -499,7 +530,7 @@ static nvvmResult event(nvvmProgram prog, int n, const char **opts, bool compile
     const struct identity *id = NULL;
     kc_digest kd;
     if (!cacheable || !resolve_all((const void *)real) || (id = nvvm_identity()) == NULL ||
-        event_key(id, &history, what, n, opts, &kd) != 0) {
+        id->unknown[0] != '\0' || event_key(id, &history, what, n, opts, &kd) != 0) {
         pthread_mutex_lock(&progs_lock);
         if ((p = find_locked(prog)) != NULL) {
             p->pass = true;

@@ -18,6 +18,11 @@ Usage: test_versions.py TEST
            future_jitlink.c, exporting __nvJitLink*_13_9 over 13.5's):
            its names are hooked by pattern, warm all hits; with one more
            entry point kcache does not know, every link passes through
+  future_libs  forward safety of NVRTC and libNVVM (the toolkit's): a
+           library of the real one's exports, each forwarding to it
+           (write_forwarder), is cached like it, cold then warm all hits;
+           with one more entry point kcache does not know, every compile
+           passes through, identical (future_client.py)
   flight   4 processes at once on an empty store (NVRTC 13.5): identical
            dumps, each distinct compile made once
   nvrtc_cache  NVRTC 12.9+'s own cache (in the CUDA driver's compute
@@ -300,6 +305,79 @@ def t_future(tmp):
                 os.unlink(os.path.join(d, f))
 
 
+def write_forwarder(tmp, real, soname, extra):
+    """A shared library SONAME in its own directory under tmp exporting
+    every function REAL exports (and, given, one more, EXTRA), each a jump
+    to REAL's: a later release of that library as kcache meets it. REAL is
+    reached through a link of another name, so the shim takes the forwarder
+    for the library (classify_info goes by the file's name)."""
+    d = os.path.join(tmp, "%s-%s" % (soname, extra or "same"))
+    os.makedirs(d)
+    inner = os.path.join(d, "inner-real.so")
+    os.symlink(os.path.realpath(real), inner)
+    nm = subprocess.run(["nm", "-D", "--defined-only", real], capture_output=True, text=True,
+                        check=True).stdout
+    names = sorted(set(f[2].split("@")[0] for f in (l.split() for l in nm.splitlines())
+                       if len(f) == 3 and f[1] == "T"))
+    c = ["#include <dlfcn.h>", "#include <stdio.h>", "#include <stdlib.h>",
+         "__attribute__((used)) static void *kc_fwd[%d];" % len(names),
+         "static const char *const kc_names[] = {%s};" % ", ".join('"%s"' % n for n in names),
+         "__attribute__((constructor)) static void kc_init(void)", "{",
+         '    void *h = dlopen("%s", RTLD_NOW | RTLD_LOCAL);' % inner,
+         '    if (h == NULL) { fprintf(stderr, "forwarder: %s\\n", dlerror()); abort(); }',
+         "    for (int i = 0; i < %d; i++)" % len(names),
+         "        if ((kc_fwd[i] = dlsym(h, kc_names[i])) == NULL) abort();", "}"]
+    for i, n in enumerate(names + ([extra] if extra else [])):
+        slot = 0 if n == extra else i
+        c.append('__asm__(".text\\n.globl %s\\n.type %s,@function\\n%s:\\n'
+                 '    jmp *kc_fwd+%d(%%rip)\\n.size %s,.-%s\\n");' % (n, n, n, 8 * slot, n, n))
+    src = os.path.join(d, "forwarder.c")
+    open(src, "w").write("\n".join(c) + "\n")
+    out = os.path.join(d, soname)
+    p = subprocess.run([CC, "-shared", "-fPIC", "-O1", "-Wl,--build-id", "-Wl,-soname," + soname,
+                        "-o", out, src, "-ldl"], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise Failure("cannot build %s:\n%s" % (out, p.stderr[-3000:]))
+    return out
+
+
+def t_future_libs(tmp):
+    client = os.path.join(os.path.dirname(CLIENT), "future_client.py")
+    libs = {"nvrtc": (os.path.join(TOOLKIT, "lib64", "libnvrtc.so.13"), "libnvrtc.so.13",
+                      "nvrtcGetFutureIRSize"),
+            "nvvm": (os.path.join(TOOLKIT, "lib", "libnvvm.so"), "libnvvm.so.4",
+                     "nvvmGetCompiledFutureResultSize")}
+    for what, (real, soname, new_name) in libs.items():
+        need(real, "the toolkit's " + soname)
+        env = {"LD_LIBRARY_PATH": os.path.dirname(os.path.realpath(real))}
+        for extra in (None, new_name):
+            lib = write_forwarder(tmp, real, soname, extra)
+            ref = os.path.join(tmp, "ref.txt")
+            run([sys.executable, client, what, lib, ref], env=env)
+            store = os.path.join(tmp, "store-%s-%s" % (what, extra or "same"))
+            cold = None
+            for label in ("cold", "warm"):
+                got = os.path.join(tmp, "got.txt")
+                err = run([sys.executable, client, what, lib, got], store,
+                          env=dict(env, KCACHE_LOG="info"))
+                tag = "%s %s %s" % (what, "with " + extra if extra else "forwarder", label)
+                same(ref, got, tag)
+                h, m, p_, s_, e = stats(err, what)
+                if extra:
+                    check(h == 0 and m == 0 and p_ > 0 and e == 0,
+                          "%s: identical, every compile passes through (%s)"
+                          % (tag, (h, m, p_, s_, e)))
+                    check(any(extra in l for l in warnings(err)),
+                          "%s: the unknown entry point is named (%s)" % (tag, warnings(err)))
+                elif label == "cold":
+                    cold = m
+                    check(h == 0 and m > 0 and p_ == 0 and e == 0,
+                          "%s: identical, compiled and stored (%s)" % (tag, (h, m, p_, s_, e)))
+                else:
+                    check(h == cold and m == 0 and p_ == 0 and e == 0,
+                          "%s: identical, every compile served (%s)" % (tag, (h, m, p_, s_, e)))
+
+
 def t_flight(tmp):
     rel = "13.5"
     exe = build(tmp, "nvrtc-" + rel, rel)
@@ -407,7 +485,7 @@ def t_bundled(tmp):
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "flight",
+    if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "future_libs", "flight",
                                                  "bundled", "nvrtc_cache", "nvmath"):
         print(__doc__, file=sys.stderr)
         return 2
