@@ -23,6 +23,10 @@ made, where its users are.
      cold and warm under them.
   4. auditwheel show reports the tag the README states, and the wheel
      carries it.
+  5. The README's Dockerfile, built and run without a container engine
+     (dockerfile.py): each instruction carried out over a Debian trixie
+     root standing in for the CUDA image, then its ENTRYPOINT and CMD as
+     the image's user, twice: NVRTC's own outputs, compiled then served.
 
 Needs root (debootstrap, chroot, mounts: CI runs as root); without it the
 test says so and is skipped (77). The roots and the RocksDB build are
@@ -37,6 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dockerfile  # noqa: E402
 
 SRC = os.environ['KCACHE_SRC']
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -507,6 +514,10 @@ def main():
             test_root(suite, glibc, tarball, version, work, nvrtc)
         if wheels:
             test_wheel(wheels[0], work)
+        # 5. The README's Dockerfile, its instructions carried out.
+        dk = os.path.join(work, 'docker')
+        os.makedirs(dk)
+        dockerfile.build_and_run(sys.modules[__name__], check, tarball, version, dk, nvrtc)
     finally:
         for t in makers:
             t.join()
