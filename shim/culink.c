@@ -224,7 +224,9 @@ static CUresult do_create(create_fn real, unsigned n, CUjit_option *opt, void **
         kc_digest p0 = kc__hash_digest(h);
         if (!cacheable)
             snprintf(ns, sizeof ns, "jit:unknown");
-        kc__link_new(*out, &cl_ops, ns, &p0, cacheable, p);
+        /* Not cacheable: no device identity, or JIT options kcache does
+         * not take (parse_create). */
+        kc__link_new(*out, &cl_ops, ns, &p0, cacheable, KC_PASS_option, p);
         p = NULL;
     }
     free(p);
@@ -412,7 +414,7 @@ KC_EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *si
     const struct cl_priv *p = s->priv;
     CUresult rc;
     if (cubinOut == NULL || sizeOut == NULL) {
-        kc__link_materialize(s, true);
+        kc__link_pass(s, KC_PASS_input);
         rc = real(state, cubinOut, sizeOut);
     } else if (kc__link_complete_begin(s, t0)) {
         const struct kc__lrec *r = s->served;

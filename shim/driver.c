@@ -748,6 +748,7 @@ static bool serve_stored(struct load_call *c, struct kc_store *st, const struct 
         api->purge(st, ns, key);
         count((struct kc_counters){.errors = 1});
     } else {
+        kc__pass_reason(BACKEND, KC_PASS_refused);
         count((struct kc_counters){.passthrough = 1});
     }
     return true;
@@ -784,6 +785,7 @@ struct jit_job {
     struct jit_req r;
     kc_key key;
     char ns[64];
+    enum kc_pass_reason why; /* JOB_PASS: why */
 };
 
 /* How jit_job_make decided. */
@@ -799,6 +801,7 @@ static enum jit_verdict jit_job_make(struct load_call *c, struct jit_job *j)
 {
     /* What is it? Cubins, and fatbinaries with SASS for the device, pass. */
     const unsigned char *img = c->image;
+    j->why = KC_PASS_input;
     if (!memcmp(img, "\177ELF", 4))
         return JOB_PASS;
     if (device_of(c->api == API_LIBRARY, &j->d) != 0)
@@ -827,6 +830,7 @@ static enum jit_verdict jit_job_make(struct load_call *c, struct jit_job *j)
     kc__hash_bytes(h, j->data, j->len);
     if (!jit_req_parse(c->n, c->opt, c->val, &j->r, h)) {
         kc__hasher_free(h);
+        j->why = KC_PASS_option;
         return JOB_PASS;
     }
     kc__hash_u64(h, (uint64_t)j->d.major);
@@ -885,6 +889,7 @@ static CUresult jit_miss(struct load_call *c, struct jit_job *j, const struct ji
         req_fail(&j->r, c->val, ilog, elog, t0);
         free(ilog);
         free(elog);
+        kc__pass_reason(BACKEND, KC_PASS_refused);
         jit_let_go(j, hd, false, 0, (struct kc_counters){.passthrough = 1});
         return rc;
     }
@@ -895,6 +900,7 @@ static CUresult jit_miss(struct load_call *c, struct jit_job *j, const struct ji
          * answers the host's own call, logs and all. */
         free(cubin);
         free(ilog);
+        kc__pass_reason(BACKEND, KC_PASS_refused);
         jit_let_go(j, hd, false, 0, (struct kc_counters){.passthrough = 1});
         return call_real(c);
     }
@@ -933,6 +939,7 @@ static CUresult jit_load(struct load_call *c)
     case JOB_CACHE:
         break;
     case JOB_PASS:
+        kc__pass_reason(BACKEND, j.why);
         return count((struct kc_counters){.passthrough = 1}), call_real(c);
     case JOB_ERROR:
         return count((struct kc_counters){.errors = 1}), call_real(c);

@@ -371,7 +371,7 @@ static void sess_free(struct kc__link_sess *s)
 }
 
 int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const kc_digest *p0,
-                 bool cacheable, void *priv)
+                 bool cacheable, enum kc_pass_reason why, void *priv)
 {
     struct kc__link_sess *s = calloc(1, sizeof *s);
     if (s == NULL) {
@@ -388,6 +388,7 @@ int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const 
     s->priv = priv;
     /* KCACHE_RECACHE: never served, so nothing is deferred. */
     s->state = !cacheable ? KC_LINK_PASS : kc__config()->recache ? KC_LINK_LIVE : KC_LINK_DEFER;
+    s->why = why;
     pthread_mutex_lock(&sess_lock);
     struct kc__link_sess **pp = &sessions[bucket(h)], *stale = NULL;
     while (*pp != NULL && (*pp)->h != h)
@@ -683,6 +684,7 @@ static void give_deferred(struct kc__link_sess *s)
                    "%s: a deferred input was refused on replay (%d); "
                    "the link passes through",
                    s->ops->what, rc);
+            s->why = KC_PASS_refused;
             s->state = KC_LINK_PASS;
         }
     }
@@ -694,6 +696,7 @@ void kc__link_materialize(struct kc__link_sess *s, bool for_good)
     if (s->state == KC_LINK_SERVED) {
         give_deferred(s);
         s->ops->complete_quietly(s);
+        s->why = KC_PASS_order;
         s->state = KC_LINK_PASS;
         return;
     }
@@ -708,10 +711,19 @@ void kc__link_materialize(struct kc__link_sess *s, bool for_good)
         release_locks(s);
 }
 
+void kc__link_pass(struct kc__link_sess *s, enum kc_pass_reason why)
+{
+    if (s->state != KC_LINK_PASS)
+        s->why = why;
+    kc__link_materialize(s, true);
+}
+
 int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool usual)
 {
-    if (s->state == KC_LINK_SERVED || !usual || in->size > KC_LINK_MAX_INPUT)
-        kc__link_materialize(s, true);
+    if (s->state == KC_LINK_SERVED)
+        kc__link_pass(s, KC_PASS_order);
+    else if (!usual || in->size > KC_LINK_MAX_INPUT)
+        kc__link_pass(s, KC_PASS_input);
     if (s->state == KC_LINK_PASS)
         return s->ops->add(s, in);
 
@@ -729,14 +741,14 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
         if (file_base(&s->prefix, in, &step.base) != 0 ||
             read_input_file(in->name, &bytes, &len, &fst) != 0) {
             /* Not a file we can read whole: the library answers. */
-            kc__link_materialize(s, true);
+            kc__link_pass(s, KC_PASS_input);
             return s->ops->add(s, in);
         }
         f.data = fr.bytes = bytes;
         f.size = fr.len = len;
         kc__dep_fingerprint(&fst, fr.fp);
     } else if (data_step(&s->prefix, in, &step.p) != 0) {
-        kc__link_materialize(s, true);
+        kc__link_pass(s, KC_PASS_internal);
         return s->ops->add(s, in);
     }
 
@@ -776,11 +788,13 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
         free((void *)f.data);
     if (rc != s->ops->success) {
         /* A failed add is not cached: the link passes through. */
+        s->why = KC_PASS_refused;
         s->state = KC_LINK_PASS;
         release_locks(s);
         return rc;
     }
     if ((in->by_file && push_file(s, &fr, &step.dep) != 0) || push_step(s, &step) != 0) {
+        s->why = KC_PASS_internal;
         s->state = KC_LINK_PASS;
         release_locks(s);
         return rc;
@@ -792,7 +806,7 @@ pass:
      * it. */
     if (f.data != in->data)
         free((void *)f.data);
-    kc__link_materialize(s, true);
+    kc__link_pass(s, KC_PASS_internal);
     return s->ops->add(s, in);
 }
 
@@ -824,7 +838,7 @@ bool kc__link_complete_begin(struct kc__link_sess *s, uint64_t t_enter)
     (void)t_enter;
     if (s->state == KC_LINK_SERVED) {
         /* Completed again: the library's own answer for a second call. */
-        kc__link_materialize(s, true);
+        kc__link_pass(s, KC_PASS_order);
         return false;
     }
     if (s->state == KC_LINK_PASS)
@@ -883,6 +897,7 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
 {
     if (s->state != KC_LINK_LIVE) {
         count((struct kc_counters){.passthrough = 1});
+        kc__pass_reason(BACKEND, s->why);
         kc__lrec_free(rec);
         release_locks(s);
         return;
@@ -1373,9 +1388,10 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     if (id == NULL)
         goto out;
     bool cacheable = (n == 0 || opts != NULL) && id->unknown[0] == '\0';
+    enum kc_pass_reason why = id->unknown[0] != '\0' ? KC_PASS_unknown_export : KC_PASS_input;
     for (uint32_t i = 0; cacheable && i < n; i++)
         if (opts[i] == NULL || jl_side_effect(opts[i]))
-            cacheable = false;
+            cacheable = false, why = opts[i] == NULL ? KC_PASS_input : KC_PASS_option;
     struct kc__hasher *h = kc__link_hasher("nvJitLink");
     if (h == NULL)
         goto out;
@@ -1393,7 +1409,7 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     int *sv = malloc(sizeof *sv);
     if (sv != NULL) {
         *sv = v;
-        kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, sv);
+        kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, why, sv);
     }
 out:
     kc__guard_exit();

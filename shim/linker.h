@@ -93,6 +93,7 @@ struct kc__link_sess {
     int refs;
     bool gone; /* removed from the table */
     enum kc__link_state state;
+    enum kc_pass_reason why; /* why it went KC_LINK_PASS (the stats line's reasons) */
     char ns[128];
     kc_digest prefix;           /* the chain so far */
     struct kc__link_input *def; /* deferred inputs, data copied */
@@ -115,10 +116,10 @@ bool kc__link_enabled(void);
 /* Creates the session of handle h in namespace ns with the chain's start
  * p0 (identity and options), and registers it (a stale session of the same
  * handle, destroyed unseen, is dropped). `cacheable` false: a session that
- * only counts pass-throughs. priv (may be NULL) is freed with it. Returns
+ * only counts pass-throughs, for the reason `why`. priv (may be NULL) is freed with it. Returns
  * 0 or -ENOMEM (priv is freed then too). */
 int kc__link_new(void *h, const struct kc__link_ops *ops, const char *ns, const kc_digest *p0,
-                 bool cacheable, void *priv);
+                 bool cacheable, enum kc_pass_reason why, void *priv);
 
 /* The session of h made by `ops`' API, referenced and locked; NULL when h
  * has none (a handle of the other API is none: the library answers).
@@ -142,6 +143,10 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
  * served session also the completion), so the library can answer a call
  * the session cannot. The session is LIVE or PASS afterwards. */
 void kc__link_materialize(struct kc__link_sess *s, bool for_good);
+
+/* kc__link_materialize(s, true), noting why: the library answers every
+ * call from here on. The first reason a session is given is kept. */
+void kc__link_pass(struct kc__link_sess *s, enum kc_pass_reason why);
 
 /* The completion, first half (session locked, guard held). Returns true on
  * a hit: the session is SERVED, its record in s->served, counted. False:

@@ -1145,16 +1145,23 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
      * compiling. */
     pthread_mutex_lock(&progs_lock);
     struct prog *p = find_locked(prog);
-    bool cacheable =
-        p != NULL && !p->has_callback && numOptions >= 0 && (numOptions == 0 || options != NULL);
+    /* Why it passes through, when it does (the stats line's reasons). */
+    enum kc_pass_reason why = KC_PASS_internal;
+    bool cacheable = p != NULL && numOptions >= 0 && (numOptions == 0 || options != NULL);
+    if (!cacheable)
+        why = KC_PASS_input;
+    else if (p->has_callback)
+        cacheable = false, why = KC_PASS_option;
     for (int i = 0; cacheable && i < numOptions; i++)
         if (options[i] == NULL || side_effect_option(options[i]))
-            cacheable = false;
+            cacheable = false, why = options[i] == NULL ? KC_PASS_input : KC_PASS_option;
     struct bundled bh = {0};
-    cacheable = cacheable && bundled_find(numOptions, options, &bh);
+    if (cacheable && !bundled_find(numOptions, options, &bh))
+        cacheable = false, why = KC_PASS_option;
     kc_digest base = {0};
-    bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0 &&
-                 nvrtc_identity()->unknown[0] == '\0';
+    bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
+    if (keyed && nvrtc_identity()->unknown[0] != '\0')
+        keyed = false, why = KC_PASS_unknown_export;
     if (keyed && bh.dir != NULL) {
         bundled_base(&bh, &base);
         bh.copy = prog_copy(p);
@@ -1172,9 +1179,13 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     /* The compile installs the bundled headers first, whatever follows
      * (13.5 does even for an invalid option): so does a hit, and the
      * manifest's headers below DIR are checked there. */
-    if (!keyed || !resolve_getters() ||
-        (bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)) {
+    if (keyed && !resolve_getters())
+        keyed = false;
+    if (keyed && bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)
+        keyed = false, why = KC_PASS_refused;
+    if (!keyed) {
         c.passthrough = 1;
+        kc__pass_reason(BACKEND, why);
         rc = real_compile(prog, numOptions, options);
         goto out;
     }
@@ -1241,6 +1252,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         if (deps.writes) {
             c.misses = 0;
             c.passthrough = 1;
+            kc__pass_reason(BACKEND, KC_PASS_writes);
         } else if (kc__deps_finish(&deps) != 0) {
             kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
         } else if (kc__deps_note_cwd(&deps, names_cwd(prog, numOptions, options)) != 0) {

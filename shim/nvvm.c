@@ -139,7 +139,7 @@ static struct identity ident;
  * versions, error strings, a switch of its own locking, and the export
  * tables NVRTC and the driver reach it through. */
 static const char *const nvvm_inert[] = {
-    "nvvmGetErrorString", "nvvmLLVMVersion", "nvvmDisableConcurrentAPI",
+    "nvvmGetErrorString", "nvvmLLVMVersion",    "nvvmDisableConcurrentAPI",
     "__nvvmHandle",       "__nvvmHandleTarget",
 };
 
@@ -192,6 +192,7 @@ static const struct identity *nvvm_identity(void)
 struct prog {
     nvvmProgram h;
     bool pass;                 /* cannot be keyed: every call is the library's */
+    enum kc_pass_reason why;   /* why, when pass */
     kc_digest history;         /* the modules, verifies and compiles so far */
     struct kc__replay *served; /* the last verify or compile came from the store */
     struct prog *next;
@@ -481,6 +482,7 @@ static nvvmResult add_module(nvvmProgram prog, const char *buf, size_t size, con
     } else if (p != NULL &&
                (!keyable || !ok || p->history.lo != prev.lo || p->history.hi != prev.hi)) {
         p->pass = true; /* a race on one program, or not keyable */
+        p->why = !keyable ? KC_PASS_input : KC_PASS_internal;
     } else if (p != NULL) {
         p->history = d;
     }
@@ -519,6 +521,8 @@ static nvvmResult event(nvvmProgram prog, int n, const char **opts, bool compile
     bool cacheable = p != NULL && !p->pass && n >= 0 && (n == 0 || opts != NULL);
     for (int i = 0; cacheable && i < n; i++)
         cacheable = opts[i] != NULL;
+    /* Why it passes through, when it does (the stats line's reasons). */
+    enum kc_pass_reason why = p != NULL && p->pass ? p->why : KC_PASS_input;
     kc_digest history = p != NULL ? p->history : (kc_digest){0};
     pthread_mutex_unlock(&progs_lock);
 
@@ -529,11 +533,18 @@ static nvvmResult event(nvvmProgram prog, int n, const char **opts, bool compile
     }
     const struct identity *id = NULL;
     kc_digest kd;
+    if (cacheable)
+        why = KC_PASS_internal;
+    if (cacheable && resolve_all((const void *)real) && (id = nvvm_identity()) != NULL &&
+        id->unknown[0] != '\0')
+        why = KC_PASS_unknown_export;
     if (!cacheable || !resolve_all((const void *)real) || (id = nvvm_identity()) == NULL ||
         id->unknown[0] != '\0' || event_key(id, &history, what, n, opts, &kd) != 0) {
+        kc__pass_reason(BACKEND, why);
         pthread_mutex_lock(&progs_lock);
         if ((p = find_locked(prog)) != NULL) {
             p->pass = true;
+            p->why = why;
             kc__replay_free(p->served);
             p->served = NULL;
         }

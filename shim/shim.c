@@ -252,7 +252,15 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 #define N_BACKENDS 5
 static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm"};
 static struct kc_counters counters[N_BACKENDS];
+static uint64_t pass_reasons[N_BACKENDS][KC_N_PASS_REASONS];
 _Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
+
+void kc__pass_reason(const char *backend, enum kc_pass_reason r)
+{
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (strcmp(backend, backend_names[i]) == 0 && r >= 0 && r < KC_N_PASS_REASONS)
+            __atomic_fetch_add(&pass_reasons[i][r], 1, __ATOMIC_RELAXED);
+}
 
 void kc__count(const char *backend, const struct kc_counters *c)
 {
@@ -303,6 +311,11 @@ __attribute__((destructor)) static void shim_fini(void)
     struct kc_store *st =
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? kc__store(&api) : NULL;
     struct kc_remote *rem = st != NULL ? remote : NULL;
+    uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS];
+    bool any_pass = false;
+    for (int i = 0; i < N_BACKENDS; i++)
+        for (int r = 0; r < KC_N_PASS_REASONS; r++)
+            any_pass |= (psnap[i][r] = __atomic_load_n(&pass_reasons[i][r], __ATOMIC_RELAXED)) != 0;
     struct kc_remote_counters rsnap = {0};
     if (rem != NULL) {
         kc_remote_counters(rem, &rsnap);
@@ -312,6 +325,14 @@ __attribute__((destructor)) static void shim_fini(void)
         for (int i = 0; i < N_BACKENDS; i++)
             if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) != 0)
                 api->count(st, backend_names[i], &snap[i]);
+        for (int i = 0; i < N_BACKENDS; i++)
+            for (int r = 0; r < KC_N_PASS_REASONS; r++)
+                if (psnap[i][r] != 0) {
+                    char name[64];
+                    snprintf(name, sizeof name, KC_PASS_PREFIX "%s:%s", backend_names[i],
+                             kc_pass_reason_name(r));
+                    api->count(st, name, &(struct kc_counters){.passthrough = psnap[i][r]});
+                }
         struct kc_counters packed[KC_REMOTE_STAT_BACKENDS];
         kc_remote_counters_pack(&rsnap, packed);
         for (int i = 0; rem != NULL && i < KC_REMOTE_STAT_BACKENDS; i++)
@@ -352,6 +373,24 @@ __attribute__((destructor)) static void shim_fini(void)
                 (unsigned long long)rsnap.oom, (unsigned long long)rsnap.bad_signatures,
                 (unsigned long long)rsnap.lock_untrusted, (unsigned long long)rsnap.breaker_opens,
                 (unsigned long long)rsnap.polls);
+        /* Why requests passed through, only when some did: the line is
+         * otherwise what it always was. */
+        /* "; passthrough nvrtc option=1 writes=2, link input=1" */
+        bool opened = false;
+        for (int i = 0; any_pass && i < N_BACKENDS; i++) {
+            bool named = false;
+            for (int r = 0; r < KC_N_PASS_REASONS && n > 0 && (size_t)n < sizeof line; r++) {
+                if (psnap[i][r] == 0)
+                    continue;
+                if (!named)
+                    n += snprintf(line + n, sizeof line - n, "%s%s",
+                                  opened ? ", " : "; passthrough ", backend_names[i]);
+                if (n > 0 && (size_t)n < sizeof line)
+                    n += snprintf(line + n, sizeof line - n, " %s=%llu", kc_pass_reason_name(r),
+                                  (unsigned long long)psnap[i][r]);
+                named = opened = true;
+            }
+        }
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
             ssize_t w = write(STDERR_FILENO, line, (size_t)n);

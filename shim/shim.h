@@ -40,6 +40,10 @@ struct kc_remote *kc__remote(void);
  * handed to the store at exit). Thread-safe. */
 void kc__count(const char *backend, const struct kc_counters *c);
 
+/* Notes why one request of `backend` passed through (its pass-through
+ * itself is counted with kc__count). Thread-safe. */
+void kc__pass_reason(const char *backend, enum kc_pass_reason r);
+
 /* libkcache.so's absolute path, found before main; NULL when unknown. */
 const char *kc__self_path(void);
 

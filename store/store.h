@@ -113,6 +113,42 @@ enum kc_provenance {
     X(saved_ns, "compile time hits saved")                                                         \
     X(compile_ns, "compile time spent on misses")
 
+/* Why a request passed through, counted apart (the KCACHE_STATS line,
+ * `kcache stats`): one list for the shim and the tool. The store keeps each
+ * count as the `passthrough` field of a pseudo-backend named
+ * "pass:<backend>:<reason>" (KC_PASS_PREFIX). */
+#define KC_PASS_REASONS(X)                                                                         \
+    X(option, "an option kcache leaves to the library (it writes files, times the compile, PCH, "  \
+              "NVRTC's cache trace, a NULL option)")                                               \
+    X(input, "an input kcache does not take (an input type or size, a file it cannot read whole, " \
+             "a NULL argument)")                                                                   \
+    X(order, "a call a stored result cannot answer (a getter before completion, an add or a "      \
+             "second completion after a hit)")                                                     \
+    X(writes, "the compile wrote files")                                                           \
+    X(unknown_export, "the library exports an entry point kcache does not know")                   \
+    X(refused, "the library refused an input; its answer is not kept")                             \
+    X(internal, "kcache could not key or keep it (no memory, an identity it could not read)")
+
+enum kc_pass_reason {
+#define KC__PASS_ENUM(name, what) KC_PASS_##name,
+    KC_PASS_REASONS(KC__PASS_ENUM)
+#undef KC__PASS_ENUM
+        KC_N_PASS_REASONS
+};
+
+#define KC_PASS_PREFIX "pass:"
+
+/* A reason's name ("option", ...), or NULL past the list. */
+static inline const char *kc_pass_reason_name(int r)
+{
+    static const char *const names[] = {
+#define KC__PASS_NAME(name, what) #name,
+        KC_PASS_REASONS(KC__PASS_NAME)
+#undef KC__PASS_NAME
+    };
+    return r >= 0 && r < KC_N_PASS_REASONS ? names[r] : NULL;
+}
+
 struct kc_counters {
 #define KC__COUNTER_FIELD(name, what) uint64_t name;
     KC_COUNTERS(KC__COUNTER_FIELD)

@@ -303,10 +303,21 @@ static size_t backend_list(const struct kc_store_stats *s, const char **names, s
     names[n++] = "jit";
     for (size_t i = 0; s != NULL && i < s->n_backends && n < max; i++) {
         const char *b = s->backends[i].backend;
-        if (strcmp(b, "nvrtc") != 0 && strcmp(b, "jit") != 0 && !kc_remote_is_stat_backend(b))
+        if (strcmp(b, "nvrtc") != 0 && strcmp(b, "jit") != 0 && !kc_remote_is_stat_backend(b) &&
+            strncmp(b, KC_PASS_PREFIX, strlen(KC_PASS_PREFIX)) != 0)
             names[n++] = b;
     }
     return n;
+}
+
+/* How many of `backend`'s pass-throughs had reason r (the pseudo-backend
+ * "pass:<backend>:<reason>" the shim counts them in). */
+static uint64_t pass_count(const struct kc_store_stats *s, const char *backend, int r)
+{
+    char name[96];
+    snprintf(name, sizeof name, KC_PASS_PREFIX "%s:%s", backend, kc_pass_reason_name(r));
+    const struct kc_backend_stats *b = find_backend(s, name);
+    return b != NULL ? b->c.passthrough : 0;
 }
 
 /* The remote section of `kcache stats`: what this node's processes (hosts,
@@ -399,6 +410,17 @@ static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *
     }
     KC_COUNTERS(KC__OM_BACKEND)
 #undef KC__OM_BACKEND
+    printf("# TYPE kcache_passthrough_reason counter\n# HELP kcache_passthrough_reason "
+           "requests that bypassed the cache, by why\n");
+    for (size_t i = 0; i < nb; i++)
+        for (int r = 0; r < KC_N_PASS_REASONS; r++) {
+            printf("kcache_passthrough_reason_total{dir=\"");
+            om_label(c->dir);
+            printf("\",backend=\"");
+            om_label(names[i]);
+            printf("\",reason=\"%s\"} %" PRIu64 "\n", kc_pass_reason_name(r),
+                   pass_count(s, names[i], r));
+        }
     if (show_remote) {
 #define KC__OM_REMOTE(field, what)                                                                 \
     printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"         \
@@ -449,7 +471,8 @@ static int cmd_stats(struct ctx *c, bool json)
         for (int k = 0; k < KC_REMOTE_STAT_BACKENDS; k++)
             if (strcmp(s->backends[i].backend, kc_remote_stat_backend(k)) == 0)
                 kc_remote_counters_unpack(&s->backends[i].c, k, &rc);
-        if (!kc_remote_is_stat_backend(s->backends[i].backend))
+        if (!kc_remote_is_stat_backend(s->backends[i].backend) &&
+            strncmp(s->backends[i].backend, KC_PASS_PREFIX, strlen(KC_PASS_PREFIX)) != 0)
             saved_ns += s->backends[i].c.saved_ns;
     }
     bool show_remote =
@@ -485,9 +508,18 @@ static int cmd_stats(struct ctx *c, bool json)
             json_str(stdout, names[i]);
             printf(", \"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"passthrough\": %" PRIu64
                    ", \"stores\": %" PRIu64 ", \"errors\": %" PRIu64
-                   ", \"saved_seconds\": %.3f, \"compile_seconds\": %.3f}",
+                   ", \"saved_seconds\": %.3f, \"compile_seconds\": %.3f",
                    k->hits, k->misses, k->passthrough, k->stores, k->errors, k->saved_ns / 1e9,
                    k->compile_ns / 1e9);
+            printf(", \"passthrough_reasons\": {");
+            for (int r = 0, first = 1; r < KC_N_PASS_REASONS; r++) {
+                uint64_t n = pass_count(s, names[i], r);
+                if (n == 0)
+                    continue;
+                printf("%s\"%s\": %" PRIu64, first ? "" : ", ", kc_pass_reason_name(r), n);
+                first = 0;
+            }
+            printf("}}");
         }
         printf("], \"remote\": {\"configured\": %s", c->cfg.remote[0] != '\0' ? "true" : "false");
 #define KC__JSON_REMOTE(name, what) printf(", \"" #name "\": %" PRIu64, rc.name);
@@ -531,10 +563,18 @@ static int cmd_stats(struct ctx *c, bool json)
             const struct kc_counters *k = b != NULL ? &b->c : &z;
             uint64_t lookups = k->hits + k->misses;
             char nm[KC_TOOL_PRINTABLE_MAX];
-            printf("  %-6s hits %" PRIu64 "  misses %" PRIu64 "  passthrough %" PRIu64
+            /* Why they passed through: "passthrough 3 (option 2, input 1)". */
+            char why[256] = "";
+            for (int r = 0, w = 0; r < KC_N_PASS_REASONS && w >= 0 && (size_t)w < sizeof why; r++) {
+                uint64_t n = pass_count(s, names[i], r);
+                if (n != 0)
+                    w += snprintf(why + w, sizeof why - w, "%s%s %" PRIu64, w ? ", " : " (",
+                                  kc_pass_reason_name(r), n);
+            }
+            printf("  %-6s hits %" PRIu64 "  misses %" PRIu64 "  passthrough %" PRIu64 "%s%s"
                    "  stores %" PRIu64 "  errors %" PRIu64,
                    kc_tool_printable(names[i], nm, sizeof nm), k->hits, k->misses, k->passthrough,
-                   k->stores, k->errors);
+                   why, why[0] != '\0' ? ")" : "", k->stores, k->errors);
             if (lookups > 0)
                 printf("  hit rate %.1f%%", 100.0 * (double)k->hits / (double)lookups);
             printf("  saved %.3fs  compiled %.3fs\n", k->saved_ns / 1e9, k->compile_ns / 1e9);
@@ -557,9 +597,9 @@ static int ls_cb(const struct kc_entry *e, void *arg)
     char hex[33], t[40], nm[KC_TOOL_PRINTABLE_MAX];
     key_hex(&e->key, hex);
     printf("%s %s %s %" PRIu64 " %" PRIu64 " %" PRIu64 " %s%s\n", hex,
-           kc_tool_printable(e->ns, nm, sizeof nm), kind_name(e->info.kind, e->ns), e->info.body_size,
-           e->stored_bytes, e->info.hits, format_time(e->info.last_hit, t, sizeof t),
-           e->pending ? " pending" : "");
+           kc_tool_printable(e->ns, nm, sizeof nm), kind_name(e->info.kind, e->ns),
+           e->info.body_size, e->stored_bytes, e->info.hits,
+           format_time(e->info.last_hit, t, sizeof t), e->pending ? " pending" : "");
     return 0;
 }
 

@@ -79,6 +79,16 @@ class Run:
                  f" {lines[0]!r}")
         return tuple(int(x) for x in m.groups())
 
+    def pass_reasons(self):
+        """NVRTC's pass-through reasons from the stats line ({} when none)."""
+        m = re.search(rb"; passthrough (.*)$", self.stderr, re.M)
+        out = {}
+        for part in (m.group(1).decode().split(", ") if m else []):
+            name, *kvs = part.split(" ")
+            if name == "nvrtc":
+                out = {k: int(v) for k, v in (kv.split("=") for kv in kvs)}
+        return out
+
     def stderr_without_stats(self):
         return STATS_LINE_RE.sub(b"", self.stderr)
 
@@ -218,6 +228,17 @@ class Env:
         return r
 
 
+def expect_reasons(run, passthrough):
+    """Every pass-through has its reason on the stats line; the client's
+    own (time trace, PCH) are options kcache leaves to NVRTC."""
+    why = run.pass_reasons()
+    check(sum(why.values()) == passthrough,
+          f"{run.label}: the stats line's reasons {why} account for all {passthrough} "
+          f"pass-throughs")
+    check(why.get("option", 0) >= run.passthrough,
+          f"{run.label}: at least {run.passthrough} pass-throughs for an option ({why})")
+
+
 def expect_warm(run):
     """Every cacheable compile hit, nothing compiled."""
     hits, misses, passthrough, stores, errors = run.stats()
@@ -230,6 +251,7 @@ def expect_warm(run):
     check(passthrough >= run.passthrough,
           f"{run.label}: nvrtc passthrough={passthrough}, expected at least "
           f"{run.passthrough} (time trace, PCH)")
+    expect_reasons(run, passthrough)
     check(errors == 0, f"{run.label}: nvrtc errors={errors}")
     check(stores == 0, f"{run.label}: nvrtc stores={stores} on a warm store")
 
@@ -244,6 +266,7 @@ def expect_cold(run, stored=True):
     check(passthrough >= run.passthrough,
           f"{run.label}: nvrtc passthrough={passthrough}, expected at least "
           f"{run.passthrough}")
+    expect_reasons(run, passthrough)
     check(errors == 0, f"{run.label}: nvrtc errors={errors}")
     if stored:
         # Identical artifacts may share a record, so at most one per compile.

@@ -367,6 +367,8 @@ def t_future_libs(tmp):
                     check(h == 0 and m == 0 and p_ > 0 and e == 0,
                           "%s: identical, every compile passes through (%s)"
                           % (tag, (h, m, p_, s_, e)))
+                    check(re.search(r"; passthrough %s unknown_export=%d$" % (what, p_), err, re.M),
+                          "%s: the stats line gives the reason (%r)" % (tag, err[-300:]))
                     check(any(extra in l for l in warnings(err)),
                           "%s: the unknown entry point is named (%s)" % (tag, warnings(err)))
                 elif label == "cold":
@@ -376,6 +378,9 @@ def t_future_libs(tmp):
                 else:
                     check(h == cold and m == 0 and p_ == 0 and e == 0,
                           "%s: identical, every compile served (%s)" % (tag, (h, m, p_, s_, e)))
+                    check("; passthrough " not in err,
+                          "%s: no reason on the stats line when nothing passed (%r)"
+                          % (tag, err[-300:]))
 
 
 def t_flight(tmp):
