@@ -156,24 +156,19 @@ struct identity {
 
 /* Exports of NVRTC that are not hooks and touch no program's outputs. */
 static const char *const nvrtc_inert[] = {
-    "nvrtcGetErrorString",       "nvrtcGetNumSupportedArchs",  "nvrtcGetSupportedArchs",
-    "nvrtcGetPCHHeapSize",       "nvrtcSetPCHHeapSize",        "nvrtcInstallBundledHeaders",
-    "nvrtcRemoveBundledHeaders", "nvrtcGetBundledHeadersInfo", "__nvrtcCPEx",
+    "nvrtcGetErrorString",
+    "nvrtcGetNumSupportedArchs",
+    "nvrtcGetSupportedArchs",
+    "nvrtcGetPCHHeapSize",
+    "nvrtcSetPCHHeapSize",
+    "nvrtcInstallBundledHeaders",
+    "nvrtcRemoveBundledHeaders",
+    "nvrtcGetBundledHeadersInfo",
+    "__nvrtcCPEx",
     "__nvrtcNvvmHandle",
+    NULL,
 };
 
-/* kc__loaded_exports' callback: stops at the first export that is neither
- * hooked nor inert, copying it to arg. */
-static int nvrtc_export_known(const char *name, void *arg)
-{
-    if (kc__hook_find(name, KC_LIB_NVRTC) != NULL)
-        return 0;
-    for (size_t i = 0; i < sizeof nvrtc_inert / sizeof *nvrtc_inert; i++)
-        if (strcmp(nvrtc_inert[i], name) == 0)
-            return 0;
-    snprintf(arg, 128, "%s", name);
-    return 1;
-}
 static struct identity ident;
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -196,13 +191,10 @@ static const struct identity *nvrtc_identity(void)
         }
         /* Forward safety: an entry point this build does not know may be a
          * getter a record could not answer. */
-        if (kc__loaded_exports((const void *)real_compile, nvrtc_export_known, ident.unknown) < 0)
-            snprintf(ident.unknown, sizeof ident.unknown, "(its symbol table)");
-        if (ident.unknown[0] != '\0')
-            kc_log(KC_LOG_INFO,
-                   "NVRTC %d.%d exports %s, which this kcache does not know; "
-                   "its compiles pass through uncached",
-                   major, minor, ident.unknown);
+        char what[32];
+        snprintf(what, sizeof what, "NVRTC %d.%d", major, minor);
+        kc__unknown_export((const void *)real_compile, KC_LIB_NVRTC, nvrtc_inert, what,
+                           ident.unknown);
         ident.major = major;
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }

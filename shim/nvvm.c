@@ -140,21 +140,9 @@ static struct identity ident;
  * tables NVRTC and the driver reach it through. */
 static const char *const nvvm_inert[] = {
     "nvvmGetErrorString", "nvvmLLVMVersion",    "nvvmDisableConcurrentAPI",
-    "__nvvmHandle",       "__nvvmHandleTarget",
+    "__nvvmHandle",       "__nvvmHandleTarget", NULL,
 };
 
-/* kc__loaded_exports' callback: stops at the first export that is neither
- * hooked nor inert, copying it to arg. */
-static int nvvm_export_known(const char *name, void *arg)
-{
-    if (kc__hook_find(name, KC_LIB_NVVM) != NULL)
-        return 0;
-    for (size_t i = 0; i < sizeof nvvm_inert / sizeof *nvvm_inert; i++)
-        if (strcmp(nvvm_inert[i], name) == 0)
-            return 0;
-    snprintf(arg, 128, "%s", name);
-    return 1;
-}
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const struct identity *nvvm_identity(void)
@@ -174,13 +162,10 @@ static const struct identity *nvvm_identity(void)
         }
         /* Forward safety: an entry point this build does not know may be a
          * getter of an output a record could not answer. */
-        if (kc__loaded_exports((const void *)real_compile, nvvm_export_known, ident.unknown) < 0)
-            snprintf(ident.unknown, sizeof ident.unknown, "(its symbol table)");
-        if (ident.unknown[0] != '\0')
-            kc_log(KC_LOG_INFO,
-                   "libNVVM %d.%d exports %s, which this kcache does not know; "
-                   "its programs pass through uncached",
-                   major, minor, ident.unknown);
+        char what[32];
+        snprintf(what, sizeof what, "libNVVM %d.%d", major, minor);
+        kc__unknown_export((const void *)real_compile, KC_LIB_NVVM, nvvm_inert, what,
+                           ident.unknown);
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);

@@ -580,6 +580,40 @@ static int classify_info(const Dl_info *info)
     return 0;
 }
 
+struct export_check {
+    int lib;
+    const char *const *inert;
+    char *unknown;
+};
+
+/* kc__loaded_exports' callback: stops at the first export that is neither
+ * hooked nor inert, copying it. */
+static int export_known(const char *name, void *arg)
+{
+    const struct export_check *x = arg;
+    if (kc__hook_find(name, x->lib) != NULL)
+        return 0;
+    for (const char *const *i = x->inert; *i != NULL; i++)
+        if (strcmp(*i, name) == 0)
+            return 0;
+    snprintf(x->unknown, 128, "%s", name);
+    return 1;
+}
+
+void kc__unknown_export(const void *known, int lib, const char *const *inert, const char *what,
+                        char unknown[128])
+{
+    struct export_check x = {lib, inert, unknown};
+    unknown[0] = '\0';
+    if (kc__loaded_exports(known, export_known, &x) < 0)
+        snprintf(unknown, 128, "(its symbol table)");
+    if (unknown[0] != '\0')
+        kc_log(KC_LOG_INFO,
+               "%s exports %s, which this kcache does not know; its programs pass through "
+               "uncached",
+               what, unknown);
+}
+
 const struct kc__hook *kc__hook_find(const char *name, int lib)
 {
     if (name == NULL)

@@ -44,6 +44,14 @@ void kc__count(const char *backend, const struct kc_counters *c);
  * itself is counted with kc__count). Thread-safe. */
 void kc__pass_reason(const char *backend, enum kc_pass_reason r);
 
+/* Forward safety (docs/internals.md): the first export of the library the
+ * function `known` lies in that is neither a hook of `lib` nor named in
+ * `inert` (NULL-terminated), copied to `unknown` (128 bytes; "" when none,
+ * "(its symbol table)" when it cannot be read). Logs one info line naming
+ * it, for `what` ("NVRTC 13.0"). */
+void kc__unknown_export(const void *known, int lib, const char *const *inert, const char *what,
+                        char unknown[128]);
+
 /* libkcache.so's absolute path, found before main; NULL when unknown. */
 const char *kc__self_path(void);
 
