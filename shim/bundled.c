@@ -214,8 +214,8 @@ static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
             continue;
         /* The install's version marker (its time) and lock: no dependency
          * names them (deps.c). */
-        if (depth == 0 &&
-            (strcmp(name, ".nvrtc_headers_version") == 0 || strcmp(name, ".nvrtc_install.lock") == 0))
+        if (depth == 0 && (strcmp(name, ".nvrtc_headers_version") == 0 ||
+                           strcmp(name, ".nvrtc_install.lock") == 0))
             continue;
         size_t nl = strlen(name), pl = rl + (rl ? 1 : 0) + nl;
         if (pl >= PATH_MAX || pl > UINT16_MAX) {
@@ -229,9 +229,9 @@ static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
         if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             rc = -errno;
         } else if (S_ISDIR(st.st_mode)) {
-            int fd = depth < 64 ? openat(dirfd(d), name,
-                                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                                : (errno = ELOOP, -1);
+            int fd = depth < 64
+                         ? openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                         : (errno = ELOOP, -1);
             rc = fd < 0 ? -errno : walk(fd, rel, pl, depth + 1, f);
         } else if (S_ISREG(st.st_mode)) {
             int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -300,8 +300,7 @@ static unsigned char *make(const char *dir, const kc_digest *id, size_t *len)
         free(f.v[i].path);
     free(f.v);
     if (rc != 0) {
-        kc_log(KC_LOG_DEBUG, "nvrtc: no map of the bundled headers in %s (%s)", dir,
-               strerror(-rc));
+        kc_log(KC_LOG_DEBUG, "nvrtc: no map of the bundled headers in %s (%s)", dir, strerror(-rc));
         free(b.p);
         return NULL;
     }
@@ -404,8 +403,8 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
         if (m != NULL)
             save(store, id, b, len);
         if (m != NULL)
-            kc_log(KC_LOG_DEBUG, "nvrtc: map of the bundled headers made: %u files, %.1f ms",
-                   m->n, (kc_mono_ns() - t0) / 1e6);
+            kc_log(KC_LOG_DEBUG, "nvrtc: map of the bundled headers made: %u files, %.1f ms", m->n,
+                   (kc_mono_ns() - t0) / 1e6);
         free(b);
     }
     if (m != NULL) {
