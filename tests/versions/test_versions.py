@@ -456,9 +456,12 @@ def t_nvmath(tmp):
     n = 0
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
+        env = nvmath_env(tmp)
+        if run_ == "warm":
+            env["KCACHE_LOG"] = "debug"
         err = run([py, "-X", "faulthandler", client, outs[run_]],
                   None if run_ == "ref" else store,
-                  timeout=900, env=nvmath_env(tmp))
+                  timeout=900, env=env)
         print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
         if run_ != "ref":
             same(outs["ref"], outs[run_], run_ + " run")
@@ -473,6 +476,13 @@ def t_nvmath(tmp):
                 check(h == n and m == 0 and pt == 0 and e == 0,
                       "warm: all %d served (%d hits, %d misses, %d pass-through)"
                       % (n, h, m, pt))
+                # The process's first compile meets libmathdx's fresh DIR:
+                # its headers are checked by NVRTC's map, none read (a
+                # later compile with the same DIR reads them).
+                c = [tuple(int(x) for x in g) for g in re.findall(CHECK_RE, err)]
+                check(c and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
+                      "warm: the first compile reads no header below libmathdx's fresh "
+                      "DIR (checked, by the map, read: %s)" % c)
 
 
 def t_bundled(tmp):
