@@ -85,8 +85,43 @@ struct kc__dirs {
     } slot[KC__DIRS_SLOTS];
     int open, fd_limit;
     const char *bundled; /* the bundled headers directory of the lookup, or NULL */
+    /* What `bundled` holds when the shim's own install just filled it from
+     * empty (bundled.c): its files are checked against this map, never
+     * read. NULL: they are stat'ed and read. */
+    const struct kc__pristine *pristine;
+    /* KC_DEP_FILE dependencies below `bundled`: checked, answered by the
+     * pristine map, read (digested) for the check. */
+    uint64_t bundled_checked, bundled_mapped, bundled_read;
 };
 void kc__dirs_close(struct kc__dirs *ds);
+
+/* NVRTC's bundled headers as its install writes them into an empty
+ * directory, for one NVRTC identity (bundled.c): each file's path below
+ * DIR and its content digest. */
+struct kc__pristine;
+
+/* The digest of the file `rel` (a path below DIR as a KC_DEP_BUNDLED
+ * dependency names it, without its first byte) in the map: false when the
+ * map has no such file (the caller then looks at the file itself). */
+bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest *out);
+
+/* The map of the NVRTC of identity `id` for `dir`, a bundled headers
+ * directory the shim's own install has just filled from empty (this call:
+ * kc__bundled_empty before it, kc__bundled_same after). Loaded once per
+ * process from the store's (`store`) DIR/bundled/<id>; when there is none, made from
+ * `dir` (every file read) and written there (not for a read-only store). A
+ * map there that fails a check (not the owner's only, corrupt, another
+ * identity's) is ignored with one warning and made again: NULL for this
+ * call, as when there is no map. */
+const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *id, const char *dir,
+                                            bool readonly);
+
+/* Whether `dir` is an empty directory (not a symlink) of ours that no other
+ * user can enter (mode 0700 or less): what mkdtemp makes. *st: its stat. */
+bool kc__bundled_empty(const char *dir, struct stat *st);
+
+/* Whether `dir` is still that directory (`before`), ours and private. */
+bool kc__bundled_same(const char *dir, const struct stat *before);
 
 /* Whether the dependency still holds: the path is still absent, still a
  * directory, or still has the same content. A file whose stat matches the

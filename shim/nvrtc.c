@@ -348,6 +348,12 @@ struct bundled {
     bool keyed;        /* every output may name DIR (line or debug info): base1 only */
     kc_digest base1;   /* the base with DIR */
     struct prog *copy; /* the program, for the witness compile */
+    /* NVRTC's map of what DIR holds, when the shim's own install filled
+     * it from empty in this call (kc__pristine_get), else NULL. */
+    const struct kc__pristine *pristine;
+    /* The lookups' checks of the headers read below DIR: how many, how
+     * many of them the pristine map answered, how many were read. */
+    uint64_t checked, mapped, read;
 };
 
 static const char *bundled_dir_of(const char *o)
@@ -596,11 +602,12 @@ static struct mmemo *mmemo[MMEMO_BUCKETS];
 static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Finds the result id of the first dependency set of `m` that still holds
- * (bundled: the request's bundled headers directory, or NULL). */
-static int manifest_match(const struct kc__manifest *m, const char *bundled, kc_digest *result)
+ * (b: the request's bundled headers, or NULL; its counts grow). */
+static int manifest_match(const struct kc__manifest *m, struct bundled *b, kc_digest *result)
 {
     struct kc__dirs dirs = {0};
-    dirs.bundled = bundled;
+    dirs.bundled = b != NULL ? b->dir : NULL;
+    dirs.pristine = b != NULL ? b->pristine : NULL;
     int rc = -ENOENT;
     for (uint64_t i = 0; i < m->n && rc != 0; i++) {
         const struct kc__dep_set *s = &m->sets[i];
@@ -612,6 +619,11 @@ static int manifest_match(const struct kc__manifest *m, const char *bundled, kc_
             rc = 0;
         }
     }
+    if (b != NULL) {
+        b->checked += dirs.bundled_checked;
+        b->mapped += dirs.bundled_mapped;
+        b->read += dirs.bundled_read;
+    }
     kc__dirs_close(&dirs);
     return rc;
 }
@@ -622,7 +634,7 @@ static int manifest_match(const struct kc__manifest *m, const char *bundled, kc_
  * keeps it locally in place of the stale one, marked as the remote's; else
  * NULL. */
 static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns, const kc_key *mk,
-                                            const char *bundled, kc_digest *result)
+                                            struct bundled *bundled, kc_digest *result)
 {
     struct kc_remote *r = kc__remote();
     void *body = NULL;
@@ -646,7 +658,7 @@ static struct kc__manifest *remote_manifest(struct kc_store *st, const char *ns,
  * holds here (these headers differ from every compile it lists); else the
  * store's miss or error. */
 static int lookup_result(struct kc_store *st, const struct kc_store_ops *api, const char *ns,
-                         const kc_digest *base, const char *bundled, kc_digest *result)
+                         const kc_digest *base, struct bundled *bundled, kc_digest *result)
 {
     size_t b = (base->lo ^ base->hi) % MMEMO_BUCKETS;
     pthread_mutex_lock(&mmemo_lock);
@@ -877,9 +889,12 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
                                          const char *const *includeNames)
 {
     REAL_OR_FAIL(real_create, "nvrtcCreateProgram");
+    /* KCACHE_LOG=debug: the hook's own time (scripts/bench's nvmath rows). */
+    uint64_t t0 = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     nvrtcResult rc = real_create(prog, src, name, numHeaders, headers, includeNames);
     if (rc != NVRTC_SUCCESS || kc__guard_held() || !nvrtc_enabled() || *prog == NULL)
         return rc;
+    uint64_t t1 = t0 != 0 ? kc_mono_ns() : 0;
     struct prog *p = calloc(1, sizeof *p);
     int failed = p == NULL;
     if (!failed) {
@@ -915,6 +930,9 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     progs[bucket(p->h)] = p;
     pthread_mutex_unlock(&progs_lock);
     prog_free(stale);
+    if (t0 != 0)
+        kc_log(KC_LOG_DEBUG, "nvrtc create: %.3f ms in the hook, %.3f ms of it NVRTC's",
+               (kc_mono_ns() - t0) / 1e6, (t1 - t0) / 1e6);
     return rc;
 }
 
@@ -933,6 +951,7 @@ KC_EXPORT nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog)
         }
         pthread_mutex_unlock(&progs_lock);
     }
+    uint64_t t0 = p != NULL && kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     nvrtcResult rc = real_destroy(prog);
     if (rc != NVRTC_SUCCESS && p != NULL) {
         pthread_mutex_lock(&progs_lock);
@@ -941,7 +960,11 @@ KC_EXPORT nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog)
         pthread_mutex_unlock(&progs_lock);
         return rc;
     }
+    uint64_t t1 = t0 != 0 ? kc_mono_ns() : 0;
     prog_free(p);
+    if (t0 != 0)
+        kc_log(KC_LOG_DEBUG, "nvrtc destroy: %.3f ms in the hook, %.3f ms of it NVRTC's",
+               (kc_mono_ns() - t0) / 1e6, (t1 - t0) / 1e6);
     return rc;
 }
 
@@ -1021,8 +1044,8 @@ static uint32_t nvrtc_outputs(void)
  * *stale (may be NULL): on a miss, whether a manifest was found that lists
  * no dependency set holding here. */
 static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
-                      const char *ns, uint64_t build, const kc_digest *base, const char *bundled,
-                      nvrtcResult *rc, struct kc_counters *c, bool *stale)
+                      const char *ns, uint64_t build, const kc_digest *base,
+                      struct bundled *bundled, nvrtcResult *rc, struct kc_counters *c, bool *stale)
 {
     const struct kc_config *cfg = kc__config();
     kc_digest result;
@@ -1083,15 +1106,15 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
 /* try_serve for a request: with bundled headers, the record without DIR
  * first, then the one with it. */
 static bool serve(nvrtcProgram prog, struct kc_store *st, const struct kc_store_ops *api,
-                  const char *ns, uint64_t build, const kc_digest *base, const struct bundled *b,
+                  const char *ns, uint64_t build, const kc_digest *base, struct bundled *b,
                   nvrtcResult *rc, struct kc_counters *c, bool *stale)
 {
     if (b->dir == NULL)
         return try_serve(prog, st, api, ns, build, base, NULL, rc, c, stale);
     bool s0 = false;
-    if (!b->keyed && try_serve(prog, st, api, ns, build, base, b->dir, rc, c, &s0))
+    if (!b->keyed && try_serve(prog, st, api, ns, build, base, b, rc, c, &s0))
         return true;
-    bool hit = try_serve(prog, st, api, ns, build, &b->base1, b->dir, rc, c, stale);
+    bool hit = try_serve(prog, st, api, ns, build, &b->base1, b, rc, c, stale);
     if (stale != NULL && !b->keyed)
         *stale = *stale && s0;
     return hit;
@@ -1105,7 +1128,7 @@ struct serve_poll {
     const char *ns;
     uint64_t build;
     const kc_digest *base;
-    const struct bundled *b;
+    struct bundled *b;
     nvrtcResult *rc;
     struct kc_counters *c;
 };
@@ -1154,11 +1177,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
     if (keyed && nvrtc_identity()->unknown[0] != '\0')
         keyed = false, why = KC_PASS_unknown_export;
-    if (keyed && bh.dir != NULL) {
+    if (keyed && bh.dir != NULL)
         bundled_base(&bh, &base);
-        bh.copy = prog_copy(p);
-        keyed = bh.copy != NULL;
-    }
     pthread_mutex_unlock(&progs_lock);
 
     if (p == NULL || !nvrtc_enabled()) {
@@ -1170,7 +1190,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     }
     /* The compile installs the bundled headers first, whatever follows
      * (13.5 does even for an invalid option): so does a hit, and the
-     * manifest's headers below DIR are checked there. */
+     * manifest's headers below DIR are checked there. A DIR empty and
+     * private before this install holds only what it wrote. */
+    struct stat dir_st;
+    bool fresh_dir = keyed && bh.dir != NULL && kc__bundled_empty(bh.dir, &dir_st);
     if (keyed && !resolve_getters())
         keyed = false;
     if (keyed && bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)
@@ -1187,6 +1210,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     const struct identity *id = nvrtc_identity();
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
+    if (st != NULL && fresh_dir && kc__bundled_same(bh.dir, &dir_st))
+        bh.pristine = kc__pristine_get(cfg->dir, &id->digest, bh.dir, cfg->readonly);
 
     if (st != NULL && !cfg->recache && serve(prog, st, api, ns, build, &base, &bh, &rc, &c, NULL))
         goto out;
@@ -1253,6 +1278,11 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);
             struct kc__replay *r = p ? capture(p, rc) : NULL;
+            /* The witness's copy, made only now: a hit never needs it
+             * (libmathdx's programs hold 120 MB of headers). Without it
+             * (out of memory) the record is kept under base1. */
+            if (r != NULL && bh.dir != NULL)
+                bh.copy = prog_copy(p);
             pthread_mutex_unlock(&progs_lock);
             struct kc_buf b = {0};
             if (r != NULL && kc__replay_encode(r, &b) == 0) {
@@ -1290,6 +1320,12 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
 out:
     prog_free(bh.copy);
     kc__count(BACKEND, &c);
+    if (bh.checked != 0 && kc__log_enabled(KC_LOG_DEBUG))
+        kc_log(KC_LOG_DEBUG,
+               "nvrtc: headers below the bundled headers directory: %llu checked, %llu by "
+               "NVRTC's own map, %llu read",
+               (unsigned long long)bh.checked, (unsigned long long)bh.mapped,
+               (unsigned long long)bh.read);
     if (kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG, "nvrtc %s: %.3f ms in the hook, %.3f ms of it compiling",
                c.hits     ? "hit"

@@ -166,12 +166,13 @@ static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *m
 }
 
 /* Whether a name in the cache directory is one kcache makes there (see
- * base.h's layout; filter.t-<pid> and db.bad-<...> are a rebuild's and a
- * recovery's temporary names). */
+ * base.h's layout, and bundled/, the shim's maps of NVRTC's bundled headers;
+ * filter.t-<pid> and db.bad-<...> are a rebuild's and a recovery's temporary
+ * names). */
 static bool store_name(const char *n)
 {
-    static const char *const names[] = {"db",    "spool",  "sec",        "hot",
-                                        "locks", "filter", "owner.lock", "gen"};
+    static const char *const names[] = {"db",     "spool",      "sec", "hot",    "locks",
+                                        "filter", "owner.lock", "gen", "bundled"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(n, names[i]) == 0)
             return true;

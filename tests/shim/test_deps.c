@@ -4,7 +4,7 @@
  * gives without them (a stat of the whole path) for every kind of entry and
  * every way a path can fail: present, changed, absent in a present or
  * missing directory, under a regular file, relative, more directories than
- * are kept open.
+ * are kept open. And shim/bundled.c's map of NVRTC's bundled headers.
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -337,4 +337,76 @@ Test(deps, paths_under_the_working_directory)
         kc__deps_free(&d);
     }
     cr_assert_eq(chdir(cwd), 0);
+}
+
+/* shim/bundled.c: which directories count as filled by the shim's own
+ * install (empty, ours, private, no symlink), and the map made from one:
+ * a dependency below it holds iff its digest is the map's, without a read;
+ * a path the map lacks is checked on disk; a file in the tree that no
+ * install makes (a symlink) gives no map. */
+Test(deps, bundled_empty_dirs_and_the_map)
+{
+    char d[300], store[300], p[PATH_MAX];
+    struct stat st;
+    snprintf(d, sizeof d, "%s/dir", root);
+    snprintf(store, sizeof store, "%s/store", root);
+    cr_assert_eq(mkdir(d, 0700), 0);
+    cr_assert_eq(mkdir(store, 0700), 0);
+    cr_assert(kc__bundled_empty(d, &st), "an empty 0700 directory of ours");
+    cr_assert(kc__bundled_same(d, &st));
+    cr_assert_eq(chmod(d, 0750), 0);
+    cr_assert(!kc__bundled_empty(d, &st), "group bits");
+    cr_assert_eq(chmod(d, 0700), 0);
+    snprintf(p, sizeof p, "%s/link", root);
+    cr_assert_eq(symlink(d, p), 0);
+    cr_assert(!kc__bundled_empty(p, &st), "a symlink to it");
+    snprintf(p, sizeof p, "%s/missing", root);
+    cr_assert(!kc__bundled_empty(p, &st), "no directory");
+    put("dir/h.h", "int h;\n");
+    cr_assert(!kc__bundled_empty(d, &st), "not empty");
+    cr_assert_eq(mkdir(strcat(strcpy(p, d), "/sub"), 0755), 0);
+    put("dir/sub/g.h", "int g;\n");
+    put("dir/.nvrtc_headers_version", "timestamp 1\n");
+
+    kc_digest id = {.lo = 1, .hi = 2}, other = {.lo = 3, .hi = 4};
+    const struct kc__pristine *m = kc__pristine_get(store, &id, d, false);
+    cr_assert_not_null(m, "made from the directory");
+    kc_digest got;
+    cr_assert(!kc__pristine_find(m, ".nvrtc_headers_version", &got), "the marker is left out");
+    cr_assert(!kc__pristine_find(m, "nope.h", &got));
+    cr_assert(kc__pristine_find(m, "sub/g.h", &got));
+    struct kc__dep g = dep_at("dir/sub/g.h", KC_DEP_FILE);
+    cr_assert(got.lo == g.digest.lo && got.hi == g.digest.hi, "the file's own digest");
+    char hex[33];
+    kc__digest_hex(&id, hex);
+    snprintf(p, sizeof p, "%s/bundled/%s", store, hex);
+    cr_assert_eq(stat(p, &st), 0, "written as %s", p);
+    cr_assert_eq(st.st_mode & 0777, 0600);
+
+    /* Below DIR, checked through the map: the file is not looked at. */
+    struct kc__dep b = {.path = strdup("\001sub/g.h"), .kind = KC_DEP_FILE, .digest = g.digest};
+    put("dir/sub/g.h", "int changed;\n");
+    struct kc__dirs dirs = {.bundled = d, .pristine = m};
+    cr_assert(kc__dep_holds(&b, &dirs));
+    cr_assert_eq(dirs.bundled_mapped, 1);
+    cr_assert_eq(dirs.bundled_read, 0);
+    b.digest.lo ^= 1;
+    cr_assert(!kc__dep_holds(&b, &dirs), "another digest than the map's");
+    kc__dirs_close(&dirs);
+    /* Without the map, the file is read. */
+    b.digest.lo ^= 1;
+    struct kc__dirs plain = {.bundled = d};
+    cr_assert(!kc__dep_holds(&b, &plain), "what the file holds now");
+    cr_assert_eq(plain.bundled_read, 1);
+    kc__dirs_close(&plain);
+    free(b.path);
+    free(g.path);
+
+    /* The same map, loaded, for this identity only; none made from a tree
+     * with a symlink. */
+    cr_assert_eq(kc__pristine_get(store, &id, d, false), m);
+    snprintf(p, sizeof p, "%s/sub/s.h", d);
+    cr_assert_eq(symlink("g.h", p), 0);
+    cr_assert_null(kc__pristine_get(store, &other, d, false));
+    cr_assert_null(kc__pristine_get(store, &other, d, true), "read-only: none made");
 }

@@ -35,6 +35,12 @@ Usage: test_versions.py TEST
            LTO-IR (NVRTC 13.5, a fresh bundled-headers directory per
            process) without kcache, cold and warm: the same LTO-IR, warm
            served
+  pristine a hit with a fresh (empty) bundled-headers DIR checks the headers
+           below it against NVRTC's map of them (in the store) without
+           reading one; an entry of an edited DIR is not served there; a
+           DIR the host filled (edited, a file of its own) is read; a
+           corrupt, truncated, group-readable or another user's map is
+           ignored and made again (pristine_client.py)
   bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
            (bundled_client.py): without kcache, cold and warm the same
            outputs and the same DIR; warm serves the compiles no output of
@@ -450,9 +456,12 @@ def t_nvmath(tmp):
     n = 0
     for run_ in ("ref", "cold", "warm"):
         outs[run_] = os.path.join(tmp, run_ + ".txt")
+        env = nvmath_env(tmp)
+        if run_ == "warm":
+            env["KCACHE_LOG"] = "debug"
         err = run([py, "-X", "faulthandler", client, outs[run_]],
                   None if run_ == "ref" else store,
-                  timeout=900, env=nvmath_env(tmp))
+                  timeout=900, env=env)
         print(err.strip().replace("\n", "; ") if run_ == "ref" else "", flush=True)
         if run_ != "ref":
             same(outs["ref"], outs[run_], run_ + " run")
@@ -467,6 +476,13 @@ def t_nvmath(tmp):
                 check(h == n and m == 0 and pt == 0 and e == 0,
                       "warm: all %d served (%d hits, %d misses, %d pass-through)"
                       % (n, h, m, pt))
+                # The process's first compile meets libmathdx's fresh DIR:
+                # its headers are checked by NVRTC's map, none read (a
+                # later compile with the same DIR reads them).
+                c = [tuple(int(x) for x in g) for g in re.findall(CHECK_RE, err)]
+                check(c and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
+                      "warm: the first compile reads no header below libmathdx's fresh "
+                      "DIR (checked, by the map, read: %s)" % c)
 
 
 def t_bundled(tmp):
@@ -489,9 +505,98 @@ def t_bundled(tmp):
     check(not leftover, "the witness directories are removed (%s)" % leftover)
 
 
+CHECK_RE = (r"headers below the bundled headers directory: (\d+) checked, (\d+) by "
+            r"NVRTC's own map, (\d+) read")
+
+
+def t_pristine(tmp):
+    """A hit's check of the headers below a DIR the shim's own install just
+    filled from empty reads none of them (NVRTC's map of its bundled
+    headers, kept in the store, answers); an entry stored from a DIR with
+    an edited header still misses there, and a DIR the host filled before
+    (installed and edited, or given a file of its own) is checked as
+    before: read."""
+    lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
+    need(lib, "NVRTC 13.5")
+    client = os.path.join(SRC, "tests", "versions", "pristine_client.py")
+    store = os.path.join(tmp, "store")
+    n = [0]
+
+    def go(mode, shim=True, warn=0):
+        n[0] += 1
+        out = os.path.join(tmp, "%d-%s.txt" % (n[0], mode))
+        err = run([sys.executable, client, lib, out, mode], store if shim else None,
+                  env={"KCACHE_LOG": "debug"} if shim else None)
+        if not shim:
+            return open(out).read(), None, None
+        h, m, pt, _, e = stats(err, "nvrtc")
+        w = [x for x in warnings(err) if not x.startswith(("kcache: debug:", "kcache: info:"))]
+        check(e == 0 and pt == 0 and len(w) == warn,
+              "%d %s: no error, no pass-through, %d warning(s) %s" % (n[0], mode, warn, w))
+        c = [tuple(int(x) for x in g) for g in re.findall(CHECK_RE, err)]
+        return open(out).read(), (h, m), c
+
+    ref = {m: go(m, False)[0] for m in ("fresh", "edited", "prefilled", "other")}
+    check(ref["fresh"] != ref["edited"], "the edited header changes the PTX")
+
+    def case(mode, want_hm, label, warn=0):
+        out, hm, c = go(mode, warn=warn)
+        check(out == ref[mode], "%s: the output is NVRTC's own" % label)
+        check(hm == want_hm, "%s: %s hits, misses (want %s)" % (label, hm, want_hm))
+        return c
+
+    # A store holding only the entry of an edited DIR.
+    case("edited", (0, 1), "edited DIR, empty store")
+    c = case("fresh", (0, 1), "fresh DIR after an edited DIR's entry: not served")
+    check(len(c) == 1 and c[0][0] >= 1 and c[0][2] == 0,
+          "fresh DIR: the edited entry's headers checked without reading one (%s)" % c)
+    c = case("fresh", (1, 0), "fresh DIR: served")
+    check(len(c) == 1 and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
+          "fresh DIR: every header checked by NVRTC's map, none read (%s)" % c)
+    maps = os.listdir(os.path.join(store, "bundled"))
+    check(len(maps) == 1, "one map of NVRTC 13.5's bundled headers in the store (%s)" % maps)
+    path = os.path.join(store, "bundled", maps[0])
+    check(os.stat(path).st_mode & 0o777 == 0o600, "the map is the owner's only")
+    # A DIR the host filled is checked by reading what it holds.
+    c = case("edited", (1, 0), "edited DIR: its own entry served, not the fresh DIR's")
+    check(len(c) == 1 and c[0][1] == 0 and c[0][2] >= 1,
+          "edited DIR: its headers read, the map not used (%s)" % c)
+    c = case("prefilled", (1, 0), "DIR with a file of the host's: served")
+    check(len(c) == 1 and c[0][1] == 0 and c[0][2] >= 1,
+          "DIR with a file of the host's: not taken as NVRTC's install (%s)" % c)
+    # The map built in another process, for another program, serves this one.
+    case("other", (0, 1), "other program, fresh DIR")
+    good = open(path, "rb").read()
+    # A map that fails its checks is ignored (today's full check), then made again.
+    bads = [("corrupt", good[:-1] + bytes([good[-1] ^ 1]), 0o600, None),
+            ("truncated", good[:len(good) // 2], 0o600, None),
+            ("readable by others", good, 0o644, None)]
+    if os.geteuid() == 0:
+        bads.append(("of another user", good, 0o600, 65534))
+    else:
+        print("skipped: another user's map (needs root to give the file away)", flush=True)
+    for label, bad, mode, owner in bads:
+        with open(path, "wb") as f:
+            f.write(bad)
+        os.chmod(path, mode)
+        if owner is not None:
+            os.chown(path, owner, owner)
+        c = case("fresh", (1, 0), "fresh DIR, map %s" % label, warn=1)
+        check(len(c) == 1 and c[0][1] == 0 and c[0][2] >= 1,
+              "map %s: not used, the headers are read (%s)" % (label, c))
+        st = os.stat(path)
+        check(open(path, "rb").read() == good and st.st_mode & 0o777 == 0o600
+              and st.st_uid == os.geteuid(),
+              "map %s: made again, the same" % label)
+    c = case("fresh", (1, 0), "fresh DIR, the map made again")
+    check(len(c) == 1 and c[0][1] == c[0][0] and c[0][2] == 0,
+          "the map made again serves (%s)" % c)
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "future_libs", "flight",
-                                                 "bundled", "nvrtc_cache", "nvmath"):
+                                                 "bundled", "nvrtc_cache", "nvmath",
+                                                 "pristine"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")

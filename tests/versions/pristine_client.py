@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""One NVRTC 13.5 compile with --use-bundled-headers=DIR through ctypes
+(tests/versions pristine).
+
+Usage: pristine_client.py LIBNVRTC OUT fresh|edited|prefilled|other
+DIR is a fresh mkdtemp directory (0700, as libmathdx makes it); before the
+compile it is left empty (fresh, other), or installed by the host and one
+header edited so the PTX differs (edited), or given one file of the host's
+own (prefilled). `other` compiles another program (the same headers). Writes
+to OUT the compile's result, the PTX's and the log's digests (DIR written
+as <DIR>) and removes DIR.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+
+lib = ctypes.CDLL(sys.argv[1])
+mode = sys.argv[3]
+SRC = {"a": b"""#include <cuda/std/type_traits>
+#include <cuda_fp16.h>
+extern "C" __global__ void k(float *x) {
+  x[threadIdx.x] = __half2float(__float2half(x[0])) + cuda::std::is_same<int, int>::value;
+}
+""", "b": b"""#include <cuda/std/limits>
+extern "C" __global__ void k(int *x) { x[0] = cuda::std::numeric_limits<int>::max(); }
+"""}
+
+d = tempfile.mkdtemp(prefix="nvrtc_bundled_headers_", dir=os.environ.get("TMPDIR", "/tmp"))
+if mode == "edited":
+    err = ctypes.c_char_p()
+    assert lib.nvrtcInstallBundledHeaders(d.encode(), 0, ctypes.byref(err)) == 0
+    with open(os.path.join(d, "cuda_fp16.h"), "ab") as f:
+        f.write(b'\nextern "C" __global__ void kc_edited() {}\n')
+elif mode == "prefilled":
+    with open(os.path.join(d, "kc_own.txt"), "w") as f:
+        f.write("the host's own file\n")
+p = ctypes.c_void_p()
+src = SRC["b" if mode == "other" else "a"]
+assert lib.nvrtcCreateProgram(ctypes.byref(p), src, b"k.cu", 0, None, None) == 0
+o = [("--use-bundled-headers=" + d).encode(), b"-arch=compute_80"]
+rc = lib.nvrtcCompileProgram(p, len(o), (ctypes.c_char_p * len(o))(*o))
+res = ["compile %d" % rc]
+for g in ("PTX", "ProgramLog"):
+    n = ctypes.c_size_t(0)
+    assert getattr(lib, "nvrtcGet%sSize" % g)(p, ctypes.byref(n)) == 0
+    buf = ctypes.create_string_buffer(max(n.value, 1))
+    assert getattr(lib, "nvrtcGet%s" % g)(p, buf) == 0
+    res.append("%s %d %s" % (g, n.value,
+                             hashlib.sha256(buf.raw[:n.value].replace(d.encode(), b"<DIR>"))
+                             .hexdigest()))
+lib.nvrtcDestroyProgram(ctypes.byref(p))
+shutil.rmtree(d)
+with open(sys.argv[2], "w") as f:
+    f.write("\n".join(res) + "\n")
