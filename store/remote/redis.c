@@ -408,22 +408,36 @@ bool kc__node_ready(struct kc__node *nd)
     return true;
 }
 
+/* A failure that cost next to nothing: the server refused or reset. */
+static bool refused(int err)
+{
+    return err == -ECONNREFUSED || err == -ECONNRESET || err == -EPIPE;
+}
+
 static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const char *why)
 {
     if (err == -ETIMEDOUT) {
         rc->ctr->timeouts++;
     } else {
         rc->ctr->errors++;
-        if (err == -ECONNREFUSED || err == -ECONNRESET || err == -EPIPE)
+        if (refused(err))
             rc->ctr->refusals++;
         else if (err == -EPROTO || err == -ENOMEM)
             rc->ctr->protocol_errors++;
         else if (err == -EACCES)
             rc->ctr->auth_failures++;
     }
-    if (rc->cluster && !nd->answered)
+    /* A cluster node this process never reached turns the whole remote
+     * off (the servers name the nodes: endless new addresses), unless it
+     * refused: a refused connect costs next to nothing, so it counts as a
+     * soft failure, and one dead primary among live ones (a failover, a
+     * seed that is down) turns off only its own keys. */
+    bool whole = rc->cluster && !nd->answered && !refused(err);
+    if (whole)
         kc__breaker_open(rc);
-    else
+    else if (rc->cluster && !nd->answered)
+        kc__breaker_soft(rc);
+    if (!whole)
         rc->ctr->breaker_opens++;
     nd->off = true;
     unsigned shift = nd->failures < 6 ? nd->failures : 6;
@@ -437,7 +451,7 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
         char shown[340];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
         kc_log(KC_LOG_WARN, "remote: %s: %s (%s); %s off for a while, then tried again", shown, why,
-               strerror(-err), rc->cluster && !nd->answered ? "the remote is" : "it is");
+               strerror(-err), whole ? "the remote is" : "it is");
     }
 }
 
@@ -819,18 +833,38 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
         redisReply *reps[2] = {NULL, NULL};
         int r = kc__node_exec(rc, nd, n, cmds, reps);
         if (r != 0) {
-            /* A failover may give its slots to another node: read the map
-             * again at the next operation (the failed node is off, so its
-             * keys fail fast meanwhile). */
-            if (r != -ENETDOWN) {
-                cl->refresh = true;
-            } else if (kc_mono_ns() >= cl->stale_retry_ns) {
-                /* Its owner is off: a failover may have promoted a replica
-                 * meanwhile. Read the map again, at most once a second. */
-                cl->stale_retry_ns = kc_mono_ns() + 1000000000ull;
-                cl->refresh = true;
+            /* A failover gives the slots of a primary that died to its
+             * replica. When the owner refused (a dead process: that cost
+             * nothing) or is off (failed earlier), the map is read again
+             * now, from another node, and the command sent to the owner
+             * it names, if another: the promoted replica is followed
+             * within the operation, without a timeout paid. The map of a
+             * slot whose owner is off is read at most every
+             * KC__STALE_RETRY_MS; after a timeout, at the next operation
+             * (this one's time is spent). The failed node is off, so its
+             * keys fail fast meanwhile. */
+            bool cheap = r == -ECONNREFUSED || r == -ECONNRESET || r == -EPIPE;
+            if (r == -ENETDOWN) {
+                if (kc_mono_ns() < cl->stale_retry_ns)
+                    return r;
+                cl->stale_retry_ns = kc_mono_ns() + KC__STALE_RETRY_MS * 1000000ull;
+                cheap = true;
             }
-            return r;
+            if (!cheap) {
+                cl->refresh = true;
+                return r;
+            }
+            if (kc__cluster_refresh(rc, cl, NULL) != 0) {
+                cl->refresh = true;
+                return r;
+            }
+            struct kc__node *to =
+                cl->slot[slot] != KC__SLOT_NONE ? cl->nodes[cl->slot[slot]] : NULL;
+            if (to == NULL || to == nd || !kc__node_ready(to))
+                return r;
+            asking = false;
+            nd = to;
+            continue;
         }
         if (asking)
             kc__reply_free(reps[0]);

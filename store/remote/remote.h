@@ -16,9 +16,10 @@
  * counted, logs one warning (the first), and turns that server off for a
  * backoff; in a cluster, a node that never answered (the servers name the
  * nodes: redirections and slot maps can name endless new addresses) turns
- * the whole remote off; three soft failures in a row (error replies, oversized values,
- * refused values of 1 MiB or more, redirection loops) turn the whole
- * remote off. The backoff is `retry_ms` (1 s by default), doubling at each
+ * the whole remote off, unless it refused (that cost nothing: a soft
+ * failure); three soft failures in a row (error replies, oversized values,
+ * refused values of 1 MiB or more, redirection loops, refusals of nodes
+ * never reached) turn the whole remote off. The backoff is `retry_ms` (1 s by default), doubling at each
  * failure in a row up to a minute; then one operation probes it, and one
  * that works closes it. So a process's remote
  * time is bounded whatever the servers do, and a job that lives for hours

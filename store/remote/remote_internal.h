@@ -291,9 +291,10 @@ struct kc__rctx {
      * failure (down, refused, timed out, garbage) turns that server off
      * for its own backoff (its keys fail fast); in a cluster, whose nodes
      * the servers name (slot maps, redirections: endless new addresses),
-     * the failure of a node that never answered opens the breaker too. KC__SOFT_FAILURES soft
-     * failures in a row (error replies, oversized values, large refused values, redirection loops)
-     * open it in both modes. Open, every operation fails fast (-ENETDOWN) until open_until_ns, then
+     * the failure of a node that never answered opens the breaker too, unless it refused the
+     * connection (a soft failure: one dead primary turns off only its keys). KC__SOFT_FAILURES
+     * soft failures in a row (error replies, oversized values, large refused values, redirection
+     * loops, such refusals) open it in both modes. Open, every operation fails fast (-ENETDOWN) until open_until_ns, then
      * one is let through (the probe). Each opening in a row doubles the backoff, from retry_ms up
      * to KC__BREAKER_MAX_MS; an operation that works closes it. */
     bool cluster; /* hard failures open the breaker */
@@ -356,6 +357,9 @@ void kc__cmd_set(struct kc__cmd *c, int argc, ...);
 #define KC__SLOTS 16384
 #define KC__SLOT_NONE 0xffff
 #define KC__MAX_REDIRECTS 5
+/* A slot whose owner is off: its map is read again at most this often (a
+ * failover's promoted replica is found within it). */
+#define KC__STALE_RETRY_MS 200
 
 struct kc__cluster {
     struct kc__node **nodes; /* each malloc'd (stable): seeds first, then
@@ -366,7 +370,7 @@ struct kc__cluster {
     bool loaded;             /* a CLUSTER SLOTS answer was applied */
     bool refresh;            /* the map changed under us: read it again */
     uint64_t stale_retry_ns; /* a slot's owner is off: the map is read
-                              * again, once a second at most */
+                              * again, every KC__STALE_RETRY_MS at most */
 };
 
 /* Reads CLUSTER SLOTS from the first node that answers (the hint first,
@@ -379,7 +383,10 @@ int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__
  * MOVED back to the node that sent the last one waits a little first). As
  * kc__node_exec for one command; *from: the node that answered. A node
  * that fails is off and its keys fail fast (-ENETDOWN) until the map
- * names another owner; the map is read again at the next operation. */
+ * names another owner. When it refused, or is off (every
+ * KC__STALE_RETRY_MS at most), the map is read again at once from another
+ * node and the command sent to the owner it names now (a failover's
+ * promoted replica); after other failures, at the next operation. */
 int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *key, size_t keylen,
                      const struct kc__cmd *cmd, redisReply **reply, struct kc__node **from);
 

@@ -318,6 +318,11 @@ static int error_reply(struct kc_remote *r, struct kc__node *nd, redisReply *rep
         strncmp(s, "TRYAGAIN", 8) == 0 || strncmp(s, "MASTERDOWN", 10) == 0 ||
         strncmp(s, "BUSY", 4) == 0)
         rc = -EAGAIN;
+    /* The cluster says it is down (a primary failed, its replica not yet
+     * promoted): the map changes when it is up again; read it then. */
+    if (r->cfg.mode == KC_REMOTE_CLUSTER &&
+        (strncmp(s, "CLUSTERDOWN", 11) == 0 || strncmp(s, "MASTERDOWN", 10) == 0))
+        r->cl.refresh = true;
     r->ctr.errors++;
     r->ctr.error_replies++;
     kc__breaker_soft(&r->rctx);

@@ -451,6 +451,86 @@ Test(cluster, primary_killed)
     cr_assert_eq(ctr(late).errors, 1);
 }
 
+/* A host that never reached the primary that died (its first keys lived
+ * elsewhere), as most ranks of a failover: the dead node refuses, which
+ * costs nothing, so only its own keys fail; the live primaries' keys are
+ * still read, written and locked, within the same few operations. */
+Test(cluster, dead_primary_it_never_reached_turns_off_only_its_keys)
+{
+    const int C = 2;
+    uint64_t a = find_entry(0, 0, -1, -1), b = find_entry(a + 1, 1, -1, -1);
+    uint64_t c = find_entry(0, C, -1, -1), l = find_entry(b + 1, 0, -1, -1);
+    int seed = 0;
+    struct kc_remote *w = open_cluster(1, &seed);
+    put_ok(w, a);
+    put_ok(w, b);
+    /* The host: its first operation reads the map (through node 0). */
+    struct kc_remote *r = open_cluster(1, &seed);
+    cr_assert_eq(get_rc(r, a), 0);
+    h_kill(&node[C]);
+    cr_assert_neq(get_rc(r, c), 0, "an entry of the dead node");
+    cr_assert_eq(get_rc(r, b), 0, "a live primary's entry after the dead one refused");
+    cr_assert_eq(get_rc(r, a), 0);
+    kc_key lk = key_n(l);
+    cr_assert_eq(kc_remote_lock(r, NS, &lk, 60000), 0, "a live primary's lock");
+    cr_assert_eq(kc_remote_unlock(r, NS, &lk), 0);
+    cr_assert(kc_remote_usable(r));
+    struct kc_remote_counters k = ctr(r);
+    cr_assert_eq(k.refusals, 1, "refusals %" PRIu64, k.refusals);
+    cr_assert_eq(k.timeouts, 0);
+}
+
+/* A failover, by hand: node C dies and node 0 takes its slots (the
+ * promoted replica's part). The first operation on one of them after the
+ * takeover reads the map again (from another node: C is off) and goes to
+ * the new owner, within that operation: no wait for a later one, and no
+ * timeout paid. */
+Test(cluster, failover_followed_within_the_operation)
+{
+    const int C = 2;
+    int seed = 0;
+    struct kc_remote *r = open_cluster(1, &seed);
+    uint64_t a = find_entry(0, 0, -1, -1), c = find_entry(0, C, -1, -1);
+    uint64_t c2 = find_entry(c + 1, C, -1, -1);
+    put_ok(r, a);
+    put_ok(r, c);
+    /* C's slot ranges, from node 0's map. */
+    long lo[64], hi[64];
+    int nr = 0;
+    const char *sargv[] = {"CLUSTER", "SLOTS"};
+    redisReply *rep = raw(0, 2, sargv);
+    for (size_t i = 0; i < rep->elements && nr < 64; i++) {
+        redisReply *e = rep->element[i];
+        if (e->element[2]->element[1]->integer == node[C].port) {
+            lo[nr] = (long)e->element[0]->integer;
+            hi[nr++] = (long)e->element[1]->integer;
+        }
+    }
+    h_free(rep);
+    cr_assert(nr > 0);
+    h_kill(&node[C]);
+    cr_assert_neq(get_rc(r, c), 0, "the dead node's entry");
+    cr_assert_eq(get_rc(r, a), 0);
+    /* Node 0 takes C's slots, with the greatest epoch (as a promoted
+     * replica does). */
+    const char *bargv[] = {"CLUSTER", "BUMPEPOCH"};
+    h_free(raw(0, 2, bargv));
+    for (int i = 0; i < nr; i++) {
+        char l[16], h[16];
+        snprintf(l, sizeof l, "%ld", lo[i]);
+        snprintf(h, sizeof h, "%ld", hi[i]);
+        const char *dargv[] = {"CLUSTER", "DELSLOTSRANGE", l, h};
+        raw_ok(0, 4, dargv);
+        const char *aargv[] = {"CLUSTER", "ADDSLOTSRANGE", l, h};
+        raw_ok(0, 4, aargv);
+    }
+    cr_assert_eq(owner(slot_n(c2)), 0);
+    /* The next operation on C's former slots goes to node 0. */
+    put_ok(r, c2);
+    cr_assert_eq(get_rc(r, c2), 0);
+    cr_assert_eq(ctr(r).timeouts, 0);
+}
+
 /* A slot migration finished source first: the source already names the
  * importing node, which (still importing) names the source back. The
  * client follows the MOVEDs a bounded number of times, waiting 1, 2, 4 ...
