@@ -850,7 +850,9 @@ int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *ke
                 cl->stale_retry_ns = kc_mono_ns() + KC__STALE_RETRY_MS * 1000000ull;
                 cheap = true;
             }
-            if (!cheap) {
+            /* Only the owner the map named is followed so (not a node a
+             * redirection named), and not once the breaker opened. */
+            if (!cheap || hop > 0 || !kc__breaker_closed(rc)) {
                 cl->refresh = true;
                 return r;
             }

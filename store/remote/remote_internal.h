@@ -386,7 +386,8 @@ int kc__cluster_refresh(struct kc__rctx *rc, struct kc__cluster *cl, struct kc__
  * names another owner. When it refused, or is off (every
  * KC__STALE_RETRY_MS at most), the map is read again at once from another
  * node and the command sent to the owner it names now (a failover's
- * promoted replica); after other failures, at the next operation. */
+ * promoted replica; only for the owner the map named, before any
+ * redirection); after other failures, at the next operation. */
 int kc__cluster_exec(struct kc__rctx *rc, struct kc__cluster *cl, const char *key, size_t keylen,
                      const struct kc__cmd *cmd, redisReply **reply, struct kc__node **from);
 
