@@ -19,10 +19,9 @@
  * the whole remote off, unless it refused (that cost nothing: a soft
  * failure); three soft failures in a row (error replies, oversized values,
  * refused values of 1 MiB or more, redirection loops, refusals of nodes
- * never reached) turn the whole remote off. The backoff is `retry_ms` (1 s by default), doubling at each
- * failure in a row up to a minute; then one operation probes it, and one
- * that works closes it. So a process's remote
- * time is bounded whatever the servers do, and a job that lives for hours
+ * never reached) turn the whole remote off. The backoff is `retry_ms` (1 s by default), doubling at
+ * each failure in a row up to a minute; then one operation probes it, and one that works closes it.
+ * So a process's remote time is bounded whatever the servers do, and a job that lives for hours
  * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises
  * its operations (one connection per server per process, kept).
  *

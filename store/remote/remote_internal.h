@@ -294,9 +294,9 @@ struct kc__rctx {
      * the failure of a node that never answered opens the breaker too, unless it refused the
      * connection (a soft failure: one dead primary turns off only its keys). KC__SOFT_FAILURES
      * soft failures in a row (error replies, oversized values, large refused values, redirection
-     * loops, such refusals) open it in both modes. Open, every operation fails fast (-ENETDOWN) until open_until_ns, then
-     * one is let through (the probe). Each opening in a row doubles the backoff, from retry_ms up
-     * to KC__BREAKER_MAX_MS; an operation that works closes it. */
+     * loops, such refusals) open it in both modes. Open, every operation fails fast (-ENETDOWN)
+     * until open_until_ns, then one is let through (the probe). Each opening in a row doubles the
+     * backoff, from retry_ms up to KC__BREAKER_MAX_MS; an operation that works closes it. */
     bool cluster; /* hard failures open the breaker */
     uint64_t open_until_ns;
     unsigned opens; /* in a row, since the last operation that worked */
