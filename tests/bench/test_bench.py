@@ -132,6 +132,14 @@ def main():
                 if not isinstance(((faults.get(name) or {}).get("fault_remote") or {}).get(k),
                                   int):
                     problems.append(f"remote.faults.{name}.fault_remote.{k} not a number")
+        # The failover row, where the cluster formed: a failover only when
+        # each run's replica was promoted (it says how many were, and when).
+        fo = faults.get("failover")
+        if fo is not None:
+            if not isinstance(fo.get("promoted"), int):
+                problems.append("remote.faults.failover.promoted not a number")
+            if not isinstance(fo.get("promotion_s"), list) or not fo.get("promotion_s"):
+                problems.append("remote.faults.failover.promotion_s missing")
     elif not remote.get("reason"):
         problems.append("remote unavailable without a reason")
     link = res.get("link", {})
