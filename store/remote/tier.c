@@ -277,8 +277,92 @@ static struct kc__node *target_node(struct kc_remote *r, const char *route)
     return r->nodes[i];
 }
 
+/* ---- a cluster's fallback names ---------------------------------------- */
+
+/*
+ * While the node serving an entry's slot is off (a primary that died, its
+ * replica not promoted yet: seconds, during which its keys can be neither
+ * read, written nor locked), the entry and its lock live under a fallback
+ * name, "<name>~1" (~2, ~3 when that slot's node is off too), in a slot a
+ * live primary serves. Every node sees the same map and the same dead
+ * node, so they pick the same name and keep sharing those kernels; the
+ * slot map is read again every KC__STALE_RETRY_MS meanwhile, and once it
+ * names a live owner the entry's own name is used again (what went up
+ * under the fallback name stays there, expiring after a day at most). A
+ * value is verified as under its own name (it names its namespace and key,
+ * and a lock value is signed for the lock's own name), so the fallback
+ * trusts nothing more.
+ */
+#define KC__FALLBACKS 3
+#define KC__FALLBACK_TTL "86400"
+
+static bool node_down(const struct kc__node *nd)
+{
+    return nd->off && (nd->retry_at_ns == 0 || kc_mono_ns() < nd->retry_at_ns);
+}
+
+/* The fallback name of `k` into out, when its slot's node is off (the
+ * map read again first, every KC__STALE_RETRY_MS at most): true. Under
+ * mu, within an operation's deadline. */
+static bool fallback_name(struct kc_remote *r, const char *k, char *out, size_t cap)
+{
+    if (r->cfg.mode != KC_REMOTE_CLUSTER || !r->cl.loaded)
+        return false;
+    struct kc__node *nd = target_node(r, k);
+    if (nd == NULL || !node_down(nd))
+        return false;
+    if (kc_mono_ns() >= r->cl.stale_retry_ns) {
+        r->cl.stale_retry_ns = kc_mono_ns() + KC__STALE_RETRY_MS * 1000000ull;
+        kc__cluster_refresh(&r->rctx, &r->cl, NULL);
+        nd = target_node(r, k);
+        if (nd == NULL || !node_down(nd))
+            return false;
+    }
+    for (int i = 1; i <= KC__FALLBACKS; i++) {
+        if ((size_t)snprintf(out, cap, "%s~%d", k, i) >= cap)
+            return false;
+        struct kc__node *f = target_node(r, out);
+        if (f != NULL && !node_down(f))
+            return true;
+    }
+    return false;
+}
+
+/* cmd with the names of `k` (the entry's, and its lock's) replaced by
+ * those of kf; a SET gets an expiry when it has none. 0, or -ENAMETOOLONG. */
+static int cmd_renamed(const struct kc__cmd *cmd, const char *k, const char *kf,
+                       struct kc__cmd *out, char *lk, char *lkf, size_t cap)
+{
+    if ((size_t)snprintf(lk, cap, "kcache:lock:{%s}", k) >= cap ||
+        (size_t)snprintf(lkf, cap, "kcache:lock:{%s}", kf) >= cap)
+        return -ENAMETOOLONG;
+    *out = *cmd;
+    bool set = cmd->argc > 0 && cmd->len[0] == 3 && memcmp(cmd->argv[0], "SET", 3) == 0;
+    bool ex = false;
+    for (int i = 1; i < cmd->argc; i++) {
+        if (cmd->len[i] == strlen(k) && memcmp(cmd->argv[i], k, cmd->len[i]) == 0) {
+            out->argv[i] = kf;
+            out->len[i] = strlen(kf);
+        } else if (cmd->len[i] == strlen(lk) && memcmp(cmd->argv[i], lk, cmd->len[i]) == 0) {
+            out->argv[i] = lkf;
+            out->len[i] = strlen(lkf);
+        } else if (set && i >= 3 && cmd->len[i] == 2 && memcmp(cmd->argv[i], "EX", 2) == 0) {
+            ex = true;
+        }
+    }
+    if (set && !ex && out->argc + 2 <= 8) {
+        out->argv[out->argc] = "EX";
+        out->len[out->argc++] = 2;
+        out->argv[out->argc] = KC__FALLBACK_TTL;
+        out->len[out->argc++] = strlen(KC__FALLBACK_TTL);
+    }
+    return 0;
+}
+
 /* Runs one command on the server of `route` (an entry's key: its lock
- * lives beside it). Under mu. */
+ * lives beside it), under the fallback names while the node of its slot
+ * is off (tried once more so when it failed, cheaply, on the entry's own
+ * slot). Under mu. */
 static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
                struct kc__node **from)
 {
@@ -292,7 +376,16 @@ static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd
         kc_mono_ns() + (uint64_t)(e->connect_timeout_ms + e->operation_timeout_ms) * 1000000;
     int rc;
     if (r->cfg.mode == KC_REMOTE_CLUSTER) {
-        rc = kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
+        char kf[KC_REMOTE_KEY_MAX + 8], lk[KC_REMOTE_KEY_MAX + 24], lkf[KC_REMOTE_KEY_MAX + 32];
+        struct kc__cmd alt;
+        bool fb = fallback_name(r, route, kf, sizeof kf) &&
+                  cmd_renamed(cmd, route, kf, &alt, lk, lkf, sizeof lkf) == 0;
+        rc = fb ? kc__cluster_exec(&r->rctx, &r->cl, kf, strlen(kf), &alt, rep, from)
+                : kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
+        if (!fb && (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ENETDOWN) &&
+            kc__breaker_closed(&r->rctx) && fallback_name(r, route, kf, sizeof kf) &&
+            cmd_renamed(cmd, route, kf, &alt, lk, lkf, sizeof lkf) == 0)
+            rc = kc__cluster_exec(&r->rctx, &r->cl, kf, strlen(kf), &alt, rep, from);
     } else {
         struct kc__node *nd = target_node(r, route);
         *from = nd;

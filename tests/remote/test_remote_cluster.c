@@ -480,6 +480,31 @@ Test(cluster, dead_primary_it_never_reached_turns_off_only_its_keys)
     cr_assert_eq(k.timeouts, 0);
 }
 
+/* While a dead primary's replica is not promoted yet, its keys live under
+ * fallback names on the live primaries: the nodes still share them (an
+ * entry put by one is served to another, a lock taken by one is seen by
+ * another), each node's first operation on them included. */
+Test(cluster, dead_primary_keys_shared_through_live_primaries)
+{
+    const int C = 2;
+    uint64_t c = find_entry(0, C, -1, -1), c2 = find_entry(c + 1, C, -1, -1);
+    int seed = 0;
+    struct kc_remote *w = open_cluster(1, &seed);
+    struct kc_remote *r = open_cluster(1, &seed);
+    struct kc_remote *x = open_cluster(1, &seed);
+    cr_assert_eq(get_rc(r, find_entry(0, 0, -1, -1)), -ENOENT);
+    h_kill(&node[C]);
+    put_ok(w, c);
+    cr_assert_eq(holder(c), -1, "under its own name: the dead node's");
+    cr_assert_eq(get_rc(r, c), 0, "an entry of the dead node's slots put meanwhile");
+    kc_key k2 = key_n(c2);
+    cr_assert_eq(kc_remote_lock(w, NS, &k2, 60000), 0);
+    cr_assert_eq(kc_remote_lock(x, NS, &k2, 60000), -EBUSY, "the holder's lock, seen");
+    cr_assert_eq(kc_remote_unlock(w, NS, &k2), 0);
+    cr_assert_eq(kc_remote_lock(x, NS, &k2, 60000), 0);
+    cr_assert_eq(ctr(r).timeouts + ctr(w).timeouts + ctr(x).timeouts, 0);
+}
+
 /* A failover, by hand: node C dies and node 0 takes its slots (the
  * promoted replica's part). The first operation on one of them after the
  * takeover reads the map again (from another node: C is off) and goes to
