@@ -22,7 +22,10 @@
  * never reached) turn the whole remote off. The backoff is `retry_ms` (1 s by default), doubling at
  * each failure in a row up to a minute; then one operation probes it, and one that works closes it.
  * So a process's remote time is bounded whatever the servers do, and a job that lives for hours
- * comes back to sharing within seconds of its Redis. Thread-safe: one mutex per remote serialises
+ * comes back to sharing within seconds of its Redis. In a Redis Cluster, the
+ * entries and locks of a slot whose node is off (a primary that died, its
+ * replica not yet promoted) live under fallback names on the live primaries
+ * meanwhile (tier.c), so the nodes keep sharing them. Thread-safe: one mutex per remote serialises
  * its operations (one connection per server per process, kept).
  *
  * The operations mirror store/tier.h's (get, put, purge, after_fork,
