@@ -218,8 +218,10 @@ int kc__owner_clear(struct kc__owner *o)
         for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
             size_t kl;
             const char *k = rocksdb_iter_key(it, &kl);
-            /* Counters are statistics, not entries: they stay. */
-            if (cf == KC__CF_META && kc__meta_is(k, kl, KC__META_COUNTERS_PREFIX))
+            /* Counters are statistics, not entries: they stay, and so do
+             * the marks of the counter logs they hold. */
+            if (cf == KC__CF_META && (kc__meta_is(k, kl, KC__META_COUNTERS_PREFIX) ||
+                                      kc__meta_is(k, kl, KC__META_APPLIED_PREFIX)))
                 continue;
             rocksdb_writebatch_delete_cf(wb, o->d.cf[cf], k, kl);
         }

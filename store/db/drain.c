@@ -316,27 +316,85 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
     return rc;
 }
 
+/* Adds the counters of `n` items to the database's, with `mark` (the
+ * applied key of their log, or NULL), in one write: a log is in the
+ * counters exactly when its mark is. Items of one backend are summed
+ * first (each backend's key is read once). */
+static int apply_counts(struct kc__owner *o, const struct kc__sp_item *items, size_t n,
+                        const unsigned char *mark, size_t markl)
+{
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = strcmp(items[j].ns, items[i].ns) == 0;
+        if (seen)
+            continue;
+        unsigned char k[KC__META_NAME_KEY_MAX];
+        size_t kl = kc__meta_counters_key(items[i].ns, k);
+        uint64_t v[KC_N_COUNTERS] = {0};
+        char *old = NULL;
+        size_t ol = 0;
+        if (kc__db_get(&o->d, KC__CF_META, k, kl, &old, &ol) == 0) {
+            kc__meta_counters_parse(old, ol, v); /* another length: from zero */
+            free(old);
+        }
+        for (size_t j = i; j < n; j++) {
+            if (strcmp(items[j].ns, items[i].ns) != 0)
+                continue;
+            uint64_t add[KC_N_COUNTERS];
+            kc_counters_to_array(&items[j].c, add);
+            for (int f = 0; f < KC_N_COUNTERS; f++)
+                v[f] += add[f];
+        }
+        unsigned char out[KC__META_COUNTERS_VAL_LEN];
+        kc__meta_counters_value(v, out);
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out, sizeof out);
+    }
+    if (rc == 0 && mark != NULL) {
+        unsigned char t[8];
+        kc__put_u64(t, kc_wall_ns());
+        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (const char *)mark, markl, (char *)t,
+                                  sizeof t);
+    }
+    if (rc == 0)
+        rc = kc__owner_write(o, wb, false);
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
 static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
 {
-    unsigned char k[KC__META_NAME_KEY_MAX];
-    size_t kl = kc__meta_counters_key(it->ns, k);
-    uint64_t v[KC_N_COUNTERS] = {0};
-    char *old = NULL;
-    size_t ol = 0;
-    if (kc__db_get(&o->d, KC__CF_META, k, kl, &old, &ol) == 0) {
-        kc__meta_counters_parse(old, ol, v); /* another length: from zero */
-        free(old);
+    return apply_counts(o, it, 1, NULL, 0);
+}
+
+/* Deletes the marks of counter logs applied over KC__META_APPLIED_KEEP_NS
+ * ago: no reader still holds a listing of the spool from before they were
+ * unlinked. */
+static int prune_applied(struct kc__owner *o)
+{
+    uint64_t now = kc_wall_ns();
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_META]);
+    size_t n = 0;
+    for (rocksdb_iter_seek(it, KC__META_APPLIED_PREFIX, 2); rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        if (!kc__meta_is(k, kl, KC__META_APPLIED_PREFIX))
+            break;
+        const char *v = rocksdb_iter_value(it, &vl);
+        if (vl != 8 || kc__get_u64((const unsigned char *)v) + KC__META_APPLIED_KEEP_NS <= now ||
+            kc__get_u64((const unsigned char *)v) > now + KC__META_APPLIED_KEEP_NS) {
+            rocksdb_writebatch_delete_cf(wb, o->d.cf[KC__CF_META], k, kl);
+            n++;
+        }
     }
-    uint64_t add[KC_N_COUNTERS];
-    kc_counters_to_array(&it->c, add);
-    for (int i = 0; i < KC_N_COUNTERS; i++)
-        v[i] += add[i];
-    unsigned char out[KC__META_COUNTERS_VAL_LEN];
-    kc__meta_counters_value(v, out);
-    char *err = NULL;
-    rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out, sizeof out,
-                   &err);
-    return kc__db_err(err, "put");
+    rocksdb_iter_destroy(it);
+    int rc = n > 0 ? kc__owner_write(o, wb, false) : 0;
+    rocksdb_writebatch_destroy(wb);
+    return rc;
 }
 
 int kc__owner_add_count(struct kc__owner *o, const char *backend, const struct kc_counters *c)
@@ -368,13 +426,44 @@ static int apply_items_file(struct kc__owner *o, const char *name, int want)
     struct kc__sp_item it;
     int r;
     rc = 0;
+    if (type == KC__SP_COUNT) {
+        /* Once: a log whose mark is in the database was added up by an
+         * owner killed before it unlinked the log. */
+        unsigned char mk[KC__META_APPLIED_KEY_MAX];
+        size_t ml = kc__meta_applied_key(name, mk);
+        char *v = NULL;
+        size_t vl = 0;
+        if (kc__db_get(&o->d, KC__CF_META, mk, ml, &v, &vl) == 0) {
+            free(v);
+            free(buf);
+            return 0;
+        }
+        struct kc__sp_item *items = NULL;
+        size_t ni = 0, cap = 0;
+        while ((r = kc__spool_item_next(type, &p, end, &it)) > 0) {
+            if (ni == cap) {
+                size_t nc = cap ? 2 * cap : 8;
+                struct kc__sp_item *g = realloc(items, nc * sizeof *g);
+                if (g == NULL) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                items = g;
+                cap = nc;
+            }
+            items[ni++] = it;
+        }
+        if (rc == 0)
+            rc = apply_counts(o, items, ni, mk, ml);
+        free(items);
+        free(buf);
+        return rc;
+    }
     while (rc == 0 && (r = kc__spool_item_next(type, &p, end, &it)) > 0) {
         if (type == KC__SP_PURGE)
             rc = apply_purge(o, &it);
         else if (type == KC__SP_HITS)
             rc = kc__apply_hit(o, &it);
-        else
-            rc = apply_count(o, &it);
     }
     free(buf);
     return rc;
@@ -453,6 +542,8 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
             unlink_all(o, rest[t]->v, rest[t]->n);
         done += nrest;
     }
+    if (rc == 0)
+        rc = prune_applied(o);
     listing_free(&l);
     if (rc == 0)
         kc__upload_retry(o); /* puts the remote could not take earlier */

@@ -78,6 +78,14 @@ int kc__meta_counters_parse(const void *v, size_t vl, uint64_t c[KC_N_COUNTERS])
     return 0;
 }
 
+size_t kc__meta_applied_key(const char *name, unsigned char out[KC__META_APPLIED_KEY_MAX])
+{
+    size_t n = strnlen(name, KC__META_APPLIED_KEY_MAX - 2);
+    memcpy(out, KC__META_APPLIED_PREFIX, 2);
+    memcpy(out + 2, name, n);
+    return 2 + n;
+}
+
 size_t kc__meta_ns_key(const char *ns, unsigned char out[KC__META_NAME_KEY_MAX])
 {
     return name_key(KC__META_NS_PREFIX, ns, out);

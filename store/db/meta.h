@@ -75,6 +75,14 @@
  *                     logs added them up. Written by drain.c (read, added
  *                     to, written back); read by store.c (stats: backends
  *                     named in under 32 bytes); clear keeps them.
+ *     "c/" name       (2 + 1..255) value: u64, the wall time (ns) it was
+ *                     written. The counter log `name` of the spool is in
+ *                     the "b/" counters: written by drain.c in the batch
+ *                     that adds the log up, before the log is unlinked, and
+ *                     deleted a minute later (drain.c), so that a reader
+ *                     (store.c's stats: the spool's logs listed first, then
+ *                     the database) and an owner that takes over from a
+ *                     killed one count each log once.
  *     "n/" ns         (2 + 1..127) value: empty. The namespace has had an
  *                     entry. Written by drain.c with every put; nothing
  *                     reads it yet; clear removes it.
@@ -109,6 +117,10 @@
 #define KC__META_COUNTERS_PREFIX "b/"
 #define KC__META_COUNTERS_VAL_LEN (8 * KC_N_COUNTERS)
 #define KC__META_NS_PREFIX "n/"
+#define KC__META_APPLIED_PREFIX "c/"
+#define KC__META_APPLIED_KEY_MAX (2 + 255)
+/* How long an applied counter log's mark is kept (ns). */
+#define KC__META_APPLIED_KEEP_NS (60ull * 1000000000ull)
 /* Room for a counters or namespace key. */
 #define KC__META_NAME_KEY_MAX (2 + KC__NS_MAX)
 
@@ -133,6 +145,9 @@ void kc__meta_counters_value(const uint64_t c[KC_N_COUNTERS],
 /* Decodes a counters value: 0 with c filled, or -EBADMSG (another length;
  * c is left alone). */
 int kc__meta_counters_parse(const void *v, size_t vl, uint64_t c[KC_N_COUNTERS]);
+
+/* The mark of spool counter log `name` (1..255 bytes); returns its length. */
+size_t kc__meta_applied_key(const char *name, unsigned char out[KC__META_APPLIED_KEY_MAX]);
 
 /* The namespace key of ns (1..127 bytes); returns its length. */
 size_t kc__meta_ns_key(const char *ns, unsigned char out[KC__META_NAME_KEY_MAX]);

@@ -355,17 +355,42 @@ static struct kc_ns_stats *stats_ns(struct kc_store_stats *s, const char *name, 
     return n;
 }
 
-static void stats_spool_counters(struct kc__dbt *st, struct kc_store_stats *s)
+/* The spool's counter logs, read before the database: a log an owner adds
+ * up meanwhile is either still here and not marked in the database the
+ * walk then reads (counted from here), or marked (counted there), never
+ * both (meta.h's "c/"). */
+struct spool_log {
+    char name[256];
+    struct kc__sp_item *items;
+    size_t n;
+};
+struct spool_logs {
+    struct spool_log *v;
+    size_t n;
+    uint64_t puts; /* put files seen (s->spool_entries) */
+};
+
+static void spool_logs_free(struct spool_logs *l)
 {
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i].items);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static void spool_logs_read(struct kc__dbt *st, struct spool_logs *l)
+{
+    memset(l, 0, sizeof *l);
     DIR *d = opendir(st->p.spool);
     if (d == NULL)
         return;
+    size_t cap = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         const char *n = de->d_name;
         if ((n[0] == 'p' || n[0] == 'd') && n[1] == '-')
-            s->spool_entries++;
-        if (n[0] != 'c' || n[1] != '-')
+            l->puts++;
+        if (n[0] != 'c' || n[1] != '-' || strlen(n) >= sizeof l->v[0].name)
             continue;
         unsigned char *buf;
         size_t len;
@@ -375,17 +400,59 @@ static void stats_spool_counters(struct kc__dbt *st, struct kc_store_stats *s)
         const unsigned char *p;
         size_t pl;
         if (kc__spool_check(buf, len, &type, &p, &pl) == 0 && type == KC__SP_COUNT) {
+            if (l->n == cap) {
+                size_t nc = cap ? 2 * cap : 16;
+                struct spool_log *g = realloc(l->v, nc * sizeof *g);
+                if (g == NULL) {
+                    free(buf);
+                    break;
+                }
+                l->v = g;
+                cap = nc;
+            }
+            struct spool_log *lg = &l->v[l->n++];
+            memset(lg, 0, sizeof *lg);
+            snprintf(lg->name, sizeof lg->name, "%s", n);
             struct kc__sp_item it;
             const unsigned char *end = p + pl;
+            size_t icap = 0;
             while (kc__spool_item_next(type, &p, end, &it) > 0) {
-                struct kc_backend_stats *b = stats_backend(s, it.ns);
-                if (b != NULL)
-                    kc_counters_add(&b->c, &it.c);
+                if (lg->n == icap) {
+                    size_t nc = icap ? 2 * icap : 8;
+                    struct kc__sp_item *g = realloc(lg->items, nc * sizeof *g);
+                    if (g == NULL)
+                        break;
+                    lg->items = g;
+                    icap = nc;
+                }
+                lg->items[lg->n++] = it;
             }
         }
         free(buf);
     }
     closedir(d);
+}
+
+/* Adds the logs the database `db` (NULL: none yet) has not added up. */
+static void spool_logs_add(const struct spool_logs *l, struct kc__db *db, struct kc_store_stats *s)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (db != NULL) {
+            unsigned char mk[KC__META_APPLIED_KEY_MAX];
+            size_t ml = kc__meta_applied_key(l->v[i].name, mk);
+            char *v = NULL;
+            size_t vl = 0;
+            if (kc__db_get(db, KC__CF_META, mk, ml, &v, &vl) == 0) {
+                free(v);
+                continue;
+            }
+        }
+        for (size_t k = 0; k < l->v[i].n; k++) {
+            struct kc_backend_stats *b = stats_backend(s, l->v[i].items[k].ns);
+            if (b != NULL)
+                kc_counters_add(&b->c, &l->v[i].items[k].c);
+        }
+    }
 }
 
 static void st_stats_free(struct kc_store_stats *s)
@@ -489,13 +556,21 @@ static int st_stats(struct kc_store *store, struct kc_store_stats **out)
         uint64_t max = s->max_size;
         memset(s, 0, sizeof *s);
         s->max_size = max;
-        uint64_t before = spool_puts(st);
+        struct spool_logs logs;
+        spool_logs_read(st, &logs);
+        uint64_t before = logs.puts;
         int have = whole_reader(st, attempt > 0 && rc != 0);
         rc = have < 0 ? have : 0;
         if (have > 0) {
             rc = stats_db(st, s);
+            if (rc == 0)
+                spool_logs_add(&logs, &st->rd, s);
             pthread_rwlock_unlock(&st->rdlk);
+        } else if (rc == 0) {
+            spool_logs_add(&logs, NULL, s);
         }
+        spool_logs_free(&logs);
+        s->spool_entries = 0;
         if (rc == 0 && spool_puts(st) == before)
             break;
     }
@@ -503,7 +578,7 @@ static int st_stats(struct kc_store *store, struct kc_store_stats **out)
         st_stats_free(s);
         return rc;
     }
-    stats_spool_counters(st, s);
+    s->spool_entries = spool_puts(st);
     s->disk_bytes = kc__du(st->p.dir, &s->reserved_bytes);
     *out = s;
     return 0;

@@ -12,11 +12,13 @@
 #include "store.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char tmp[256];
 
@@ -168,6 +170,7 @@ static int put(struct kc_store *st, const char *ns, uint64_t id, const char *src
 struct seen {
     uint64_t gen, refs_shared, refs_other, unique, n_ref, n_ns, n_counters, nvrtc_hits;
     int ns_a, ns_b;
+    int n_applied;
 };
 
 static kc_digest stored_digest(const char *body)
@@ -219,6 +222,12 @@ static void check_meta_entry(const unsigned char *k, size_t kl, const unsigned c
         cr_assert_eq(kc__dict_id(v, vl), kc__get_u64(k + 2), "a dictionary under another id");
     } else if (kl == 2 && memcmp(k, KC__META_DICT_CURRENT, 2) == 0) {
         cr_assert_eq(vl, 8);
+    } else if (kc__meta_is(k, kl, KC__META_APPLIED_PREFIX)) {
+        /* A counter log added up: its name, the time it was. */
+        cr_assert(kl > 4 && kl <= KC__META_APPLIED_KEY_MAX && k[2] == 'c' && k[3] == '-');
+        cr_assert_eq(vl, 8);
+        cr_assert(kc__get_u64(v) > 0 && kc__get_u64(v) <= kc_wall_ns());
+        s->n_applied++;
     } else if (kc__meta_is(k, kl, KC__META_NS_PREFIX)) {
         cr_assert_eq(vl, 0);
         cr_assert(kl > 2 && kl - 2 <= KC__NS_MAX);
@@ -289,6 +298,7 @@ Test(meta, every_key_a_session_writes_has_its_documented_layout)
     cr_assert_eq(s.n_counters, 2);
     cr_assert_eq(s.nvrtc_hits, 2);
     cr_assert_eq(stats_nvrtc_hits, s.nvrtc_hits, "stats read the counters the owner wrote");
+    cr_assert(s.n_applied >= 1, "the counter logs added up are marked");
     cr_assert(s.n_ns == 2 && s.ns_a && s.ns_b, "one namespace key each");
 
     /* kernels: ns \0 key -> header + body digest, the digest refcounted. */
@@ -444,4 +454,64 @@ Test(meta, a_dictionary_is_trained_named_by_later_bodies_and_cleared)
     cr_assert_eq(kc__db_get(d, KC__CF_META, KC__META_DICT_CURRENT, 2, &v, &vl), -ENOENT);
     cr_assert_eq(kc__db_get(d, KC__CF_META, dk, sizeof dk, &v, &vl), -ENOENT);
     kc__owner_end(o);
+}
+
+/* nvrtc's hits as `kcache stats` reads them. */
+static uint64_t stats_hits(struct kc_store *st)
+{
+    const struct kc_store_admin *adm = kc_store_admin();
+    struct kc_store_stats *stats = NULL;
+    cr_assert_eq(adm->stats(st, &stats), 0);
+    uint64_t h = 0;
+    for (size_t i = 0; i < stats->n_backends; i++)
+        if (strcmp(stats->backends[i].backend, "nvrtc") == 0)
+            h = stats->backends[i].c.hits;
+    adm->stats_free(stats);
+    return h;
+}
+
+/* A counter log the owner has added up but not yet unlinked (the moment
+ * between its commit and its unlink, or an owner killed there) is counted
+ * once: by a reader, and by the owner that drains the spool next. */
+Test(meta, a_counter_log_is_counted_once_between_its_commit_and_its_unlink)
+{
+    const struct kc_store_api *S = kc_store_api();
+    const struct kc_store_ops *api = S->ops;
+    const struct kc_store_admin *adm = kc_store_admin();
+    struct kc_store_options opts = {.dir = tmp, .tool = "/bin/true"};
+    struct kc_store *st = NULL;
+    cr_assert_eq(S->open(&opts, &st), 0);
+    cr_assert_eq(put(st, NS_A, 1, "s1", "shared"), 0);
+    cr_assert_eq(adm->drain(st, 5000), 0);
+    api->count(st, "nvrtc", &(struct kc_counters){.hits = 3});
+    cr_assert_eq(api->flush(st), 0);
+
+    /* The log, kept aside, then put back after the drain unlinked it. */
+    char spool[512], saved[512], logname[256] = "";
+    snprintf(spool, sizeof spool, "%s/spool", tmp);
+    DIR *d = opendir(spool);
+    cr_assert(d != NULL);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (de->d_name[0] == 'c' && de->d_name[1] == '-')
+            snprintf(logname, sizeof logname, "%s", de->d_name);
+    closedir(d);
+    cr_assert(logname[0] != '\0', "the count was logged to the spool");
+    char from[800], cmd[2000];
+    snprintf(from, sizeof from, "%s/%s", spool, logname);
+    snprintf(saved, sizeof saved, "%s/saved-log", tmp);
+    snprintf(cmd, sizeof cmd, "cp -p '%s' '%s'", from, saved);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(stats_hits(st), 3, "the log alone, before any drain");
+    cr_assert_eq(adm->drain(st, 5000), 0);
+    cr_assert_eq(stats_hits(st), 3, "the database alone, after the drain");
+    cr_assert_eq(access(from, F_OK), -1, "the drain unlinked the log");
+
+    snprintf(cmd, sizeof cmd, "cp -p '%s' '%s'", saved, from);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(stats_hits(st), 3, "a log in the database and still in the spool: counted once");
+    cr_assert_eq(adm->drain(st, 5000), 0);
+    cr_assert_eq(access(from, F_OK), -1, "the next drain unlinked it");
+    cr_assert_eq(stats_hits(st), 3, "an owner draining it again adds it up once");
+    api->close(st);
 }
