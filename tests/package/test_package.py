@@ -8,8 +8,11 @@ made, where its users are.
   2. In a Debian bullseye root (glibc 2.31, the floor) and a Debian trixie
      root (glibc 2.41), each made with debootstrap --variant=minbase plus
      python3 and nothing of kcache's (no RocksDB, zstd, lz4, hiredis,
-     libsodium, binutils, and no C++ runtime: libstdc++.so.6 removed), as
-     an unprivileged user (nobody): the tarball
+     libsodium, binutils, and no C++ runtime where the loader looks:
+     libstdc++.so.6 is moved to /opt/cxx, which only NVRTC's clients are
+     given, as NVRTC's builtins library needs it), as an unprivileged
+     user (nobody): `kcache --version` and `kcache stats` without it; the
+     tarball
      unpacked; LD_PRELOAD of its shim into /bin/true and `python3 -c pass`
      (no output, status 0); a real NVRTC client (nvrtc_ctypes.py, the
      toolkit's libnvrtc bind-mounted read-only) without kcache, then under
@@ -96,10 +99,13 @@ def nvrtc_name(d):
 
 # What kcache links or loads, as a user's machine may lack it: removed from
 # the test roots (minbase has some of them for apt and dpkg, which the test
-# never runs). The C++ runtime too: the tree needs nothing but glibc
-# (libgcc_s stays: glibc itself loads it to unwind a cancelled thread).
+# never runs). The C++ runtime is moved out of the loader's way to /opt/cxx:
+# kcache needs nothing but glibc, but NVRTC does (libnvrtc-builtins.so needs
+# libstdc++.so.6), so the clients alone get it (LD_LIBRARY_PATH). (libgcc_s
+# stays: glibc itself loads it to unwind a cancelled thread.)
 ABSENT = ('librocksdb', 'libzstd', 'liblz4', 'libxxhash', 'libhiredis', 'libsodium',
-          'libsnappy', 'libgflags', 'libbz2', 'libstdc++')
+          'libsnappy', 'libgflags', 'libbz2')
+CXX = ('libstdc++',)
 # What an ELF file of the tarball or the wheel may need: glibc, and the
 # store library beside it.
 GLIBC_LIBS = {'libc.so.6', 'libm.so.6', 'libdl.so.2', 'libpthread.so.0', 'librt.so.1',
@@ -127,18 +133,22 @@ def needs_outside_glibc(tree):
 
 
 def strip_root(root):
+    cxx = os.path.join(root, 'opt', 'cxx')
+    os.makedirs(cxx, exist_ok=True)
     for d in ('usr/lib/x86_64-linux-gnu', 'lib/x86_64-linux-gnu', 'usr/lib'):
         p = os.path.join(root, d)
         if os.path.isdir(p) and not os.path.islink(p):
             for f in os.listdir(p):
                 if f.startswith(ABSENT) and '.so' in f:
                     os.unlink(os.path.join(p, f))
+                elif f.startswith(CXX) and '.so' in f:
+                    os.rename(os.path.join(p, f), os.path.join(cxx, f))
 
 
 def make_root(suite):
     """A minbase root with python3, made once and cached."""
     root = os.path.join(CACHE, suite + '-test')
-    stamp = suite + ' minbase python3\n'
+    stamp = suite + ' minbase python3, libstdc++ in /opt/cxx\n'
     sf = os.path.join(root, '.kcache-root')
     if os.path.isfile(sf) and open(sf).read() == stamp:
         strip_root(root)
@@ -153,6 +163,7 @@ def make_root(suite):
     with open(os.path.join(root + '.tmp', '.kcache-root'), 'w') as f:
         f.write(stamp)
     os.rename(root + '.tmp', root)
+    strip_root(root)
     print('made the %s root in %.0f s' % (suite, time.time() - t), flush=True)
     return root
 
@@ -268,10 +279,14 @@ KS="ka kb kc"
 mkdir -p home out
 LD_PRELOAD=$T/lib/libkcache.so /bin/true > out/true.out 2>&1; echo $? > out/true.rc
 LD_PRELOAD=$T/lib/libkcache.so python3 -c pass > out/py.out 2>&1; echo $? > out/py.rc
-python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/ref 2> out/ref.err
+# NVRTC's clients get the C++ runtime NVRTC needs ($CXX: the root's
+# /opt/cxx); kcache's own commands never do.
+$T/bin/kcache --version > out/version 2>&1; echo $? > out/version.rc
+LD_LIBRARY_PATH=$LD_LIBRARY_PATH$CXX python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/ref 2> out/ref.err
 export KCACHE_DIR=/tmp/kc/store KCACHE_STATS=1 KCACHE_OWNER_IDLE_MS=500
 for run in cold warm; do
-    $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/$run 2> out/$run.err
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH$CXX $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 $KS \
+        > out/$run 2> out/$run.err
     echo $? > out/$run.rc
 done
 i=0
@@ -291,6 +306,7 @@ $T/bin/kcache keygen home/w.key > rout/keygen 2>&1
 export KCACHE_REMOTE=redis+unix:/tmp/kc/redis/s KCACHE_REMOTE_SIGNING_KEY=/tmp/kc/home/w.key \
     KCACHE_REMOTE_TRUSTED_KEYS=/tmp/kc/home/w.key.pub KCACHE_STATS=1 KCACHE_OWNER_IDLE_MS=500
 KCACHE_DIR=/tmp/kc/ra $T/bin/kcache remote ping > rout/ping 2>&1; echo $? > rout/ping.rc
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/opt/cxx
 python3 nvrtc_ctypes.py "$NV" compute_80 rx ry > rout/ref 2> rout/ref.err
 KCACHE_DIR=/tmp/kc/ra $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 rx ry \
     > rout/a 2> rout/a.err
@@ -365,14 +381,19 @@ def test_root(suite, glibc, tarball, version, work_root, nvrtc):
     check(r.returncode == 0 and ('glibc ' + glibc) in r.stdout,
           '%s: unpacked as nobody; glibc %s (%s)' % (suite, glibc, (r.stdout.splitlines() or [''])[0]
                                                    + r.stderr[-300:]))
-    present = [n for n in ABSENT if n in r.stdout]
-    check(not present, '%s: none of kcache\'s libraries in the root (%s)' % (suite, present))
+    present = [n for n in ABSENT + CXX if n in r.stdout]
+    check(not present, '%s: none of kcache\'s libraries, no C++ runtime where the loader looks (%s)'
+          % (suite, present))
     T = '/tmp/kc/kcache-' + version
     NV = '/opt/nvrtc/' + nvrtc_name(nvrtc)
     try:
-        r = in_root(root, work, nvrtc, 'set -- %s %s\n%s' % (T, NV, NODE_SCRIPT))
+        r = in_root(root, work, nvrtc, 'set -- %s %s\nCXX=:/opt/cxx\n%s' % (T, NV, NODE_SCRIPT))
         check(r.returncode == 0, '%s: the node script ran (%s)' % (suite, r.stderr[-400:]))
-        check_node(suite, os.path.join(work, 'out'))
+        out = os.path.join(work, 'out')
+        ver = open(os.path.join(out, 'version')).read() if os.path.exists(os.path.join(out, 'version')) else ''
+        check(ver.startswith('kcache ' + version), '%s: kcache --version with no C++ runtime on the '
+              'loader\'s path (%s)' % (suite, ver[-300:]))
+        check_node(suite, out)
 
         redis = Redis(os.path.join(work, 'redis'))
         try:
