@@ -1,5 +1,5 @@
 // rocksdb_compat.cc: the three C API functions kcache calls that RocksDB
-// 6.11 (Debian bullseye, the root the package is built in) does not have,
+// 6.11 (Debian bullseye, Ubuntu 22.04: a build against the system's) does not have,
 // written over its C++ API, which has had each setting for years. Compiled
 // only where the RocksDB found lacks them (store/db/meson.build), so a build
 // against 7.x uses RocksDB's own.

@@ -8,7 +8,11 @@ made, where its users are.
   2. In a Debian bullseye root (glibc 2.31, the floor) and a Debian trixie
      root (glibc 2.41), each made with debootstrap --variant=minbase plus
      python3 and nothing of kcache's (no RocksDB, zstd, lz4, hiredis,
-     libsodium, binutils), as an unprivileged user (nobody): the tarball
+     libsodium, binutils, and no C++ runtime where the loader looks:
+     libstdc++.so.6 is moved to /opt/cxx, which only NVRTC's clients are
+     given, as NVRTC's builtins library needs it), as an unprivileged
+     user (nobody): `kcache --version` and `kcache stats` without it; the
+     tarball
      unpacked; LD_PRELOAD of its shim into /bin/true and `python3 -c pass`
      (no output, status 0); a real NVRTC client (nvrtc_ctypes.py, the
      toolkit's libnvrtc bind-mounted read-only) without kcache, then under
@@ -20,9 +24,14 @@ made, where its users are.
      that compiles and uploads, a fresh node served by the remote.
   3. On this machine, as nobody: the wheel pip-installed into a fresh
      venv; its kcache-run, kcache and `python -m kcache` work, the client
-     cold and warm under them.
+     cold and warm under them. Then a host process with RocksDB and the
+     C++ runtime of its own (the system's librocksdb, loaded first and
+     RTLD_GLOBAL) loads the wheel's libkcache-store.so as the shim does:
+     both RocksDBs work, and no symbol of the store binds outside glibc
+     (LD_DEBUG=bindings: host_libs.py).
   4. auditwheel show reports the tag the README states, and the wheel
-     carries it.
+     carries it; every ELF file of the tarball and of the installed wheel
+     needs nothing outside glibc and the tree (objdump -p: NEEDED).
   5. The README's Dockerfile, built and run without a container engine
      (dockerfile.py): each instruction carried out over a Debian trixie
      root standing in for the CUDA image, then its ENTRYPOINT and CMD as
@@ -90,24 +99,56 @@ def nvrtc_name(d):
 
 # What kcache links or loads, as a user's machine may lack it: removed from
 # the test roots (minbase has some of them for apt and dpkg, which the test
-# never runs). zlib and the C++ runtime stay: every base system has them.
+# never runs). The C++ runtime is moved out of the loader's way to /opt/cxx:
+# kcache needs nothing but glibc, but NVRTC does (libnvrtc-builtins.so needs
+# libstdc++.so.6), so the clients alone get it (LD_LIBRARY_PATH). (libgcc_s
+# stays: glibc itself loads it to unwind a cancelled thread.)
 ABSENT = ('librocksdb', 'libzstd', 'liblz4', 'libxxhash', 'libhiredis', 'libsodium',
           'libsnappy', 'libgflags', 'libbz2')
+CXX = ('libstdc++',)
+# What an ELF file of the tarball or the wheel may need: glibc, and the
+# store library beside it.
+GLIBC_LIBS = {'libc.so.6', 'libm.so.6', 'libdl.so.2', 'libpthread.so.0', 'librt.so.1',
+              'ld-linux-x86-64.so.2'}
+TREE_LIBS = GLIBC_LIBS | {'libkcache-store.so'}
+
+
+def needs_outside_glibc(tree):
+    """[(file, library)] for every NEEDED entry of every ELF file under tree
+    outside glibc and the tree; and how many ELF files there were."""
+    bad, n = [], 0
+    for d, _, fs in os.walk(tree):
+        for f in sorted(fs):
+            p = os.path.join(d, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            with open(p, 'rb') as fh:
+                if fh.read(4) != b'\x7fELF':
+                    continue
+            n += 1
+            for lib in re.findall(r'NEEDED\s+(\S+)', run(['objdump', '-p', p]).stdout):
+                if lib not in TREE_LIBS:
+                    bad.append((os.path.relpath(p, tree), lib))
+    return bad, n
 
 
 def strip_root(root):
+    cxx = os.path.join(root, 'opt', 'cxx')
+    os.makedirs(cxx, exist_ok=True)
     for d in ('usr/lib/x86_64-linux-gnu', 'lib/x86_64-linux-gnu', 'usr/lib'):
         p = os.path.join(root, d)
         if os.path.isdir(p) and not os.path.islink(p):
             for f in os.listdir(p):
                 if f.startswith(ABSENT) and '.so' in f:
                     os.unlink(os.path.join(p, f))
+                elif f.startswith(CXX) and '.so' in f:
+                    os.rename(os.path.join(p, f), os.path.join(cxx, f))
 
 
 def make_root(suite):
     """A minbase root with python3, made once and cached."""
     root = os.path.join(CACHE, suite + '-test')
-    stamp = suite + ' minbase python3\n'
+    stamp = suite + ' minbase python3, libstdc++ in /opt/cxx\n'
     sf = os.path.join(root, '.kcache-root')
     if os.path.isfile(sf) and open(sf).read() == stamp:
         strip_root(root)
@@ -122,6 +163,7 @@ def make_root(suite):
     with open(os.path.join(root + '.tmp', '.kcache-root'), 'w') as f:
         f.write(stamp)
     os.rename(root + '.tmp', root)
+    strip_root(root)
     print('made the %s root in %.0f s' % (suite, time.time() - t), flush=True)
     return root
 
@@ -237,10 +279,14 @@ KS="ka kb kc"
 mkdir -p home out
 LD_PRELOAD=$T/lib/libkcache.so /bin/true > out/true.out 2>&1; echo $? > out/true.rc
 LD_PRELOAD=$T/lib/libkcache.so python3 -c pass > out/py.out 2>&1; echo $? > out/py.rc
-python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/ref 2> out/ref.err
+# NVRTC's clients get the C++ runtime NVRTC needs ($CXX: the root's
+# /opt/cxx); kcache's own commands never do.
+$T/bin/kcache --version > out/version 2>&1; echo $? > out/version.rc
+LD_LIBRARY_PATH=$LD_LIBRARY_PATH$CXX python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/ref 2> out/ref.err
 export KCACHE_DIR=/tmp/kc/store KCACHE_STATS=1 KCACHE_OWNER_IDLE_MS=500
 for run in cold warm; do
-    $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 $KS > out/$run 2> out/$run.err
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH$CXX $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 $KS \
+        > out/$run 2> out/$run.err
     echo $? > out/$run.rc
 done
 i=0
@@ -260,6 +306,7 @@ $T/bin/kcache keygen home/w.key > rout/keygen 2>&1
 export KCACHE_REMOTE=redis+unix:/tmp/kc/redis/s KCACHE_REMOTE_SIGNING_KEY=/tmp/kc/home/w.key \
     KCACHE_REMOTE_TRUSTED_KEYS=/tmp/kc/home/w.key.pub KCACHE_STATS=1 KCACHE_OWNER_IDLE_MS=500
 KCACHE_DIR=/tmp/kc/ra $T/bin/kcache remote ping > rout/ping 2>&1; echo $? > rout/ping.rc
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/opt/cxx
 python3 nvrtc_ctypes.py "$NV" compute_80 rx ry > rout/ref 2> rout/ref.err
 KCACHE_DIR=/tmp/kc/ra $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 rx ry \
     > rout/a 2> rout/a.err
@@ -334,14 +381,19 @@ def test_root(suite, glibc, tarball, version, work_root, nvrtc):
     check(r.returncode == 0 and ('glibc ' + glibc) in r.stdout,
           '%s: unpacked as nobody; glibc %s (%s)' % (suite, glibc, (r.stdout.splitlines() or [''])[0]
                                                    + r.stderr[-300:]))
-    present = [n for n in ABSENT if n in r.stdout]
-    check(not present, '%s: none of kcache\'s libraries in the root (%s)' % (suite, present))
+    present = [n for n in ABSENT + CXX if n in r.stdout]
+    check(not present, '%s: none of kcache\'s libraries, no C++ runtime where the loader looks (%s)'
+          % (suite, present))
     T = '/tmp/kc/kcache-' + version
     NV = '/opt/nvrtc/' + nvrtc_name(nvrtc)
     try:
-        r = in_root(root, work, nvrtc, 'set -- %s %s\n%s' % (T, NV, NODE_SCRIPT))
+        r = in_root(root, work, nvrtc, 'set -- %s %s\nCXX=:/opt/cxx\n%s' % (T, NV, NODE_SCRIPT))
         check(r.returncode == 0, '%s: the node script ran (%s)' % (suite, r.stderr[-400:]))
-        check_node(suite, os.path.join(work, 'out'))
+        out = os.path.join(work, 'out')
+        ver = open(os.path.join(out, 'version')).read() if os.path.exists(os.path.join(out, 'version')) else ''
+        check(ver.startswith('kcache ' + version), '%s: kcache --version with no C++ runtime on the '
+              'loader\'s path (%s)' % (suite, ver[-300:]))
+        check_node(suite, out)
 
         redis = Redis(os.path.join(work, 'redis'))
         try:
@@ -431,6 +483,55 @@ done
         time.sleep(0.1)
     for pid in run(['pgrep', '-u', str(NOBODY), '-f', work]).stdout.split():
         os.kill(int(pid), signal.SIGKILL)
+    pkgs = glob.glob(os.path.join(work, 'venv', 'lib', 'python*', 'site-packages'))
+    if r.returncode != 0 or not pkgs:
+        return
+    bad, n = needs_outside_glibc(pkgs[0])
+    check(n >= 4 and not bad, 'objdump -p: the installed wheel\'s %d ELF files need glibc and the '
+          'tree only: %s' % (n, bad))
+    test_host_libs(work, env, glob.glob(os.path.join(pkgs[0], 'kcache', 'lib', 'libkcache-store.so')))
+
+
+def test_host_libs(work, env, store):
+    """A host with the system's RocksDB and libstdc++ loaded first, then the
+    wheel's store (host_libs.py), as nobody; no symbol of the store binds
+    outside glibc."""
+    host = sorted(glob.glob('/usr/lib/x86_64-linux-gnu/librocksdb.so.*'))
+    if not check(host and store, 'a system RocksDB (%s) and the wheel\'s store (%s)' % (host, store)):
+        return
+    shutil.copy(os.path.join(HERE, 'host_libs.py'), work)
+    bind = os.path.join(work, 'out', 'bind')
+    try:
+        # (LD_DEBUG for python alone: setpriv's own output file, root's,
+        # would keep python's, under the same pid, from opening it.)
+        r = run(['setpriv', '--reuid=%d' % NOBODY, '--regid=%d' % NOBODY, '--clear-groups',
+                 'env', 'LD_DEBUG=bindings', 'LD_DEBUG_OUTPUT=' + bind,
+                 os.path.join(work, 'venv', 'bin', 'python'), os.path.join(work, 'host_libs.py'),
+                 host[0], store[0], os.path.join(work, 'store'), os.path.join(work, 'hostdb')],
+                env=env, timeout=120)
+        out, err = r.stdout, r.stderr
+    except subprocess.TimeoutExpired as t:
+        out, err = t.stdout or '', 'timed out; %s' % (t.stderr or '')
+        r = None
+    out = out if isinstance(out, str) else out.decode()
+    err = err if isinstance(err, str) else err.decode()
+    m = re.search(r'^store entries: (\d+)$', out, re.M)
+    check(r is not None and r.returncode == 0 and 'host rocksdb before: host-value' in out
+          and 'host rocksdb after: host-value' in out and m and int(m.group(1)) >= len(KERNELS),
+          'a host with the system\'s RocksDB and libstdc++ loaded first: its database and the '
+          'wheel\'s store (dlopen RTLD_LOCAL) both work (%s)' % (out + err)[-600:])
+    binds = set()
+    for f in glob.glob(bind + '.*'):
+        # (glibc's data the program holds copies of -- stderr, environ --
+        # bind to the program: their version says whose they are.)
+        for src, dst, sym, ver in re.findall(
+                r'binding file (\S+) \[\d+\] to (\S+) \[\d+\]: normal symbol `([^\']+)\'(?: \[(\S+)\])?',
+                open(f, errors='replace').read()):
+            if os.path.basename(src) == 'libkcache-store.so' and \
+                    os.path.basename(dst) not in TREE_LIBS and not ver.startswith('GLIBC_'):
+                binds.add('%s -> %s' % (sym, os.path.basename(dst)))
+    check(not binds, 'LD_DEBUG=bindings: no symbol of the store binds outside glibc in that host '
+          '(%d: %s)' % (len(binds), sorted(binds)[:8]))
 
 
 def main():
@@ -500,6 +601,9 @@ def main():
         check(vers and vers[-1] <= (2, 31) and '.'.join(map(str, vers[-1])) == rec,
               'objdump -T: the packaged shim needs glibc %s at most (floor 2.31; its record: %s)'
               % ('.'.join(map(str, vers[-1])) if vers else None, rec))
+        bad, n = needs_outside_glibc(ex)
+        check(n >= 4 and not bad, 'objdump -p: the tarball\'s %d ELF files need glibc and the tree only '
+              '(no C++ runtime, RocksDB, zstd, lz4, xxhash): %s' % (n, bad))
         needed = re.findall(r'NEEDED\s+(\S+)', run(['objdump', '-p', os.path.join(lib, 'libkcache.so')]).stdout)
         check(set(needed) <= {'libc.so.6', 'libdl.so.2', 'libpthread.so.0', 'ld-linux-x86-64.so.2'},
               'the packaged shim needs libc, libdl, libpthread only (%s)' % needed)
