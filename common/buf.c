@@ -7,6 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+int kc_grow(void *v, size_t *cap, size_t n, size_t size, size_t first)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? *cap : first;
+    while (c <= n && c <= SIZE_MAX / 2 / size)
+        c *= 2;
+    if (c <= n)
+        return -ENOMEM;
+    void *q = realloc(*(void **)v, c * size);
+    if (q == NULL)
+        return -ENOMEM;
+    *(void **)v = q;
+    *cap = c;
+    return 0;
+}
+
 int kc_buf_reserve(struct kc_buf *b, size_t n)
 {
     if (b->err)

@@ -78,6 +78,11 @@ void kc_buf_put_u64(struct kc_buf *b, uint64_t v);
 /* Releases the bytes and zeroes the buffer (ready for reuse). */
 void kc_buf_free(struct kc_buf *b);
 
+/* Room for one more element in the array *v of *cap elements of `size`
+ * bytes holding n: doubles it (from `first`) when full. 0, or -ENOMEM
+ * with *v and *cap unchanged. */
+int kc_grow(void *v, size_t *cap, size_t n, size_t size, size_t first);
+
 /* ---- the reader ------------------------------------------------------- */
 
 /* A bounds-checked reader over len bytes at p, which it never reads past.

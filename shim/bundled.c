@@ -182,14 +182,8 @@ static int add(struct files *f, const char *path, const kc_digest *d)
 {
     if (f->n == MAX_FILES)
         return -EFBIG;
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? 2 * f->cap : 4096;
-        struct file *v = realloc(f->v, cap * sizeof *v);
-        if (v == NULL)
-            return -ENOMEM;
-        f->v = v;
-        f->cap = cap;
-    }
+    if (kc_grow(&f->v, &f->cap, f->n, sizeof *f->v, 4096) != 0)
+        return -ENOMEM;
     if ((f->v[f->n].path = strdup(path)) == NULL)
         return -ENOMEM;
     f->v[f->n++].d = *d;

@@ -441,16 +441,8 @@ static int apply_items_file(struct kc__owner *o, const char *name, int want)
         struct kc__sp_item *items = NULL;
         size_t ni = 0, cap = 0;
         while ((r = kc__spool_item_next(type, &p, end, &it)) > 0) {
-            if (ni == cap) {
-                size_t nc = cap ? 2 * cap : 8;
-                struct kc__sp_item *g = realloc(items, nc * sizeof *g);
-                if (g == NULL) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                items = g;
-                cap = nc;
-            }
+            if ((rc = kc_grow(&items, &cap, ni, sizeof *items, 8)) != 0)
+                break;
             items[ni++] = it;
         }
         if (rc == 0)

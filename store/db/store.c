@@ -400,15 +400,9 @@ static void spool_logs_read(struct kc__dbt *st, struct spool_logs *l)
         const unsigned char *p;
         size_t pl;
         if (kc__spool_check(buf, len, &type, &p, &pl) == 0 && type == KC__SP_COUNT) {
-            if (l->n == cap) {
-                size_t nc = cap ? 2 * cap : 16;
-                struct spool_log *g = realloc(l->v, nc * sizeof *g);
-                if (g == NULL) {
-                    free(buf);
-                    break;
-                }
-                l->v = g;
-                cap = nc;
+            if (kc_grow(&l->v, &cap, l->n, sizeof *l->v, 16) != 0) {
+                free(buf);
+                break;
             }
             struct spool_log *lg = &l->v[l->n++];
             memset(lg, 0, sizeof *lg);
@@ -416,17 +410,9 @@ static void spool_logs_read(struct kc__dbt *st, struct spool_logs *l)
             struct kc__sp_item it;
             const unsigned char *end = p + pl;
             size_t icap = 0;
-            while (kc__spool_item_next(type, &p, end, &it) > 0) {
-                if (lg->n == icap) {
-                    size_t nc = icap ? 2 * icap : 8;
-                    struct kc__sp_item *g = realloc(lg->items, nc * sizeof *g);
-                    if (g == NULL)
-                        break;
-                    lg->items = g;
-                    icap = nc;
-                }
+            while (kc__spool_item_next(type, &p, end, &it) > 0 &&
+                   kc_grow(&lg->items, &icap, lg->n, sizeof *lg->items, 8) == 0)
                 lg->items[lg->n++] = it;
-            }
         }
         free(buf);
     }
