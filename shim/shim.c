@@ -297,8 +297,17 @@ static bool stats_wanted(void)
 __attribute__((destructor)) static void shim_fini(void)
 {
     bool want_stats = stats_wanted();
-    if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !want_stats)
+    bool passed = false;
+    for (int i = 0; i < N_BACKENDS; i++)
+        passed |= __atomic_load_n(&counters[i].passthrough, __ATOMIC_RELAXED) != 0;
+    if (__atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 && !want_stats && !passed)
         return;
+    /* A process whose every request passed through (a library kcache does
+     * not know, options it leaves to the library) has not opened the
+     * store: it does now, so that kcache stats counts those and says why. */
+    if (passed && __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 0 &&
+        __atomic_load_n(&config_loaded, __ATOMIC_ACQUIRE) && !config.readonly && !config.disable)
+        kc__store(NULL);
     struct kc_counters snap[N_BACKENDS];
     for (int i = 0; i < N_BACKENDS; i++) {
         const uint64_t *src = (const uint64_t *)&counters[i];

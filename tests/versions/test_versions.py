@@ -52,11 +52,13 @@ Environment (tests/versions/meson.build): KCACHE_SHIM, KCACHE_SRC,
 KCACHE_TEST_CC, KCACHE_TEST_CLIENT_SRC, KCACHE_TEST_TOOLKIT.
 """
 import filecmp
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from kctest import rm_settled  # noqa: E402
@@ -387,6 +389,22 @@ def t_future_libs(tmp):
                     check("; passthrough " not in err,
                           "%s: no reason on the stats line when nothing passed (%r)"
                           % (tag, err[-300:]))
+            if extra:
+                # kcache stats counts them too, with their reason, though no
+                # request of those processes used the store.
+                want = {"unknown_export": 2 * p_}
+                got = None
+                for _ in range(100):
+                    out = subprocess.run([os.environ["KCACHE_TOOL"], "--dir", store, "stats",
+                                          "--json"], capture_output=True, text=True,
+                                         timeout=60).stdout
+                    got = [b.get("passthrough_reasons") for b in json.loads(out)["backends"]
+                           if b["name"] == what]
+                    if got == [want]:
+                        break
+                    time.sleep(0.1)
+                check(got == [want], "%s with %s: kcache stats --json: passthrough_reasons %s (%s)"
+                      % (what, extra, want, got))
 
 
 def t_flight(tmp):
