@@ -425,6 +425,7 @@ static void atfork_child(void)
     pthread_mutex_init(&store_lock, NULL);
     /* The child reports only what it does itself. */
     memset(counters, 0, sizeof counters);
+    memset(pass_reasons, 0, sizeof pass_reasons);
     if (store_state == 1)
         kc__chain_after_fork_child(store);
     /* The remote's counters so far are the parent's to report. */

@@ -11,6 +11,9 @@ Usage: nvvm_client.py SCENARIO...
   core     cuda.core Program(code_type="nvvm") to PTX and LTO-IR
   threads  8 threads compiling the same 4 kernels at once
   same     the 4 kernels of `direct`, PTX only (for 8 processes at once)
+  seq      every sequence of up to 3 steps (verify, compile, getters, add)
+           after create, add, lazy-add libdevice, shorter ones first: each
+           longer one meets its prefix already in the store
 
 KCACHE_TEST_NVVM_LIB names the libnvvm to load (a wheel's); its libdevice
 is looked for beside it. Default: the toolkit's, as cuda.pathfinder finds it.
@@ -89,7 +92,8 @@ LIBDEV = None
 
 def program(out, mods, steps, opts, vopts=None):
     """mods: [(bytes, lazy)] added first; steps: 'v' verify, 'c' compile,
-    'L' lazy-add libdevice, 'r' result, 'g' log."""
+    'L' lazy-add libdevice, 'r' result, 's' result size only, 'g' log,
+    'a' add another module."""
     global LIBDEV
     if LIBDEV is None:
         LIBDEV = open(LIBDEVICE, "rb").read()
@@ -111,6 +115,14 @@ def program(out, mods, steps, opts, vopts=None):
                      "")
             elif s == "r":
                 result(out, prog, "compile")
+            elif s == "s":
+                n = call(out, "result size", nvvm.get_compiled_result_size, prog)
+                out.append("result size %r" % (n,))
+            elif s == "g":
+                log(out, prog, "now")
+            elif s == "a":
+                m = ir(21).replace(b"@k21", b"@k21a")
+                call(out, "add late", nvvm.add_module_to_program, prog, m, len(m), "late")
     finally:
         nvvm.destroy_program(prog)
 
@@ -144,6 +156,14 @@ def order(out):
     # the process), the compile with other options misses: the real
     # program compiles without having been verified.
     program(out, [(ir(7), False)], "vLcr", LTO, vopts=PTX)
+
+
+def seq(out):
+    import itertools
+    for n in range(1, 4):
+        for steps in itertools.product("vcrsga", repeat=n):
+            out.append("# L" + "".join(steps))
+            program(out, [(ir(20), False)], "L" + "".join(steps), PTX)
 
 
 def same(out):
@@ -211,7 +231,7 @@ def core(out):
 
 
 SCENARIOS = {"direct": direct, "bad": bad, "order": order, "numba": numba_, "core": core,
-             "threads": threads, "same": same}
+             "threads": threads, "same": same, "seq": seq}
 
 
 def main(argv):

@@ -140,6 +140,23 @@ def cold_warm(tmp, scen, tag, **kv):
     return store, ref
 
 
+def t_sequences(tmp):
+    """Every call sequence after create, add, lazy-add libdevice, plain,
+    cold (each sequence meets its prefixes already stored by the same
+    process) and warm: the same codes, sizes, logs and bytes."""
+    store = os.path.join(tmp, "store-seq")
+    ref, _ = run(["seq"], store, shim=False)
+    cold, err = run(["seq"], store)
+    same(ref, cold, "sequences cold")
+    check(not warnings(err) and stats(err)[4] == 0, "sequences cold: no warning, no error (%s)"
+          % (stats(err),))
+    warm, err = run(["seq"], store)
+    same(ref, warm, "sequences warm")
+    h, m, p, s, e = stats(err)
+    check(m == 0 and e == 0 and h > 0, "sequences warm: every verify and compile served (%s)"
+          % (stats(err),))
+
+
 def t_toolkit(tmp):
     cold_warm(tmp, ALL, "toolkit")
 
@@ -335,7 +352,7 @@ def t_remote(tmp):
         srv.wait()
 
 
-TESTS = {"remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+TESTS = {"sequences": t_sequences, "remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 
