@@ -166,6 +166,23 @@ def seq(out):
             program(out, [(ir(20), False)], "L" + "".join(steps), PTX)
 
 
+def forkpass(out):
+    """A pass-through (an empty module: an input kcache does not take), then
+    a fork; the child leaves with exit() after one cached compile, its
+    stderr in FORKPASS_ERR."""
+    program(out, [(b"", False)], "v", PTX)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(os.environ["FORKPASS_ERR"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
+        child = []
+        program(child, [(ir(40), False)], "Lcr", PTX)
+        sys.stdout.flush()
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    out.append("child status %d" % status)
+
+
 def same(out):
     for k in range(4):
         program(out, [(ir(k), False)], "vLcr", PTX)
@@ -231,7 +248,7 @@ def core(out):
 
 
 SCENARIOS = {"direct": direct, "bad": bad, "order": order, "numba": numba_, "core": core,
-             "threads": threads, "same": same, "seq": seq}
+             "threads": threads, "same": same, "seq": seq, "forkpass": forkpass}
 
 
 def main(argv):

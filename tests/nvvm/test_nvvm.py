@@ -157,6 +157,23 @@ def t_sequences(tmp):
           % (stats(err),))
 
 
+def t_forkpass(tmp):
+    """A child of fork reports only what it did: the parent's pass-through
+    and its reason are not on the child's stats line."""
+    store = os.path.join(tmp, "store-fork")
+    cerr = os.path.join(tmp, "child.err")
+    out, err = run(["forkpass"], store, FORKPASS_ERR=cerr)
+    check("child status 0" in out, "the child left with exit(0)")
+    check(stats(err)[2] == 1 and "; passthrough nvvm input=1" in err,
+          "the parent: one pass-through, one reason (%s)" % [l for l in err.splitlines()
+                                                              if "stats:" in l])
+    child = open(cerr).read()
+    h, m, p, s, e = stats(child)
+    check(p == 0 and "passthrough nvvm" not in child and m == 1 and s == 1,
+          "the child: its own miss and store, none of its parent's pass-through or reasons (%s)"
+          % [l for l in child.splitlines() if "stats:" in l])
+
+
 def t_toolkit(tmp):
     cold_warm(tmp, ALL, "toolkit")
 
@@ -352,7 +369,7 @@ def t_remote(tmp):
         srv.wait()
 
 
-TESTS = {"sequences": t_sequences, "remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+TESTS = {"sequences": t_sequences, "forkpass": t_forkpass, "remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 

@@ -48,5 +48,23 @@ case $out in
 esac
 [ ! -s "$t/err" ] && ok "loadable: nothing on stderr" || fail "loadable: stderr: $(cat "$t/err")"
 
+# Not a small regular file (a FIFO no one writes, a link to /dev/zero, a
+# huge file): the record is treated as absent, the command runs with the
+# shim, and nothing hangs (the launcher is given 20 s).
+for kind in fifo zero big; do
+    rm -f "$t/lib/libkcache.so.glibc"
+    case $kind in
+    fifo) mkfifo "$t/lib/libkcache.so.glibc" ;;
+    zero) ln -s /dev/zero "$t/lib/libkcache.so.glibc" ;;
+    big) head -c 10000000 /dev/zero | tr '\0' 9 > "$t/lib/libkcache.so.glibc" ;;
+    esac
+    out=$(KCACHE_DISABLE=1 timeout 20 "$t/bin/kcache-run" sh -c 'echo "preload=${LD_PRELOAD:-}"; exit 4' 2> "$t/err")
+    rc=$?
+    case $rc:$out in
+    "4:preload=$(cd "$t/lib" && pwd -P)/libkcache.so") ok "record a $kind: the command ran with the shim, status 4" ;;
+    *) fail "record a $kind: status $rc, the command saw '$out' ($(cat "$t/err"))" ;;
+    esac
+done
+
 echo "$fails failed"
 [ $fails = 0 ]
