@@ -21,6 +21,7 @@
 #include <sys/auxv.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -198,6 +199,46 @@ static void add_closefrom(posix_spawn_file_actions_t *fa, int from)
         addclosefrom(fa, from);
 }
 
+/* Runs posix_spawn from an intermediate process the host cannot see: a
+ * clone with no exit signal (no SIGCHLD reaches the host, whatever its
+ * disposition, and waitpid(-1) without __WCLONE/__WALL never returns it),
+ * which spawns the owner and leaves at once; the owner is its child, so
+ * it is reparented to init (or the host's subreaper), never the host's.
+ * The clone runs no fork handlers (neither ours nor the host's) and calls
+ * only posix_spawn and _exit. *pid is the intermediate, reaped by
+ * kc__kicker_reap with __WCLONE. Where clone is refused (a seccomp
+ * profile), the owner is spawned directly, as before. Returns posix_spawn's
+ * error number, or 0. */
+static int spawn_unseen(pid_t *pid, const char *tool, const posix_spawn_file_actions_t *fa,
+                        const posix_spawnattr_t *at, char *const argv[], char *const env[])
+{
+    long c = syscall(SYS_clone, 0L /* flags, exit signal 0 */, NULL, NULL, NULL, NULL);
+    if (c == 0) {
+        pid_t owner;
+        _exit(posix_spawn(&owner, tool, fa, at, argv, env) & 0xff);
+    }
+    if (c < 0)
+        return posix_spawn(pid, tool, fa, at, argv, env);
+    *pid = (pid_t)c;
+    int st = 0;
+    /* posix_spawn returns once the owner has exec'd: milliseconds; bounded
+     * all the same (kc__kicker_reap picks a late one up). */
+    for (int i = 0; i < 400; i++) {
+        pid_t r = waitpid(*pid, &st, WNOHANG | __WCLONE);
+        if (r == *pid) {
+            *pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : ECHILD;
+        }
+        if (r < 0 && errno != EINTR) {
+            *pid = 0;
+            return 0;
+        }
+        struct timespec ts = {0, 250000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid_t *pid)
 {
     char absdir[PATH_MAX];
@@ -255,7 +296,7 @@ static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid
         posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
     add_closefrom(&fa, 3);
     posix_spawn_file_actions_addchdir_np(&fa, "/");
-    int rc = posix_spawn(pid, tool, &fa, &at, argv, env);
+    int rc = spawn_unseen(pid, tool, &fa, &at, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     free(env);
@@ -274,7 +315,7 @@ void kc__kicker_reap(struct kc__kicker *k, int wait_ms)
     if (k->spawned <= 0)
         return;
     for (int i = 0;; i++) {
-        pid_t r = waitpid(k->spawned, NULL, WNOHANG);
+        pid_t r = waitpid(k->spawned, NULL, WNOHANG | __WALL);
         if (r == k->spawned || (r < 0 && errno != EINTR)) {
             k->spawned = 0;
             return;
@@ -307,7 +348,7 @@ void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t m
         }
         return;
     }
-    pid_t pid;
+    pid_t pid = 0;
     int rc = spawn_owner(k->tool, p->dir, max_size, &pid);
     if (rc == 0)
         k->spawned = pid;
