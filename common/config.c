@@ -18,35 +18,58 @@
 /* Settings first (kind 0, KC_VAR_SETTING), in the order `kcache config`
  * prints them. */
 const struct kc_config_var kc_config_vars[] = {
-    [KC_VAR_DIR] = {"KCACHE_DIR", "cache directory"},
-    [KC_VAR_DISABLE] = {"KCACHE_DISABLE", "turn every part of kcache off"},
-    [KC_VAR_READONLY] = {"KCACHE_READONLY", "serve hits, store nothing"},
-    [KC_VAR_RECACHE] = {"KCACHE_RECACHE", "compile and overwrite, never serve"},
-    [KC_VAR_MAXSIZE] = {"KCACHE_MAXSIZE", "size limit of the store"},
-    [KC_VAR_LOG] = {"KCACHE_LOG", "log level: error|warn|info|debug"},
-    [KC_VAR_STATS] = {"KCACHE_STATS", "print a summary line at exit"},
-    [KC_VAR_NVRTC] = {"KCACHE_NVRTC", "cache NVRTC compiles"},
-    [KC_VAR_JIT] = {"KCACHE_JIT", "cache driver JIT of PTX and fatbinaries"},
-    [KC_VAR_MEMO] = {"KCACHE_MEMO", "memoize function lookups per context"},
-    [KC_VAR_ALLOC] = {"KCACHE_ALLOC", "pool freed device blocks per context"},
-    [KC_VAR_ALLOC_POOL] = {"KCACHE_ALLOC_POOL", "pool bound per context"},
-    [KC_VAR_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation"},
-    [KC_VAR_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms"},
+    [KC_VAR_DIR] = {"KCACHE_DIR", "cache directory (made 0700; refused if others can write it)",
+                    .dflt = "$XDG_CACHE_HOME/kcache, else ~/.cache/kcache", .flag = "--dir DIR"},
+    [KC_VAR_DISABLE] = {"KCACHE_DISABLE", "turn every part of kcache off", .dflt = "0",
+                        .flag = "--disable"},
+    [KC_VAR_READONLY] = {"KCACHE_READONLY", "serve hits, store nothing", .dflt = "0",
+                         .flag = "--readonly"},
+    [KC_VAR_RECACHE] = {"KCACHE_RECACHE", "compile and overwrite, never serve", .dflt = "0",
+                        .flag = "--recache"},
+    [KC_VAR_MAXSIZE] = {"KCACHE_MAXSIZE", "size limit of the store", .dflt = "5G"},
+    [KC_VAR_LOG] = {"KCACHE_LOG", "log level: error|warn|info|debug", .dflt = "warn",
+                    .flag = "--log LEVEL"},
+    [KC_VAR_STATS] = {"KCACHE_STATS", "print a summary line at exit", .dflt = "0",
+                      .flag = "--stats"},
+    [KC_VAR_NVRTC] = {"KCACHE_NVRTC", "cache NVRTC compiles", .dflt = "1", .flag = "--no-nvrtc"},
+    [KC_VAR_NVRTC_DEFER] = {"KCACHE_NVRTC_DEFER",
+                            "NVRTC creates a program only when a call needs it (never on a hit)",
+                            .dflt = "1"},
+    [KC_VAR_JIT] = {"KCACHE_JIT", "cache driver JIT of PTX and fatbinaries", .dflt = "1",
+                    .flag = "--no-jit"},
+    [KC_VAR_MEMO] = {"KCACHE_MEMO", "memoize function lookups per context", .dflt = "1",
+                     .flag = "--no-memo"},
+    [KC_VAR_ALLOC] = {"KCACHE_ALLOC", "pool freed device blocks per context", .dflt = "1",
+                      .flag = "--no-alloc"},
+    [KC_VAR_ALLOC_POOL] = {"KCACHE_ALLOC_POOL", "pool bound per context", .dflt = "256M"},
+    [KC_VAR_ALLOC_FALLBACK] = {"KCACHE_ALLOC_FALLBACK", "none|managed after a failed allocation",
+                               .dflt = "none"},
+    [KC_VAR_LOCK_TIMEOUT] = {"KCACHE_LOCK_TIMEOUT", "single-flight wait bound, ms",
+                             .dflt = "30000"},
     [KC_VAR_SINGLE_FLIGHT] = {"KCACHE_SINGLE_FLIGHT",
-                              "one process compiles a missed key, the rest wait"},
-    [KC_VAR_REMOTE] = {"KCACHE_REMOTE", "Redis URL(s) of the remote tier, shared by machines"},
-    [KC_VAR_REMOTE_TTL] = {"KCACHE_REMOTE_TTL", "seconds a remote entry lives (EX); 0: no expiry"},
-    [KC_VAR_REMOTE_MAX_ENTRY] = {"KCACHE_REMOTE_MAX_ENTRY", "larger entries are not uploaded"},
+                              "one process compiles a missed key, the rest wait", .dflt = "1"},
+    [KC_VAR_REMOTE] = {"KCACHE_REMOTE", "Redis URL(s) of the remote tier, shared by machines",
+                       .dflt = "(none)"},
+    [KC_VAR_REMOTE_TTL] = {"KCACHE_REMOTE_TTL", "seconds a remote entry lives (EX); 0: no expiry",
+                           .dflt = "0"},
+    [KC_VAR_REMOTE_MAX_ENTRY] = {"KCACHE_REMOTE_MAX_ENTRY", "larger entries are not uploaded",
+                                 .dflt = "64M"},
     [KC_VAR_REMOTE_SIGNING_KEY] = {"KCACHE_REMOTE_SIGNING_KEY",
-                                   "secret key file (0600) uploads are signed with"},
+                                   "secret key file (0600) uploads are signed with",
+                                   .dflt = "(none)"},
     [KC_VAR_REMOTE_TRUSTED_KEYS] = {"KCACHE_REMOTE_TRUSTED_KEYS",
-                                    "file of public keys remote entries must be signed by"},
+                                    "file of public keys remote entries must be signed by",
+                                    .dflt = "(none)"},
     [KC_VAR_REMOTE_TRUST] = {"KCACHE_REMOTE_TRUST",
-                             "signed|any: whether unsigned remote entries are read"},
-    [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)"},
+                             "signed|any: whether unsigned remote entries are read",
+                             .dflt = "signed"},
+    [KC_VAR_LINK] = {"KCACHE_LINK", "cache links (nvJitLink, the driver's cuLink*)", .dflt = "1",
+                     .flag = "--no-link"},
     [KC_VAR_REMOTE_PASSWORD_FILE] = {"KCACHE_REMOTE_PASSWORD_FILE",
-                                     "file (0600) holding the Redis password of KCACHE_REMOTE"},
-    [KC_VAR_NVVM] = {"KCACHE_NVVM", "cache libNVVM compiles (numba-cuda, cuda.core)"},
+                                     "file (0600) holding the Redis password of KCACHE_REMOTE",
+                                     .dflt = "(none)"},
+    [KC_VAR_NVVM] = {"KCACHE_NVVM", "cache libNVVM compiles (numba-cuda, cuda.core)", .dflt = "1",
+                     .flag = "--no-nvvm"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -213,7 +236,8 @@ static void load_text(struct kc_config *cfg, int var, char *field, size_t len)
         return;
     if (v[0] == '\0' || strlen(v) >= len) {
         if (v[0] != '\0')
-            warn(cfg, "%s is longer than %zu bytes; ignored", kc_config_vars[var].name, len - 1);
+            warn(cfg, "%s is longer than %zu bytes; ignored (shorten it)", kc_config_vars[var].name,
+                 len - 1);
         cfg->origin[var] = KC_FROM_DEFAULT;
         return;
     }
@@ -272,6 +296,7 @@ void kc_config_load(struct kc_config *cfg)
     cfg->max_size = 5ull << 30;
     cfg->log_level = KC_LOG_WARN;
     cfg->nvrtc = cfg->jit = cfg->memo = cfg->alloc = true;
+    cfg->nvrtc_defer = true;
     cfg->alloc_pool = 256ull << 20;
     cfg->alloc_fallback = KC_ALLOC_FALLBACK_NONE;
     cfg->lock_timeout_ms = 30000;
@@ -291,7 +316,7 @@ void kc_config_load(struct kc_config *cfg)
     const char *v = env(cfg, KC_VAR_DIR);
     if (v != NULL && v[0] != '\0') {
         if (strlen(v) >= sizeof cfg->dir - 64) {
-            warn(cfg, "KCACHE_DIR is too long; using the default");
+            warn(cfg, "KCACHE_DIR is too long; using the default (give a shorter path)");
             cfg->origin[KC_VAR_DIR] = KC_FROM_DEFAULT;
             default_dir(cfg);
         } else if (v[0] != '/') {
@@ -331,6 +356,7 @@ void kc_config_load(struct kc_config *cfg)
     }
     load_bool(cfg, KC_VAR_STATS, &cfg->stats);
     load_bool(cfg, KC_VAR_NVRTC, &cfg->nvrtc);
+    load_bool(cfg, KC_VAR_NVRTC_DEFER, &cfg->nvrtc_defer);
     load_bool(cfg, KC_VAR_JIT, &cfg->jit);
     load_bool(cfg, KC_VAR_MEMO, &cfg->memo);
     load_bool(cfg, KC_VAR_ALLOC, &cfg->alloc);
@@ -414,7 +440,7 @@ void kc_config_load(struct kc_config *cfg)
 
     if (cfg->readonly && cfg->recache)
         warn(cfg, "KCACHE_READONLY and KCACHE_RECACHE are both set; READONLY wins: "
-                  "nothing is stored");
+                  "nothing is stored (unset one of them)");
 }
 
 void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
@@ -443,6 +469,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case KC_VAR_NVRTC:
         snprintf(buf, len, "%d", cfg->nvrtc);
+        break;
+    case KC_VAR_NVRTC_DEFER:
+        snprintf(buf, len, "%d", cfg->nvrtc_defer);
         break;
     case KC_VAR_JIT:
         snprintf(buf, len, "%d", cfg->jit);

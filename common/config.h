@@ -42,6 +42,7 @@ enum kc_var {
     KC_VAR_LOG,
     KC_VAR_STATS,
     KC_VAR_NVRTC,
+    KC_VAR_NVRTC_DEFER,
     KC_VAR_JIT,
     KC_VAR_MEMO,
     KC_VAR_ALLOC,
@@ -77,6 +78,7 @@ struct kc_config {
     uint64_t max_size;   /* KCACHE_MAXSIZE, bytes */
     int log_level;       /* KCACHE_LOG */
     bool nvrtc;          /* KCACHE_NVRTC */
+    bool nvrtc_defer;    /* KCACHE_NVRTC_DEFER: NVRTC creates a program only when needed */
     bool jit;            /* KCACHE_JIT */
     bool memo;           /* KCACHE_MEMO */
     bool alloc;          /* KCACHE_ALLOC */
@@ -124,7 +126,9 @@ enum kc_var_kind {
 struct kc_config_var {
     const char *name;
     const char *help;
-    int kind; /* enum kc_var_kind */
+    int kind;         /* enum kc_var_kind */
+    const char *dflt; /* settings: the default, as documentation shows it */
+    const char *flag; /* settings: the kcache-run flag that sets it, or NULL */
 };
 extern const struct kc_config_var kc_config_vars[];
 extern const int kc_config_n_vars;

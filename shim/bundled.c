@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -190,6 +193,19 @@ static int add(struct files *f, const char *path, const kc_digest *d)
     return 0;
 }
 
+/* Appends "/name" (or "name" at the top) to rel, which holds rl bytes: the
+ * new length, or 0 when it would not fit (PATH_MAX, or a u16 length). */
+static size_t rel_join(char *rel, size_t rl, const char *name)
+{
+    size_t nl = strlen(name), pl = rl + (rl ? 1 : 0) + nl;
+    if (pl >= PATH_MAX || pl > UINT16_MAX)
+        return 0;
+    if (rl)
+        rel[rl] = '/';
+    memcpy(rel + pl - nl, name, nl + 1);
+    return pl;
+}
+
 /* Adds every file below the directory dfd (taken: closed here) to f, named
  * rel/... (rel holds rl bytes). 0, or -errno; -EINVAL when something there
  * is neither a directory nor a regular file (no install makes one). */
@@ -211,14 +227,11 @@ static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
         if (depth == 0 && (strcmp(name, ".nvrtc_headers_version") == 0 ||
                            strcmp(name, ".nvrtc_install.lock") == 0))
             continue;
-        size_t nl = strlen(name), pl = rl + (rl ? 1 : 0) + nl;
-        if (pl >= PATH_MAX || pl > UINT16_MAX) {
+        size_t pl = rel_join(rel, rl, name);
+        if (pl == 0) {
             rc = -ENAMETOOLONG;
             break;
         }
-        if (rl)
-            rel[rl] = '/';
-        memcpy(rel + pl - nl, name, nl + 1);
         struct stat st;
         if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             rc = -errno;
@@ -453,4 +466,358 @@ bool kc__bundled_same(const char *dir, const struct stat *before)
     struct stat st;
     return lstat(dir, &st) == 0 && private_dir(&st) && st.st_dev == before->st_dev &&
            st.st_ino == before->st_ino;
+}
+
+/* ---- the store's copy of the install, to fill a DIR with ------------------------------------ */
+
+/* A hit (or a miss) whose DIR is empty and private fills it from the
+ * store's copy of what NVRTC's install wrote (DIR/bundled/<id>.tree, kept
+ * once per identity from a DIR NVRTC's install filled): each file a
+ * reflink (FICLONE) where the filesystem has them, else a copy, with
+ * NVRTC's modes (0666 and 0777 less the umask) and its version marker
+ * dated now, every file checked against the map as it is made. The host
+ * gets files of its own it may change or remove; the store's stay as
+ * they are. Hard links are not used: the host could write the store's
+ * copy through them. */
+
+#define MARKER ".nvrtc_headers_version"
+#define INSTALL_LOCK ".nvrtc_install.lock"
+#define MAX_FILE (64u << 20)
+
+static int tree_path(const char *store, const kc_digest *id, char *out, size_t n)
+{
+    char name[33];
+    kc__digest_hex(id, name);
+    return (size_t)snprintf(out, n, "%s/bundled/%s.tree", store, name) >= n ? -ENAMETOOLONG : 0;
+}
+
+/* Removes everything below the directory dfd (not closed here). */
+static void tree_clear(int dfd, int depth)
+{
+    int d2 = dup(dfd);
+    DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
+    if (d == NULL) {
+        if (d2 >= 0)
+            close(d2);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno != EISDIR)
+            continue;
+        int fd = depth < 64
+                     ? openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                     : -1;
+        if (fd >= 0) {
+            tree_clear(fd, depth + 1);
+            close(fd);
+        }
+        unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+    }
+    closedir(d);
+}
+
+/* The version marker's bytes with its install time made now (the lines
+ * "timestamp=" and "timestamp_human=" of 13.x's format; other lines, and
+ * a marker without them, as they are). */
+static size_t marker_restamp(const char *in, size_t n, char *out, size_t cap)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        const char *nl = memchr(in + i, '\n', n - i);
+        size_t l = nl ? (size_t)(nl - (in + i)) + 1 : n - i;
+        char line[96];
+        int w = -1;
+        if (l >= 10 && strncmp(in + i, "timestamp=", 10) == 0)
+            w = snprintf(line, sizeof line, "timestamp=%lld\n", (long long)now);
+        else if (l >= 16 && strncmp(in + i, "timestamp_human=", 16) == 0)
+            w = (int)strftime(line, sizeof line, "timestamp_human=%Y-%m-%d %H:%M:%S UTC\n", &tm);
+        if (w > 0 && nl != NULL && o + (size_t)w <= cap) {
+            memcpy(out + o, line, (size_t)w);
+            o += (size_t)w;
+        } else if (o + l <= cap) {
+            memcpy(out + o, in + i, l);
+            o += l;
+        }
+        i += l;
+    }
+    return o;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Copies the file `name` of sdir into ddir (made there, mode fm less the
+ * umask): a reflink when `clone` and the filesystem has them, else its
+ * bytes; *d the copy's digest. restamp: the version marker. */
+static int file_copy(int sdir, int ddir, const char *name, mode_t fm, bool *clone, bool restamp,
+                     kc_digest *d)
+{
+    int in = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (in < 0)
+        return -errno;
+    struct stat st;
+    int rc = 0, out = -1;
+    char *buf = NULL;
+    if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MAX_FILE) {
+        rc = -EINVAL;
+        goto done;
+    }
+    out = openat(ddir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, fm);
+    if (out < 0) {
+        rc = -errno;
+        goto done;
+    }
+    if (*clone && !restamp && st.st_size > 0) {
+        if (ioctl(out, FICLONE, in) == 0) {
+            rc = kc__digest_fd(out, &st, d);
+            goto done;
+        }
+        *clone = false; /* not on this filesystem (or across two): copies from now on */
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = malloc(n ? n : 1);
+    if (buf == NULL) {
+        rc = -ENOMEM;
+        goto done;
+    }
+    while (got < n) {
+        ssize_t r = read(in, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : -ESTALE;
+            goto done;
+        }
+        got += (size_t)r;
+    }
+    if (restamp) {
+        char *o = malloc(n + 256);
+        if (o == NULL) {
+            rc = -ENOMEM;
+            goto done;
+        }
+        n = marker_restamp(buf, n, o, n + 256);
+        free(buf);
+        buf = o;
+    }
+    *d = kc_digest_of(buf, n);
+    rc = write_all(out, buf, n);
+done:
+    free(buf);
+    if (out >= 0 && close(out) != 0 && rc == 0)
+        rc = -errno;
+    close(in);
+    return rc;
+}
+
+/* Copies the tree below sdir into ddir (both taken: closed here): files
+ * mode fm, directories dm (less the umask). With m, every file but the
+ * marker and the install's lock must be m's, with m's digest, and all of
+ * m's files there (*n counts them). host: the copy is the host's DIR
+ * (the marker dated now). *clone: reflinks still tried. */
+static int tree_copy(int sdir, int ddir, char *rel, size_t rl, int depth,
+                     const struct kc__pristine *m, mode_t fm, mode_t dm, bool host, bool *clone,
+                     uint32_t *n)
+{
+    DIR *d = fdopendir(sdir);
+    if (d == NULL) {
+        close(sdir);
+        close(ddir);
+        return -errno;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        size_t pl = rel_join(rel, rl, name);
+        if (pl == 0) {
+            rc = -ENAMETOOLONG;
+            break;
+        }
+        bool extra = depth == 0 && (strcmp(name, MARKER) == 0 || strcmp(name, INSTALL_LOCK) == 0);
+        struct stat st;
+        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            rc = -errno;
+        } else if (S_ISDIR(st.st_mode) && depth < 64) {
+            int s2 = openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int d2 = s2 < 0 ? -1
+                     : mkdirat(ddir, name, dm) != 0
+                         ? -1
+                         : openat(ddir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (s2 < 0 || d2 < 0) {
+                rc = -errno;
+                if (s2 >= 0)
+                    close(s2);
+            } else {
+                rc = tree_copy(s2, d2, rel, pl, depth + 1, m, fm, dm, host, clone, n);
+            }
+        } else if (S_ISREG(st.st_mode)) {
+            kc_digest got, want;
+            rc = file_copy(dirfd(d), ddir, name, fm, clone,
+                           host && extra && strcmp(name, MARKER) == 0, &got);
+            if (rc == 0 && m != NULL && !extra) {
+                if (!kc__pristine_find(m, rel, &want) || !digest_eq(&got, &want))
+                    rc = -EBADMSG;
+                else
+                    (*n)++;
+            }
+        } else {
+            rc = -EINVAL;
+        }
+        rel[rl] = 0;
+    }
+    if (rc == 0 && errno != 0)
+        rc = -errno;
+    closedir(d);
+    close(ddir);
+    return rc;
+}
+
+/* The map of id, from the process's maps or the store's file, never made. */
+static const struct kc__pristine *map_lookup(const char *store, const kc_digest *id)
+{
+    pthread_mutex_lock(&maps_lock);
+    struct kc__pristine *m = maps;
+    while (m != NULL && !digest_eq(&m->id, id))
+        m = m->next;
+    if (m == NULL && load(store, id, &m) == 0) {
+        m->next = maps;
+        maps = m;
+    }
+    pthread_mutex_unlock(&maps_lock);
+    return m;
+}
+
+static int open_tree(const char *store, const kc_digest *id)
+{
+    char dir[PATH_MAX], path[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s/bundled", store) >= (int)sizeof dir ||
+        kc__private_subdir(dir, false) != 0 || tree_path(store, id, path, sizeof path) != 0)
+        return -1;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !private_dir(&st))) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Drops a store copy that failed its check: the next install keeps another. */
+static void tree_drop(const char *store, const kc_digest *id)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 32];
+    if (tree_path(store, id, path, sizeof path) != 0)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.bad.%ld", path, (long)getpid());
+    if (rename(path, tmp) != 0)
+        return;
+    int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        tree_clear(fd, 0);
+        close(fd);
+    }
+    rmdir(tmp);
+}
+
+int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
+                      const struct kc__pristine **map)
+{
+    const struct kc__pristine *m = map_lookup(store, id);
+    int sfd = m != NULL ? open_tree(store, id) : -1;
+    if (sfd < 0)
+        return -ENOENT;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int keep = dfd >= 0 ? dup(dfd) : -1;
+    if (keep < 0) {
+        close(sfd);
+        if (dfd >= 0)
+            close(dfd);
+        return -errno;
+    }
+    char rel[PATH_MAX];
+    rel[0] = 0;
+    uint32_t n = 0;
+    uint64_t t0 = kc_mono_ns();
+    bool clone = true;
+    int rc = tree_copy(sfd, dfd, rel, 0, 0, m, 0666, 0777, true, &clone, &n);
+    if (rc == 0 && n != m->n)
+        rc = -EBADMSG;
+    if (rc != 0) {
+        /* DIR was empty: it is again, and NVRTC's install fills it. */
+        tree_clear(keep, 0);
+        if (rc == -EBADMSG || rc == -EINVAL) {
+            kc_log(KC_LOG_WARN,
+                   "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
+                   "map; dropped, NVRTC installs them",
+                   store);
+            tree_drop(store, id);
+        }
+    } else {
+        *map = m;
+        kc_log(KC_LOG_DEBUG,
+               "nvrtc: bundled headers in %s from the store's copy: %u files, %.1f ms", dir, n,
+               (kc_mono_ns() - t0) / 1e6);
+    }
+    close(keep);
+    return rc;
+}
+
+void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
+                       const struct kc__pristine *m)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 48];
+    int fd = open_tree(store, id);
+    if (fd >= 0) {
+        close(fd);
+        return;
+    }
+    if (tree_path(store, id, path, sizeof path) != 0)
+        return;
+    snprintf(tmp, sizeof tmp, "%s.new.%ld.%llx", path, (long)getpid(),
+             (unsigned long long)kc_mono_ns());
+    if (mkdir(tmp, 0700) != 0)
+        return;
+    int sfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    char rel[PATH_MAX];
+    rel[0] = 0;
+    uint32_t n = 0;
+    bool clone = true; /* a reflink too: the host's later writes to DIR copy on write */
+    int rc = sfd < 0 || dfd < 0 ? -EIO
+                                : tree_copy(sfd, dfd, rel, 0, 0, m, 0600, 0700, false, &clone, &n);
+    if (sfd >= 0 && dfd < 0)
+        close(sfd);
+    if (dfd >= 0 && sfd < 0)
+        close(dfd);
+    if (rc == 0 && n == m->n && rename(tmp, path) == 0) {
+        kc_log(KC_LOG_DEBUG, "nvrtc: the store keeps a copy of NVRTC's bundled headers (%u files)",
+               n);
+        return;
+    }
+    int t = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (t >= 0) {
+        tree_clear(t, 0);
+        close(t);
+    }
+    rmdir(tmp);
 }

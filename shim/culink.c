@@ -188,11 +188,66 @@ static void cl_complete_quietly(struct kc__link_sess *s)
         cl.link_complete(s->h, &cubin, &size);
 }
 
+/* What the host sees of a link state: the log buffers given to
+ * cuLinkCreate and the values the driver writes back (the logs' sizes,
+ * which bound its next write, and the wall time). The catch-up of a served
+ * link writes them again; the host had them from the store already. */
+struct cl_seen {
+    void *val[3];
+    char *info, *error;
+};
+
+static void *cl_quiet_begin(struct kc__link_sess *s)
+{
+    const struct cl_priv *p = s->priv;
+    struct cl_seen *q = calloc(1, sizeof *q);
+    if (q == NULL)
+        return NULL;
+    const int idx[3] = {p->lg.info_idx, p->lg.error_idx, p->lg.wall_idx};
+    for (int i = 0; i < 3; i++)
+        if (idx[i] >= 0)
+            q->val[i] = p->vals[idx[i]];
+    if ((p->lg.info_buf != NULL && p->lg.info_size > 0 &&
+         (q->info = malloc(p->lg.info_size)) == NULL) ||
+        (p->lg.error_buf != NULL && p->lg.error_size > 0 &&
+         (q->error = malloc(p->lg.error_size)) == NULL)) {
+        free(q->info);
+        free(q);
+        return NULL;
+    }
+    if (q->info != NULL)
+        memcpy(q->info, p->lg.info_buf, p->lg.info_size);
+    if (q->error != NULL)
+        memcpy(q->error, p->lg.error_buf, p->lg.error_size);
+    return q;
+}
+
+static void cl_quiet_end(struct kc__link_sess *s, void *saved)
+{
+    const struct cl_priv *p = s->priv;
+    struct cl_seen *q = saved;
+    if (q == NULL)
+        return;
+    const int idx[3] = {p->lg.info_idx, p->lg.error_idx, p->lg.wall_idx};
+    for (int i = 0; i < 3; i++)
+        if (idx[i] >= 0)
+            p->vals[idx[i]] = q->val[i];
+    if (q->info != NULL)
+        memcpy(p->lg.info_buf, q->info, p->lg.info_size);
+    if (q->error != NULL)
+        memcpy(p->lg.error_buf, q->error, p->lg.error_size);
+    free(q->info);
+    free(q->error);
+    free(q);
+}
+
 static const struct kc__link_ops cl_ops = {
     .what = "cuLink",
     .success = CUDA_SUCCESS,
     .add = cl_add,
     .complete_quietly = cl_complete_quietly,
+    .quiet_begin = cl_quiet_begin,
+    .quiet_end = cl_quiet_end,
 };
 
 /* The driver's verdicts on its inputs are replayed; nothing else. */

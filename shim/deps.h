@@ -116,6 +116,20 @@ bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest 
 const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *id, const char *dir,
                                             bool readonly);
 
+/* Fills `dir` (empty and private: kc__bundled_empty) with what NVRTC's
+ * install of identity `id` writes, from the store's copy of it (reflinks
+ * where the filesystem has them, else copies, each file checked against
+ * the map): 0 with *map, that map; else `dir` is left empty, -ENOENT when
+ * the store has no copy or map (a copy that fails its check is dropped,
+ * one warning). */
+int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
+                      const struct kc__pristine **map);
+
+/* Keeps in the store a copy of `dir`, which NVRTC's install has just filled
+ * from empty and whose map is m (kc__pristine_get), unless it has one. */
+void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
+                       const struct kc__pristine *m);
+
 /* Whether `dir` is an empty directory (not a symlink) of ours that no other
  * user can enter (mode 0700 or less): what mkdtemp makes. *st: its stat. */
 bool kc__bundled_empty(const char *dir, struct stat *st);

@@ -57,7 +57,8 @@ static struct kc_tier *real(struct proxy *px)
             if (h == NULL) {
                 kc_log(KC_LOG_WARN,
                        "cannot load the store (%s); the cache serves only what "
-                       "needs no database",
+                       "needs no database (install kcache whole: lib/libkcache-store.so "
+                       "beside the shim)",
                        dlerror());
             } else {
                 const struct kc_store_api *(*get)(void) =
@@ -65,7 +66,8 @@ static struct kc_tier *real(struct proxy *px)
                 const struct kc_store_api *a = get ? get() : NULL;
                 if (a == NULL || a->abi != KC_STORE_ABI || a->db_tier_open == NULL) {
                     kc_log(KC_LOG_WARN, "the store library does not match this shim; the "
-                                        "cache serves only what needs no database");
+                                        "cache serves only what needs no database (the two "
+                                        "are from different builds: reinstall kcache)");
                 } else {
                     struct kc_store_options o = {
                         .dir = px->p->dir, .readonly = px->readonly, .max_size = px->max_size};

@@ -363,6 +363,7 @@ static void sess_free(struct kc__link_sess *s)
         input_free(&s->def[i]);
     free(s->def);
     free(s->steps);
+    kc_why_free(&s->wrec);
     kc__deps_free(&s->files);
     kc__lrec_free(s->served);
     free(s->priv);
@@ -694,8 +695,11 @@ static void give_deferred(struct kc__link_sess *s)
 void kc__link_materialize(struct kc__link_sess *s, bool for_good)
 {
     if (s->state == KC_LINK_SERVED) {
+        void *saved = s->ops->quiet_begin != NULL ? s->ops->quiet_begin(s) : NULL;
         give_deferred(s);
         s->ops->complete_quietly(s);
+        if (s->ops->quiet_end != NULL)
+            s->ops->quiet_end(s, saved);
         s->why = KC_PASS_order;
         s->state = KC_LINK_PASS;
         return;
@@ -752,6 +756,11 @@ int kc__link_add(struct kc__link_sess *s, const struct kc__link_input *in, bool 
         return s->ops->add(s, in);
     }
 
+    if (s->wrec.b.len != 0) { /* input N: NAME, by its bytes */
+        char nm[4200];
+        snprintf(nm, sizeof nm, "%zu: %s", s->n_steps + 1, in->name ? in->name : "(unnamed)");
+        kc_why_data(&s->wrec, "input", nm, f.data, f.size);
+    }
     int rc;
     if (s->state == KC_LINK_DEFER) {
         if (step_known(s, in->by_file, &step.base, &step.p, &fr)) {
@@ -923,6 +932,16 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
         }
     }
     (void)rc;
+    if (s->wrec.b.len != 0 && store(&st) != NULL) {
+        kc_key k = record_key(&s->prefix);
+        kc__why_finish(&s->wrec, &k.id, k.build,
+                       !cacheable      ? "the link was not cacheable"
+                       : c.stores      ? NULL
+                       : cfg->readonly ? "the store is read-only"
+                                       : "the store refused it",
+                       c.compile_ns, s->why_refused);
+        s->wrec = (struct kc_why){0};
+    }
     kc__lrec_free(rec);
     count(c);
     /* After the puts: waiters find them. The session stays LIVE for the
@@ -1410,6 +1429,17 @@ static nvJitLinkResult do_create(int v, nvJitLinkHandle *handle, uint32_t n,
     if (sv != NULL) {
         *sv = v;
         kc__link_new(*handle, &jl_ops, ns, &p0, cacheable, why, sv);
+        struct kc__link_sess *s = cacheable ? kc__link_get(*handle, &jl_ops) : NULL;
+        if (s != NULL) { /* the start of its miss record */
+            char ver[96];
+            snprintf(ver, sizeof ver, "nvJitLink %.64s", id->tag);
+            kc_why_begin(&s->wrec, "link", "(nvJitLink)", &p0);
+            kc__why_library(&s->wrec, "nvJitLink", (const void *)real, &id->digest, ver);
+            for (uint32_t i = 0; i < n; i++)
+                kc_why_add(&s->wrec, "option", "", NULL, opts[i]);
+            s->why_refused = kc__why_refused();
+            kc__link_put(s);
+        }
     }
 out:
     kc__guard_exit();

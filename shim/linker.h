@@ -38,6 +38,7 @@
 #include "deps.h"
 #include "linkrec.h"
 #include "shim.h"
+#include "why.h"
 
 /* One input the host added. */
 struct kc__link_input {
@@ -67,6 +68,12 @@ struct kc__link_ops {
      * (adds or completes again): the result is discarded, the host's own
      * call follows. */
     void (*complete_quietly)(struct kc__link_sess *s);
+    /* Optional: around that catch-up (the deferred inputs given, then the
+     * quiet completion), keeps what the host can see of the handle (the
+     * driver writes its logs and their sizes into the host's option
+     * values): begin returns what end puts back (and frees). */
+    void *(*quiet_begin)(struct kc__link_sess *s);
+    void (*quiet_end)(struct kc__link_sess *s, void *saved);
 };
 
 enum kc__link_state {
@@ -106,6 +113,8 @@ struct kc__link_sess {
     int final_fd;          /* the completion's, or -1 */
     uint64_t work_ns;      /* time the real library spent on this link */
     struct kc__lrec *served;
+    struct kc_why wrec; /* what went into the key (`kcache why`), or empty */
+    uint64_t why_refused;
     void *priv; /* the API's, freed with the session */
     struct kc__link_sess *next;
 };

@@ -19,6 +19,7 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "why.h"
 #include "../store/local/chain.h"
 #include "../store/remote/remote.h"
 
@@ -78,7 +79,13 @@ static nvrtcResult (*real_version)(int *, int *);
 /* ---- shadows of the host's programs ------------------------------------------ */
 
 struct prog {
-    nvrtcProgram h;
+    nvrtcProgram h; /* the host's handle */
+    /* NVRTC's program. When own, h is kcache's (the struct itself) and
+     * NVRTC has not seen the program: real stays NULL until a call needs
+     * it (a miss, a call no record answers), then is made from the inputs
+     * recorded here. Otherwise real == h. */
+    nvrtcProgram real;
+    bool own;
     char *src, *name;
     int n_headers;
     char **headers, **include_names;
@@ -86,6 +93,15 @@ struct prog {
     char **exprs;
     int has_callback;
     struct kc__replay *served; /* non-NULL: the last compile was served */
+    /* A program's first compile only is keyed: a later one meets what the
+     * earlier left (NVRTC keeps a cubin or LTO IR a compile did not
+     * produce, and "compiled" for name expressions), so it runs on the
+     * real program, after the served compile's options (served_opts) are
+     * replayed there for real. */
+    int compiles;
+    bool replay_due; /* the first compile was served */
+    int served_n;
+    char **served_opts;
     struct prog *next;
 };
 
@@ -96,6 +112,25 @@ static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
 static size_t bucket(nvrtcProgram h)
 {
     return ((uintptr_t)h >> 4) % PROG_BUCKETS;
+}
+
+static void opts_free(int n, char **v)
+{
+    for (int i = 0; v != NULL && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* A copy of n options (none NULL), or NULL (out of memory, or n == 0). */
+static char **opts_copy(int n, const char *const *o)
+{
+    char **v = n > 0 ? calloc((size_t)n, sizeof *v) : NULL;
+    for (int i = 0; v != NULL && i < n; i++)
+        if ((v[i] = strdup(o[i])) == NULL) {
+            opts_free(i, v);
+            v = NULL;
+        }
+    return v;
 }
 
 static void prog_free(struct prog *p)
@@ -114,6 +149,7 @@ static void prog_free(struct prog *p)
         free(p->exprs[i]);
     free(p->exprs);
     kc__replay_free(p->served);
+    opts_free(p->served_n, p->served_opts);
     free(p);
 }
 
@@ -125,6 +161,89 @@ static struct prog *find_locked(nvrtcProgram h)
         p = p->next;
     return p;
 }
+
+static void *sibling(const char *name);
+
+/* NVRTC's program for p, created from the recorded inputs and name
+ * expressions the first time a call needs one. NULL, with *err set to
+ * NVRTC's answer, when NVRTC refuses (out of memory). progs_lock held. */
+static nvrtcProgram real_prog_locked(struct prog *p, nvrtcResult *err)
+{
+    if (p->real != NULL || !p->own)
+        return p->real;
+    if (real_add_name == NULL)
+        real_add_name = (__typeof__(real_add_name))sibling("nvrtcAddNameExpression");
+    nvrtcProgram r = NULL;
+    nvrtcResult rc = real_create(&r, p->src, p->name, p->n_headers, (const char *const *)p->headers,
+                                 (const char *const *)p->include_names);
+    if (rc != NVRTC_SUCCESS || r == NULL) {
+        *err = rc != NVRTC_SUCCESS ? rc : NVRTC_ERROR_INTERNAL_ERROR;
+        kc_log_once(KC_LOG_WARN, "NVRTC refused to create a program kcache had deferred (%d)",
+                    (int)rc);
+        return NULL;
+    }
+    for (int i = 0; i < p->n_exprs; i++)
+        if (real_add_name != NULL)
+            real_add_name(r, p->exprs[i]);
+    p->real = r;
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        kc_log(KC_LOG_DEBUG, "nvrtc: NVRTC creates the program kcache kept (%s)",
+               p->name != NULL ? p->name : "(no name)");
+    return r;
+}
+
+/* kcache's handles the host destroyed lately: never given to NVRTC,
+ * which would read freed memory as its own program (NVRTC itself
+ * crashes on a program destroyed twice); they get NVRTC's answer to an
+ * invalid program. progs_lock held for both. */
+#define TOMBS 256
+static nvrtcProgram tombs[TOMBS];
+static unsigned tomb_next;
+
+static void tomb_set(nvrtcProgram h, bool dead)
+{
+    for (unsigned i = 0; i < TOMBS; i++)
+        if (tombs[i] == h) {
+            tombs[i] = NULL;
+            break;
+        }
+    if (dead)
+        tombs[tomb_next++ % TOMBS] = h;
+}
+
+static bool tomb_is(nvrtcProgram h)
+{
+    for (unsigned i = 0; h != NULL && i < TOMBS; i++)
+        if (tombs[i] == h)
+            return true;
+    return false;
+}
+
+/* The handle NVRTC knows for the host's h: h itself when it is not
+ * kcache's. NULL with *err when NVRTC refused to create it, or h is a
+ * handle of kcache's the host destroyed. */
+static nvrtcProgram real_of(nvrtcProgram h, nvrtcResult *err)
+{
+    if (h == NULL)
+        return h;
+    pthread_mutex_lock(&progs_lock);
+    struct prog *p = find_locked(h);
+    nvrtcProgram r = p != NULL ? real_prog_locked(p, err) : h;
+    if (p == NULL && tomb_is(h)) {
+        r = NULL;
+        *err = NVRTC_ERROR_INVALID_PROGRAM;
+    }
+    pthread_mutex_unlock(&progs_lock);
+    return r;
+}
+
+/* real_of for a call that passes the handle on: the answer to give when
+ * NVRTC could not be given one. */
+#define REAL_HANDLE(h, var)                                                                        \
+    nvrtcResult var##_err_ = NVRTC_SUCCESS;                                                        \
+    nvrtcProgram var = real_of(h, &var##_err_);                                                    \
+    if (h != NULL && var == NULL)                                                                  \
+        return var##_err_;
 
 static char *dup_or_null(const char *s, int *failed)
 {
@@ -141,8 +260,6 @@ static bool nvrtc_enabled(void)
     const struct kc_config *cfg = kc__config();
     return !cfg->disable && cfg->nvrtc;
 }
-
-static void *sibling(const char *name);
 
 /* ---- NVRTC's identity ----------------------------------------------------------- */
 
@@ -525,7 +642,7 @@ static bool bundled_witness(const struct bundled *b, int n, const char *const *o
         real_add_name(h, c->exprs[i]);
     nvrtcResult rc = real_compile(h, n, o);
     struct prog w = *c;
-    w.h = h;
+    w.h = w.real = h;
     struct kc__replay *r2 = capture(&w, rc);
     same = r2 != NULL && outputs_equal(r, r2);
     kc__replay_free(r2);
@@ -776,7 +893,7 @@ static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
     struct kc__replay *r = calloc(1, sizeof *r);
     if (r == NULL)
         return NULL;
-    nvrtcProgram h = p->h;
+    nvrtcProgram h = p->real;
     r->compile_rc = compile_rc;
     capture_output(h, real_ptx_size, real_ptx, &r->out[OUT_PTX]);
     capture_output(h, real_cubin_size, real_cubin, &r->out[OUT_CUBIN]);
@@ -884,6 +1001,27 @@ static bool resolve_getters(void)
 
 /* ---- the hooks ------------------------------------------------------------------------------ */
 
+/* Whether programs may be kept as kcache's until a call needs NVRTC's:
+ * every function that takes a program is resolved, and NVRTC exports
+ * none that kcache does not hook. */
+static bool own_ok(void)
+{
+    if (!kc__config()->nvrtc_defer)
+        return false;
+#define H(var, name)                                                                               \
+    if (var == NULL) {                                                                             \
+        const struct kc__hook *h_ = kc__hook_find(name, KC_LIB_NVRTC);                             \
+        var = (__typeof__(var))(h_ ? kc__hook_real(h_) : NULL);                                    \
+    }
+    H(real_compile, "nvrtcCompileProgram");
+    H(real_destroy, "nvrtcDestroyProgram");
+#undef H
+    if (real_compile == NULL || real_destroy == NULL || !resolve_getters())
+        return false;
+    const struct identity *id = nvrtc_identity();
+    return id != NULL && id->unknown[0] == '\0';
+}
+
 KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
                                          int numHeaders, const char *const *headers,
                                          const char *const *includeNames)
@@ -891,14 +1029,30 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     REAL_OR_FAIL(real_create, "nvrtcCreateProgram");
     /* KCACHE_LOG=debug: the hook's own time (scripts/bench's nvmath rows). */
     uint64_t t0 = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
-    nvrtcResult rc = real_create(prog, src, name, numHeaders, headers, includeNames);
-    if (rc != NVRTC_SUCCESS || kc__guard_held() || !nvrtc_enabled() || *prog == NULL)
-        return rc;
+    if (kc__guard_held() || !nvrtc_enabled())
+        return real_create(prog, src, name, numHeaders, headers, includeNames);
+    /* A program NVRTC would accept is kept here and NVRTC creates it only
+     * when a call needs it (a hit never does); anything else gets NVRTC's
+     * own answer. So does every program while the loaded NVRTC exports an
+     * entry point kcache does not know (it could be given kcache's
+     * handle). */
+    bool own = prog != NULL && src != NULL && numHeaders >= 0 &&
+               (numHeaders == 0 || (headers != NULL && includeNames != NULL)) && own_ok();
+    for (int i = 0; own && i < numHeaders; i++)
+        own = headers[i] != NULL && includeNames[i] != NULL;
+    nvrtcResult rc = NVRTC_SUCCESS;
+    if (!own) {
+        rc = real_create(prog, src, name, numHeaders, headers, includeNames);
+        if (rc != NVRTC_SUCCESS || *prog == NULL)
+            return rc;
+    }
     uint64_t t1 = t0 != 0 ? kc_mono_ns() : 0;
     struct prog *p = calloc(1, sizeof *p);
     int failed = p == NULL;
     if (!failed) {
-        p->h = *prog;
+        p->own = own;
+        p->h = own ? (nvrtcProgram)p : *prog;
+        p->real = own ? NULL : *prog;
         p->src = dup_or_null(src, &failed);
         p->name = dup_or_null(name, &failed);
         if (numHeaders > 0 && headers != NULL) {
@@ -915,9 +1069,13 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     if (failed) {
         prog_free(p);
         kc_log_once(KC_LOG_WARN, "out of memory; NVRTC programs pass through uncached");
-        return rc;
+        return own ? real_create(prog, src, name, numHeaders, headers, includeNames) : rc;
     }
+    if (own)
+        *prog = p->h;
     pthread_mutex_lock(&progs_lock);
+    if (own)
+        tomb_set(p->h, false);
     struct prog *stale = find_locked(p->h);
     if (stale != NULL) {
         /* A handle NVRTC reused after a destroy we did not see. */
@@ -948,12 +1106,25 @@ KC_EXPORT nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog)
             while (*pp != p)
                 pp = &(*pp)->next;
             *pp = p->next;
+            if (p->own)
+                tomb_set(p->h, true);
         }
+        bool dead = p == NULL && tomb_is(*prog);
         pthread_mutex_unlock(&progs_lock);
+        if (dead)
+            return NVRTC_ERROR_INVALID_PROGRAM;
     }
     uint64_t t0 = p != NULL && kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
-    nvrtcResult rc = real_destroy(prog);
-    if (rc != NVRTC_SUCCESS && p != NULL) {
+    nvrtcResult rc;
+    if (p != NULL && p->own) {
+        /* kcache's handle: NVRTC's program, if a call made one, goes too;
+         * the host's handle is cleared as NVRTC clears its own. */
+        rc = p->real != NULL ? real_destroy(&p->real) : NVRTC_SUCCESS;
+        *prog = NULL;
+    } else {
+        rc = real_destroy(prog);
+    }
+    if (rc != NVRTC_SUCCESS && p != NULL && !p->own) {
         pthread_mutex_lock(&progs_lock);
         p->next = progs[bucket(p->h)];
         progs[bucket(p->h)] = p;
@@ -968,35 +1139,52 @@ KC_EXPORT nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog)
     return rc;
 }
 
+/* Records a name expression in p's shadow. progs_lock held. */
+static bool expr_add(struct prog *p, const char *name)
+{
+    char **v = realloc(p->exprs, (p->n_exprs + 1) * sizeof *v);
+    char *s = strdup(name);
+    if (v != NULL)
+        p->exprs = v;
+    if (v == NULL || s == NULL) {
+        free(s);
+        return false;
+    }
+    p->exprs[p->n_exprs++] = s;
+    return true;
+}
+
 KC_EXPORT nvrtcResult nvrtcAddNameExpression(nvrtcProgram prog, const char *name)
 {
     REAL_OR_FAIL(real_add_name, "nvrtcAddNameExpression");
     pthread_mutex_lock(&progs_lock);
     struct prog *p = find_locked(prog);
-    if (p != NULL && p->served != NULL) {
-        nvrtcResult rc =
-            name == NULL ? real_add_name(prog, name) : (nvrtcResult)p->served->add_after_rc;
+    nvrtcResult rc = NVRTC_SUCCESS;
+    if (p != NULL && p->served != NULL && name != NULL) {
+        rc = (nvrtcResult)p->served->add_after_rc;
         pthread_mutex_unlock(&progs_lock);
         return rc;
     }
+    /* A name added to a program NVRTC has not seen is only recorded:
+     * NVRTC answers success to any name before a compile. */
+    if (p != NULL && p->own && p->real == NULL && name != NULL && p->compiles == 0 &&
+        expr_add(p, name)) {
+        pthread_mutex_unlock(&progs_lock);
+        return NVRTC_SUCCESS;
+    }
+    nvrtcProgram h = p != NULL ? real_prog_locked(p, &rc) : prog;
+    if (p == NULL && tomb_is(prog))
+        h = NULL, rc = NVRTC_ERROR_INVALID_PROGRAM;
     pthread_mutex_unlock(&progs_lock);
-    nvrtcResult rc = real_add_name(prog, name);
+    if ((p != NULL || rc != NVRTC_SUCCESS) && h == NULL)
+        return rc;
+    rc = real_add_name(h, name);
     if (rc != NVRTC_SUCCESS || name == NULL)
         return rc;
     pthread_mutex_lock(&progs_lock);
     p = find_locked(prog);
-    if (p != NULL) {
-        char **v = realloc(p->exprs, (p->n_exprs + 1) * sizeof *v);
-        char *s = strdup(name);
-        if (v != NULL)
-            p->exprs = v;
-        if (v != NULL && s != NULL) {
-            p->exprs[p->n_exprs++] = s;
-        } else {
-            free(s);
-            p->has_callback = 1; /* cannot key it any more: pass through */
-        }
-    }
+    if (p != NULL && !expr_add(p, name))
+        p->has_callback = 1; /* cannot key it any more: pass through */
     pthread_mutex_unlock(&progs_lock);
     return rc;
 }
@@ -1005,7 +1193,8 @@ KC_EXPORT nvrtcResult nvrtcSetFlowCallback(nvrtcProgram prog, int (*callback)(vo
                                            void *payload)
 {
     REAL_OR_FAIL(real_flow_callback, "nvrtcSetFlowCallback");
-    nvrtcResult rc = real_flow_callback(prog, callback, payload);
+    REAL_HANDLE(prog, h);
+    nvrtcResult rc = real_flow_callback(h, callback, payload);
     if (rc == NVRTC_SUCCESS) {
         pthread_mutex_lock(&progs_lock);
         struct prog *p = find_locked(prog);
@@ -1144,13 +1333,49 @@ static int serve_poll(void *arg)
     return stale ? -1 : 0;
 }
 
+/* A miss's record (why.h): what went into base_key, input by input.
+ * progs_lock held. */
+static void why_record(struct kc_why *w, const struct prog *p, int n, const char *const *opts,
+                       const kc_digest *base)
+{
+    kc_why_begin(w, BACKEND, p->name ? p->name : "", base);
+    int major = 0, minor = 0;
+    if (real_version != NULL)
+        real_version(&major, &minor);
+    char v[48];
+    snprintf(v, sizeof v, "NVRTC %d.%d", major, minor);
+    kc__why_library(w, BACKEND, (const void *)real_compile, &nvrtc_identity()->digest, v);
+    kc_why_data(w, "source", "", p->src, p->src ? strlen(p->src) : 0);
+    kc_why_add(w, "program", "", NULL, p->name ? p->name : "(none)");
+    for (int i = 0; i < p->n_headers; i++)
+        kc_why_data(w, "header", p->include_names[i] ? p->include_names[i] : "(unnamed)",
+                    p->headers[i], p->headers[i] ? strlen(p->headers[i]) : 0);
+    for (int i = 0; i < n; i++) {
+        const char *k = bundled_key_option(opts[i]);
+        kc_digest d = kc_digest_of(k, strlen(k));
+        kc_why_add(w, "option", "", &d, opts[i]);
+    }
+    for (int i = 0; i < p->n_exprs; i++)
+        kc_why_add(w, "expression", "", NULL, p->exprs[i]);
+    char cwd[PATH_MAX];
+    for (int i = 0; i < n; i++)
+        if (records_cwd(opts[i]) && kc__cwd(cwd, sizeof cwd) == 0) {
+            kc_why_add(w, "cwd", "", NULL, cwd);
+            break;
+        }
+}
+
 KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                                           const char *const *options)
 {
     REAL_OR_FAIL(real_compile, "nvrtcCompileProgram");
-    if (!kc__guard_enter())
-        return real_compile(prog, numOptions, options);
+    if (!kc__guard_enter()) {
+        REAL_HANDLE(prog, h);
+        return real_compile(h, numOptions, options);
+    }
     uint64_t t_enter = kc_mono_ns();
+    nvrtcResult herr = NVRTC_SUCCESS;
+    nvrtcProgram h;
 
     struct kc_counters c = {0};
     nvrtcResult rc;
@@ -1173,6 +1398,21 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     struct bundled bh = {0};
     if (cacheable && !bundled_find(numOptions, options, &bh))
         cacheable = false, why = KC_PASS_option;
+    /* A later compile of one program: the real program is brought to the
+     * state the earlier ones left, then compiles itself. */
+    int replay_n = 0;
+    char **replay = NULL;
+    bool replay_due = false;
+    /* (A compile NVRTC refuses as invalid input changes nothing.) */
+    if (p != NULL && why != KC_PASS_input && p->compiles++ > 0) {
+        if (cacheable)
+            cacheable = false, why = KC_PASS_order;
+        replay_due = p->replay_due;
+        replay_n = p->served_n, replay = p->served_opts;
+        p->replay_due = false, p->served_n = 0, p->served_opts = NULL;
+        kc__replay_free(p->served);
+        p->served = NULL;
+    }
     kc_digest base = {0};
     bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
     if (keyed && nvrtc_identity()->unknown[0] != '\0')
@@ -1184,7 +1424,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     if (p == NULL || !nvrtc_enabled()) {
         /* Not a program we shadow (invalid handle, or caching off). */
         prog_free(bh.copy);
-        rc = real_compile(prog, numOptions, options);
+        h = real_of(prog, &herr);
+        rc = prog != NULL && h == NULL ? herr : real_compile(h, numOptions, options);
         kc__guard_exit();
         return rc;
     }
@@ -1196,12 +1437,20 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     bool fresh_dir = keyed && bh.dir != NULL && kc__bundled_empty(bh.dir, &dir_st);
     if (keyed && !resolve_getters())
         keyed = false;
-    if (keyed && bh.dir != NULL && bundled_install(bh.dir) != NVRTC_SUCCESS)
+    /* An empty DIR is filled from the store's copy of the install, when it
+     * has one: a copy or reflink per file, not NVRTC's own install. */
+    bool filled = keyed && fresh_dir && cfg->dir[0] != '\0' &&
+                  kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, &bh.pristine) == 0;
+    if (keyed && bh.dir != NULL && !filled && bundled_install(bh.dir) != NVRTC_SUCCESS)
         keyed = false, why = KC_PASS_refused;
     if (!keyed) {
         c.passthrough = 1;
         kc__pass_reason(BACKEND, why);
-        rc = real_compile(prog, numOptions, options);
+        h = real_of(prog, &herr);
+        if (h != NULL && replay_due) /* its answers are the served ones, given already */
+            (void)real_compile(h, replay_n, (const char *const *)replay);
+        opts_free(replay_n, replay);
+        rc = h == NULL ? herr : real_compile(h, numOptions, options);
         goto out;
     }
 
@@ -1210,9 +1459,13 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     const struct identity *id = nvrtc_identity();
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
-    if (st != NULL && fresh_dir && kc__bundled_same(bh.dir, &dir_st))
+    if (st != NULL && fresh_dir && !filled && kc__bundled_same(bh.dir, &dir_st)) {
         bh.pristine = kc__pristine_get(cfg->dir, &id->digest, bh.dir, cfg->readonly);
+        if (bh.pristine != NULL && !cfg->readonly)
+            kc__pristine_keep(cfg->dir, &id->digest, bh.dir, bh.pristine);
+    }
 
+    uint64_t refused0 = st != NULL ? kc__why_refused() : 0;
     if (st != NULL && !cfg->recache && serve(prog, st, api, ns, build, &base, &bh, &rc, &c, NULL))
         goto out;
 
@@ -1254,9 +1507,27 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     uint64_t took = 0;
     bool stored = false;
     size_t stored_len = 0;
-    rc = compile_tracked(prog, numOptions, options, &deps, &took);
+    /* NVRTC sees the program now, for the first time when kcache kept it. */
+    h = real_of(prog, &herr);
+    if (h == NULL) {
+        rc = herr;
+        c.errors = 1;
+        kc__flight_remote_release(ns, &mk, rheld, false, 0);
+        kc__flight_release(flight);
+        goto out;
+    }
+    rc = compile_tracked(h, numOptions, options, &deps, &took);
     c.misses = 1;
     c.compile_ns = took;
+    /* What went into the key, for `kcache why`. */
+    struct kc_why wrec = {0};
+    kc_key why_key = {.id = base, .build = build};
+    const char *why_not = "NVRTC answered an error";
+    pthread_mutex_lock(&progs_lock);
+    p = find_locked(prog);
+    if (p != NULL && st != NULL)
+        why_record(&wrec, p, numOptions, options, &base);
+    pthread_mutex_unlock(&progs_lock);
     if (kc__log_enabled(KC_LOG_DEBUG)) {
         size_t files = 0;
         for (size_t i = 0; i < deps.n; i++)
@@ -1266,14 +1537,17 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                files, deps.n - files);
     }
     if ((rc == NVRTC_SUCCESS || rc == NVRTC_ERROR_COMPILATION) && st != NULL && !cfg->readonly) {
+        why_not = NULL;
         if (deps.writes) {
             c.misses = 0;
             c.passthrough = 1;
             kc__pass_reason(BACKEND, KC_PASS_writes);
         } else if (kc__deps_finish(&deps) != 0) {
             kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
+            why_not = "a header changed during the compile";
         } else if (kc__deps_note_cwd(&deps, names_cwd(prog, numOptions, options)) != 0) {
             c.errors = 1;
+            why_not = "out of memory";
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);
@@ -1298,7 +1572,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                     c.stores = 1;
                     stored = true;
                     stored_len = b.len;
+                    why_key = key;
                 } else {
+                    why_not = prc == -EDQUOT ? "the spool was full (KCACHE_MAXSIZE)"
+                                             : "the store refused it";
                     c.errors = 1;
                     if (prc != -EDQUOT) /* a full spool: the store has warned */
                         kc_log_once(KC_LOG_WARN,
@@ -1308,16 +1585,36 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                 }
             } else {
                 c.errors = 1;
+                why_not = "out of memory";
                 kc_log_once(KC_LOG_WARN, "cannot capture an NVRTC result; continuing uncached");
             }
             kc_buf_free(&b);
             kc__replay_free(r);
         }
-    }
+    } else if (st != NULL && cfg->readonly)
+        why_not = "the store is read-only";
+    if (c.misses != 0 && wrec.b.len != 0) {
+        kc__why_deps(&wrec, &deps);
+        kc__why_finish(&wrec, &why_key.id, why_key.build, why_not, took, refused0);
+    } else
+        kc_why_free(&wrec);
     kc__deps_free(&deps);
     kc__flight_remote_release(ns, &mk, rheld, stored, stored_len);
     kc__flight_release(flight);
 out:
+    if (c.hits != 0) {
+        /* Served: what a later compile of this program replays first. */
+        char **copy = opts_copy(numOptions, options);
+        pthread_mutex_lock(&progs_lock);
+        p = find_locked(prog);
+        if (p != NULL && (copy != NULL || numOptions == 0)) {
+            opts_free(p->served_n, p->served_opts);
+            p->replay_due = true, p->served_n = numOptions, p->served_opts = copy;
+            copy = NULL;
+        }
+        pthread_mutex_unlock(&progs_lock);
+        opts_free(numOptions, copy);
+    }
     prog_free(bh.copy);
     kc__count(BACKEND, &c);
     if (bh.checked != 0 && kc__log_enabled(KC_LOG_DEBUG))
@@ -1344,7 +1641,8 @@ static nvrtcResult serve_size(nvrtcProgram prog, size_t *ret, int which, size_fn
     struct prog *p = find_locked(prog);
     if (p == NULL || p->served == NULL) {
         pthread_mutex_unlock(&progs_lock);
-        return real(prog, ret);
+        REAL_HANDLE(prog, h);
+        return real(h, ret);
     }
     const struct kc__output *o = &p->served->out[which];
     nvrtcResult rc = ret == NULL ? (nvrtcResult)o->size_null_rc : (nvrtcResult)o->size_rc;
@@ -1362,7 +1660,8 @@ static nvrtcResult serve_get(nvrtcProgram prog, char *dst, int which, get_fn rea
     struct prog *p = find_locked(prog);
     if (p == NULL || p->served == NULL) {
         pthread_mutex_unlock(&progs_lock);
-        return real(prog, dst);
+        REAL_HANDLE(prog, h);
+        return real(h, dst);
     }
     const struct kc__output *o = &p->served->out[which];
     if (dst == NULL) {
@@ -1410,14 +1709,16 @@ KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, c
     struct prog *p = find_locked(prog);
     if (p == NULL || p->served == NULL) {
         pthread_mutex_unlock(&progs_lock);
-        return real_lowered(prog, expr, out);
+        REAL_HANDLE(prog, h);
+        return real_lowered(h, expr, out);
     }
     const struct kc__replay *r = p->served;
     nvrtcResult rc;
     if ((expr == NULL && r->lowered_null_name_rc == KC_LOWERED_NOT_PROBED) ||
         (expr != NULL && out == NULL && r->lowered_null_out_rc == KC_LOWERED_NOT_PROBED)) {
         pthread_mutex_unlock(&progs_lock);
-        return real_lowered(prog, expr, out);
+        REAL_HANDLE(prog, h);
+        return real_lowered(h, expr, out);
     } else if (expr == NULL) {
         rc = r->lowered_null_name_rc;
     } else if (out == NULL) {
@@ -1445,7 +1746,10 @@ KC_EXPORT nvrtcResult nvrtcGetPCHCreateStatus(nvrtcProgram prog)
     int served = p != NULL && p->served != NULL;
     nvrtcResult rc = served ? (nvrtcResult)p->served->pch_status_rc : NVRTC_SUCCESS;
     pthread_mutex_unlock(&progs_lock);
-    return served ? rc : real_pch_status(prog);
+    if (served)
+        return rc;
+    REAL_HANDLE(prog, h);
+    return real_pch_status(h);
 }
 
 KC_EXPORT nvrtcResult nvrtcGetPCHHeapSizeRequired(nvrtcProgram prog, size_t *size)
@@ -1455,7 +1759,8 @@ KC_EXPORT nvrtcResult nvrtcGetPCHHeapSizeRequired(nvrtcProgram prog, size_t *siz
     struct prog *p = find_locked(prog);
     if (p == NULL || p->served == NULL) {
         pthread_mutex_unlock(&progs_lock);
-        return real_pch_required(prog, size);
+        REAL_HANDLE(prog, h);
+        return real_pch_required(h, size);
     }
     nvrtcResult rc = size == NULL ? (nvrtcResult)p->served->pch_required_null_rc
                                   : (nvrtcResult)p->served->pch_required_rc;

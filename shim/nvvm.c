@@ -40,6 +40,7 @@
 #include "codec.h"
 #include "flight.h"
 #include "shim.h"
+#include "why.h"
 #include "../store/local/chain.h"
 
 #include <dlfcn.h>
@@ -196,8 +197,19 @@ struct prog {
     enum kc_pass_reason why;   /* why, when pass */
     kc_digest history;         /* the modules, verifies and compiles so far */
     struct kc__replay *served; /* the last verify or compile came from the store */
+    struct kc_why steps;       /* its history, input by input (`kcache why`) */
+    int n_steps;
     struct prog *next;
 };
+
+/* Adds a step of p's history to its miss records' inputs. progs_lock held. */
+static void why_step(struct prog *p, const char *what, const char *name, const void *data,
+                     size_t size)
+{
+    char nm[4200];
+    snprintf(nm, sizeof nm, "%d: %s%s%s", ++p->n_steps, what, name ? " " : "", name ? name : "");
+    kc_why_data(&p->steps, "input", nm, data, size);
+}
 
 #define PROG_BUCKETS 1024
 static struct prog *progs[PROG_BUCKETS];
@@ -269,6 +281,7 @@ static void prog_free(struct prog *p)
         return;
     lag_free(p->lag);
     kc__replay_free(p->served);
+    kc_why_free(&p->steps);
     free(p);
 }
 
@@ -426,6 +439,7 @@ static bool serve(nvvmProgram prog, struct kc__replay *r, const kc_digest *key, 
         l = NULL;
         *rc = (nvvmResult)r->compile_rc;
         p->history = event_step(key, r->compile_rc);
+        why_step(p, r->compile_rc == 0 ? "served" : "served, failed", NULL, key, sizeof *key);
         kc__replay_free(p->served);
         p->served = r;
         r = NULL;
@@ -556,6 +570,7 @@ static nvvmResult add_module(nvvmProgram prog, const char *buf, size_t size, con
         p->why = !keyable ? KC_PASS_input : KC_PASS_internal;
     } else if (p != NULL) {
         p->history = d;
+        why_step(p, lazy ? "lazy module" : "module", name, buf, size);
     }
     pthread_mutex_unlock(&progs_lock);
     return rc;
@@ -697,8 +712,23 @@ static nvvmResult event(nvvmProgram prog, int n, const char **opts, bool compile
         kc__replay_free(cap);
     }
     pthread_mutex_lock(&progs_lock);
-    if ((p = find_locked(prog)) != NULL)
+    if ((p = find_locked(prog)) != NULL) {
+        if (st != NULL && !cfg->readonly) { /* the miss's record */
+            struct kc_why w = {0};
+            int major = 0, minor = 0;
+            real_version(&major, &minor);
+            char ver[48];
+            snprintf(ver, sizeof ver, "libNVVM %d.%d", major, minor);
+            kc_why_begin(&w, BACKEND, what, &kd);
+            kc__why_library(&w, BACKEND, (const void *)real, &id->digest, ver);
+            kc_buf_add(&w.b, p->steps.b.p, p->steps.b.len);
+            for (int i = 0; i < n; i++)
+                kc_why_add(&w, "option", "", NULL, opts[i]);
+            kc__why_finish(&w, &key.id, key.build, stored ? NULL : "not stored", took, 0);
+        }
         p->history = event_step(&kd, rc);
+        why_step(p, what, NULL, &kd, sizeof kd);
+    }
     pthread_mutex_unlock(&progs_lock);
     kc__flight_remote_release(ns, &key, rheld, stored, stored_len);
     kc__flight_release(flight);

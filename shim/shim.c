@@ -8,6 +8,7 @@
 #include "flight.h"
 #include "../store/local/chain.h"
 #include "../store/remote/remote.h"
+#include "../common/served.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -191,7 +192,8 @@ static void remote_attach(struct kc_store *st, const struct kc_config *cfg)
         kc_log(KC_LOG_WARN, "%s", rc.warnings[i]);
     struct kc_remote *r = NULL;
     struct kc_tier *t = NULL;
-    if (rc.mode != KC_REMOTE_NONE && kc_remote_open(&rc, NULL, &r) == 0) {
+    if (rc.mode != KC_REMOTE_NONE &&
+        kc_remote_open(&rc, &(struct kc_remote_options){.transient = true}, &r) == 0) {
         if (kc_remote_tier(r, false, &t) != 0) {
             kc_remote_close(r);
             r = NULL;
@@ -229,7 +231,9 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
             if (rc == 0)
                 remote_attach(store, cfg);
             if (rc != 0 && cfg->dir[0] != 0)
-                kc_log(KC_LOG_WARN, "cannot use the cache directory %s (%s); caching is off",
+                kc_log(KC_LOG_WARN,
+                       "cannot use the cache directory %s (%s); caching is off (set KCACHE_DIR "
+                       "to a directory of your own, mode 0700)",
                        cfg->dir,
                        rc == -EPERM ? "it, a directory or link on the way to it, or one in it, is "
                                       "owned by another user or writable by others"
@@ -262,6 +266,62 @@ void kc__pass_reason(const char *backend, enum kc_pass_reason r)
             __atomic_fetch_add(&pass_reasons[i][r], 1, __ATOMIC_RELAXED);
 }
 
+/* What this process has handed to the store so far (counters_flush). */
+static struct kc_counters flushed[N_BACKENDS];
+static uint64_t pass_flushed[N_BACKENDS][KC_N_PASS_REASONS];
+static pthread_mutex_t flush_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void snapshot(struct kc_counters snap[N_BACKENDS],
+                     uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS])
+{
+    for (int i = 0; i < N_BACKENDS; i++) {
+        const uint64_t *src = (const uint64_t *)&counters[i];
+        uint64_t *dst = (uint64_t *)&snap[i];
+        for (size_t k = 0; k < sizeof snap[i] / sizeof(uint64_t); k++)
+            dst[k] = __atomic_load_n(&src[k], __ATOMIC_RELAXED);
+        for (int r = 0; r < KC_N_PASS_REASONS; r++)
+            psnap[i][r] = __atomic_load_n(&pass_reasons[i][r], __ATOMIC_RELAXED);
+    }
+}
+
+/* Hands the store what was counted since the last call, and flushes it
+ * (a spool log of its own): called after every miss or store, and at
+ * exit, so a process leaving by _exit, a signal's default action or
+ * SIGKILL still has every compile it stored counted; only the hits and
+ * pass-throughs since its last miss are lost then. Each log holds the
+ * difference from the last, so the logs of a process add up to its
+ * totals, reasons and pass-throughs alike (a hook counts its reason
+ * before its pass-through, and the counters are read first: a log may
+ * hold a reason whose pass-through is in the next, never the reverse). */
+static void counters_flush(struct kc_store *st, const struct kc_store_ops *api,
+                           struct kc_counters snap[N_BACKENDS],
+                           uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS])
+{
+    pthread_mutex_lock(&flush_lock);
+    snapshot(snap, psnap);
+    for (int i = 0; i < N_BACKENDS; i++) {
+        struct kc_counters d = snap[i];
+        const uint64_t *f = (const uint64_t *)&flushed[i];
+        uint64_t *dd = (uint64_t *)&d;
+        for (size_t k = 0; k < sizeof d / sizeof(uint64_t); k++)
+            dd[k] -= f[k];
+        if (memcmp(&d, &(struct kc_counters){0}, sizeof d) != 0)
+            api->count(st, backend_names[i], &d);
+        flushed[i] = snap[i];
+        for (int r = 0; r < KC_N_PASS_REASONS; r++)
+            if (psnap[i][r] != pass_flushed[i][r]) {
+                char name[64];
+                snprintf(name, sizeof name, KC_PASS_PREFIX "%s:%s", backend_names[i],
+                         kc_pass_reason_name(r));
+                api->count(st, name,
+                           &(struct kc_counters){.passthrough = psnap[i][r] - pass_flushed[i][r]});
+                pass_flushed[i][r] = psnap[i][r];
+            }
+    }
+    api->flush(st);
+    pthread_mutex_unlock(&flush_lock);
+}
+
 void kc__count(const char *backend, const struct kc_counters *c)
 {
     for (int i = 0; i < N_BACKENDS; i++) {
@@ -274,7 +334,18 @@ void kc__count(const char *backend, const struct kc_counters *c)
         for (size_t k = 0; k < sizeof *c / sizeof(uint64_t); k++)
             if (src[k] != 0)
                 __atomic_fetch_add(&dst[k], src[k], __ATOMIC_RELAXED);
-        return;
+        break;
+    }
+    /* A miss or a store is counted at once (it cost a compile; one more
+     * spool log is nothing beside it). */
+    if ((c->misses != 0 || c->stores != 0) &&
+        __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 && !kc__config()->readonly) {
+        const struct kc_store_ops *api;
+        struct kc_store *st = kc__store(&api);
+        struct kc_counters snap[N_BACKENDS];
+        uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS];
+        if (st != NULL)
+            counters_flush(st, api, snap, psnap);
     }
 }
 
@@ -309,49 +380,68 @@ __attribute__((destructor)) static void shim_fini(void)
         __atomic_load_n(&config_loaded, __ATOMIC_ACQUIRE) && !config.readonly && !config.disable)
         kc__store(NULL);
     struct kc_counters snap[N_BACKENDS];
-    for (int i = 0; i < N_BACKENDS; i++) {
-        const uint64_t *src = (const uint64_t *)&counters[i];
-        uint64_t *dst = (uint64_t *)&snap[i];
-        for (size_t k = 0; k < sizeof snap[i] / sizeof(uint64_t); k++)
-            dst[k] = __atomic_load_n(&src[k], __ATOMIC_RELAXED);
-    }
-
+    uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS];
     const struct kc_store_ops *api;
     struct kc_store *st =
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 ? kc__store(&api) : NULL;
     struct kc_remote *rem = st != NULL ? remote : NULL;
-    uint64_t psnap[N_BACKENDS][KC_N_PASS_REASONS];
-    bool any_pass = false;
-    for (int i = 0; i < N_BACKENDS; i++)
-        for (int r = 0; r < KC_N_PASS_REASONS; r++)
-            any_pass |= (psnap[i][r] = __atomic_load_n(&pass_reasons[i][r], __ATOMIC_RELAXED)) != 0;
     struct kc_remote_counters rsnap = {0};
     if (rem != NULL) {
         kc_remote_counters(rem, &rsnap);
         kc_remote_counters_sub(&rsnap, &remote_base);
     }
     if (st != NULL && !config.readonly) {
-        for (int i = 0; i < N_BACKENDS; i++)
-            if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) != 0)
-                api->count(st, backend_names[i], &snap[i]);
-        for (int i = 0; i < N_BACKENDS; i++)
-            for (int r = 0; r < KC_N_PASS_REASONS; r++)
-                if (psnap[i][r] != 0) {
-                    char name[64];
-                    snprintf(name, sizeof name, KC_PASS_PREFIX "%s:%s", backend_names[i],
-                             kc_pass_reason_name(r));
-                    api->count(st, name, &(struct kc_counters){.passthrough = psnap[i][r]});
-                }
         struct kc_counters packed[KC_REMOTE_STAT_BACKENDS];
         kc_remote_counters_pack(&rsnap, packed);
         for (int i = 0; rem != NULL && i < KC_REMOTE_STAT_BACKENDS; i++)
             if (memcmp(&packed[i], &(struct kc_counters){0}, sizeof packed[i]) != 0)
                 api->count(st, kc_remote_stat_backend(i), &packed[i]);
+        /* Flush, not close: other threads may still be inside a hook while
+         * the process exits, and the kernel releases everything anyway. */
+        counters_flush(st, api, snap, psnap);
+    } else {
+        snapshot(snap, psnap);
+        if (st != NULL)
+            api->flush(st);
     }
-    /* Flush, not close: other threads may still be inside a hook while the
-     * process exits, and the kernel releases everything anyway. */
-    if (st != NULL)
-        api->flush(st);
+    bool any_pass = false;
+    for (int i = 0; i < N_BACKENDS; i++)
+        for (int r = 0; r < KC_N_PASS_REASONS; r++)
+            any_pass |= psnap[i][r] != 0;
+
+    /* Which library each backend that counted anything was served by
+     * (the user's LD_LIBRARY_PATH or CUDA_HOME decides it): on the stats
+     * line, and recorded in the store for `kcache config`. */
+    static const struct {
+        int lib;
+        const char *fn;
+        int served;
+    } used[N_BACKENDS] = {{KC_LIB_NVRTC, "nvrtcCompileProgram", KC_SERVED_NVRTC},
+                          {KC_LIB_CUDA, "cuInit", KC_SERVED_CUDA},
+                          {KC_LIB_CUDA, "cuInit", KC_SERVED_CUDA},
+                          {KC_LIB_NVJITLINK, "nvJitLinkCreate", KC_SERVED_LINK},
+                          {KC_LIB_NVVM, "nvvmCompileProgram", KC_SERVED_NVVM}};
+    const char *lib_path[N_BACKENDS] = {NULL};
+    const char *served[KC_SERVED_N] = {NULL};
+    bool any_served = false;
+    for (int i = 0; i < N_BACKENDS; i++) {
+        if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) == 0)
+            continue;
+        void *fn = kc__lib_real(used[i].lib, used[i].fn);
+        Dl_info di;
+        if (fn == NULL || dladdr(fn, &di) == 0 || di.dli_fname == NULL)
+            continue;
+        lib_path[i] = di.dli_fname;
+        if (served[used[i].served] == NULL)
+            served[used[i].served] = di.dli_fname;
+        any_served = true;
+    }
+    if (any_served && st != NULL && !config.readonly) {
+        int src = kc_served_update(config.dir, served);
+        if (src != 0)
+            kc_log(KC_LOG_DEBUG, "cannot record the libraries served in %s/%s: %s", config.dir,
+                   KC_SERVED_FILE, strerror(-src));
+    }
 
     if (want_stats) {
         char line[2048];
@@ -400,6 +490,15 @@ __attribute__((destructor)) static void shim_fini(void)
                 named = opened = true;
             }
         }
+        /* The libraries served (the memo is the driver's: "jit" names it). */
+        bool listed = false;
+        for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {
+            if (i == 2 || lib_path[i] == NULL)
+                continue;
+            n += snprintf(line + n, sizeof line - n, "%s %s=%s", listed ? "" : "; libraries",
+                          i == 1 ? "cuda" : backend_names[i], lib_path[i]);
+            listed = true;
+        }
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
             ssize_t w = write(STDERR_FILENO, line, (size_t)n);
@@ -426,6 +525,9 @@ static void atfork_child(void)
     /* The child reports only what it does itself. */
     memset(counters, 0, sizeof counters);
     memset(pass_reasons, 0, sizeof pass_reasons);
+    memset(flushed, 0, sizeof flushed);
+    memset(pass_flushed, 0, sizeof pass_flushed);
+    pthread_mutex_init(&flush_lock, NULL);
     if (store_state == 1)
         kc__chain_after_fork_child(store);
     /* The remote's counters so far are the parent's to report. */
@@ -653,11 +755,11 @@ const struct kc__hook *kc__hook_find(const char *name, int lib)
  * this one object, so two copies of a library (a wheel's and the
  * toolkit's) never mix their state: a second copy's functions are handed
  * to the host untouched. */
-static void *lib_base[4], *lib_any[4], *lib_handle[4];
+static void *lib_base[KC_LIB_KINDS], *lib_any[KC_LIB_KINDS], *lib_handle[KC_LIB_KINDS];
 
 static bool lib_kind_ok(int lib)
 {
-    return lib > 0 && lib < 4;
+    return lib > 0 && lib < KC_LIB_KINDS;
 }
 
 /* Takes the object `info` describes as kind `lib`'s, if none is yet.

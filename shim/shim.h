@@ -77,6 +77,8 @@ struct kc__hook {
 };
 
 enum { KC_LIB_NVRTC = 1, KC_LIB_CUDA = 2, KC_LIB_NVJITLINK = 3, KC_LIB_NVVM = 4 };
+/* One more than the last kind: the size of an array indexed by kind. */
+enum { KC_LIB_KINDS = KC_LIB_NVVM + 1 };
 
 /* Each part registers its table (NULL-name terminated). */
 extern const struct kc__hook kc__nvrtc_hooks[];

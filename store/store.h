@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-#define KC_STORE_ABI 2
+#define KC_STORE_ABI 3 /* 3: the bundle options' progress callbacks */
 
 /* Version of the record layout. Part of every record header and of every
  * namespace fingerprint the shim builds, so a new layout never reads an old
@@ -122,8 +122,8 @@ enum kc_provenance {
               "NVRTC's cache trace, a NULL option)")                                               \
     X(input, "an input kcache does not take (an input type or size, a file it cannot read whole, " \
              "a NULL argument)")                                                                   \
-    X(order, "a call a stored result cannot answer (a getter before completion, an add or a "      \
-             "second completion after a hit)")                                                     \
+    X(order, "a call a stored result cannot answer (a getter before completion, an add, a "        \
+             "second completion or compile of one program)")                                       \
     X(writes, "the compile wrote files")                                                           \
     X(unknown_export, "the library exports an entry point kcache does not know")                   \
     X(refused, "the library refused an input; its answer is not kept")                             \
@@ -235,8 +235,15 @@ struct kc_gc_report {
     uint64_t bytes_after;
 };
 
-/* Progress callback for long operations: done of total (total 0 = unknown). */
+/* Progress callback for long operations: done of total (total 0 =
+ * unknown). Called as the work goes (often: the caller decides when to
+ * show it), and once at the end with the work done, done == total. */
 typedef void (*kc_progress_fn)(uint64_t done, uint64_t total, void *arg);
+
+/* A bundle's export or import runs in stages; each begins with a call of
+ * this, naming what the stage counts ("bodies", "entries": export; "check",
+ * "write": import), then calls kc_progress_fn for that stage alone. */
+typedef void (*kc_progress_stage_fn)(const char *stage, void *arg);
 
 /* ---- bundles (kcache export / import; store/db/bundle.c) ----------------
  * A bundle is one file holding entries as the store keeps them (put
@@ -279,6 +286,12 @@ struct kc_bundle_export_opts {
     int codec;                             /* enum kc_bundle_codec */
     int level;                             /* the codec's level; 0: its default */
     const struct kc_bundle_crypto *crypto; /* NULL, or key_id 0: unsigned */
+    /* Progress (NULL: none), with progress_arg: stage "bodies" (a whole
+     * store's export: its bodies, first), then "entries" (the entries
+     * written, of the selected). */
+    kc_progress_stage_fn progress_stage;
+    kc_progress_fn progress;
+    void *progress_arg;
 };
 
 struct kc_bundle_import_opts {
@@ -294,6 +307,12 @@ struct kc_bundle_import_opts {
      * NULL: unknown for all. */
     int (*usable)(const char *ns, void *arg);
     void *usable_arg;
+    /* Progress (NULL: none), with progress_arg: stage "check" (the records
+     * read and checked, of the bundle's), then, unless a dry run, "write"
+     * (the records applied or skipped, of the bundle's). */
+    kc_progress_stage_fn progress_stage;
+    kc_progress_fn progress;
+    void *progress_arg;
 };
 
 /* One namespace of a bundle. */

@@ -6,6 +6,8 @@
  */
 #include "bundle.h"
 #include "cli.h"
+#include "help.h"
+#include "progress.h"
 
 #include "../common/clock.h"
 #include "../common/config.h"
@@ -199,7 +201,7 @@ static int open_store(const struct kc_store_api *api, const char *dir, uint64_t 
         kc_tool_err("cannot use cache directory %s: %s", dir,
                     rc == -EPERM
                         ? "it, or a directory or link on the way to it, is owned by another "
-                          "user or writable by others"
+                          "user or writable by others (make it yours, mode 0700, or use --dir)"
                         : strerror(rc < 0 ? -rc : EIO));
         *st = NULL;
         return -1;
@@ -212,7 +214,8 @@ static bool api_ok(const struct kc_store_api *api)
     const struct kc_store_admin *adm = kc_store_admin();
     if (api == NULL || api->abi != KC_STORE_ABI || adm == NULL || adm->abi != KC_STORE_ABI ||
         adm->bundle_export == NULL || adm->bundle_import == NULL) {
-        kc_tool_err("the store library does not provide bundles");
+        kc_tool_err("the store library does not provide bundles: the tool and "
+                    "libkcache-store.so are from different builds; reinstall kcache");
         return false;
     }
     return true;
@@ -330,7 +333,7 @@ static int out_close(struct out_file *of, int rc, struct kc_bundle_info *info)
 
 static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *const *globs,
                       size_t n_globs, uint64_t since, uint64_t max_size, const char *sign,
-                      int codec, int level)
+                      int codec, int level, bool quiet)
 {
     const struct kc_store_api *api = kc_store_api();
     if (!api_ok(api))
@@ -348,7 +351,9 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
     if (cr < 0)
         return KC_EXIT_RUNTIME;
     if (cr == 1 && key != NULL && key[0] != '\0') {
-        kc_tool_err("cannot sign the bundle with %s: libsodium is not installed", key);
+        kc_tool_err("cannot sign the bundle with %s: libsodium is not installed (install "
+                    "libsodium23, or use the kcache tarball or wheel, which carry it)",
+                    key);
         return KC_EXIT_RUNTIME;
     }
     struct stat sb;
@@ -359,7 +364,9 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
             kc_tool_err("cannot use cache directory %s: %s", t->dir, strerror(e));
             return KC_EXIT_RUNTIME;
         }
-        kc_tool_err("no store in %s: nothing to export", t->dir);
+        kc_tool_err("no store in %s: nothing to export (run a program under kcache-run first, "
+                    "or name another store with --dir)",
+                    t->dir);
         return KC_EXIT_RUNTIME;
     }
     struct kc_store *st;
@@ -383,6 +390,8 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
         return KC_EXIT_RUNTIME;
     }
     int fd = of.fd;
+    struct kc_tool_progress pg;
+    kc_tool_progress_begin(&pg, "export", false, kc_tool_progress_wanted(quiet));
     struct kc_bundle_export_opts o = {
         .fd = fd,
         .globs = globs,
@@ -392,9 +401,13 @@ static int cmd_export(const struct kc_tool_ctx *t, const char *out, const char *
         .codec = codec,
         .level = level,
         .crypto = k.c.key_id != 0 ? &k.c : NULL,
+        .progress_stage = pg.on ? kc_tool_progress_stage : NULL,
+        .progress = pg.on ? kc_tool_progress : NULL,
+        .progress_arg = &pg,
     };
     struct kc_bundle_info info;
     int rc = kc_store_admin()->bundle_export(st, &o, &info);
+    kc_tool_progress_end(&pg);
     api->ops->close(st);
     crypto_close(&k);
     rc = out_close(&of, rc, &info);
@@ -505,13 +518,13 @@ static void print_namespaces(const struct kc_bundle_info *info, bool counts)
 }
 
 static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_unsigned,
-                      bool dry_run, bool only_usable)
+                      bool dry_run, bool only_usable, bool quiet)
 {
     const struct kc_store_api *api = kc_store_api();
     if (!api_ok(api))
         return KC_EXIT_RUNTIME;
     if (t->cfg->readonly && !dry_run) {
-        kc_tool_err("KCACHE_READONLY is set: nothing can be imported");
+        kc_tool_err("KCACHE_READONLY is set: nothing can be imported (unset it to import)");
         return KC_EXIT_RUNTIME;
     }
     struct crypto k;
@@ -532,6 +545,8 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
         crypto_close(&k);
         return KC_EXIT_RUNTIME;
     }
+    struct kc_tool_progress pg;
+    kc_tool_progress_begin(&pg, "import", false, kc_tool_progress_wanted(quiet));
     struct kc_bundle_import_opts o = {
         .fd = fd,
         .trust_unsigned = trust_unsigned,
@@ -539,9 +554,13 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
         .only_usable = only_usable,
         .crypto = cr == 0 ? &k.c : NULL,
         .usable = usable_cb,
+        .progress_stage = pg.on ? kc_tool_progress_stage : NULL,
+        .progress = pg.on ? kc_tool_progress : NULL,
+        .progress_arg = &pg,
     };
     struct kc_bundle_info info;
     int rc = kc_store_admin()->bundle_import(st, &o, &info);
+    kc_tool_progress_end(&pg);
     if (st != NULL)
         api->ops->close(st);
     crypto_close(&k);
@@ -670,7 +689,7 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
     size_t n_globs = 0;
     int npos = 0, codec = KC_BUNDLE_ZSTD, level = 0;
     uint64_t since = 0, max_size = 0;
-    bool trust_unsigned = false, dry_run = false, only_usable = false;
+    bool trust_unsigned = false, dry_run = false, only_usable = false, quiet = false;
     bool is_export = strcmp(cmd, "export") == 0, is_import = strcmp(cmd, "import") == 0;
     bool options = true;
     for (int i = 1; i < argc; i++) {
@@ -685,6 +704,10 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
                 return kc_tool_usage_error("unexpected argument '%s' for '%s'", a, cmd);
             pos[npos++] = a;
             continue;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            kc_tool_help(stdout, cmd);
+            return kc_tool_flush(stdout) != 0 ? KC_EXIT_RUNTIME : 0;
         }
         if ((r = opt_value(argc, argv, &i, "--dir", &val)) != 0) {
             if (r < 0 || val[0] == '\0')
@@ -752,6 +775,10 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
             }
             continue;
         }
+        if ((is_export || is_import) && strcmp(a, "--quiet") == 0) {
+            quiet = true;
+            continue;
+        }
         if (is_import && strcmp(a, "--trust-unsigned") == 0) {
             trust_unsigned = true;
             continue;
@@ -779,12 +806,12 @@ int kc_tool_bundle(const struct kc_tool_ctx *t0, int argc, char **argv)
             return kc_tool_usage_error("unexpected argument '%s' for 'export'", pos[0]);
         if (out == NULL)
             return kc_tool_usage_error("export needs -o FILE (or -o - for standard output)");
-        return cmd_export(&t, out, globs, n_globs, since, max_size, sign, codec, level);
+        return cmd_export(&t, out, globs, n_globs, since, max_size, sign, codec, level, quiet);
     }
     if (is_import) {
         if (npos != 1)
             return kc_tool_usage_error("import needs a FILE");
-        return cmd_import(&t, pos[0], trust_unsigned, dry_run, only_usable);
+        return cmd_import(&t, pos[0], trust_unsigned, dry_run, only_usable, quiet);
     }
     if (npos != 2 || strcmp(pos[0], "show") != 0)
         return kc_tool_usage_error("bundle needs a subcommand: show FILE");

@@ -35,11 +35,24 @@ void kc_tool_err(const char *fmt, ...)
     va_end(ap);
 }
 
+/* The command being parsed, for the pointer to its help. */
+static const char *current_command;
+
+void kc_tool_set_command(const char *cmd)
+{
+    current_command = cmd;
+}
+
 int kc_tool_usage_error(const char *fmt, ...)
 {
+    char suffix[96];
+    if (current_command != NULL && strlen(current_command) < 32)
+        snprintf(suffix, sizeof suffix, " (see kcache help %s)", current_command);
+    else
+        snprintf(suffix, sizeof suffix, " (see kcache --help)");
     va_list ap;
     va_start(ap, fmt);
-    err_v(fmt, ap, " (see kcache --help)");
+    err_v(fmt, ap, suffix);
     va_end(ap);
     return KC_EXIT_USAGE;
 }

@@ -16,8 +16,14 @@
  * message become spaces), after flushing stdout. */
 void kc_tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* The same with " (see kcache --help)" appended; returns KC_EXIT_USAGE. */
+/* The same with " (see kcache help CMD)" appended, CMD the command
+ * kc_tool_set_command named (" (see kcache --help)" before one is known);
+ * returns KC_EXIT_USAGE. */
 int kc_tool_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The command whose usage errors kc_tool_usage_error points to (a string
+ * that lives as long as the process; NULL: none). */
+void kc_tool_set_command(const char *cmd);
 
 /* n bytes in binary units ("512 B", "1.5 MiB"), into buf; returns buf. */
 const char *kc_tool_human_size(uint64_t n, char *buf, size_t len);

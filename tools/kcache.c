@@ -9,11 +9,15 @@
  * status 2 for usage errors and 1 for runtime errors.
  */
 #include "../common/config.h"
+#include "../common/served.h"
 #include "../common/log.h"
 #include "../store/remote/remote.h"
 #include "../store/store.h"
 #include "bundle.h"
 #include "cli.h"
+#include "help.h"
+#include "progress.h"
+#include "why.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -40,57 +44,6 @@
 #define KC_VERSION "unknown"
 #endif
 
-static const char usage_text[] =
-    "Usage: kcache [--dir DIR] COMMAND [OPTIONS]\n"
-    "\n"
-    "Inspect and maintain the kcache artifact store.\n"
-    "\n"
-    "Commands:\n"
-    "  stats [--json | --openmetrics]\n"
-    "                         entries and bytes per namespace; hits, misses,\n"
-    "                         pass-throughs and stores per backend; compile time\n"
-    "                         saved; size on disk vs raw vs unique bytes; the\n"
-    "                         remote's hits, misses, uploads, errors, timeouts\n"
-    "                         and why it failed, when one is used; --openmetrics:\n"
-    "                         for a node exporter's textfile collector\n"
-    "  ls [--namespace NS]    list entries, one per line:\n"
-    "                         KEY NAMESPACE KIND SIZE STORED HITS LAST-HIT [pending]\n"
-    "  show KEY               one entry's header; KEY is the hex key as ls prints\n"
-    "                         it, or a unique prefix of at least 4 hex digits\n"
-    "  verify                 re-check every record; report and purge bad ones\n"
-    "  gc [--max-size SIZE]   evict least-recently-hit entries until the store is\n"
-    "                         at most SIZE (default: KCACHE_MAXSIZE), then compact\n"
-    "  clear                  remove every entry\n"
-    "  config                 every KCACHE_* variable: effective value and where\n"
-    "                         it came from (default, environment, command line)\n"
-    "  owner [--idle-ms N]    run the owner process: drain the spool, evict,\n"
-    "                         compact; exit after N ms idle (the store starts it)\n"
-    "  keygen PATH            a key pair for signing remote entries: the secret\n"
-    "                         key in PATH (0600), the public key in PATH.pub\n"
-    "  remote ping            reach every KCACHE_REMOTE server: latency, version,\n"
-    "                         and a signed entry written, read back, deleted\n"
-    "  remote stats [--json]  the remote's entries and bytes per namespace and\n"
-    "                         kcache build, over every server\n"
-    "  remote prune --build ID | --namespace NS\n"
-    "                         delete the remote's entries of one build (after an\n"
-    "                         upgrade) or one namespace\n"
-    "  push [--namespace NS]  upload this store's entries to KCACHE_REMOTE, signed\n"
-    "                         with this node's key (backfill)\n"
-    "  export -o FILE         a bundle of the store's entries for another machine\n"
-    "    [--namespace GLOB]... [--hit-since DURATION] [--max-size SIZE]\n"
-    "    [--sign KEY] [--compress zstd[:LEVEL]|lz4|none]   (-o - : standard output)\n"
-    "  import FILE            verify a bundle, then add the entries the store lacks\n"
-    "    [--trust-unsigned] [--dry-run] [--only-usable]\n"
-    "  bundle show FILE       a bundle's header: namespaces, counts, sizes, signer\n"
-    "\n"
-    "Options:\n"
-    "  --dir DIR              cache directory (overrides KCACHE_DIR)\n"
-    "  -h, --help             show this help and exit\n"
-    "  -V, --version          show the version and exit\n"
-    "\n"
-    "SIZE is a number with an optional K, M, G or T suffix (powers of 1024).\n"
-    "Exit status: 0 on success, 1 on a runtime error, 2 on a usage error.\n";
-
 /* Everything one invocation needs. */
 struct ctx {
     const char *prog_cmd; /* the subcommand */
@@ -99,7 +52,7 @@ struct ctx {
     struct kc_config cfg;
     const struct kc_store_api *api;   /* the data path: open, close */
     const struct kc_store_admin *adm; /* everything else */
-    bool progress;                    /* stderr is a terminal */
+    bool quiet;                       /* --quiet: no progress bar */
 };
 
 /* What an entry is, for people: its record's kind, named by the library
@@ -158,39 +111,6 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* ---- progress ---------------------------------------------------------- */
-
-struct progress {
-    const char *what;
-    bool shown;
-    int last_pct;
-    uint64_t last_done;
-};
-
-static void progress_cb(uint64_t done, uint64_t total, void *arg)
-{
-    struct progress *p = arg;
-    if (total > 0) {
-        int pct = (int)(done * 100 / total);
-        if (p->shown && pct == p->last_pct)
-            return;
-        p->last_pct = pct;
-        fprintf(stderr, "\r%s: %" PRIu64 "/%" PRIu64 " (%d%%)", p->what, done, total, pct);
-    } else {
-        if (p->shown && done - p->last_done < 100)
-            return;
-        p->last_done = done;
-        fprintf(stderr, "\r%s: %" PRIu64 " records", p->what, done);
-    }
-    p->shown = true;
-}
-
-static void progress_end(struct progress *p)
-{
-    if (p->shown)
-        fputs("\r\033[K", stderr);
-}
-
 /* ---- store access ------------------------------------------------------ */
 
 /* Checks that the store library provides `fn`. */
@@ -198,8 +118,9 @@ static bool need(struct ctx *c, const void *fn, const char *name)
 {
     if (c->api != NULL && fn != NULL)
         return true;
-    kc_tool_err("the store library does not provide %s (store ABI %d)", name,
-                c->api != NULL ? c->api->abi : -1);
+    kc_tool_err("the store library does not provide %s (store ABI %d): the tool and "
+                "libkcache-store.so are from different builds; reinstall kcache",
+                name, c->api != NULL ? c->api->abi : -1);
     return false;
 }
 
@@ -217,9 +138,10 @@ static const char *open_error(int rc)
     switch (rc) {
     case -EPERM:
         return "it, or a directory or link on the way to it, is owned by another user or "
-               "writable by others";
+               "writable by others (make it yours, mode 0700, or use --dir)";
     case -ENOTEMPTY:
-        return "not empty and not a kcache store";
+        return "not empty and not a kcache store (give kcache a directory of its own: --dir or "
+               "KCACHE_DIR)";
     default:
         return strerror(-rc);
     }
@@ -701,12 +623,14 @@ static int cmd_show(struct ctx *c, const char *key)
         }
     }
     if (s.n == 0) {
-        kc_tool_err("no entry with key %s in %s", prefix, c->dir);
+        kc_tool_err("no entry with key %s in %s (kcache ls lists the keys)", prefix, c->dir);
         return KC_EXIT_RUNTIME;
     }
     for (size_t i = 1; i < s.n; i++) {
         if (s.m[i].key.id.lo != s.m[0].key.id.lo || s.m[i].key.id.hi != s.m[0].key.id.hi) {
-            kc_tool_err("key prefix %s is ambiguous: it matches more than one key", prefix);
+            kc_tool_err("key prefix %s is ambiguous: it matches more than one key; give more "
+                        "digits",
+                        prefix);
             free(s.m);
             return KC_EXIT_RUNTIME;
         }
@@ -752,9 +676,10 @@ static int cmd_verify(struct ctx *c)
             c->api->ops->close(st);
             return KC_EXIT_RUNTIME;
         }
-        struct progress p = {.what = "verify"};
-        int rc = c->adm->verify(st, 1, &r, c->progress ? progress_cb : NULL, &p);
-        progress_end(&p);
+        struct kc_tool_progress p;
+        kc_tool_progress_begin(&p, "verify", false, kc_tool_progress_wanted(c->quiet));
+        int rc = c->adm->verify(st, 1, &r, p.on ? kc_tool_progress : NULL, &p);
+        kc_tool_progress_end(&p);
         c->api->ops->close(st);
         if (rc < 0) {
             kc_tool_err("verify of %s failed: %s", c->dir, strerror(-rc));
@@ -780,9 +705,11 @@ static int cmd_gc(struct ctx *c, uint64_t max_size)
             c->api->ops->close(st);
             return KC_EXIT_RUNTIME;
         }
-        struct progress p = {.what = "gc"};
-        int rc = c->adm->gc(st, max_size, &r, c->progress ? progress_cb : NULL, &p);
-        progress_end(&p);
+        /* Counted in bytes: what eviction frees of what it must. */
+        struct kc_tool_progress p;
+        kc_tool_progress_begin(&p, "gc", true, kc_tool_progress_wanted(c->quiet));
+        int rc = c->adm->gc(st, max_size, &r, p.on ? kc_tool_progress : NULL, &p);
+        kc_tool_progress_end(&p);
         c->api->ops->close(st);
         if (rc < 0) {
             kc_tool_err("gc of %s failed: %s", c->dir, strerror(-rc));
@@ -821,9 +748,85 @@ static int cmd_clear(struct ctx *c)
 
 /* ---- config / owner ---------------------------------------------------- */
 
-static int cmd_config(struct ctx *c)
+/* Prints s for a Markdown table cell: '|' escaped. */
+static void md_cell(const char *s)
 {
-    printf("%-22s %-12s %s\n", "VARIABLE", "FROM", "VALUE");
+    for (; *s != '\0'; s++) {
+        if (*s == '|')
+            putchar('\\');
+        putchar(*s);
+    }
+}
+
+/* The configuration table as Markdown, from kc_config_vars alone (never the
+ * environment): README.md's table between its markers (scripts/update-readme
+ * writes it, tests/docs checks it). */
+static int cmd_config_markdown(void)
+{
+    printf("| variable | `kcache-run` flag | default | meaning |\n|---|---|---|---|\n");
+    for (int i = 0; i < KC_N_SETTINGS; i++) {
+        const struct kc_config_var *v = &kc_config_vars[i];
+        printf("| `%s` | ", v->name);
+        if (v->flag != NULL)
+            printf("`%s`", v->flag);
+        printf(" | `");
+        md_cell(v->dflt != NULL ? v->dflt : "");
+        printf("` | ");
+        md_cell(v->help);
+        printf(" |\n");
+    }
+    printf("\nSet by kcache for its own processes, or by tests and packagers (not settings; "
+           "`kcache config` lists those set):");
+    for (int i = KC_N_SETTINGS; i < KC_VAR_FIRST_HARNESS; i++)
+        printf("%s `%s` (%s)", i == KC_N_SETTINGS ? "" : ",", kc_config_vars[i].name,
+               kc_config_vars[i].help);
+    printf(".\n\nRead only by kcache's own scripts and tests, never by kcache:");
+    for (int i = KC_VAR_FIRST_HARNESS; i < kc_config_n_vars; i++) {
+        const char *n = kc_config_vars[i].name;
+        printf("%s `%s%s`", i == KC_VAR_FIRST_HARNESS ? "" : ",", n,
+               n[strlen(n) - 1] == '_' ? "*" : "");
+    }
+    printf(".\n");
+    return kc_tool_flush(stdout);
+}
+
+/* The libraries the shim last served with this store (common/served.h:
+ * each process that used one records it at exit), and whether each is
+ * still there. */
+static void config_libraries(const struct ctx *c)
+{
+    static const char *const label[KC_SERVED_N] = {"NVRTC", "nvJitLink", "libNVVM", "libcuda"};
+    char(*path)[PATH_MAX] = c->dir[0] != '\0' ? malloc(KC_SERVED_N * sizeof *path) : NULL;
+    if (path == NULL)
+        return;
+    int rc = kc_served_read(c->dir, path);
+    if (rc != 0 && rc != -ENOENT) {
+        printf("libraries the shim last served: unknown (%s/%s: %s)\n", c->dir, KC_SERVED_FILE,
+               strerror(-rc));
+    } else {
+        printf("libraries the shim last served (%s/%s):\n", c->dir, KC_SERVED_FILE);
+        for (int i = 0; i < KC_SERVED_N; i++) {
+            if (path[i][0] == '\0')
+                printf("  %-10s none recorded\n", label[i]);
+            else
+                printf("  %-10s %s%s\n", label[i], path[i],
+                       access(path[i], F_OK) == 0 ? "" : " (no longer there)");
+        }
+    }
+    free(path);
+}
+
+static int cmd_config(struct ctx *c, bool markdown)
+{
+    if (markdown)
+        return cmd_config_markdown();
+    /* The first column as wide as the longest name it may show, so every
+     * value lines up (KCACHE_REMOTE_PASSWORD_FILE is 27 characters). */
+    int w = (int)strlen("VARIABLE");
+    for (int i = 0; i < KC_VAR_FIRST_HARNESS; i++)
+        if ((int)strlen(kc_config_vars[i].name) > w)
+            w = (int)strlen(kc_config_vars[i].name);
+    printf("%-*s %-12s %s\n", w, "VARIABLE", "FROM", "VALUE");
     for (int i = 0; i < KC_N_SETTINGS; i++) {
         char val[PATH_MAX + 32];
         const char *from;
@@ -839,10 +842,10 @@ static int cmd_config(struct ctx *c)
         const char *raw = kc_config_get(i);
         if (!(is_dir && c->dir_from_cli) && c->cfg.origin[i] != KC_FROM_ENV && raw != NULL &&
             raw[0] != '\0')
-            printf("%-22s %-12s %s (environment value '%s' ignored)\n", kc_config_vars[i].name,
+            printf("%-*s %-12s %s (environment value '%s' ignored)\n", w, kc_config_vars[i].name,
                    from, val, raw);
         else
-            printf("%-22s %-12s %s\n", kc_config_vars[i].name, from, val);
+            printf("%-*s %-12s %s\n", w, kc_config_vars[i].name, from, val);
     }
     /* Internal variables: not settings, but they change what kcache runs
      * or loads, so those set are shown, apart. */
@@ -854,8 +857,9 @@ static int cmd_config(struct ctx *c)
         if (!heading)
             printf("internal (set for kcache's own processes, tests and packaging):\n");
         heading = true;
-        printf("%-22s %-12s %s\n", kc_config_vars[i].name, "environment", raw);
+        printf("%-*s %-12s %s\n", w, kc_config_vars[i].name, "environment", raw);
     }
+    config_libraries(c);
     for (int i = 0; i < c->cfg.n_warnings; i++)
         printf("warning: %s\n", c->cfg.warnings[i]);
     /* The remote's settings are parsed by its module. */
@@ -878,12 +882,16 @@ static int cmd_keygen(const char *path)
     char id[17];
     int rc = kc_remote_keygen(path, NULL, id);
     if (rc == -EEXIST) {
-        kc_tool_err("%s or %s.pub exists; not overwritten", path, path);
+        kc_tool_err("%s or %s.pub exists; not overwritten (choose another PATH, or remove both "
+                    "first)",
+                    path, path);
         return KC_EXIT_RUNTIME;
     }
     if (rc != 0) {
         kc_tool_err("keygen %s: %s", path,
-                    rc == -ENOSYS ? "libsodium is not installed" : strerror(-rc));
+                    rc == -ENOSYS ? "libsodium is not installed (install libsodium23, or use the "
+                                    "kcache tarball or wheel, which carry it)"
+                                  : strerror(-rc));
         return KC_EXIT_RUNTIME;
     }
     printf("secret key: %s (keep it private: KCACHE_REMOTE_SIGNING_KEY of the writers)\n"
@@ -957,6 +965,8 @@ struct rstat_acc {
         uint64_t bytes;
     } * drop;
     size_t n_drop, cap_drop;
+    uint64_t scanned;
+    struct kc_tool_progress progress;
 };
 
 static int rstat_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
@@ -1040,6 +1050,7 @@ static int cmd_remote_stats(struct ctx *c, bool json)
 static int prune_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
 {
     struct rstat_acc *a = arg;
+    kc_tool_progress(++a->scanned, 0, &a->progress);
     if (a->by_build ? key->build != a->build : strcmp(ns, a->ns) != 0)
         return 0;
     if (a->n_drop == a->cap_drop) {
@@ -1076,7 +1087,14 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
     struct kc_remote *r = tool_remote(c);
     if (r == NULL)
         return KC_EXIT_RUNTIME;
+    /* Two stages: the scan (its total unknown: every key is read), then
+     * the deletes, of what it found. */
+    kc_tool_progress_begin(&a.progress, "remote prune", false, kc_tool_progress_wanted(c->quiet));
+    kc_tool_progress_stage("scan", &a.progress);
     int rc = kc_remote_scan(r, prune_cb, &a);
+    if (rc == 0 && a.scanned > 0)
+        kc_tool_progress(a.scanned, a.scanned, &a.progress);
+    kc_tool_progress_stage("delete", &a.progress);
     uint64_t dropped = 0, bytes = 0;
     for (size_t i = 0; rc == 0 && i < a.n_drop; i++) {
         rc = kc_remote_purge(r, a.drop[i].ns, &a.drop[i].key);
@@ -1084,7 +1102,9 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
             dropped++;
             bytes += a.drop[i].bytes;
         }
+        kc_tool_progress(i + 1, a.n_drop, &a.progress);
     }
+    kc_tool_progress_end(&a.progress);
     kc_remote_close(r);
     free(a.drop);
     char b1[32];
@@ -1142,7 +1162,9 @@ static struct kc_remote *tool_remote(struct ctx *c)
     for (int i = 0; i < cfg.n_warnings; i++)
         kc_log(KC_LOG_WARN, "%s", cfg.warnings[i]);
     if (rc != 0 || cfg.mode == KC_REMOTE_NONE) {
-        kc_tool_err("%s", rc != 0 ? why : "KCACHE_REMOTE is not set");
+        kc_tool_err("%s", rc != 0 ? why
+                                  : "KCACHE_REMOTE is not set (set it to the Redis URL, like "
+                                    "redis://HOST:6379)");
         kc_remote_config_free(&cfg);
         return NULL;
     }
@@ -1183,10 +1205,15 @@ static int cmd_push(struct ctx *c, const char *ns)
     uint64_t pushed = 0, bytes = 0, large = 0, failed = 0, gone = 0, present = 0;
     uint64_t not_ours[KC_PROV_MAX + 1] = {0};
     int stop = 0;
+    /* Every entry counts once, whatever became of it. */
+    struct kc_tool_progress pg;
+    kc_tool_progress_begin(&pg, "push", false, kc_tool_progress_wanted(c->quiet));
+    uint64_t done = 0;
     for (int pass = 0; pass < 2 && stop == 0; pass++) {
         for (size_t i = 0; i < l.n && stop == 0; i++) {
             if ((l.v[i].kind == KC_KIND_MANIFEST) != (pass == 1))
                 continue;
+            kc_tool_progress(++done, l.n, &pg);
             void *body = NULL;
             size_t len = 0;
             struct kc_record_info info;
@@ -1219,6 +1246,7 @@ static int cmd_push(struct ctx *c, const char *ns)
             }
         }
     }
+    kc_tool_progress_end(&pg);
     c->api->ops->close(st);
     free(l.v);
     /* The uploads count in this store's statistics, as the owner's do. */
@@ -1350,6 +1378,20 @@ static int opt_value(int argc, char **argv, int *i, const char *name, const char
 static const char *const commands[] = {"stats",  "ls",    "show", "verify", "gc",     "clear",
                                        "config", "owner", "help", "keygen", "remote", "push"};
 
+/* The command named in argv, for a --help before it is parsed. */
+static const char *command_in(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--dir") == 0) {
+            i++;
+            continue;
+        }
+        if (argv[i][0] != '-')
+            return argv[i];
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     static struct ctx c;
@@ -1359,12 +1401,11 @@ int main(int argc, char **argv)
     kc_config_load(&c.cfg);
     kc__log_set_level(c.cfg.log_level);
     snprintf(c.dir, sizeof c.dir, "%s", c.cfg.dir);
-    c.progress = isatty(STDERR_FILENO);
 
     const char *cmd = NULL;
     const char *pos[4] = {NULL};
     int npos = 0;
-    bool json = false;
+    bool json = false, markdown = false;
     const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL, *build_s = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -1380,15 +1421,24 @@ int main(int argc, char **argv)
             continue;
         }
         if (cmd == NULL && kc_tool_bundle_command(a)) {
+            kc_tool_set_command(a);
             struct kc_tool_ctx t = {.dir = c.dir, .cfg = &c.cfg};
             kc__log_set_level(c.cfg.log_level);
             for (int w = 0; w < c.cfg.n_warnings; w++)
                 kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[w]);
             return kc_tool_bundle(&t, argc - i, argv + i);
         }
+        if (cmd == NULL && strcmp(a, "why") == 0) {
+            for (int w = 0; w < c.cfg.n_warnings; w++)
+                kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[w]);
+            return kc_tool_why(c.dir, argc - i, argv + i);
+        }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage_text, stdout);
-            return 0;
+            /* `kcache CMD --help`: that command's; else the overview. */
+            const char *topic = cmd != NULL ? cmd : command_in(argc, argv);
+            if (topic == NULL || kc_tool_help(stdout, topic) != 0)
+                kc_tool_help_all(stdout);
+            return kc_tool_flush(stdout) != 0 ? KC_EXIT_RUNTIME : 0;
         }
         if ((strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) && cmd == NULL) {
             printf("kcache %s (store ABI %d, record format %d)\n", KC_VERSION, KC_STORE_ABI,
@@ -1398,6 +1448,17 @@ int main(int argc, char **argv)
         if (cmd != NULL && (strcmp(cmd, "stats") == 0 || strcmp(cmd, "remote") == 0) &&
             strcmp(a, "--json") == 0) {
             json = true;
+            continue;
+        }
+        if (cmd != NULL &&
+            (strcmp(cmd, "verify") == 0 || strcmp(cmd, "gc") == 0 || strcmp(cmd, "push") == 0 ||
+             strcmp(cmd, "remote") == 0) &&
+            strcmp(a, "--quiet") == 0) {
+            c.quiet = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "config") == 0 && strcmp(a, "--markdown") == 0) {
+            markdown = true;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--openmetrics") == 0) {
@@ -1445,10 +1506,11 @@ int main(int argc, char **argv)
             if (!known)
                 return kc_tool_usage_error("unknown command '%s'", a);
             cmd = a;
+            kc_tool_set_command(cmd);
             continue;
         }
-        if (npos >= 1 ||
-            (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 && strcmp(cmd, "remote") != 0))
+        if (npos >= 1 || (strcmp(cmd, "show") != 0 && strcmp(cmd, "keygen") != 0 &&
+                          strcmp(cmd, "remote") != 0 && strcmp(cmd, "help") != 0))
             return kc_tool_usage_error("unexpected argument '%s' for '%s'", a, cmd);
         pos[npos++] = a;
     }
@@ -1457,8 +1519,12 @@ int main(int argc, char **argv)
         return kc_tool_usage_error("no command given");
     c.prog_cmd = cmd;
     if (strcmp(cmd, "help") == 0) {
-        fputs(usage_text, stdout);
-        return 0;
+        if (kc_tool_help(stdout, pos[0]) != 0) {
+            kc_tool_set_command(NULL);
+            return kc_tool_usage_error("no help on '%s': the topics are %s", pos[0],
+                                       kc_tool_help_topics());
+        }
+        return kc_tool_flush(stdout) != 0 ? KC_EXIT_RUNTIME : 0;
     }
 
     /* The tool's own configuration warnings; `config` prints them itself. */
@@ -1467,7 +1533,7 @@ int main(int argc, char **argv)
             kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[i]);
 
     if (strcmp(cmd, "config") == 0)
-        return cmd_config(&c);
+        return cmd_config(&c, markdown);
     if (strcmp(cmd, "keygen") == 0) {
         if (npos != 1)
             return kc_tool_usage_error("keygen needs a PATH");
@@ -1491,7 +1557,8 @@ int main(int argc, char **argv)
     c.adm = kc_store_admin();
     if (c.api == NULL || c.api->abi != KC_STORE_ABI || c.api->ops == NULL || c.adm == NULL ||
         c.adm->abi != KC_STORE_ABI) {
-        kc_tool_err("the store library has ABI %d, this tool needs %d",
+        kc_tool_err("the store library has ABI %d, this tool needs %d: they are from different "
+                    "builds; reinstall kcache",
                     c.api != NULL ? c.api->abi : -1, KC_STORE_ABI);
         return KC_EXIT_RUNTIME;
     }

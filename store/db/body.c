@@ -10,8 +10,7 @@
  * level 3); a get in a host thread borrows one from a small pool rather
  * than keep one per thread (a thread that exits would leak it).
  */
-#include "internal.h"
-#include "meta.h"
+#include "body.h"
 
 #include <errno.h>
 #include <pthread.h>

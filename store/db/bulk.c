@@ -8,7 +8,7 @@
  * bundle to their table as the bytes they are (a bundle's 'S' entries are
  * the store's own stored bodies).
  *
- * The bundle was read and checked whole before (bundle.c's first pass);
+ * The bundle was read and checked whole before (import.c's kc__import_check);
  * this pass reads it again (a private file: the same bytes), checking
  * every digest again, and collects each entry and where its stored body
  * lies in the file, which it maps. Ingested in that order: bodies,
@@ -18,8 +18,7 @@
  * written: a store with entries, a bundle with plain bodies ('P' puts: an
  * earlier version's), compressed blocks, or entries out of kernels order.
  */
-#include "bundle.h"
-#include "owner.h"
+#include "jobs.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -212,6 +211,7 @@ static int collect(const struct kc_bundle_import_opts *o, int fd, struct kc_bund
     bool have_prev = false;
     uint32_t prev_off = 0;
     size_t prev_len = 0;
+    uint64_t done = 0;
     int ok = 1;
     while (rc == 0 && ok) {
         struct kc__sp_put sp;
@@ -221,6 +221,7 @@ static int collect(const struct kc_bundle_import_opts *o, int fd, struct kc_bund
             rc = n;
             break;
         }
+        kc__import_progress(o, ++done, info->entries);
         if (idx >= info->n_ns || strcmp(info->ns[idx].ns, sp.ns) != 0) {
             rc = -EIO;
             snprintf(info->why, sizeof info->why, "the bundle changed between its readings");
@@ -374,7 +375,7 @@ static int cmp_used(const void *a, const void *b)
 }
 
 /* Hot files for the most recently used entries, as many as DIR/hot's
- * bound holds (as bundle.c's import_hot chooses them from the database),
+ * bound holds (as import.c's kc__import_hot chooses them from the database),
  * written from the bundle's bodies while the tables are written and
  * ingested (no lookup, no pass over the tables), under staged names that
  * become theirs once the tables are in (kc__hot_stage_end). The bound follows the
@@ -489,6 +490,8 @@ int kc__bulk_import(struct kc__owner *ow, int fd, const struct kc_bundle_import_
         if (rc == 0)
             rc = kc__owner_commit(ow);
         rc = rc == 0 ? 1 : rc;
+        if (rc == 1) /* all of it read (the reader checks the count) and written */
+            kc__import_progress(o, info->entries, info->entries);
     }
     if (hj.started) {
         pthread_join(hj.th, NULL);

@@ -1,7 +1,8 @@
 /*
  * bundle.h: the byte layout of a bundle (kcache export / import), its
- * stream reader and writer (bundle_io.c) and the store's side of export
- * and import (bundle.c). Every number is little-endian; a u64 is 8 bytes.
+ * stream reader and writer (bundle_io.c), which the store's side of export
+ * (export.c) and import (import.c, bulk.c; run by bundle.c) read and
+ * write through. Every number is little-endian; a u64 is 8 bytes.
  *
  * A bundle is a header, blocks, and a trailer, written in one pass (a
  * pipe will do) and read in one pass, every byte through one stream type
@@ -85,6 +86,7 @@
 #define KCACHE_STORE_BUNDLE_H
 
 #include "../local/local.h"
+#include "body.h"
 #include "meta.h"
 
 #include <pthread.h>
@@ -339,37 +341,9 @@ int kc__bundle_trailer_peek(const unsigned char *t, struct kc_bundle_info *info)
  * 0123456789abcdef, record format 1"), into out (n bytes). */
 void kc__bundle_ns_describe(const char *ns, char *out, size_t n);
 
-/* ---- the store side (bundle.c), and what store.c gives it ---------------- */
-
-struct kc_store;
-struct kc__db;
-struct kc__owner;
-/* The store's reader caught up and held: 0 with *d (release it), -ENOENT
- * when there is no database yet, -EIO when there is one and no reader
- * could be opened (a few tries). */
-int kc__store_reader_hold(struct kc_store *st, struct kc__db **d);
-void kc__store_reader_release(struct kc_store *st);
-/* Becomes the owner for a tool operation (-EROFS on a read-only store),
- * and ends it (starting the background owner again if writers left work). */
-int kc__store_as_owner(struct kc_store *st, struct kc__owner **o);
-void kc__store_end_owner(struct kc_store *st, struct kc__owner *o);
-
-int kc__bundle_export(struct kc_store *st, const struct kc_bundle_export_opts *opts,
-                      struct kc_bundle_info *info);
-int kc__bundle_import(struct kc_store *st, const struct kc_bundle_import_opts *opts,
-                      struct kc_bundle_info *info);
-
-/* ---- bulk import (bulk.c) ------------------------------------------------- */
-
-/* Imports a verified bundle (fd: a private regular file, read from 0) into
- * the owner's database when that holds no entry, as sorted tables
- * ingested whole: 1 when done (info's per-namespace counts set; *hot_done
- * when it wrote the hot files of the newest entries too), 0 when
- * the bundle or the store does not qualify (nothing written: import as
- * drained puts), or a negative errno with info->why. */
-int kc__bulk_import(struct kc__owner *ow, int fd, const struct kc_bundle_import_opts *o,
-                    struct kc_bundle_info *info, bool *hot_done);
-/* Removes bulk.c's tables a killed import left in DIR/db. */
-void kc__bulk_sweep(struct kc__owner *ow);
+/* Writes the reason an operation failed into info->why (printf's format):
+ * returns rc. */
+int kc__bundle_why(struct kc_bundle_info *info, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif

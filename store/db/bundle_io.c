@@ -6,7 +6,6 @@
  * what a bundle merely declares.
  */
 #include "bundle.h"
-#include "meta.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -26,6 +25,15 @@
 #define HEADER_TEXT_NS (256u << 10)
 
 /* ---- the stream ---------------------------------------------------------- */
+
+int kc__bundle_why(struct kc_bundle_info *info, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(info->why, sizeof info->why, fmt, ap);
+    va_end(ap);
+    return rc;
+}
 
 int kc__bs_init(struct kc__bstream *s, int fd, const void *mem, size_t n)
 {

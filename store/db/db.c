@@ -7,8 +7,7 @@
  * block), sources (ns \0 source digest -> key), meta
  * (b/<backend> counters, n/<ns> namespace names, r/<digest> refcount+size).
  */
-#include "internal.h"
-#include "meta.h"
+#include "db.h"
 #include "rocksdb_compat.h"
 
 #include <dirent.h>
@@ -496,4 +495,19 @@ int kc__lookup(struct kc__db *d, const char *ns, const kc_key *key, void **body,
     *body = bv;
     *len = bvl;
     return 0;
+}
+
+int kc__db_gen_get(struct kc__db *d, uint64_t *gen)
+{
+    char *v = NULL;
+    size_t vl = 0;
+    int rc = kc__db_get(d, KC__CF_META, KC__META_GEN_KEY, 1, &v, &vl);
+    if (rc < 0)
+        return rc;
+    if (vl == KC__META_GEN_VAL_LEN)
+        *gen = kc__get_u64((unsigned char *)v);
+    else
+        rc = -EBADMSG;
+    free(v);
+    return rc;
 }

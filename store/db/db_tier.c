@@ -16,7 +16,7 @@
  * database through the owner. The administration (store.c) reads through
  * the same reader.
  */
-#include "internal.h"
+#include "db_tier.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -586,8 +586,8 @@ static int dbt_take_by_source(struct kc_tier *t, const char *ns, const kc_digest
             kc__dbt_refresh(st, kc__dbt_gen(st), false);
         if (!__atomic_load_n(&st->rd_ready, __ATOMIC_ACQUIRE))
             continue;
-        char *v;
-        size_t vl;
+        char *v = NULL;
+        size_t vl = 0;
         pthread_rwlock_rdlock(&st->rdlk);
         int got = st->rd_ready ? kc__db_get(&st->rd, KC__CF_SOURCES, kk, kl, &v, &vl) : -ENOENT;
         pthread_rwlock_unlock(&st->rdlk);

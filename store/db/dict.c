@@ -10,7 +10,7 @@
  * before any body uses it, and trains a new one after every RETRAIN_BYTES
  * drained; old ones stay for the bodies that name them.
  */
-#include "owner.h"
+#include "parts.h"
 
 #include <errno.h>
 #include <stdlib.h>

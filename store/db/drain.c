@@ -3,11 +3,11 @@
  * ROUND_FILES put files: each file one write batch, then one synced write
  * and the generation bump readers watch (kc__owner_commit), then the puts
  * are uploaded to the remote when one is configured (upload.c), then the
- * put files become hot files or are unlinked. Purge requests, hit logs (evict.c folds them into
- * recency) and counter logs follow, one commit for all of them. A database that reports a
- * corruption is recovered and the drain done again.
+ * put files become hot files or are unlinked. Purge requests, hit logs (put.c folds them into
+ * recency) and counter logs (counters.c) follow, one commit for all of them. A database that
+ * reports a corruption is recovered and the drain done again by the session (owner.c).
  */
-#include "owner.h"
+#include "jobs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -115,103 +115,6 @@ static int list_spool(const char *spool, struct listing *l)
 
 /* ---- applying spool files ---------------------------------------------- */
 
-int kc__apply_put(struct kc__owner *o, const struct kc__sp_put *sp, bool *applied)
-{
-    struct kc_buf stored = {0};
-    int rc = kc__body_encode(sp->body, sp->body_len, &o->cdict, &stored);
-    kc__dict_sample(o, sp->body, sp->body_len);
-    if (rc == 0) {
-        kc_digest dg = kc_digest_of(stored.p, stored.len);
-        unsigned char digest[16];
-        kc__digest_encode(&dg, digest);
-        rc = kc__apply_put_stored(o, sp, digest, stored.p, stored.len, applied);
-    }
-    kc_buf_free(&stored);
-    return rc;
-}
-
-int kc__apply_put_stored(struct kc__owner *o, const struct kc__sp_put *sp,
-                         const unsigned char digest[16], const void *stored, size_t stored_len,
-                         bool *applied)
-{
-    /* The filter first: it must never say "absent" for a key a reader
-     * could have stopped finding in the spool. */
-    kc__filter_add(&o->f, kc__fhash_kernel(sp->ns, &sp->key));
-    if (sp->has_source)
-        kc__filter_add(&o->f, kc__fhash_source(sp->ns, &sp->source));
-    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-    size_t kl = kc__kkey(sp->ns, &sp->key, kk);
-    struct kc__hdr h = sp->hdr;
-    bool need_ref = true;
-
-    char *old = NULL;
-    size_t oldl = 0;
-    int rc = kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &old, &oldl);
-    if (rc < 0 && rc != -ENOENT)
-        return rc;
-    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    if (rc == 0) {
-        struct kc__hdr oh;
-        const unsigned char *od = kc__kval_digest(old, oldl);
-        if (kc__kval_decode(old, oldl, &oh) == 0) {
-            if (oh.created_ns > h.created_ns) {
-                /* A newer version is already in: this one is stale. */
-                free(old);
-                rocksdb_writebatch_destroy(wb);
-                *applied = false;
-                return 0;
-            }
-            h.hits = oh.hits;
-            h.last_hit_ns = oh.last_hit_ns;
-            if (memcmp(od, digest, 16) == 0)
-                need_ref = false;
-        }
-        if (need_ref && od != NULL)
-            kc__ref_drop(o, wb, od);
-        free(old);
-    }
-
-    uint64_t cnt = 0, size = 0;
-    rc = kc__ref_get(o, digest, &cnt, &size);
-    if (rc < 0 && rc != -ENOENT)
-        goto out;
-    /* The body must be there and whole: the bytes its digest names (the
-     * digest is of the stored bytes); rewrite it when it is not. */
-    char *bv = NULL;
-    size_t bvl = 0;
-    bool body_ok = kc__db_get(&o->d, KC__CF_BODIES, digest, 16, &bv, &bvl) == 0 &&
-                   bvl == stored_len && memcmp(bv, stored, bvl) == 0;
-    free(bv);
-    rc = 0;
-    if (!body_ok)
-        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_BODIES], (char *)digest, 16,
-                                  (const char *)stored, stored_len);
-    if (need_ref || cnt == 0) {
-        if (cnt == 0)
-            o->unique += h.body_size;
-        kc__ref_put(o, wb, digest, cnt + 1, h.body_size);
-    }
-
-    unsigned char kv[KC__KVAL_LEN];
-    kc__kval_encode(&h, digest, kv);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, (char *)kv, sizeof kv);
-    unsigned char nk[KC__META_NAME_KEY_MAX];
-    size_t nkl = kc__meta_ns_key(sp->ns, nk);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)nk, nkl, "", 0);
-    if (sp->has_source) {
-        unsigned char sk[KC__NS_MAX + 1 + 16], sv[KC__KEY_LEN];
-        size_t sl = kc__skey(sp->ns, &sp->source, sk);
-        kc__key_encode(&sp->key, sv);
-        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_SOURCES], (char *)sk, sl, (char *)sv,
-                                  sizeof sv);
-    }
-    rc = kc__owner_write(o, wb, false);
-    *applied = rc == 0;
-out:
-    rocksdb_writebatch_destroy(wb);
-    return rc;
-}
-
 /* Reads the spool file `name`: 0 with *buf (malloc'd); 1 when there is
  * nothing to apply (it is gone, or unreadable: counted bad, unlinked with
  * the round); or the error opening DIR/spool. */
@@ -316,59 +219,6 @@ static int apply_purge(struct kc__owner *o, const struct kc__sp_item *it)
     return rc;
 }
 
-/* Adds the counters of `n` items to the database's, with `mark` (the
- * applied key of their log, or NULL), in one write: a log is in the
- * counters exactly when its mark is. Items of one backend are summed
- * first (each backend's key is read once). */
-static int apply_counts(struct kc__owner *o, const struct kc__sp_item *items, size_t n,
-                        const unsigned char *mark, size_t markl)
-{
-    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = strcmp(items[j].ns, items[i].ns) == 0;
-        if (seen)
-            continue;
-        unsigned char k[KC__META_NAME_KEY_MAX];
-        size_t kl = kc__meta_counters_key(items[i].ns, k);
-        uint64_t v[KC_N_COUNTERS] = {0};
-        char *old = NULL;
-        size_t ol = 0;
-        if (kc__db_get(&o->d, KC__CF_META, k, kl, &old, &ol) == 0) {
-            kc__meta_counters_parse(old, ol, v); /* another length: from zero */
-            free(old);
-        }
-        for (size_t j = i; j < n; j++) {
-            if (strcmp(items[j].ns, items[i].ns) != 0)
-                continue;
-            uint64_t add[KC_N_COUNTERS];
-            kc_counters_to_array(&items[j].c, add);
-            for (int f = 0; f < KC_N_COUNTERS; f++)
-                v[f] += add[f];
-        }
-        unsigned char out[KC__META_COUNTERS_VAL_LEN];
-        kc__meta_counters_value(v, out);
-        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (char *)k, kl, (char *)out, sizeof out);
-    }
-    if (rc == 0 && mark != NULL) {
-        unsigned char t[8];
-        kc__put_u64(t, kc_wall_ns());
-        rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], (const char *)mark, markl, (char *)t,
-                                  sizeof t);
-    }
-    if (rc == 0)
-        rc = kc__owner_write(o, wb, false);
-    rocksdb_writebatch_destroy(wb);
-    return rc;
-}
-
-static int apply_count(struct kc__owner *o, const struct kc__sp_item *it)
-{
-    return apply_counts(o, it, 1, NULL, 0);
-}
-
 /* Deletes the marks of counter logs applied over KC__META_APPLIED_KEEP_NS
  * ago: no reader still holds a listing of the spool from before they were
  * unlinked. */
@@ -395,15 +245,6 @@ static int prune_applied(struct kc__owner *o)
     int rc = n > 0 ? kc__owner_write(o, wb, false) : 0;
     rocksdb_writebatch_destroy(wb);
     return rc;
-}
-
-int kc__owner_add_count(struct kc__owner *o, const char *backend, const struct kc_counters *c)
-{
-    struct kc__sp_item it;
-    memset(&it, 0, sizeof it);
-    snprintf(it.ns, sizeof it.ns, "%s", backend);
-    it.c = *c;
-    return apply_count(o, &it);
 }
 
 /* Applies a purge, hit or counter file; a bad one is counted and dropped. */
@@ -446,7 +287,7 @@ static int apply_items_file(struct kc__owner *o, const char *name, int want)
             items[ni++] = it;
         }
         if (rc == 0)
-            rc = apply_counts(o, items, ni, mk, ml);
+            rc = kc__counts_add(o, items, ni, mk, ml);
         free(items);
         free(buf);
         return rc;
@@ -471,7 +312,7 @@ static void unlink_all(struct kc__owner *o, char **names, size_t n)
     close(dfd);
 }
 
-static int drain_once(struct kc__owner *o, uint64_t *count)
+int kc__drain_once(struct kc__owner *o, uint64_t *count)
 {
     struct listing l;
     uint64_t done = 0;
@@ -544,21 +385,5 @@ static int drain_once(struct kc__owner *o, uint64_t *count)
         kc__owner_filter_maybe_rebuild(o);
     if (count != NULL)
         *count = done;
-    return rc;
-}
-
-/* A database RocksDB reports as corrupt is recovered (kc__owner_recover) and
- * the drain done again: a bad table must never wedge the spool. */
-int kc__owner_drain(struct kc__owner *o, uint64_t *count)
-{
-    int rc = drain_once(o, count);
-    if (o->d.corrupt && !o->recovering) {
-        uint64_t more = 0;
-        rc = kc__owner_recover(o, "drain");
-        if (rc == 0)
-            rc = drain_once(o, &more);
-        if (count != NULL)
-            *count += more;
-    }
     return rc;
 }

@@ -1,38 +1,13 @@
 /*
- * evict.c: recency and eviction. Hit logs are folded into their entries
- * (hits, last hit), and past the size limit the least recently hit
- * entries are evicted, with the sources entries left without a kernel.
+ * evict.c: eviction. Past the size limit the least recently hit entries
+ * (their recency: hit logs folded in by put.c's kc__apply_hit) are
+ * evicted, with the sources entries left without a kernel.
  */
-#include "owner.h"
+#include "jobs.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kc__apply_hit(struct kc__owner *o, const struct kc__sp_item *it)
-{
-    unsigned char kk[KC__NS_MAX + 1 + KC__KEY_LEN];
-    size_t kl = kc__kkey(it->ns, &it->key, kk);
-    char *kv = NULL;
-    size_t kvl = 0;
-    if (kc__db_get(&o->d, KC__CF_KERNELS, kk, kl, &kv, &kvl) != 0)
-        return 0;
-    struct kc__hdr h;
-    int rc = 0;
-    if (kc__kval_decode(kv, kvl, &h) == 0) {
-        h.hits += it->a;
-        if (it->b > h.last_hit_ns)
-            h.last_hit_ns = it->b;
-        kc__hdr_encode(&h, (unsigned char *)kv); /* the header leads the value */
-        char *err = NULL;
-        rocksdb_put_cf(o->d.db, o->d.wo, o->d.cf[KC__CF_KERNELS], (char *)kk, kl, kv, kvl, &err);
-        rc = kc__db_err(err, "put");
-        if (rc == 0)
-            kc__hot_touch(o, it->ns, &it->key);
-    }
-    free(kv);
-    return rc;
-}
 
 struct victim {
     unsigned char *k;
@@ -46,12 +21,14 @@ static int cmp_victim(const void *a, const void *b)
     return x->recency < y->recency ? -1 : x->recency > y->recency;
 }
 
-/* Evicts least-recently-hit entries until o->unique <= target. */
+/* Evicts least-recently-hit entries until o->unique <= target. The
+ * progress counts bytes: freed of the o->unique - target to free. */
 int kc__evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progress_fn progress,
               void *arg)
 {
     if (o->unique <= target)
         return 0;
+    const uint64_t before = o->unique, want = before - target;
     struct victim *v = NULL;
     size_t n = 0, cap = 0;
     rocksdb_iterator_t *it = rocksdb_create_iterator_cf(o->d.db, o->d.ro, o->d.cf[KC__CF_KERNELS]);
@@ -95,8 +72,14 @@ int kc__evict(struct kc__owner *o, uint64_t target, uint64_t *evicted, kc_progre
         kc__filter_note_delete(&o->f);
         if (evicted)
             (*evicted)++;
-        if (progress && (i & 255) == 0)
-            progress(i, n, arg);
+        if (progress) {
+            uint64_t freed = before > o->unique ? before - o->unique : 0;
+            progress(freed, freed > want ? freed : want, arg);
+        }
+    }
+    if (progress && rc == 0) {
+        uint64_t freed = before > o->unique ? before - o->unique : 0;
+        progress(freed, freed, arg);
     }
     for (size_t i = 0; i < n; i++)
         free(v[i].k);

@@ -5,7 +5,7 @@
  * sources key when an earlier session did not close it or deletes made it
  * stale.
  */
-#include "owner.h"
+#include "parts.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
  * least recently hit packed ones removed: the newest stay plain, the
  * fastest to serve. Sizes count the blocks files take.
  */
-#include "owner.h"
+#include "parts.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -96,21 +96,6 @@ void kc__meta_gen_value(uint64_t gen, unsigned char out[KC__META_GEN_VAL_LEN])
     kc__put_u64(out, gen);
 }
 
-int kc__meta_gen_get(struct kc__db *d, uint64_t *gen)
-{
-    char *v;
-    size_t vl;
-    int rc = kc__db_get(d, KC__CF_META, KC__META_GEN_KEY, 1, &v, &vl);
-    if (rc < 0)
-        return rc;
-    if (vl == KC__META_GEN_VAL_LEN)
-        *gen = kc__get_u64((unsigned char *)v);
-    else
-        rc = -EBADMSG;
-    free(v);
-    return rc;
-}
-
 void kc__kval_encode(const struct kc__hdr *h, const unsigned char digest[16],
                      unsigned char out[KC__KVAL_LEN])
 {

@@ -3,7 +3,7 @@
  * number is little-endian; a u64 is 8 bytes. Only the owner writes the
  * database; readers (store.c, db.c's kc__lookup) only read it.
  *
- * Column families (enum in internal.h):
+ * Column families (enum in db.h):
  *
  *   kernels   key    ns \0 key: the namespace (1..127 bytes, no NUL), a
  *                    NUL, the key (24: id.lo, id.hi, build; u64 each).
@@ -14,12 +14,12 @@
  *                    kc_digest_of of the body as stored, below; for a
  *                    body an earlier version stored, of the body itself):
  *                    KC__KVAL_LEN bytes. kc__kval_*.
- *             Written by drain.c (a put: the whole value) and evict.c (a
- *             hit: the header's hits and last hit); deleted by
- *             refcount.c's kc__kernel_delete (purges, eviction) and by
- *             admin.c (verify with repair, clear). Read by db.c's
- *             kc__lookup (every get, readers' and the owner's), drain.c,
- *             evict.c, admin.c, filter_sync.c (keys) and store.c (ls,
+ *             Written by put.c (a put: the whole value; a hit: the
+ *             header's hits and last hit); deleted by refcount.c's
+ *             kc__kernel_delete (purges, eviction) and by verify.c
+ *             (repair) and admin.c (clear). Read by db.c's kc__lookup
+ *             (every get, readers' and the owner's), put.c, drain.c,
+ *             evict.c, verify.c, filter_sync.c (keys) and store.c (ls,
  *             stats, verify).
  *
  *   bodies    key    the digest of the value (16): the same body stored
@@ -37,16 +37,16 @@
  *                    such, and checked against its header as every body.
  *                    RocksDB does not compress this family (db.c), so a
  *                    bundle carries these bytes as they are.
- *             Written by drain.c (when missing or failing its checksum);
- *             deleted by refcount.c with its last reference and by
- *             admin.c (verify with repair: bodies nothing names, clear).
- *             Read by db.c's kc__lookup, drain.c and admin.c.
+ *             Written by put.c (when missing or failing its checksum);
+ *             deleted by refcount.c with its last reference, by
+ *             verify.c (repair: bodies nothing names) and admin.c
+ *             (clear). Read by db.c's kc__lookup, put.c and verify.c.
  *
  *   sources   key    ns \0 source digest: the namespace, a NUL, the
  *                    digest of the source the kernel was compiled from
  *                    (16). kc__skey (record.c), kc__skey_split (here).
  *             value  the kernel's key (24, kc__key_encode).
- *             Written by drain.c (a put with a source); deleted by
+ *             Written by put.c (a put with a source); deleted by
  *             drain.c (a purge), evict.c (kc__prune_sources: no kernel
  *             left) and admin.c (clear). Read by store.c (take_by_source),
  *             drain.c, evict.c and filter_sync.c (keys).
@@ -55,15 +55,15 @@
  *
  *     "g"             (1 byte)  value: u64, the generation: the sequence
  *                     number of the owner's last commit (8 bytes).
- *                     Written by owner.c's kc__owner_commit with every
+ *                     Written by batch.c's kc__owner_commit with every
  *                     commit; read by owner.c when a session begins and by
  *                     recover.c after a repair, to continue the sequence
- *                     (kc__meta_gen_get); DIR/filter's stamp is compared
+ *                     (kc__db_gen_get); DIR/filter's stamp is compared
  *                     with it (filter_sync.c).
  *     "r/" digest     (2 + 16)  value: u64 refcount (how many kernels
  *                     entries name the body), u64 body size (16 bytes).
- *                     Written by refcount.c (kc__ref_put: drain.c's puts,
- *                     kc__ref_drop, admin.c's verify with repair), deleted
+ *                     Written by refcount.c (kc__ref_put: put.c's puts,
+ *                     kc__ref_drop, verify.c's repair), deleted
  *                     with the body when the count reaches 0. Read by
  *                     refcount.c (kc__ref_get; kc__count_unique sums the
  *                     sizes: the bytes the size limit counts) and store.c
@@ -72,19 +72,19 @@
  *     "b/" backend    (2 + 1..127) value: KC_N_COUNTERS u64, in
  *                     KC_COUNTERS order (store.h; 8 * KC_N_COUNTERS bytes).
  *                     A backend's counters ("nvrtc", "jit"), as counter
- *                     logs added them up. Written by drain.c (read, added
+ *                     logs added them up. Written by counters.c (read, added
  *                     to, written back); read by store.c (stats: backends
  *                     named in under 32 bytes); clear keeps them.
  *     "c/" name       (2 + 1..255) value: u64, the wall time (ns) it was
  *                     written. The counter log `name` of the spool is in
- *                     the "b/" counters: written by drain.c in the batch
+ *                     the "b/" counters: written by counters.c in the batch
  *                     that adds the log up, before the log is unlinked, and
  *                     deleted a minute later (drain.c), so that a reader
  *                     (store.c's stats: the spool's logs listed first, then
  *                     the database) and an owner that takes over from a
  *                     killed one count each log once.
  *     "n/" ns         (2 + 1..127) value: empty. The namespace has had an
- *                     entry. Written by drain.c with every put; nothing
+ *                     entry. Written by put.c with every put; nothing
  *                     reads it yet; clear removes it.
  *     "z/" id         (2 + 8) value: a zstd dictionary (at most
  *                     KC__DICT_BYTES), id its kc__dict_id (XXH3-64 of
@@ -105,7 +105,7 @@
 #ifndef KCACHE_STORE_META_H
 #define KCACHE_STORE_META_H
 
-#include "internal.h"
+#include "../local/chain.h"
 
 /* ---- the meta family -------------------------------------------------- */
 
@@ -153,54 +153,6 @@ size_t kc__meta_applied_key(const char *name, unsigned char out[KC__META_APPLIED
 size_t kc__meta_ns_key(const char *ns, unsigned char out[KC__META_NAME_KEY_MAX]);
 
 void kc__meta_gen_value(uint64_t gen, unsigned char out[KC__META_GEN_VAL_LEN]);
-/* Reads the generation: 0 with *gen set, -EBADMSG when the value is not 8
- * bytes, or kc__db_get's error (-ENOENT: none yet); *gen is set only on 0. */
-int kc__meta_gen_get(struct kc__db *d, uint64_t *gen);
-
-/* ---- the bodies family (body.c) ----------------------------------------- */
-
-#define KC__BODY_MAGIC 0x31424bffu
-#define KC__BODY_HDR 16
-#define KC__BODY_LEVEL 3
-/* A body at most 1 GiB (a stored value claiming more is not ours). */
-#define KC__BODY_MAX (1ull << 30)
-enum { KC__BODY_RAW = 0, KC__BODY_ZSTD = 1, KC__BODY_ZSTD_DICT = 2, KC__BODY_LEGACY = 255 };
-/* A store's compression dictionary: at most this big. */
-#define KC__DICT_BYTES (16u << 10)
-
-/* An encoding dictionary (ZSTD_CDict) and its id. */
-struct kc__cdict {
-    uint64_t id;
-    void *cd;
-};
-int kc__cdict_make(struct kc__cdict *c, const void *p, size_t n);
-void kc__cdict_free(struct kc__cdict *c);
-/* A dictionary's id: XXH3-64 of its bytes, never 0. */
-uint64_t kc__dict_id(const void *p, size_t n);
-/* Trains a dictionary (at most KC__DICT_BYTES) on n samples laid end to
- * end, appended to out: 0, or -EINVAL (too few or too alike) or -ENOMEM. */
-int kc__dict_train(const void *samples, const size_t *sizes, unsigned n, struct kc_buf *out);
-
-/* Decoding dictionaries (struct kc__dicts: internal.h). */
-void kc__dicts_init(struct kc__dicts *d, int (*load)(void *arg, uint64_t id, char **p, size_t *n),
-                    void *arg);
-void kc__dicts_free(struct kc__dicts *d);
-
-/* Appends body (n bytes) as stored to out: zstd (with cd's dictionary, when
- * given) when that shrinks it, as it is otherwise. 0 or -ENOMEM. */
-int kc__body_encode(const void *body, size_t n, const struct kc__cdict *cd, struct kc_buf *out);
-/* A stored value's body size, codec (KC__BODY_LEGACY: a value without the
- * magic, the body itself) and dictionary (*dict, 0: none; may be NULL),
- * without inflating it: 0 or -EBADMSG. */
-int kc__body_info(const void *v, size_t vl, uint64_t *raw_len, int *codec, uint64_t *dict);
-/* Inflates a stored value (its dictionary from dicts): 0 with *body
- * (malloc'd, *n bytes: the size the value states), -EBADMSG (not a stored
- * body, its dictionary unknown, or not inflating to exactly its stated
- * size) or -ENOMEM. The caller checks it against its header. */
-int kc__body_decode(const void *v, size_t vl, struct kc__dicts *dicts, char **body, size_t *n);
-/* kc__db_get of the bodies family, then kc__body_decode with d's
- * dictionaries. */
-int kc__body_get(struct kc__db *d, const unsigned char digest[16], char **body, size_t *n);
 
 /* ---- dictionaries (meta family) ---------------------------------------- */
 

@@ -1,16 +1,18 @@
 /*
  * owner.c: the owner's session, the one process that holds the primary.
  *
- * It takes DIR/owner.lock with flock() (the kernel frees it if the owner
- * dies), opens the primary, drains the spool (drain.c), folds hit logs
- * into recency and evicts past the size limit (evict.c), keeps the hot
- * files (hot.c) and the filter (filter_sync.c), recovers a corrupt
- * database (recover.c), settles flushes and compactions when the session
- * ends (settle.c) and exits when idle. The tool operations that must
- * write (gc, verify with repair, clear: admin.c) become the owner for
- * their duration. This file: the lock, begin and end, stop requests, the
- * write batch and the durable commit every job ends with, and the run
- * loop of a background owner.
+ * The top of the owner's tree (ARCHITECTURE.md, "store/db/ in layers"): it
+ * runs the jobs (jobs.h), which call only what is below them. It takes
+ * DIR/owner.lock with flock() (the kernel frees it if the owner dies),
+ * opens the primary, drains the spool (drain.c), recovers a corrupt
+ * database and drains again (recover.c), evicts past the size limit
+ * (evict.c), keeps the hot files (hot.c) and the filter (filter_sync.c),
+ * settles flushes and compactions when the session ends (settle.c) and
+ * exits when idle. The tool operations that must write (gc, verify with
+ * repair, clear: admin.c) become the owner for their duration. This file:
+ * the lock, begin and end, asking another owner to stop, the drain with
+ * its recovery, and the run loop of a background owner; the write batch
+ * and the durable commit every job ends with are batch.c's.
  *
  * Every step is idempotent, so an owner killed at any point leaves work the
  * next one redoes: a put file is renamed p- -> d- before it is applied and
@@ -18,7 +20,7 @@
  * first.
  */
 #include "owner.h"
-#include "bundle.h"
+#include "jobs.h"
 #include "../../common/log.h"
 
 #include <dirent.h>
@@ -35,11 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-struct kc__db *kc__owner_db(struct kc__owner *o)
-{
-    return &o->d;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -47,41 +44,20 @@ static void sleep_ms(int ms)
         ;
 }
 
-int kc__owner_write(struct kc__owner *o, rocksdb_writebatch_t *wb, bool sync)
+/* A database RocksDB reports as corrupt is recovered (kc__owner_recover) and
+ * the drain done again: a bad table must never wedge the spool. */
+int kc__owner_drain(struct kc__owner *o, uint64_t *count)
 {
-    char *err = NULL;
-    rocksdb_write(o->d.db, sync ? o->d.wo_sync : o->d.wo, wb, &err);
-    int rc = kc__db_err(err, "write");
-    if (rc == -EBADMSG) /* a background error: a compaction read a bad block */
-        o->d.corrupt = true;
+    int rc = kc__drain_once(o, count);
+    if (o->d.corrupt && !o->recovering) {
+        uint64_t more = 0;
+        rc = kc__owner_recover(o, "drain");
+        if (rc == 0)
+            rc = kc__drain_once(o, &more);
+        if (count != NULL)
+            *count += more;
+    }
     return rc;
-}
-
-/* Makes everything written so far durable and tells readers to catch up. */
-int kc__owner_commit(struct kc__owner *o)
-{
-    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    unsigned char v[KC__META_GEN_VAL_LEN];
-    kc__meta_gen_value(++o->gen_seq, v);
-    rocksdb_writebatch_put_cf(wb, o->d.cf[KC__CF_META], KC__META_GEN_KEY, 1, (char *)v, sizeof v);
-    int rc = kc__owner_write(o, wb, true);
-    rocksdb_writebatch_destroy(wb);
-    if (rc == 0 && o->gen != NULL)
-        __atomic_add_fetch(o->gen, 1, __ATOMIC_SEQ_CST);
-    return rc;
-}
-
-/* Whether a tool operation asked this owner to stop (an s- file). */
-bool kc__stop_asked(struct kc__owner *o)
-{
-    DIR *d = opendir(o->p.spool);
-    struct dirent *e;
-    bool asked = false;
-    while (!asked && d != NULL && (e = readdir(d)) != NULL)
-        asked = e->d_name[0] == 's' && e->d_name[1] == '-';
-    if (d != NULL)
-        closedir(d);
-    return asked;
 }
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -206,7 +182,7 @@ static int owner_begin(const char *dir, uint64_t max_size, int wait_ms, bool sto
     if (o->gen != NULL)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* a new session */
     o->unique = kc__count_unique(o);
-    kc__meta_gen_get(&o->d, &o->gen_seq);
+    kc__db_gen_get(&o->d, &o->gen_seq);
     kc__dict_load(o);
     clean_stale(o);
     kc__owner_filter_begin(o);

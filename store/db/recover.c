@@ -13,7 +13,7 @@
  * repair), and the filter is rebuilt. Entries lost are misses, compiled
  * again. Readers are told to reopen (a new epoch).
  */
-#include "owner.h"
+#include "jobs.h"
 #include "../../common/log.h"
 
 #include <errno.h>
@@ -109,7 +109,7 @@ int kc__owner_recover(struct kc__owner *o, const char *why)
     if (o->gen != NULL)
         __atomic_add_fetch(o->gen + 1, 1, __ATOMIC_SEQ_CST); /* readers reopen */
     o->gen_seq = 0;
-    kc__meta_gen_get(&o->d, &o->gen_seq);
+    kc__db_gen_get(&o->d, &o->gen_seq);
     kc__dict_load(o); /* the one the database still has, or none */
     o->unique = kc__count_unique(o);
     /* The filter must cover what hot_salvage puts back before it is

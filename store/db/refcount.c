@@ -5,7 +5,7 @@
  * drops the body. o->unique, the deduplicated bytes the size limit counts,
  * follows the refcounts.
  */
-#include "owner.h"
+#include "parts.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -14,8 +14,8 @@
 int kc__ref_get(struct kc__owner *o, const unsigned char digest[16], uint64_t *cnt, uint64_t *size)
 {
     unsigned char rk[KC__META_REF_KEY_LEN];
-    char *v;
-    size_t vl;
+    char *v = NULL;
+    size_t vl = 0;
     int rc = kc__db_get(&o->d, KC__CF_META, rk, kc__meta_ref_key(digest, rk), &v, &vl);
     if (rc < 0)
         return rc;

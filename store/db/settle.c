@@ -3,7 +3,7 @@
  * finish the compactions it scheduled and merges small families into one
  * sorted run; gc, clear and eviction compact every family.
  */
-#include "owner.h"
+#include "parts.h"
 
 #include <stdlib.h>
 #include <time.h>

@@ -5,9 +5,9 @@
  * gc, clear, drain, the owner) reads the database through that tier's
  * reader and works on the spool and the hot files.
  */
-#include "bundle.h"
-#include "internal.h"
-#include "meta.h"
+#include "db_tier.h"
+#include "jobs.h"
+#include "owner.h"
 
 #include "../../common/log.h"
 
@@ -624,6 +624,11 @@ static int st_verify(struct kc_store *store, int repair, struct kc_verify_report
         if (have) {
             rocksdb_iterator_t *it =
                 rocksdb_create_iterator_cf(st->rd.db, st->rd.ro, st->rd.cf[KC__CF_KERNELS]);
+            uint64_t total = 0;
+            /* The entries first (headers only), for the progress's total. */
+            if (progress)
+                for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it))
+                    total++;
             for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
                 size_t kl;
                 const char *k = rocksdb_iter_key(it, &kl);
@@ -637,9 +642,11 @@ static int st_verify(struct kc_store *store, int repair, struct kc_verify_report
                     kc__lookup(&st->rd, ns, &key, &body, &len, &h) != 0)
                     r.bad++;
                 free(body);
-                if (progress && (r.checked & 1023) == 0)
-                    progress(r.checked, 0, arg);
+                if (progress)
+                    progress(r.checked, total > r.checked ? total : r.checked, arg);
             }
+            if (progress)
+                progress(r.checked, r.checked, arg);
             rocksdb_iter_destroy(it);
             pthread_rwlock_unlock(&st->rdlk);
         }
@@ -708,9 +715,10 @@ static int st_drain(struct kc_store *store, int timeout_ms)
     return 0;
 }
 
-/* For bundle.c (bundle.h): the database tier's reader, caught up and held,
- * and the owner, as the other tool operations take them. */
-int kc__store_reader_hold(struct kc_store *store, struct kc__db **d)
+/* For the bundle operations (struct kc__store_access): the database
+ * tier's reader, caught up and held, and the owner, as the other tool
+ * operations take them. */
+static int reader_hold(struct kc_store *store, struct kc__db **d)
 {
     struct kc__dbt *st = kc__dbt_of(store);
     if (st == NULL)
@@ -729,20 +737,29 @@ int kc__store_reader_hold(struct kc_store *store, struct kc__db **d)
     return -EIO;
 }
 
-void kc__store_reader_release(struct kc_store *store)
+static void reader_release(struct kc_store *store)
 {
     pthread_rwlock_unlock(&kc__dbt_of(store)->rdlk);
 }
 
-int kc__store_as_owner(struct kc_store *store, struct kc__owner **o)
+static int store_as_owner(struct kc_store *store, struct kc__owner **o)
 {
     struct kc__dbt *st = kc__dbt_of(store);
     return st != NULL ? as_owner(st, o) : -EINVAL;
 }
 
-void kc__store_end_owner(struct kc_store *store, struct kc__owner *o)
+static int st_bundle_export(struct kc_store *store, const struct kc_bundle_export_opts *o,
+                            struct kc_bundle_info *info)
 {
-    end_owner(store, o);
+    struct kc__store_access a = {store, reader_hold, reader_release, store_as_owner, end_owner};
+    return kc__bundle_export(store != NULL ? &a : NULL, o, info);
+}
+
+static int st_bundle_import(struct kc_store *store, const struct kc_bundle_import_opts *o,
+                            struct kc_bundle_info *info)
+{
+    struct kc__store_access a = {store, reader_hold, reader_release, store_as_owner, end_owner};
+    return kc__bundle_import(store != NULL ? &a : NULL, o, info);
 }
 
 /* ---- the tables ------------------------------------------------------------ */
@@ -770,8 +787,8 @@ static const struct kc_store_admin admin = {
     .drain = st_drain,
     .owner_run = kc__owner_run,
     .parse_record = kc__parse_record,
-    .bundle_export = kc__bundle_export,
-    .bundle_import = kc__bundle_import,
+    .bundle_export = st_bundle_export,
+    .bundle_import = st_bundle_import,
 };
 
 KC_API const struct kc_store_admin *kc_store_admin(void)

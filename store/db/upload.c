@@ -28,7 +28,7 @@
  * counters are added to the store's statistics (kc_remote_counters_pack)
  * at the end of each round.
  */
-#include "owner.h"
+#include "steps.h"
 #include "../remote/remote.h"
 #include "../../common/log.h"
 

@@ -168,15 +168,16 @@ static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *m
 /* Whether a name in the cache directory is one kcache makes there (see
  * base.h's layout, and bundled/, the shim's maps of NVRTC's bundled headers;
  * filter.t-<pid> and db.bad-<...> are a rebuild's and a recovery's temporary
- * names). */
+ * names, .libraries.t-<...> the shim's for libraries). */
 static bool store_name(const char *n)
 {
-    static const char *const names[] = {"db",     "spool",      "sec", "hot",    "locks",
-                                        "filter", "owner.lock", "gen", "bundled"};
+    static const char *const names[] = {"db",     "spool",      "sec", "hot",     "locks",
+                                        "filter", "owner.lock", "gen", "bundled", "libraries"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(n, names[i]) == 0)
             return true;
-    return strncmp(n, "filter.t-", 9) == 0 || strncmp(n, "db.bad-", 7) == 0;
+    return strncmp(n, "filter.t-", 9) == 0 || strncmp(n, "db.bad-", 7) == 0 ||
+           strncmp(n, ".libraries.t-", 13) == 0;
 }
 
 /* Whether the existing directory real may be used as a store: it holds one

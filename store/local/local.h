@@ -28,6 +28,9 @@
  *                    after each durable drain, so readers know when to catch
  *                    up; u64 epoch, bumped when an owner session opens the
  *                    primary, so readers reopen their secondary
+ *   DIR/why/         the shim's miss records, for `kcache why` (common/why.h)
+ *   DIR/libraries    the libraries the shim last served, for `kcache config`
+ *                    (common/served.h)
  * <hash> is kc__spool_name's: hex of XXH3-128(ns \0 key).
  */
 #ifndef KCACHE_STORE_LOCAL_H
@@ -322,7 +325,6 @@ int kc__object_path(const void *addr, char *buf, size_t len);
  * /dev/null, no other fd, in /) when nobody holds DIR/owner.lock; never
  * waited for. */
 struct kc__kicker {
-    int lockfd;
     pid_t spawned;
     uint64_t last_kick_ns;
     bool warned;

@@ -47,6 +47,8 @@ void kc__local_kick(struct kc__local *l)
 
 /* ---- spool logs ------------------------------------------------------------ */
 
+static bool spool_room(struct kc__local *l, size_t n);
+
 int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n)
 {
     if (n == 0 || l->readonly)
@@ -54,6 +56,15 @@ int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n)
     kc__spool_end(b);
     if (b->err)
         return b->err;
+    /* Hit and counter logs count against the size limit as puts do (a
+     * process writes one after every miss); a purge request does not. */
+    if (type != KC__SP_PURGE) {
+        pthread_mutex_lock(&l->mu);
+        bool room = spool_room(l, b->len);
+        pthread_mutex_unlock(&l->mu);
+        if (!room)
+            return -EDQUOT;
+    }
     char name[64];
     snprintf(name, sizeof name, "%c-%d-%016llx",
              type == KC__SP_PURGE  ? 'x'

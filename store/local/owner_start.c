@@ -208,7 +208,17 @@ static void add_closefrom(posix_spawn_file_actions_t *fa, int from)
  * only posix_spawn and _exit. *pid is the intermediate, reaped by
  * kc__kicker_reap with __WCLONE. Where clone is refused (a seccomp
  * profile), the owner is spawned directly, as before. Returns posix_spawn's
- * error number, or 0. */
+ * error number, or 0.
+ *
+ * One host does see the owner: a host that is PID 1 of its namespace or a
+ * child subreaper (PR_SET_CHILD_SUBREAPER) adopts it when the intermediate
+ * leaves, because it asked the kernel for every orphan below it, and any
+ * process kcache starts is below it. No way of starting a process avoids
+ * that short of keeping an intermediate alive for the owner's life (a
+ * copy of the host pinning its memory), so kcache does not try: such a
+ * host reaps what it adopts by contract (tini, dumb-init, systemd, a
+ * supervisor); a program run as PID 1 that reaps nothing should run under
+ * an init (`docker run --init`). docs/internals.md says so too. */
 static int spawn_unseen(pid_t *pid, const char *tool, const posix_spawn_file_actions_t *fa,
                         const posix_spawnattr_t *at, char *const argv[], char *const env[])
 {
@@ -306,7 +316,6 @@ static int spawn_owner(const char *tool, const char *dir, uint64_t max_size, pid
 void kc__kicker_init(struct kc__kicker *k, char *tool)
 {
     memset(k, 0, sizeof *k);
-    k->lockfd = -1;
     k->tool = tool;
 }
 
@@ -331,11 +340,16 @@ void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t m
 {
     kc__kicker_reap(k, 0);
     uint64_t now = kc_mono_ns();
-    if (k->lockfd < 0)
-        k->lockfd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (k->lockfd < 0 || flock(k->lockfd, LOCK_EX | LOCK_NB) != 0)
+    /* Is an owner running? Its lock says. The descriptor lives only for
+     * this test: the host never finds one of kcache's between its calls
+     * (nor could it close or reuse it under the kicker). */
+    int fd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
         return;
-    flock(k->lockfd, LOCK_UN);
+    bool running = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    close(fd); /* releases the lock, if it was taken */
+    if (running)
+        return;
     if (k->last_kick_ns != 0 && now - k->last_kick_ns <= KICK_INTERVAL_NS)
         return;
     k->last_kick_ns = now;
@@ -361,18 +375,12 @@ void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t m
 
 void kc__kicker_after_fork(struct kc__kicker *k)
 {
-    if (k->lockfd >= 0)
-        close(k->lockfd);
-    k->lockfd = -1;
     k->spawned = 0;
     k->last_kick_ns = 0;
 }
 
 void kc__kicker_free(struct kc__kicker *k)
 {
-    if (k->lockfd >= 0)
-        close(k->lockfd);
-    k->lockfd = -1;
     free(k->tool);
     k->tool = NULL;
 }

@@ -192,12 +192,16 @@ static int flush_hits_locked(struct kc__pending *pd)
         it.a = e->a;
         it.b = e->b;
         kc__spool_item_add(&b, KC__SP_HITS, &it);
-        map_del(&pd->m, e);
         n++;
     }
-    pd->n_hits = 0;
+    /* A spool with no room keeps them for the next flush, up to the
+     * bound (then they are dropped: no buffer rebuilt at every hit). */
     int rc = kc__local_log(pd->log, KC__SP_HITS, &b, n);
     kc__buf_free(&b);
+    if (rc != -EDQUOT || n >= HITS_FLUSH_AT) {
+        map_del_type(&pd->m, M_HIT);
+        pd->n_hits = 0;
+    }
     return rc;
 }
 
@@ -269,7 +273,8 @@ int kc__pending_flush(struct kc__pending *pd)
         kc__buf_free(&b);
         if (r < 0 && rc == 0)
             rc = r;
-        pd->n_ctr = 0;
+        if (r != -EDQUOT)
+            pd->n_ctr = 0; /* (a full spool: they add up to the next) */
         wrote = true;
     }
     pthread_mutex_unlock(&pd->mu);

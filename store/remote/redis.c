@@ -473,17 +473,27 @@ static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
             ns = (int64_t)(rc->deadline_ns - now);
     }
     struct timeval tv = tv_of_ns(ns);
-    errno = 0;
-    redisContext *c = nd->ep.transport == KC_REMOTE_UNIX
-                          ? rc->hi->connect_unix(nd->ep.path, tv)
-                          : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
-    int e = errno;
-    if (c == NULL)
-        return -ENOMEM;
-    if (c->err != 0) {
+    uint64_t until = kc_mono_ns() + (uint64_t)ns;
+    redisContext *c;
+    for (;;) {
+        errno = 0;
+        c = nd->ep.transport == KC_REMOTE_UNIX ? rc->hi->connect_unix(nd->ep.path, tv)
+                                               : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
+        int e = errno;
+        if (c == NULL)
+            return -ENOMEM;
+        if (c->err == 0)
+            break;
         int r = classify(c, e);
         rc->hi->free_ctx(c);
-        return r;
+        /* A server that answered this process before and now refuses is
+         * most likely restarting (a connection is made per operation in
+         * the shim): it is asked again within the connect timeout before
+         * it is turned off. One that never answered is off at once. */
+        if (r != -ECONNREFUSED || !nd->answered || kc_mono_ns() + 10000000 >= until)
+            return r;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
     }
     if (c->reader != NULL) {
         c->reader->fn = &reply_fns;

@@ -188,6 +188,11 @@ struct kc_remote_options {
     /* After a failure, the remote is tried again after retry_ms (0: 1 s),
      * doubling at each failure in a row up to a minute. */
     int retry_ms;
+    /* No connection outlives an operation: each is closed before the
+     * call returns, so a host holding this remote (the shim) never finds
+     * a descriptor of kcache's between its calls, and none it closed or
+     * reused is ever written to. */
+    bool transient;
 };
 
 /* Opens the remote described by cfg (copied; mode must not be

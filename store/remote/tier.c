@@ -20,6 +20,7 @@ struct kc_remote {
     pthread_mutex_t mu; /* guards everything below */
     struct kc_remote_config cfg;
     int retry_ms;
+    bool transient;  /* options.transient: no connection outlives an operation */
     char node[96];   /* options.node, or empty */
     char token[160]; /* this process's lock value: node:pid:random */
     bool activated;
@@ -120,6 +121,7 @@ int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_op
     pthread_mutex_init(&r->mu, NULL);
     if (opt != NULL) {
         r->retry_ms = opt->retry_ms > 0 ? opt->retry_ms : 0;
+        r->transient = opt->transient;
         if (opt->node != NULL)
             snprintf(r->node, sizeof r->node, "%s", opt->node);
     }
@@ -231,6 +233,16 @@ static void drop_all(struct kc_remote *r)
         kc__node_drop(&r->rctx, r->nodes[i]);
     for (int i = 0; i < r->cl.n_nodes; i++)
         kc__node_drop(&r->rctx, r->cl.nodes[i]);
+}
+
+/* Ends an operation: r->mu is released, and a transient remote's
+ * connections are closed first (a fresh one authenticates in the same
+ * round trip as its first command, so reconnecting costs one connect). */
+static void op_unlock(struct kc_remote *r)
+{
+    if (r->transient)
+        drop_all(r);
+    pthread_mutex_unlock(&r->mu);
 }
 
 void kc_remote_after_fork(struct kc_remote *r)
@@ -453,7 +465,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     pthread_mutex_lock(&r->mu);
     int rc = activate(r);
     if (rc != 0) {
-        pthread_mutex_unlock(&r->mu);
+        op_unlock(r);
         return rc;
     }
     struct kc__cmd cmd;
@@ -476,7 +488,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
             rc = garbage(r, nd, rep);
         }
     }
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     if (rc != 0)
         return rc;
 
@@ -532,7 +544,7 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
                                             .prov = provenance(r, &rv)};
         copy = NULL;
     }
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     free(copy);
     kc__reply_free(rep);
     return rc;
@@ -608,7 +620,7 @@ static int set_value(struct kc_remote *r, const char *k, const unsigned char *v,
             rc = garbage(r, nd, rep);
         }
     }
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return rc;
 }
 
@@ -629,13 +641,13 @@ int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
     pthread_mutex_lock(&r->mu);
     if (len > r->cfg.max_entry) {
         r->ctr.skipped++;
-        pthread_mutex_unlock(&r->mu);
+        op_unlock(r);
         return -EFBIG;
     }
     int rc = activate(r);
     if (rc == 0)
         rc = may_write(r, k);
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     if (rc != 0)
         return rc;
 
@@ -696,7 +708,7 @@ static int del_key(struct kc_remote *r, const char *k, const char *del)
             rc = garbage(r, nd, rep);
     }
 out:
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return rc;
 }
 
@@ -799,7 +811,7 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
         }
     }
 out:
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return rc;
 }
 
@@ -833,7 +845,7 @@ int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key)
         }
     }
 out:
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return rc;
 }
 
@@ -857,7 +869,7 @@ void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
 #define KC__REMOTE_ADD(name, what) out->name += r->ctr.name;
     KC_REMOTE_COUNTERS(KC__REMOTE_ADD)
 #undef KC__REMOTE_ADD
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
 }
 
 void kc_remote_polling(bool on)
@@ -870,7 +882,7 @@ void kc_remote_poll_served(struct kc_remote *r)
     pthread_mutex_lock(&r->mu);
     if (r->ctr.misses > 0)
         r->ctr.misses--; /* the lookup that waited is a hit, not a miss too */
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
 }
 
 static bool node_up(const struct kc__node *nd)
@@ -891,7 +903,7 @@ bool kc_remote_usable(struct kc_remote *r)
         for (int i = 0; i < r->cl.n_nodes && !ok; i++)
             ok = node_up(r->cl.nodes[i]);
     }
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return ok;
 }
 
@@ -997,7 +1009,7 @@ int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep)
                 rc = rep->server[i].rc;
     }
     bool can_sign = r->keys.have_secret;
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     if (rc != 0) {
         rep->roundtrip_rc = rc;
         return rc;
@@ -1128,6 +1140,6 @@ int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg)
         for (int i = 0; rc == 0 && i < r->n_nodes; i++)
             rc = scan_node(r, r->nodes[i], cb, arg);
     }
-    pthread_mutex_unlock(&r->mu);
+    op_unlock(r);
     return rc;
 }

@@ -20,12 +20,33 @@ in no row are reported too, so a new folder has to be placed in the table.
 Directories the table marks as depending on "everything" (tests/) are not
 checked.
 
+Inside store/db/, one file, one layer: the table under the heading
+"store/db/ in layers" (rows `layer` | files in backquotes | the layers it
+may call, in backquotes, or "nothing"; listed top first) places every
+file of store/db/, and the check fails when
+
+  - a layer may call one listed above it, or one the table does not have
+    (the table itself would make a circle);
+  - a file of store/db/ is in no row, in two, or a row names a file that
+    is not there;
+  - a file's `#include "..."` reaches a file of store/db/ in a layer it may
+    not call (its own layer's files it may include);
+  - a file uses a kc__ or KC__ name (a function, a variable, a type, a
+    macro, an enum constant) that a file of a layer it may not call
+    defines: a call up, or across (into another .c of its own layer; the
+    types and macros of its own layer's headers are shared). Definitions:
+    a .c's functions and variables that are not static; a header's struct,
+    union and enum tags, typedefs, macros, enum constants and static inline
+    functions. A header's prototypes declare, they do not use, the
+    functions of its own layer.
+
 Usage: check_layers.py ROOT [ARCHITECTURE.md]
        check_layers.py --self-test
 Exit status 0 when the tree keeps the table, 1 with one line per crossing.
 --self-test builds small trees in a temporary directory, each with one
-planted crossing of a different kind, and checks that every one is
-reported and that the clean tree is not.
+planted crossing of a different kind (of folders, and of store/db/'s
+layers), and checks that every one is reported and that the clean tree
+is not.
 """
 import os
 import re
@@ -151,7 +172,8 @@ def check(root, arch):
                     if not ok:
                         errors.append("%s: names '%s' in %s/, which %s/ may not depend on"
                                       % (rel, s, tgt, src))
-                for name in sorted(set(re.findall(r"\b([A-Za-z_]\w*)\b", text))):
+                # A name after '.' is a method (x.found()), not a variable.
+                for name in sorted(set(re.findall(r"(?<![.\w])([A-Za-z_]\w*)\b", text))):
                     d = assigned.get(name)
                     if d is None or d == rel_dir:
                         continue
@@ -162,11 +184,181 @@ def check(root, arch):
     return errors
 
 
+# ---- store/db/: one file, one layer ------------------------------------------
+
+FILES_DIR = "store/db"
+FILES_HEADING = re.compile(r"^#+\s.*`store/db/` in layers")
+LAYER_ROW = re.compile(r"^\|\s*`([A-Za-z_][\w-]*)`\s*\|")
+TICKS = re.compile(r"`([^`]+)`")
+FILE_EXT = (".c", ".h", ".cc")
+NAME = re.compile(r"\b((?:kc|KC)__\w+)\b")
+
+
+def read_file_table(arch):
+    """[(layer, [files], [may call])] from the store/db/ layer table, top first."""
+    rows = []
+    inside = False
+    with open(arch, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("#"):
+                inside = bool(FILES_HEADING.match(line))
+                continue
+            if not inside:
+                continue
+            m = LAYER_ROW.match(line)
+            if not m:
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 3:
+                continue
+            rows.append((m.group(1), TICKS.findall(cells[1]),
+                         [] if cells[-1] == "nothing" else TICKS.findall(cells[-1])))
+    return rows
+
+
+def strip_c(text):
+    """C text without comments and string or character literals."""
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+    text = re.sub(r"'(?:\\.|[^'\\\n])+'", "''", text)
+    return text
+
+
+FUNC_DEF = re.compile(r"^(?!static\b|extern\b|typedef\b)[A-Za-z_][\w \t\*]*?\b((?:kc|KC)__\w+)"
+                      r"\s*\([^;{}]*\)\s*(?:__attribute__\s*\(\(.*?\)\)\s*)?\{", re.M | re.S)
+VAR_DEF = re.compile(r"^(?!static\b|extern\b|typedef\b|return\b)[A-Za-z_][\w \t\*]*?\b"
+                     r"((?:kc|KC)__\w+)\s*(?:\[[^\]]*\]\s*)*(?:=|;)", re.M)
+
+
+def definitions(fn, text):
+    """The kc__/KC__ names file fn (text without comments) defines."""
+    out = set()
+    if fn.endswith((".c", ".cc")):
+        out.update(m.group(1) for m in FUNC_DEF.finditer(text))
+        out.update(m.group(1) for m in VAR_DEF.finditer(text))
+    else:
+        out.update(re.findall(r"\b(?:struct|union|enum)\s+((?:kc|KC)__\w+)\s*\{", text))
+        out.update(re.findall(r"#\s*define\s+((?:kc|KC)__\w+)", text))
+        out.update(re.findall(r"typedef\b[^;]*?\b((?:kc|KC)__\w+)\s*(?:\)\s*\([^;]*)?;", text))
+        out.update(re.findall(r"\bstatic\s+inline\b[^;{(]*?\b((?:kc|KC)__\w+)\s*\(", text))
+        for body in re.findall(r"\benum\b[^{;]*\{([^}]*)\}", text):
+            out.update(re.findall(r"\b((?:kc|KC)__\w+)\b\s*(?:=[^,]*)?(?:,|$)", body))
+    # Local macros (#define inside a .c) are the file's own too.
+    if fn.endswith((".c", ".cc")):
+        out.update(re.findall(r"#\s*define\s+((?:kc|KC)__\w+)", text))
+    return out
+
+
+def declared(text):
+    """Names a header declares (prototypes): a name followed by '('."""
+    return set(re.findall(r"\b((?:kc|KC)__\w+)\s*\(", text))
+
+
+def check_files(root, arch):
+    rows = read_file_table(arch)
+    d = os.path.join(root, FILES_DIR)
+    if not os.path.isdir(d):
+        return []
+    if not rows:
+        return ["%s: no table of %s/'s layers found" % (arch, FILES_DIR)]
+    errors = []
+    rank = {}
+    layer_of = {}
+    may = {}
+    for i, (layer, files, calls) in enumerate(rows):
+        if layer in rank:
+            errors.append("%s: layer %s is in the table twice" % (FILES_DIR, layer))
+        rank[layer] = i
+        may[layer] = set(calls)
+        for f in files:
+            if f in layer_of:
+                errors.append("%s/%s: in two layers (%s, %s)" % (FILES_DIR, f, layer_of[f], layer))
+            layer_of[f] = layer
+    for layer, files, calls in rows:
+        for c in calls:
+            if c not in rank:
+                errors.append("%s: layer %s may call %s, which the table does not have"
+                              % (FILES_DIR, layer, c))
+            elif rank[c] <= rank[layer]:
+                errors.append("%s: layer %s may call %s, which is not below it in the table"
+                              % (FILES_DIR, layer, c))
+    present = sorted(f for f in os.listdir(d)
+                     if f.endswith(FILE_EXT) and os.path.isfile(os.path.join(d, f)))
+    for f in present:
+        if f not in layer_of:
+            errors.append("%s/%s: in no layer of the table" % (FILES_DIR, f))
+    for f in sorted(layer_of):
+        if f not in present:
+            errors.append("%s/%s: in the table, not in %s/" % (FILES_DIR, f, FILES_DIR))
+
+    texts = {}
+    defs = {}
+    for f in present:
+        raw = open(os.path.join(d, f), encoding="utf-8", errors="replace").read()
+        texts[f] = (raw, strip_c(raw))
+        defs[f] = definitions(f, texts[f][1])
+    definer = {}
+    for f in present:
+        for n in defs[f]:
+            definer.setdefault(n, set()).add(f)
+
+    def allowed(src, tgt):
+        ls, lt = layer_of.get(src), layer_of.get(tgt)
+        if ls is None or lt is None:
+            return True  # reported above
+        return lt == ls or lt in may[ls]
+
+    for f in present:
+        if f not in layer_of:
+            continue
+        raw, text = texts[f]
+        ls = layer_of[f]
+        for inc in INCLUDE.findall(raw):
+            tgt = os.path.normpath(os.path.join(FILES_DIR, inc))
+            if os.path.dirname(tgt) != FILES_DIR:
+                continue
+            tf = os.path.basename(tgt)
+            if tf in layer_of and not allowed(f, tf):
+                errors.append('%s/%s: #include "%s" reaches layer %s, which layer %s may not call'
+                              % (FILES_DIR, f, inc, layer_of[tf], ls))
+        decl = declared(text) if f.endswith(".h") else set()
+        seen = set()
+        for n in NAME.findall(text):
+            if n in seen or n in defs[f]:
+                continue
+            seen.add(n)
+            for g in sorted(definer.get(n, ())):
+                if g == f or g not in layer_of:
+                    continue
+                lt = layer_of[g]
+                if lt == ls:
+                    if g.endswith(".h") or (f.endswith(".h") and n in decl):
+                        continue  # the layer's shared types, or its header's prototypes
+                    errors.append("%s/%s: uses %s of %s, a file of its own layer %s (a call across)"
+                                  % (FILES_DIR, f, n, g, ls))
+                elif lt not in may[ls]:
+                    how = "up" if rank[lt] < rank[ls] else "across"
+                    errors.append("%s/%s: uses %s of %s, in layer %s, which layer %s may not call "
+                                  "(a call %s)" % (FILES_DIR, f, n, g, lt, ls, how))
+    return errors
+
+
 SELF_TABLE = """| directory | responsibility | may depend on |
 |---|---|---|
 | `low/` | x | nothing |
 | `high/` | x | `low/` |
 | `tests/` | x | everything |
+| `store/` | x | nothing |
+| `store/db/` | x | `store/` |
+
+## `store/db/` in layers
+
+| layer | files | may call |
+|---|---|---|
+| `top` | `top.c` `top.h` | `mid`, `bottom` |
+| `mid` | `mid.h` `m1.c` `m2.c` | `bottom` |
+| `bottom` | `bottom.c` `bottom.h` | nothing |
 """
 
 
@@ -180,6 +372,16 @@ def self_test():
         "high/b.c": '#include "../low/a.h"\nint b(void) { return a(); }\n',
         "high/meson.build": "high_lib = static_library('h', files('b.c'), low_src)\n",
         "tests/t.c": '#include "../high/b.c"\n',
+        "store/db/bottom.h": "struct kc__b { int x; };\n#define KC__B_MAX 4\nint kc__b_get(void);\n",
+        "store/db/bottom.c": '#include "bottom.h"\nint kc__b_get(void)\n{\n    return KC__B_MAX;\n}\n',
+        "store/db/mid.h": '#include "bottom.h"\nstruct kc__m { struct kc__b b; };\n'
+                          "int kc__m1(void);\nint kc__m2(void);\n",
+        "store/db/m1.c": '#include "mid.h"\nint kc__m1(void)\n{\n    struct kc__m m;\n'
+                         "    return kc__b_get();\n}\n",
+        "store/db/m2.c": '#include "mid.h"\nint kc__m2(void)\n{\n    return 0;\n}\n',
+        "store/db/top.h": "int kc__top(void);\n",
+        "store/db/top.c": '#include "top.h"\n#include "mid.h"\nint kc__top(void)\n{\n'
+                          "    return kc__m1() + kc__m2();\n}\n",
     }
     planted = {
         "include": {"low/a.c": '#include "a.h"\n#include "../high/b.c"\n'},
@@ -188,6 +390,17 @@ def self_test():
         "include dir": {"low/meson.build":
                         "low_src = files('a.c')\ninc = include_directories('../high')\n"},
         "unplaced file": {"other/c.c": "int c;\n"},
+        "store/db call across": {"store/db/m2.c": '#include "mid.h"\nint kc__m2(void)\n{\n'
+                                                  "    return kc__m1();\n}\n"},
+        "store/db call up": {"store/db/bottom.c": '#include "bottom.h"\nint kc__top(void);\n'
+                                                  "int kc__b_get(void)\n{\n    return kc__top();\n}\n"},
+        "store/db include up": {"store/db/bottom.c": '#include "bottom.h"\n#include "mid.h"\n'
+                                                     "int kc__b_get(void)\n{\n    return 0;\n}\n"},
+        "store/db header declares up": {"store/db/bottom.h": "struct kc__b { int x; };\n"
+                                        "#define KC__B_MAX 4\nint kc__b_get(void);\nint kc__top(void);\n"},
+        "store/db file in no layer": {"store/db/new.c": "int kc__new(void)\n{\n    return 0;\n}\n"},
+        "store/db table circle": {"ARCHITECTURE.md": SELF_TABLE.replace(
+            "| `bottom.c` `bottom.h` | nothing |", "| `bottom.c` `bottom.h` | `top` |")},
     }
     failures = 0
     for name, extra in [("clean", {})] + list(planted.items()):
@@ -198,7 +411,8 @@ def self_test():
                 os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
                 with open(os.path.join(root, rel), "w") as f:
                     f.write(text)
-            errors = check(root, os.path.join(root, "ARCHITECTURE.md"))
+            arch = os.path.join(root, "ARCHITECTURE.md")
+            errors = check(root, arch) + check_files(root, arch)
             ok = (errors == []) if name == "clean" else (len(errors) >= 1)
             print("%s: %s: %s" % ("ok" if ok else "FAIL", name, errors or "no crossing"))
             failures += not ok
@@ -213,13 +427,14 @@ def main(argv):
         return 2
     root = argv[1]
     arch = argv[2] if len(argv) > 2 else os.path.join(root, "ARCHITECTURE.md")
-    errors = check(root, arch)
+    errors = check(root, arch) + check_files(root, arch)
     for e in errors:
         print(e)
     if errors:
         print("%d boundary crossing(s)" % len(errors))
         return 1
-    print("layers: every include and meson file reference keeps the table")
+    print("layers: every include and meson file reference keeps the table; "
+          "every file of store/db/ calls only the layers below it")
     return 0
 
 

@@ -81,7 +81,7 @@ class Run:
 
     def pass_reasons(self):
         """NVRTC's pass-through reasons from the stats line ({} when none)."""
-        m = re.search(rb"; passthrough (.*)$", self.stderr, re.M)
+        m = re.search(rb"; passthrough ([^;\n]*)", self.stderr, re.M)
         out = {}
         for part in (m.group(1).decode().split(", ") if m else []):
             name, *kvs = part.split(" ")

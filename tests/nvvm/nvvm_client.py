@@ -183,6 +183,18 @@ def forkpass(out):
     out.append("child status %d" % status)
 
 
+def up1(out):
+    """The outside testers' first process: create, add, lazy libdevice,
+    compile."""
+    program(out, [(ir(50), False)], "Lc", PTX)
+
+
+def up2(out):
+    """Their second: the same compile, then verify, the result's size, the
+    result and the log."""
+    program(out, [(ir(50), False)], "Lcvsrg", PTX)
+
+
 def same(out):
     for k in range(4):
         program(out, [(ir(k), False)], "vLcr", PTX)
@@ -248,7 +260,7 @@ def core(out):
 
 
 SCENARIOS = {"direct": direct, "bad": bad, "order": order, "numba": numba_, "core": core,
-             "threads": threads, "same": same, "seq": seq, "forkpass": forkpass}
+             "threads": threads, "same": same, "seq": seq, "forkpass": forkpass, "up1": up1, "up2": up2}
 
 
 def main(argv):

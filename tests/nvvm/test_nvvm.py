@@ -174,6 +174,52 @@ def t_forkpass(tmp):
           % [l for l in child.splitlines() if "stats:" in l])
 
 
+# The last commit whose libNVVM hooks stored a verify run on an uncompiled
+# program after a served compile (an empty result, served for good after).
+OLD_COMMIT = "e931bfb"
+
+
+def t_upgrade(tmp):
+    """A store filled by kcache at OLD_COMMIT through the outside testers'
+    sequence (one process compiles; another compiles, served, then
+    verifies and reads the result) holds an empty result under the
+    verify's key; opened by this kcache it serves libNVVM's own answer."""
+    src = os.environ["KCACHE_SRC"]
+    have = subprocess.run(["git", "-C", src, "cat-file", "-e", OLD_COMMIT + "^{commit}"],
+                          capture_output=True)
+    check(have.returncode == 0, "the repository holds %s (a clone with its history)" % OLD_COMMIT)
+    old = os.path.join(tmp, "old")
+    os.makedirs(old)
+    arch = subprocess.run(["git", "-C", src, "archive", OLD_COMMIT], capture_output=True,
+                          check=True).stdout
+    subprocess.run(["tar", "-x", "-C", old], input=arch, check=True)
+    ob = os.path.join(tmp, "old-build")
+    for cmd in (["meson", "setup", ob, old],
+                ["ninja", "-C", ob, "shim/libkcache.so", "tools/kcache",
+                 "store/db/libkcache-store.so"]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        check(p.returncode == 0, "kcache %s builds (%s)" % (OLD_COMMIT, p.stdout[-300:] + p.stderr[-300:]))
+    old_env = {"KCACHE_TOOL": os.path.join(ob, "tools", "kcache")}
+    store = os.path.join(tmp, "store-upgrade")
+    ref, _ = run(["up2"], store, shim=False)
+    for scen in ("up1", "up2"):
+        p = subprocess.Popen([VENV_PY, CLIENT, scen],
+                             env=dict(env_for(store, False, **old_env),
+                                      LD_PRELOAD=os.path.join(ob, "shim", "libkcache.so")),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        finish(p, "kcache %s: %s" % (OLD_COMMIT, scen))
+    p = subprocess.Popen([VENV_PY, CLIENT, "up2"],
+                         env=dict(env_for(store, False, **old_env),
+                                  LD_PRELOAD=os.path.join(ob, "shim", "libkcache.so")),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    poisoned, _ = finish(p, "kcache %s: up2 again" % OLD_COMMIT)
+    check(poisoned != ref, "kcache %s serves a wrong verify result from that store (the defect "
+          "reproduced)" % OLD_COMMIT)
+    got, err = run(["up2"], store)
+    same(ref, got, "this kcache on the store %s filled" % OLD_COMMIT)
+    check(not warnings(err), "no warning (%s)" % warnings(err))
+
+
 def t_toolkit(tmp):
     cold_warm(tmp, ALL, "toolkit")
 
@@ -369,7 +415,7 @@ def t_remote(tmp):
         srv.wait()
 
 
-TESTS = {"sequences": t_sequences, "forkpass": t_forkpass, "remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
+TESTS = {"upgrade": t_upgrade, "sequences": t_sequences, "forkpass": t_forkpass, "remote": t_remote, "clients": t_clients, "bundle": t_bundle, "toolkit": t_toolkit, "wheel": t_wheel, "threads": t_threads, "multiproc": t_multiproc,
          "switch": t_switch}
 
 

@@ -1,8 +1,8 @@
-"""The README's Dockerfile, built and run without a container engine
+"""The Dockerfile of docs/install.md ("In a container"), built and run without a container engine
 (test_package.py step 5; there is no Docker engine on the machines that run
 this suite, and no Ubuntu mirror to make the CUDA image's base from).
 
-The Dockerfile is read from README.md as a user copies it, and each
+The Dockerfile is read from docs/install.md as a user copies it, and each
 instruction is carried out as an image builder would: FROM is a cached
 Debian trixie minbase root (base_root), standing in for
 nvidia/cuda's runtime image (the same role: a glibc >= 2.31 system with
@@ -17,8 +17,8 @@ KCACHE_STATS=1 added (docker run -e): the first compiles and stores, the
 second is served from the store the Dockerfile made, and both print what
 NVRTC prints without kcache.
 
-Anything in the README's Dockerfile this interpreter does not know fails
-the test by name, so the README cannot grow an instruction no one ran.
+Anything in that Dockerfile this interpreter does not know fails
+the test by name, so the page cannot grow an instruction no one ran.
 """
 import json
 import os
@@ -37,7 +37,7 @@ KNOWN = ('FROM', 'ADD', 'ENV', 'RUN', 'USER', 'WORKDIR', 'COPY', 'ENTRYPOINT', '
 
 
 def readme_dockerfile(readme):
-    """The indented block of README.md that starts with FROM, as
+    """The indented block of docs/install.md that starts with FROM, as
     instructions (continuation lines joined, comments dropped)."""
     lines = readme.splitlines()
     start = next(i for i, l in enumerate(lines) if re.match(r'^    FROM ', l))
@@ -163,10 +163,10 @@ def base_root(tp):
 
 
 def build_and_run(tp, check, tarball, version, work, nvrtc):
-    readme = open(os.path.join(tp.SRC, 'README.md')).read()
+    readme = open(os.path.join(tp.SRC, 'docs', 'install.md')).read()
     steps = readme_dockerfile(readme)
     check(bool(steps) and steps[0].startswith('FROM '),
-          'docker: the README has a Dockerfile (%d instructions)' % len(steps))
+          'docker: docs/install.md has a Dockerfile (%d instructions)' % len(steps))
     ctx = os.path.join(work, 'ctx')
     os.makedirs(ctx)
     shutil.copy(tarball, ctx)
@@ -182,7 +182,7 @@ def build_and_run(tp, check, tarball, version, work, nvrtc):
         op, _, arg = st.partition(' ')
         arg = arg.strip()
         if op not in KNOWN:
-            check(False, 'docker: the README\'s Dockerfile has %s, which this test cannot carry out' % op)
+            check(False, 'docker: the Dockerfile of docs/install.md has %s, which this test cannot carry out' % op)
             return
         if op == 'FROM':
             continue

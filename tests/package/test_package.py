@@ -32,7 +32,7 @@ made, where its users are.
   4. auditwheel show reports the tag the README states, and the wheel
      carries it; every ELF file of the tarball and of the installed wheel
      needs nothing outside glibc and the tree (objdump -p: NEEDED).
-  5. The README's Dockerfile, built and run without a container engine
+  5. docs/install.md's Dockerfile, built and run without a container engine
      (dockerfile.py): each instruction carried out over a Debian trixie
      root standing in for the CUDA image, then its ENTRYPOINT and CMD as
      the image's user, twice: NVRTC's own outputs, compiled then served.
@@ -604,6 +604,16 @@ def main():
         bad, n = needs_outside_glibc(ex)
         check(n >= 4 and not bad, 'objdump -p: the tarball\'s %d ELF files need glibc and the tree only '
               '(no C++ runtime, RocksDB, zstd, lz4, xxhash): %s' % (n, bad))
+        # The man pages: share/man/man1 of the tree, the wheel's data.
+        man1 = os.path.join(ex, 'kcache-%s' % version, 'share', 'man', 'man1')
+        check(all(os.path.isfile(os.path.join(man1, p)) for p in ('kcache.1', 'kcache-run.1')),
+              'the tarball carries share/man/man1/kcache.1 and kcache-run.1')
+        if wheels:
+            import zipfile
+            names = zipfile.ZipFile(wheels[0]).namelist()
+            check(all(any(n.endswith('.data/data/share/man/man1/' + p) for n in names)
+                      for p in ('kcache.1', 'kcache-run.1')),
+                  'the wheel carries kcache.1 and kcache-run.1 as data (share/man/man1)')
         needed = re.findall(r'NEEDED\s+(\S+)', run(['objdump', '-p', os.path.join(lib, 'libkcache.so')]).stdout)
         check(set(needed) <= {'libc.so.6', 'libdl.so.2', 'libpthread.so.0', 'ld-linux-x86-64.so.2'},
               'the packaged shim needs libc, libdl, libpthread only (%s)' % needed)
@@ -618,7 +628,7 @@ def main():
             test_root(suite, glibc, tarball, version, work, nvrtc)
         if wheels:
             test_wheel(wheels[0], work)
-        # 5. The README's Dockerfile, its instructions carried out.
+        # 5. docs/install.md's Dockerfile, its instructions carried out.
         dk = os.path.join(work, 'docker')
         os.makedirs(dk)
         dockerfile.build_and_run(sys.modules[__name__], check, tarball, version, dk, nvrtc)

@@ -14,9 +14,12 @@ MODE:
            locks released) by an owner a job without a remote started
   revoke   entries served from the remote under a key later removed from
            the trusted file are no longer served, from the local store too
-  persist  a redis-server run with the README's redis.conf keeps what it
+  persist  a redis-server run with docs/sharing.md's redis.conf keeps what it
            was given across a restart: a fresh node after it compiles
            nothing
+  why      a node that does not trust the writer's key compiles what the
+           remote holds, and `kcache why` says the remote offered entries
+           the lookup refused (KCACHE_REMOTE_TRUSTED_KEYS)
 """
 import os
 import subprocess
@@ -199,9 +202,9 @@ def revoke(ctx):
 
 
 def readme_conf():
-    """The README's redis.conf lines (its block after "A minimal
+    """docs/sharing.md's redis.conf lines (its block after "A minimal
     `redis.conf`"), comments dropped."""
-    text = open(os.path.join(os.environ['KCACHE_SRC'], 'README.md')).read()
+    text = open(os.path.join(os.environ['KCACHE_SRC'], 'docs', 'sharing.md')).read()
     i = text.index('A minimal `redis.conf`')
     lines = []
     for line in text[i:].split('\n')[1:]:
@@ -239,7 +242,7 @@ def persist(ctx):
                 pass
             import time
             time.sleep(0.025)
-        raise RuntimeError('redis-server did not start with the README\'s redis.conf')
+        raise RuntimeError('redis-server did not start with docs/sharing.md\'s redis.conf')
 
     p = start()
     try:
@@ -255,11 +258,42 @@ def persist(ctx):
         r = fresh.start(KERNELS, ctx).wait()
         e.check_outputs([r], ctx.ref, 'after Redis restarted')
         check(r.misses == 0 and r.remote['hits'] == 2 * K,
-              'Redis restarted with the README\'s redis.conf: a fresh node is served all (%d '
+              'Redis restarted with docs/sharing.md\'s redis.conf: a fresh node is served all (%d '
               'compiles, %s)' % (r.misses, r.remote))
     finally:
         p.kill()
         p.wait()
+
+
+def why(ctx):
+    rs = ctx.redis()
+    writer = ctx.node(rs.url)
+    r = writer.start(KERNELS, ctx).wait()
+    check(r.rc == 0 and r.misses == K, 'the writer compiled and uploaded')
+    writer.settle()
+    other = os.path.join(ctx.root, 'other.key')
+    ctx.tool('keygen', other)
+    reader = ctx.node(rs.url, writer=False,
+                      extra={'KCACHE_REMOTE_TRUSTED_KEYS': other + '.pub'})
+    r = reader.start(KERNELS, ctx).wait()
+    check(r.rc == 0 and r.misses == K, 'a node trusting another key compiles every kernel')
+    env = reader.environ()
+    p = subprocess.run([e.TOOL, '--dir', reader.dir, 'why', '--json', '--last', '100'],
+                       env=env, capture_output=True, text=True, timeout=60)
+    import json
+    js = json.loads(p.stdout) if p.returncode == 0 else []
+    check(len(js) == K and all(j['remote_refused'] > 0 for j in js),
+          'kcache why: every miss records entries the remote offered and the lookup refused '
+          '(%r)' % [(j['name'], j['remote_refused']) for j in js])
+    p = subprocess.run([e.TOOL, '--dir', reader.dir, 'why'], env=env, capture_output=True,
+                       text=True, timeout=60)
+    check('KCACHE_REMOTE_TRUSTED_KEYS' in p.stdout and 'refused' in p.stdout,
+          'kcache why names the remote\'s trust (%r)' % p.stdout)
+    p = subprocess.run([e.TOOL, '--dir', writer.dir, 'why', '--json', '--last', '100'],
+                       env=writer.environ(), capture_output=True, text=True, timeout=60)
+    js = json.loads(p.stdout) if p.returncode == 0 else []
+    check(js and all(j['remote_refused'] == 0 for j in js),
+          'the writer\'s misses refused nothing')
 
 
 def main():
@@ -270,7 +304,8 @@ def main():
     ctx = None
     try:
         ctx = e.Ctx(root)
-        {'push': push, 'owner': owner, 'revoke': revoke, 'persist': persist}[MODE](ctx)
+        {'push': push, 'owner': owner, 'revoke': revoke, 'persist': persist,
+         'why': why}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()

@@ -8,7 +8,7 @@
  * fails here, and so does a reader (stats) that counts other than the
  * owner wrote.
  */
-#include "meta.h"
+#include "internal.h"
 #include "store.h"
 
 #include <criterion/criterion.h>
@@ -287,7 +287,7 @@ Test(meta, every_key_a_session_writes_has_its_documented_layout)
     }
     rocksdb_iter_destroy(it);
     uint64_t gen = 0;
-    cr_assert_eq(kc__meta_gen_get(d, &gen), 0);
+    cr_assert_eq(kc__db_gen_get(d, &gen), 0);
     cr_assert(s.gen > 0 && gen == s.gen, "generation %llu, read back %llu",
               (unsigned long long)s.gen, (unsigned long long)gen);
     cr_assert_eq(s.n_ref, 2);

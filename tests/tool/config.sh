@@ -21,6 +21,14 @@ expect_out_match '^KCACHE_LOG +environment +debug$' "LOG from environment"
 expect_out_match "^KCACHE_DIR +environment +$T/c\$" "DIR from environment"
 expect_out_match '^KCACHE_RECACHE +default +0$' "RECACHE still default"
 
+# The columns line up for every name, the longest (KCACHE_REMOTE_*) too,
+# and for the internal variables listed when set.
+KCACHE_REMOTE_PASSWORD_FILE="$T/pw" KCACHE_REMOTE_TRUSTED_KEYS="$T/t" KCACHE_TOOL=/bin/true run "$KC" config
+cols=$(printf '%s\n' "$out" | awk '/^(VARIABLE|KCACHE_)/ { match($0, /^[A-Z_]+ +/); print RLENGTH }' | sort -u)
+[ "$(printf '%s\n' "$cols" | wc -l)" -eq 1 ] && ok || fail "config's FROM column starts at one place: $cols"
+cols=$(printf '%s\n' "$out" | awk '/^(VARIABLE|KCACHE_)/ { match($0, /^[A-Z_]+ +[A-Za-z-]+ +/); print RLENGTH }' | sort -u)
+[ "$(printf '%s\n' "$cols" | wc -l)" -eq 1 ] && ok || fail "config's VALUE column starts at one place: $cols"
+
 KCACHE_DIR="$T/c" run "$KC" --dir "$T/d" config
 expect_out_match "^KCACHE_DIR +command-line +$T/d\$" "--dir beats KCACHE_DIR"
 

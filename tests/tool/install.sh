@@ -35,6 +35,15 @@ expect_err_empty "installed library preloads cleanly"
 run "$R" --version
 expect_out_match '^kcache-run [0-9]' "installed kcache-run --version"
 
+# The man pages, when the build made them (scdoc found: -Dman=auto).
+if [ -f "$BUILD/docs/man/kcache.1" ]; then
+    for page in kcache.1 kcache-run.1; do
+        m=$(find "$dest" -path "*/man1/$page" -type f | head -1)
+        [ -n "$m" ] && cmp -s "$m" "$BUILD/docs/man/$page" && ok ||
+            fail "meson install installs $page under man1 (found '$m')"
+    done
+fi
+
 # A moved prefix: the relative path still finds it.
 mv "$dest" "$T/moved"
 R2="$T/moved$prefix/bin/kcache-run"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """nvmath-python 1.0 with libmathdx 0.4 (tests/versions nvmath, scripts/bench).
 
-Usage: nvmath_client.py OUT [fft|matmul ...]
+Usage: nvmath_client.py OUT [fft|matmul|fft-later|matmul-later ...]
 Compiles a cuFFTDx FFT and a cuBLASDx matmul to LTO-IR, as a kernel that
 uses them would (libmathdx compiles with NVRTC 13.5 and
 --use-bundled-headers=<a fresh directory of this process>), and writes to
@@ -17,20 +17,30 @@ from nvmath.device.common_cuda import CodeType, ComputeCapability
 
 out = open(sys.argv[1], "w")
 which = sys.argv[2:] or ["fft", "matmul"]
-for w in which:
-    t = time.time()
+
+
+def compile_one(w, n):
     if w == "fft":
         cc = ComputeCapability(8, 0)
-        fft = cufftdx.FFT(size=64, precision=np.float32, fft_type="c2c", execution="Thread",
+        fft = cufftdx.FFT(size=n, precision=np.float32, fft_type="c2c", execution="Thread",
                           direction="forward", sm=cc)
-        code, sym = cufftdx.compile_fft_execute(fft, CodeType("lto", cc))
-    else:
-        cc = ComputeCapability(9, 0)
-        mm = cublasdx.Matmul(size=(16, 16, 16), precision=np.float32, data_type="real",
-                             arrangement=("row_major", "col_major", "col_major"),
-                             block_size=64, sm=cc)
-        code, sym = cublasdx.compile_blas_execute(mm, CodeType("lto", cc),
-                                                 execute_api="static_leading_dimensions")
+        return cufftdx.compile_fft_execute(fft, CodeType("lto", cc))
+    cc = ComputeCapability(9, 0)
+    mm = cublasdx.Matmul(size=(n, n, n), precision=np.float32, data_type="real",
+                         arrangement=("row_major", "col_major", "col_major"),
+                         block_size=64, sm=cc)
+    return cublasdx.compile_blas_execute(mm, CodeType("lto", cc),
+                                         execute_api="static_leading_dimensions")
+
+
+for w in which:
+    # "fft-later", "matmul-later": the same compile as a process's second
+    # one (another size compiled first, its bundled headers installed).
+    base = w.split("-")[0]
+    if w.endswith("-later"):
+        compile_one(base, 32 if base == "fft" else 8)
+    t = time.time()
+    code, sym = compile_one(base, 64 if base == "fft" else 16)
     dt = time.time() - t
     out.write("%s %s %d %s\n" % (w, sym, len(code.data), hashlib.sha256(code.data).hexdigest()))
     print("%s %.3f s" % (w, dt), file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 lib = ctypes.CDLL(sys.argv[1])
 mode = sys.argv[3]
@@ -52,6 +53,30 @@ for g in ("PTX", "ProgramLog"):
                              hashlib.sha256(buf.raw[:n.value].replace(d.encode(), b"<DIR>"))
                              .hexdigest()))
 lib.nvrtcDestroyProgram(ctypes.byref(p))
+if os.environ.get("KC_TEST_LIST"):
+    # What DIR holds: each entry's path, mode and bytes (the version
+    # marker's install time apart: its age in seconds, rounded to a minute).
+    for root, dirs, files in sorted(os.walk(d)):
+        for name in sorted(dirs + files):
+            f = os.path.join(root, name)
+            rel = os.path.relpath(f, d)
+            st = os.lstat(f)
+            if os.path.isdir(f):
+                res.append("dir %s %o" % (rel, st.st_mode & 0o7777))
+                continue
+            data = open(f, "rb").read()
+            if name == ".nvrtc_headers_version":
+                lines = data.decode().splitlines()
+                ts = [int(x.split("=")[1]) for x in lines if x.startswith("timestamp=")]
+                data = "\n".join(x for x in lines if not x.startswith("timestamp")).encode()
+                res.append("marker-age-ok %s" % (len(ts) == 1 and abs(ts[0] - time.time()) < 120))
+            res.append("file %s %o %d %s" % (rel, st.st_mode & 0o7777, st.st_nlink,
+                                             hashlib.sha256(data).hexdigest()))
+if os.environ.get("KC_TEST_MODIFY"):
+    # The host changes what it was given: the store's copy must not see it.
+    with open(os.path.join(d, "cuda_fp16.h"), "ab") as f:
+        f.write(b"// the host's edit\n")
+    os.unlink(os.path.join(d, "cuComplex.h"))
 shutil.rmtree(d)
 with open(sys.argv[2], "w") as f:
     f.write("\n".join(res) + "\n")

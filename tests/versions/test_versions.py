@@ -41,6 +41,10 @@ Usage: test_versions.py TEST
            DIR the host filled (edited, a file of its own) is read; a
            corrupt, truncated, group-readable or another user's map is
            ignored and made again (pristine_client.py)
+  fill     a fresh bundled-headers DIR filled from the store's copy of
+           NVRTC's install: what NVRTC's install writes (paths, modes under
+           the umask, bytes, the marker dated now); the host's edits never
+           reach the store's copy; a corrupt copy is dropped and made again
   bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
            (bundled_client.py): without kcache, cold and warm the same
            outputs and the same DIR; warm serves the compiles no output of
@@ -128,7 +132,7 @@ def build(tmp, name, rel, jitlink=False, dlsym=False):
             libs += ["-L" + jlib, "-l:" + jso]
         rpath.append(jlib)
     out = os.path.join(tmp, name)
-    args += ["-I" + inc, "-o", out, CLIENT] + libs + ["-Wl,-rpath," + ":".join(rpath), "-ldl"]
+    args += ["-I" + inc, "-o", out, CLIENT] + libs + ["-Wl,--disable-new-dtags", "-Wl,-rpath," + ":".join(rpath), "-ldl"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         raise Failure("cannot build %s:\n%s" % (name, p.stderr[-3000:]))
@@ -260,7 +264,7 @@ def build_future(tmp, extra):
     out = os.path.join(tmp, "libnvJitLink_future%s.so" % ("x" if extra else ""))
     args = [CC, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-DKC_FUTURE=_13_9",
             "-I" + jinc, "-o", out, os.path.join(os.path.dirname(CLIENT), "future_jitlink.c"),
-            "-L" + jlib, "-l:" + jso, "-Wl,-rpath," + jlib]
+            "-L" + jlib, "-l:" + jso, "-Wl,--disable-new-dtags", "-Wl,-rpath," + jlib]
     if extra:
         args.insert(1, "-DKC_FUTURE_EXTRA")
     p = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -283,7 +287,7 @@ def t_future(tmp):
         args = [CC, "-O1", "-Wall", "-Werror", "-DKC_REL_MAJOR=13", "-DKC_REL_MINOR=9",
                 "-DKC_JITLINK", "-DKC_DLSYM", '-DKC_JL_SONAME="%s"' % lib, "-I" + jinc,
                 "-I" + inc, "-o", exe, CLIENT, "-L" + nlib, "-l:" + so,
-                "-Wl,-rpath," + nlib, "-ldl"]
+                "-Wl,--disable-new-dtags", "-Wl,-rpath," + nlib, "-ldl"]
         p = subprocess.run(args, capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             raise Failure("cannot build the 13.9 client:\n" + p.stderr[-3000:])
@@ -375,7 +379,7 @@ def t_future_libs(tmp):
                     check(h == 0 and m == 0 and p_ > 0 and e == 0,
                           "%s: identical, every compile passes through (%s)"
                           % (tag, (h, m, p_, s_, e)))
-                    check(re.search(r"; passthrough %s unknown_export=%d$" % (what, p_), err, re.M),
+                    check(re.search(r"; passthrough %s unknown_export=%d(;|$)" % (what, p_), err, re.M),
                           "%s: the stats line gives the reason (%r)" % (tag, err[-300:]))
                     check(any(extra in l for l in warnings(err)),
                           "%s: the unknown entry point is named (%s)" % (tag, warnings(err)))
@@ -571,7 +575,7 @@ def t_pristine(tmp):
     c = case("fresh", (1, 0), "fresh DIR: served")
     check(len(c) == 1 and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
           "fresh DIR: every header checked by NVRTC's map, none read (%s)" % c)
-    maps = os.listdir(os.path.join(store, "bundled"))
+    maps = [x for x in os.listdir(os.path.join(store, "bundled")) if not x.endswith(".tree")]
     check(len(maps) == 1, "one map of NVRTC 13.5's bundled headers in the store (%s)" % maps)
     path = os.path.join(store, "bundled", maps[0])
     check(os.stat(path).st_mode & 0o777 == 0o600, "the map is the owner's only")
@@ -611,10 +615,95 @@ def t_pristine(tmp):
           "the map made again serves (%s)" % c)
 
 
+def t_fill(tmp):
+    """A hit (or a miss) whose bundled-headers DIR is empty fills it from the
+    store's copy of NVRTC's install, not NVRTC's install: the DIR then holds
+    what NVRTC's own install writes (every path, mode under the umask, link
+    count and byte; the version marker dated now); the host's edits of its
+    DIR never reach the store's copy; a copy that differs from the map is
+    dropped (one warning), NVRTC installs, and a good copy is kept again;
+    a miss after a fill compiles as NVRTC does."""
+    lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
+    need(lib, "NVRTC 13.5")
+    client = os.path.join(SRC, "tests", "versions", "pristine_client.py")
+    store = os.path.join(tmp, "store")
+    n = [0]
+
+    def go(mode, shim=True, umask=0o022, modify=False, warn=0):
+        n[0] += 1
+        out = os.path.join(tmp, "%d-%s.txt" % (n[0], mode))
+        env = {"KC_TEST_LIST": "1"}
+        if modify:
+            env["KC_TEST_MODIFY"] = "1"
+        if shim:
+            env["KCACHE_LOG"] = "debug"
+        old = os.umask(umask)
+        try:
+            err = run([sys.executable, client, lib, out, mode], store if shim else None, env=env)
+        finally:
+            os.umask(old)
+        if not shim:
+            return open(out).read(), None, None
+        h, m, pt, _, e = stats(err, "nvrtc")
+        w = [x for x in warnings(err) if not x.startswith(("kcache: debug:", "kcache: info:"))]
+        check(e == 0 and pt == 0 and len(w) == warn,
+              "%d %s: no error, no pass-through, %d warning(s) %s" % (n[0], mode, warn, w))
+        return open(out).read(), (h, m), "from the store's copy" in err
+
+    def tree():
+        t = [x for x in os.listdir(os.path.join(store, "bundled")) if x.endswith(".tree")]
+        if len(t) != 1:
+            return None, t
+        root = os.path.join(store, "bundled", t[0])
+        files = {}
+        for r, _, fs in os.walk(root):
+            for f in fs:
+                if f != ".nvrtc_headers_version":  # its install time
+                    files[os.path.relpath(os.path.join(r, f), root)] = open(os.path.join(r, f), "rb").read()
+        return root, files
+
+    ref = go("fresh", shim=False)[0]
+    ref027 = go("fresh", shim=False, umask=0o027)[0]
+    refo = go("other", shim=False)[0]
+    check("marker-age-ok True" in ref and ref.count("\nfile ") > 2000,
+          "NVRTC's install: %d files, its marker dated now" % ref.count("\nfile "))
+    check(ref != ref027, "the umask decides NVRTC's modes")
+    out, hm, filled = go("fresh")
+    check(out == ref and hm == (0, 1) and not filled,
+          "cold: NVRTC installs (%s, filled %s), DIR as NVRTC's" % (hm, filled))
+    root, files = tree()
+    check(root is not None and os.stat(root).st_mode & 0o777 == 0o700 and len(files) > 2000,
+          "the store keeps one private copy of the install (%s)" % (root,))
+    for label, mode, um, want in (("warm", "fresh", 0o022, ref), ("warm, umask 027", "fresh", 0o027, ref027)):
+        out, hm, filled = go(mode, umask=um)
+        check(hm == (1, 0) and filled, "%s: a hit, DIR filled from the store's copy (%s, %s)"
+              % (label, hm, filled))
+        check(out == want, "%s: DIR holds what NVRTC's install writes (paths, modes, links, bytes, "
+              "a marker dated now)%s" % (label, "" if out == want else
+                                         "\n" + "\n".join(sorted(set(out.splitlines()) ^ set(want.splitlines())))[:1500]))
+    before = tree()[1]
+    out, hm, filled = go("fresh", modify=True)
+    check(out == ref and filled and tree()[1] == before,
+          "the host's edit and removal in its DIR leave the store's copy as it was")
+    out, hm, filled = go("other")
+    check(out == refo and hm == (0, 1) and filled,
+          "a miss after a fill compiles as NVRTC does (%s, filled %s)" % (hm, filled))
+    # A copy that differs from the map: dropped, NVRTC installs, kept again.
+    victim = os.path.join(root, "cuda_fp16.h")
+    with open(victim, "ab") as f:
+        f.write(b"// not NVRTC's\n")
+    out, hm, filled = go("fresh", warn=1)
+    check(out == ref and hm == (1, 0) and not filled,
+          "a corrupt copy: one warning, NVRTC installs, DIR as NVRTC's (%s, filled %s)" % (hm, filled))
+    check(tree()[1] == before, "a good copy is kept again (%s)" % (tree()[0],))
+    out, hm, filled = go("fresh")
+    check(out == ref and filled, "then served from it again")
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "future_libs", "flight",
                                                  "bundled", "nvrtc_cache", "nvmath",
-                                                 "pristine"):
+                                                 "pristine", "fill"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")
