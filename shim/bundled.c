@@ -24,6 +24,8 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -466,6 +468,144 @@ bool kc__bundled_same(const char *dir, const struct stat *before)
     struct stat st;
     return lstat(dir, &st) == 0 && private_dir(&st) && st.st_dev == before->st_dev &&
            st.st_ino == before->st_ino;
+}
+
+/* ---- DIRs filled earlier in the process ------------------------------------ */
+
+/* A later compile with a DIR this process took from empty to NVRTC's bytes
+ * finds it not empty: whether its files are still those bytes is proved
+ * from their stat. A write, truncate, rename, link or unlink of a file
+ * sets its ctime from the coarse realtime clock (or later, with multigrain
+ * timestamps), and one in a directory sets the directory's: anything done
+ * after `since` leaves a ctime at or after it. A ctime before it, with
+ * sub-microsecond digits (a filesystem that truncates times to seconds
+ * could date a later write earlier), is a file untouched since the fill.
+ * Only local filesystems whose times come from this machine's clock. */
+
+struct kc__pristine_dir {
+    char path[PATH_MAX];
+    dev_t dev;
+    ino_t ino;
+    struct timespec since;
+    const struct kc__pristine *map;
+};
+
+#define MAX_DIRS 16
+static struct kc__pristine_dir pdirs[MAX_DIRS]; /* never freed: lookups may hold one */
+static unsigned n_pdirs;
+static pthread_mutex_t pdirs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void kc__pristine_clock(struct timespec *ts)
+{
+    if (syscall(SYS_clock_gettime, CLOCK_REALTIME_COARSE, ts) != 0)
+        ts->tv_sec = ts->tv_nsec = 0; /* nothing is older: the map is not used */
+}
+
+static bool local_fs(int fd)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0)
+        return false;
+    switch ((unsigned long)sf.f_type) {
+    case 0xEF53:     /* ext2, ext3, ext4 */
+    case 0x58465342: /* XFS */
+    case 0x9123683E: /* Btrfs */
+    case 0x01021994: /* tmpfs */
+    case 0x794C7630: /* overlayfs */
+    case 0xF2F52010: /* F2FS */
+        return true;
+    }
+    return false;
+}
+
+void kc__pristine_remember(const char *dir, const struct stat *st, const struct kc__pristine *m,
+                           const struct timespec *since)
+{
+    if (m == NULL || strlen(dir) >= PATH_MAX || since->tv_sec == 0)
+        return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    bool local = local_fs(fd);
+    close(fd);
+    if (!local)
+        return;
+    pthread_mutex_lock(&pdirs_lock);
+    struct kc__pristine_dir *pd = NULL;
+    for (unsigned i = 0; i < n_pdirs && i < MAX_DIRS; i++)
+        if (strcmp(pdirs[i].path, dir) == 0)
+            pd = &pdirs[i];
+    if (pd == NULL)
+        pd = &pdirs[n_pdirs++ % MAX_DIRS];
+    /* A slot reused while a lookup holds it: that lookup's DIR no longer
+     * matches the slot's device and inode, and it proves nothing. */
+    pd->dev = 0;
+    pd->ino = 0;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    snprintf(pd->path, sizeof pd->path, "%s", dir);
+    pd->since = *since;
+    pd->map = m;
+    pd->ino = st->st_ino;
+    pd->dev = st->st_dev;
+    pthread_mutex_unlock(&pdirs_lock);
+}
+
+const struct kc__pristine_dir *kc__pristine_recall(const char *dir,
+                                                   const struct kc__pristine **map)
+{
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !private_dir(&st))
+        return NULL;
+    const struct kc__pristine_dir *found = NULL;
+    pthread_mutex_lock(&pdirs_lock);
+    for (unsigned i = 0; i < n_pdirs && i < MAX_DIRS && found == NULL; i++)
+        if (pdirs[i].dev == st.st_dev && pdirs[i].ino == st.st_ino &&
+            strcmp(pdirs[i].path, dir) == 0)
+            found = &pdirs[i];
+    if (found != NULL)
+        *map = found->map;
+    pthread_mutex_unlock(&pdirs_lock);
+    return found;
+}
+
+static bool older(const struct stat *st, const struct kc__pristine_dir *pd)
+{
+    if (st->st_dev != pd->dev || st->st_ctim.tv_nsec % 1000 == 0)
+        return false;
+    return st->st_ctim.tv_sec < pd->since.tv_sec ||
+           (st->st_ctim.tv_sec == pd->since.tv_sec && st->st_ctim.tv_nsec < pd->since.tv_nsec);
+}
+
+bool kc__pristine_unchanged(const struct kc__pristine_dir *pd, const char *rel, const char *path,
+                            char *parent_ok)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || !older(&st, pd))
+        return false;
+    const char *slash = strrchr(rel, '/');
+    if (slash == NULL)
+        return true; /* directly in DIR: DIR itself is recall's */
+    size_t plen = (size_t)(slash - rel);
+    if (plen < 256 && strncmp(parent_ok, rel, plen) == 0 && parent_ok[plen] == '\0')
+        return true;
+    /* Each directory between DIR and the file: DIR/a, DIR/a/b, ... */
+    size_t base = strlen(path) - strlen(rel);
+    char buf[PATH_MAX];
+    if (strlen(path) >= sizeof buf)
+        return false;
+    memcpy(buf, path, base);
+    for (const char *p = rel; (p = strchr(p, '/')) != NULL && p <= slash; p++) {
+        size_t n = base + (size_t)(p - rel);
+        memcpy(buf + base, rel, (size_t)(p - rel));
+        buf[n] = '\0';
+        if (lstat(buf, &st) != 0 || !S_ISDIR(st.st_mode) || !older(&st, pd))
+            return false;
+    }
+    if (plen < 256) {
+        memcpy(parent_ok, rel, plen);
+        parent_ok[plen] = '\0';
+    }
+    return true;
 }
 
 /* ---- the store's copy of the install, to fill a DIR with ------------------------------------ */

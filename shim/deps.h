@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "../store/store.h"
 
@@ -89,6 +90,11 @@ struct kc__dirs {
      * empty (bundled.c): its files are checked against this map, never
      * read. NULL: they are stat'ed and read. */
     const struct kc__pristine *pristine;
+    /* Set when `bundled` was filled in an earlier call of this process
+     * (kc__pristine_recall): a file answers by the map only while its stat
+     * proves it unchanged since (kc__pristine_unchanged). */
+    const struct kc__pristine_dir *pristine_dir;
+    char parent_ok[256]; /* the last directory below it proved unchanged ("" none) */
     /* KC_DEP_FILE dependencies below `bundled`: checked, answered by the
      * pristine map, read (digested) for the check. */
     uint64_t bundled_checked, bundled_mapped, bundled_read;
@@ -129,6 +135,37 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
  * from empty and whose map is m (kc__pristine_get), unless it has one. */
 void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
                        const struct kc__pristine *m);
+
+/* A DIR of this process that an install or a fill took from empty to
+ * NVRTC's bytes: its map, and when that was known (the coarse realtime
+ * clock, read with the system call itself, right after the fill). */
+struct kc__pristine_dir;
+
+/* Remembers `dir` (st: its stat before the fill) as filled with the files
+ * of map `m` at `since`, when its filesystem keeps timestamps from that
+ * clock (ext2/3/4, XFS, Btrfs, tmpfs, overlayfs, F2FS: local, nanosecond
+ * granularity); at most 16 per process, the oldest forgotten. */
+void kc__pristine_remember(const char *dir, const struct stat *st, const struct kc__pristine *m,
+                           const struct timespec *since);
+
+/* The coarse realtime clock (the one inode timestamps come from), from
+ * the kernel: no interposed clock_gettime (libfaketime) is asked. */
+void kc__pristine_clock(struct timespec *ts);
+
+/* `dir` as a later call finds it: remembered, still that directory (device
+ * and inode), ours and private; NULL otherwise. *map: its map. */
+const struct kc__pristine_dir *kc__pristine_recall(const char *dir,
+                                                   const struct kc__pristine **map);
+
+/* Whether the file `rel` below pd (path: DIR/rel) is provably what the
+ * fill left there: a regular file on DIR's device whose ctime, and that
+ * of every directory between DIR and it, is earlier than pd's time and
+ * has sub-microsecond digits (the filesystem keeps them). Any write,
+ * rename, link or unlink after the fill sets a later ctime, which user
+ * space cannot set back. parent_ok (256 bytes): the memo of the last
+ * directory so proved. */
+bool kc__pristine_unchanged(const struct kc__pristine_dir *pd, const char *rel, const char *path,
+                            char *parent_ok);
 
 /* Whether `dir` is an empty directory (not a symlink) of ours that no other
  * user can enter (mode 0700 or less): what mkdtemp makes. *st: its stat. */

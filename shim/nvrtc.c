@@ -468,6 +468,9 @@ struct bundled {
     /* NVRTC's map of what DIR holds, when the shim's own install filled
      * it from empty in this call (kc__pristine_get), else NULL. */
     const struct kc__pristine *pristine;
+    /* DIR as an earlier call of the process filled it (then pristine is
+     * its map, answering for files proved unchanged since), or NULL. */
+    const struct kc__pristine_dir *recalled;
     /* The lookups' checks of the headers read below DIR: how many, how
      * many of them the pristine map answered, how many were read. */
     uint64_t checked, mapped, read;
@@ -725,6 +728,7 @@ static int manifest_match(const struct kc__manifest *m, struct bundled *b, kc_di
     struct kc__dirs dirs = {0};
     dirs.bundled = b != NULL ? b->dir : NULL;
     dirs.pristine = b != NULL ? b->pristine : NULL;
+    dirs.pristine_dir = b != NULL ? b->recalled : NULL;
     int rc = -ENOENT;
     for (uint64_t i = 0; i < m->n && rc != 0; i++) {
         const struct kc__dep_set *s = &m->sets[i];
@@ -1443,6 +1447,11 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
                   kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, &bh.pristine) == 0;
     if (keyed && bh.dir != NULL && !filled && bundled_install(bh.dir) != NVRTC_SUCCESS)
         keyed = false, why = KC_PASS_refused;
+    /* When DIR held NVRTC's bytes: right after the fill (later calls prove
+     * a file unchanged since by its ctime). */
+    struct timespec filled_at = {0, 0};
+    if (keyed && fresh_dir)
+        kc__pristine_clock(&filled_at);
     if (!keyed) {
         c.passthrough = 1;
         kc__pass_reason(BACKEND, why);
@@ -1464,6 +1473,10 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         if (bh.pristine != NULL && !cfg->readonly)
             kc__pristine_keep(cfg->dir, &id->digest, bh.dir, bh.pristine);
     }
+    if (st != NULL && bh.pristine != NULL && fresh_dir)
+        kc__pristine_remember(bh.dir, &dir_st, bh.pristine, &filled_at);
+    else if (st != NULL && bh.dir != NULL && !fresh_dir)
+        bh.recalled = kc__pristine_recall(bh.dir, &bh.pristine);
 
     uint64_t refused0 = st != NULL ? kc__why_refused() : 0;
     if (st != NULL && !cfg->recache && serve(prog, st, api, ns, build, &base, &bh, &rc, &c, NULL))

@@ -16,6 +16,10 @@ Usage: test_readme.py BUILD-DIR CUDA-LIB-DIR   (KCACHE_SRC, KCACHE_TOOL set)
      ctypes). The quick start's second run is served: its stats line shows
      NVRTC hits. A block preceded by `<!-- docs-test: skip (WHY) -->` is not
      run (the reason is required, and printed).
+  4. Its client table and docs/performance.md are what scripts/bench
+     writes from docs/performance/results.json (`scripts/bench
+     --check-docs`): no figure edited by hand; every client has one, with
+     its run's date.
 Exit status 0 on success, 1 on a failed check.
 """
 import json
@@ -242,9 +246,28 @@ def test_commands():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_clients():
+    r = subprocess.run([sys.executable, os.path.join(SRC, 'scripts', 'bench'), '--check-docs'],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, 'scripts/bench --check-docs: the client table and '
+          'docs/performance.md are the bench\'s (exit %d: %s)' % (r.returncode, r.stderr.strip()))
+    b = README.find('<!-- clients-table: written by scripts/bench')
+    e = README.find('<!-- clients-table: end -->')
+    if not check(b >= 0 and e > b, 'README.md has the client table markers'):
+        return
+    rows = [ln for ln in README[b:e].splitlines()[3:] if ln.startswith('|')]
+    check(len(rows) >= 6, 'the client table has a row per client (%d)' % len(rows))
+    for ln in rows:
+        cols = [c.strip() for c in ln.strip('|').split(' | ')]
+        check(len(cols) == 4 and cols[2] != 'not measured yet'
+              and re.match(r'\d{4}-\d\d-\d\d, ', cols[3]) is not None,
+              'the client table gives a measured figure and its run for %s' % cols[0])
+
+
 def main():
     test_page()
     test_table()
+    test_clients()
     test_commands()
     if failures:
         print('%d failed' % len(failures))

@@ -957,8 +957,14 @@ def cluster(ctx):
     stop.set()
     t.join()
     check_outputs(runs, ctx.ref, 'Redis Cluster: slots migrated during a run')
-    check(misses(runs) == 0,
-          'slots migrated during a run: every entry served (%d compiles)' % misses(runs))
+    if not check(misses(runs) == 0,
+                 'slots migrated during a run: every entry served (%d compiles)' % misses(runs)):
+        for r in runs:
+            if r.misses:
+                print('a run that compiled:', [ln for ln in r.stderr.splitlines()
+                                                if 'kcache' in ln])
+        for f in fresh:
+            print('remote counters of a node:', f.stats()['remote'])
     moved = sum(f.stats()['remote']['moved'] for f in fresh)
     print('MOVED followed during the migration: %d' % moved)
 

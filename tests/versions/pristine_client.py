@@ -2,11 +2,12 @@
 """One NVRTC 13.5 compile with --use-bundled-headers=DIR through ctypes
 (tests/versions pristine).
 
-Usage: pristine_client.py LIBNVRTC OUT fresh|edited|prefilled|other
+Usage: pristine_client.py LIBNVRTC OUT fresh|edited|prefilled|other|again|again-edit|again-swap
 DIR is a fresh mkdtemp directory (0700, as libmathdx makes it); before the
 compile it is left empty (fresh, other), or installed by the host and one
 header edited so the PTX differs (edited), or given one file of the host's
-own (prefilled). `other` compiles another program (the same headers). Writes
+own (prefilled). `other` compiles another program (the same headers);
+`again*` compile a fresh DIR twice (see below). Writes
 to OUT the compile's result, the PTX's and the log's digests (DIR written
 as <DIR>) and removes DIR.
 """
@@ -38,21 +39,49 @@ if mode == "edited":
 elif mode == "prefilled":
     with open(os.path.join(d, "kc_own.txt"), "w") as f:
         f.write("the host's own file\n")
-p = ctypes.c_void_p()
-src = SRC["b" if mode == "other" else "a"]
-assert lib.nvrtcCreateProgram(ctypes.byref(p), src, b"k.cu", 0, None, None) == 0
-o = [("--use-bundled-headers=" + d).encode(), b"-arch=compute_80"]
-rc = lib.nvrtcCompileProgram(p, len(o), (ctypes.c_char_p * len(o))(*o))
-res = ["compile %d" % rc]
-for g in ("PTX", "ProgramLog"):
-    n = ctypes.c_size_t(0)
-    assert getattr(lib, "nvrtcGet%sSize" % g)(p, ctypes.byref(n)) == 0
-    buf = ctypes.create_string_buffer(max(n.value, 1))
-    assert getattr(lib, "nvrtcGet%s" % g)(p, buf) == 0
-    res.append("%s %d %s" % (g, n.value,
-                             hashlib.sha256(buf.raw[:n.value].replace(d.encode(), b"<DIR>"))
-                             .hexdigest()))
-lib.nvrtcDestroyProgram(ctypes.byref(p))
+elif mode == "again-swap":
+    # An older tree of NVRTC's headers, one edited, made before the first
+    # compile: its files' times are all before DIR's fill.
+    alt = tempfile.mkdtemp(prefix="kc_alt_", dir=os.environ.get("TMPDIR", "/tmp"))
+    err = ctypes.c_char_p()
+    assert lib.nvrtcInstallBundledHeaders(alt.encode(), 0, ctypes.byref(err)) == 0
+    with open(os.path.join(alt, "cccl", "cuda", "std", "type_traits"), "ab") as f:
+        f.write(b'\nextern "C" __global__ void kc_swapped() {}\n')
+    time.sleep(0.05)
+
+
+def compile_once():
+    p = ctypes.c_void_p()
+    src = SRC["b" if mode == "other" else "a"]
+    assert lib.nvrtcCreateProgram(ctypes.byref(p), src, b"k.cu", 0, None, None) == 0
+    o = [("--use-bundled-headers=" + d).encode(), b"-arch=compute_80"]
+    rc = lib.nvrtcCompileProgram(p, len(o), (ctypes.c_char_p * len(o))(*o))
+    out = ["compile %d" % rc]
+    for g in ("PTX", "ProgramLog"):
+        n = ctypes.c_size_t(0)
+        assert getattr(lib, "nvrtcGet%sSize" % g)(p, ctypes.byref(n)) == 0
+        buf = ctypes.create_string_buffer(max(n.value, 1))
+        assert getattr(lib, "nvrtcGet%s" % g)(p, buf) == 0
+        out.append("%s %d %s" % (g, n.value,
+                                 hashlib.sha256(buf.raw[:n.value].replace(d.encode(), b"<DIR>"))
+                                 .hexdigest()))
+    lib.nvrtcDestroyProgram(ctypes.byref(p))
+    return out
+
+
+res = compile_once()
+if mode.startswith("again"):
+    # The same compile again in the same DIR, as a process's later one:
+    # unchanged (again), a header edited (again-edit), or DIR/cccl replaced
+    # by an older edited tree renamed in (again-swap).
+    if mode == "again-edit":
+        with open(os.path.join(d, "cuda_fp16.h"), "ab") as f:
+            f.write(b'\nextern "C" __global__ void kc_edited() {}\n')
+    elif mode == "again-swap":
+        os.rename(os.path.join(d, "cccl"), os.path.join(alt, "cccl.orig"))
+        os.rename(os.path.join(alt, "cccl"), os.path.join(d, "cccl"))
+        shutil.rmtree(alt)
+    res += ["then"] + compile_once()
 if os.environ.get("KC_TEST_LIST"):
     # What DIR holds: each entry's path, mode and bytes (the version
     # marker's install time apart: its age in seconds, rounded to a minute).

@@ -499,12 +499,16 @@ def t_nvmath(tmp):
                       "warm: all %d served (%d hits, %d misses, %d pass-through)"
                       % (n, h, m, pt))
                 # The process's first compile meets libmathdx's fresh DIR:
-                # its headers are checked by NVRTC's map, none read (a
-                # later compile with the same DIR reads them).
+                # its headers are checked by NVRTC's map, none read; the
+                # later ones, with the same DIR, by the map too (nearly
+                # none read: a file of the fill's last clock tick is).
                 c = [tuple(int(x) for x in g) for g in re.findall(CHECK_RE, err)]
                 check(c and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
                       "warm: the first compile reads no header below libmathdx's fresh "
                       "DIR (checked, by the map, read: %s)" % c)
+                check(len(c) >= 2 and all(x[1] >= 1 and x[2] * 4 <= x[0] for x in c[1:]),
+                      "warm: the later compiles check their headers by the map too "
+                      "(checked, by the map, read: %s)" % c)
 
 
 def t_bundled(tmp):
@@ -613,6 +617,22 @@ def t_pristine(tmp):
     c = case("fresh", (1, 0), "fresh DIR, the map made again")
     check(len(c) == 1 and c[0][1] == c[0][0] and c[0][2] == 0,
           "the map made again serves (%s)" % c)
+    # A process's later compile with the same DIR: the map answers for each
+    # header whose stat proves it unchanged since the fill; a header edited
+    # since, or an older edited tree renamed in, is read (NVRTC's output).
+    for m in ("again", "again-edit", "again-swap"):
+        ref[m] = go(m, False)[0]
+    check(len({ref["again"], ref["again-edit"], ref["again-swap"]}) == 3,
+          "the edit and the swap change the later compile's PTX")
+    c = case("again", (2, 0), "a later compile in the same DIR: served")
+    check(len(c) == 2 and c[1][0] >= 1 and c[1][1] >= 1 and c[1][2] * 4 <= c[1][0],
+          "a later compile in the same DIR: its headers checked by the map, "
+          "(nearly) none read (%s)" % c)
+    for m, what in (("again-edit", "a header edited after the fill"),
+                    ("again-swap", "DIR/cccl replaced by an older edited tree")):
+        out, _, c = go(m)
+        check(out == ref[m], "%s: the later compile's output is NVRTC's own" % what)
+        check(len(c) >= 2 and c[1][2] >= 1, "%s: the later compile reads (%s)" % (what, c))
 
 
 def t_fill(tmp):
