@@ -550,8 +550,7 @@ void kc__pristine_remember(const char *dir, const struct stat *st, const struct 
     pthread_mutex_unlock(&pdirs_lock);
 }
 
-const struct kc__pristine_dir *kc__pristine_recall(const char *dir,
-                                                   const struct kc__pristine **map)
+const struct kc__pristine_dir *kc__pristine_recall(const char *dir, const struct kc__pristine **map)
 {
     struct stat st;
     if (lstat(dir, &st) != 0 || !private_dir(&st))
