@@ -43,7 +43,8 @@ def pycuda(paths):
 
 
 def triton(cubin, name, paths):
-    from triton.backends.nvidia.driver import CudaUtils
+    from triton.backends.nvidia.driver import CudaDriver, CudaUtils
+    print("active", CudaDriver.is_active())  # as Triton starts: cuInit
     u = CudaUtils()  # compiles or reuses the launcher: not timed
     spent = 0.0
     for p in paths:
