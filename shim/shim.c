@@ -336,9 +336,11 @@ void kc__count(const char *backend, const struct kc_counters *c)
                 __atomic_fetch_add(&dst[k], src[k], __ATOMIC_RELAXED);
         break;
     }
-    /* A miss or a store is counted at once (it cost a compile; one more
-     * spool log is nothing beside it). */
-    if ((c->misses != 0 || c->stores != 0) &&
+    /* A compile's miss or a store is counted at once (it cost a compile;
+     * one more spool log is nothing beside it). A function lookup the memo
+     * missed cost the driver a lookup, less than that log: counted with
+     * the next compile's, or at exit. */
+    if ((c->stores != 0 || (c->misses != 0 && strcmp(backend, "memo") != 0)) &&
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 && !kc__config()->readonly) {
         const struct kc_store_ops *api;
         struct kc_store *st = kc__store(&api);
