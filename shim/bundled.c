@@ -482,16 +482,15 @@ bool kc__bundled_same(const char *dir, const struct stat *before)
  * could date a later write earlier), is a file untouched since the fill.
  * Only local filesystems whose times come from this machine's clock. */
 
-struct kc__pristine_dir {
+struct pdir {
     char path[PATH_MAX];
-    dev_t dev;
     ino_t ino;
-    struct timespec since;
+    struct kc__pristine_proof proof;
     const struct kc__pristine *map;
 };
 
 #define MAX_DIRS 16
-static struct kc__pristine_dir pdirs[MAX_DIRS]; /* never freed: lookups may hold one */
+static struct pdir pdirs[MAX_DIRS];
 static unsigned n_pdirs;
 static pthread_mutex_t pdirs_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -531,43 +530,40 @@ void kc__pristine_remember(const char *dir, const struct stat *st, const struct 
     if (!local)
         return;
     pthread_mutex_lock(&pdirs_lock);
-    struct kc__pristine_dir *pd = NULL;
+    struct pdir *pd = NULL;
     for (unsigned i = 0; i < n_pdirs && i < MAX_DIRS; i++)
         if (strcmp(pdirs[i].path, dir) == 0)
             pd = &pdirs[i];
     if (pd == NULL)
         pd = &pdirs[n_pdirs++ % MAX_DIRS];
-    /* A slot reused while a lookup holds it: that lookup's DIR no longer
-     * matches the slot's device and inode, and it proves nothing. */
-    pd->dev = 0;
-    pd->ino = 0;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     snprintf(pd->path, sizeof pd->path, "%s", dir);
-    pd->since = *since;
-    pd->map = m;
     pd->ino = st->st_ino;
-    pd->dev = st->st_dev;
+    pd->proof = (struct kc__pristine_proof){.dev = st->st_dev, .since = *since};
+    pd->map = m;
     pthread_mutex_unlock(&pdirs_lock);
 }
 
-const struct kc__pristine_dir *kc__pristine_recall(const char *dir, const struct kc__pristine **map)
+bool kc__pristine_recall(const char *dir, const struct kc__pristine **map,
+                         struct kc__pristine_proof *proof)
 {
     struct stat st;
     if (lstat(dir, &st) != 0 || !private_dir(&st))
-        return NULL;
-    const struct kc__pristine_dir *found = NULL;
+        return false;
+    bool found = false;
     pthread_mutex_lock(&pdirs_lock);
-    for (unsigned i = 0; i < n_pdirs && i < MAX_DIRS && found == NULL; i++)
-        if (pdirs[i].dev == st.st_dev && pdirs[i].ino == st.st_ino &&
-            strcmp(pdirs[i].path, dir) == 0)
-            found = &pdirs[i];
-    if (found != NULL)
-        *map = found->map;
+    for (unsigned i = 0; i < n_pdirs && i < MAX_DIRS && !found; i++) {
+        const struct pdir *pd = &pdirs[i];
+        if (pd->proof.dev == st.st_dev && pd->ino == st.st_ino && strcmp(pd->path, dir) == 0) {
+            *map = pd->map;
+            *proof = pd->proof;
+            found = true;
+        }
+    }
     pthread_mutex_unlock(&pdirs_lock);
     return found;
 }
 
-static bool older(const struct stat *st, const struct kc__pristine_dir *pd)
+static bool older(const struct stat *st, const struct kc__pristine_proof *pd)
 {
     if (st->st_dev != pd->dev || st->st_ctim.tv_nsec % 1000 == 0)
         return false;
@@ -575,7 +571,7 @@ static bool older(const struct stat *st, const struct kc__pristine_dir *pd)
            (st->st_ctim.tv_sec == pd->since.tv_sec && st->st_ctim.tv_nsec < pd->since.tv_nsec);
 }
 
-bool kc__pristine_unchanged(const struct kc__pristine_dir *pd, const char *rel, const char *path,
+bool kc__pristine_unchanged(const struct kc__pristine_proof *pd, const char *rel, const char *path,
                             char *parent_ok)
 {
     struct stat st;

@@ -662,8 +662,8 @@ bool kc__dep_holds(const struct kc__dep *dep, struct kc__dirs *dirs)
          * bytes, whose digests the map holds. */
         kc_digest d;
         if (dirs->pristine != NULL && kc__pristine_find(dirs->pristine, dep->path + 1, &d) &&
-            (dirs->pristine_dir == NULL ||
-             kc__pristine_unchanged(dirs->pristine_dir, dep->path + 1, path, dirs->parent_ok))) {
+            (dirs->proof == NULL ||
+             kc__pristine_unchanged(dirs->proof, dep->path + 1, path, dirs->parent_ok))) {
             dirs->bundled_mapped++;
             return d.lo == dep->digest.lo && d.hi == dep->digest.hi;
         }

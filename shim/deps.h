@@ -93,7 +93,7 @@ struct kc__dirs {
     /* Set when `bundled` was filled in an earlier call of this process
      * (kc__pristine_recall): a file answers by the map only while its stat
      * proves it unchanged since (kc__pristine_unchanged). */
-    const struct kc__pristine_dir *pristine_dir;
+    const struct kc__pristine_proof *proof;
     char parent_ok[256]; /* the last directory below it proved unchanged ("" none) */
     /* KC_DEP_FILE dependencies below `bundled`: checked, answered by the
      * pristine map, read (digested) for the check. */
@@ -136,10 +136,13 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
 void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
                        const struct kc__pristine *m);
 
-/* A DIR of this process that an install or a fill took from empty to
- * NVRTC's bytes: its map, and when that was known (the coarse realtime
- * clock, read with the system call itself, right after the fill). */
-struct kc__pristine_dir;
+/* When a DIR of this process went from empty to NVRTC's bytes (an install
+ * or a fill): its device, and the coarse realtime clock read right after,
+ * with the system call itself. */
+struct kc__pristine_proof {
+    dev_t dev;
+    struct timespec since;
+};
 
 /* Remembers `dir` (st: its stat before the fill) as filled with the files
  * of map `m` at `since`, when its filesystem keeps timestamps from that
@@ -152,19 +155,21 @@ void kc__pristine_remember(const char *dir, const struct stat *st, const struct 
  * the kernel: no interposed clock_gettime (libfaketime) is asked. */
 void kc__pristine_clock(struct timespec *ts);
 
-/* `dir` as a later call finds it: remembered, still that directory (device
- * and inode), ours and private; NULL otherwise. *map: its map. */
-const struct kc__pristine_dir *kc__pristine_recall(const char *dir,
-                                                   const struct kc__pristine **map);
+/* Whether `dir`, as a later call finds it, is remembered and still that
+ * directory (device and inode), ours and private: then *map is its map and
+ * *proof when it was filled (copies: the table may forget it meanwhile). */
+bool kc__pristine_recall(const char *dir, const struct kc__pristine **map,
+                         struct kc__pristine_proof *proof);
 
-/* Whether the file `rel` below pd (path: DIR/rel) is provably what the
+/* Whether the file `rel` below DIR (path: DIR/rel) is provably what the
  * fill left there: a regular file on DIR's device whose ctime, and that
  * of every directory between DIR and it, is earlier than pd's time and
- * has sub-microsecond digits (the filesystem keeps them). Any write,
+ * has sub-microsecond digits (the filesystem keeps them); pd: the
+ * fill's proof. Any write,
  * rename, link or unlink after the fill sets a later ctime, which user
  * space cannot set back. parent_ok (256 bytes): the memo of the last
  * directory so proved. */
-bool kc__pristine_unchanged(const struct kc__pristine_dir *pd, const char *rel, const char *path,
+bool kc__pristine_unchanged(const struct kc__pristine_proof *pd, const char *rel, const char *path,
                             char *parent_ok);
 
 /* Whether `dir` is an empty directory (not a symlink) of ours that no other

@@ -468,9 +468,10 @@ struct bundled {
     /* NVRTC's map of what DIR holds, when the shim's own install filled
      * it from empty in this call (kc__pristine_get), else NULL. */
     const struct kc__pristine *pristine;
-    /* DIR as an earlier call of the process filled it (then pristine is
-     * its map, answering for files proved unchanged since), or NULL. */
-    const struct kc__pristine_dir *recalled;
+    /* DIR as an earlier call of the process filled it: then pristine is
+     * its map, answering for files proved unchanged since. */
+    bool recalled;
+    struct kc__pristine_proof proof;
     /* The lookups' checks of the headers read below DIR: how many, how
      * many of them the pristine map answered, how many were read. */
     uint64_t checked, mapped, read;
@@ -728,7 +729,7 @@ static int manifest_match(const struct kc__manifest *m, struct bundled *b, kc_di
     struct kc__dirs dirs = {0};
     dirs.bundled = b != NULL ? b->dir : NULL;
     dirs.pristine = b != NULL ? b->pristine : NULL;
-    dirs.pristine_dir = b != NULL ? b->recalled : NULL;
+    dirs.proof = b != NULL && b->recalled ? &b->proof : NULL;
     int rc = -ENOENT;
     for (uint64_t i = 0; i < m->n && rc != 0; i++) {
         const struct kc__dep_set *s = &m->sets[i];
@@ -1476,7 +1477,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     if (st != NULL && bh.pristine != NULL && fresh_dir)
         kc__pristine_remember(bh.dir, &dir_st, bh.pristine, &filled_at);
     else if (st != NULL && bh.dir != NULL && !fresh_dir)
-        bh.recalled = kc__pristine_recall(bh.dir, &bh.pristine);
+        bh.recalled = kc__pristine_recall(bh.dir, &bh.pristine, &bh.proof);
 
     uint64_t refused0 = st != NULL ? kc__why_refused() : 0;
     if (st != NULL && !cfg->recache && serve(prog, st, api, ns, build, &base, &bh, &rc, &c, NULL))

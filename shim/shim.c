@@ -255,6 +255,7 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 
 #define N_BACKENDS 5
 static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm"};
+#define BACKEND_MEMO 2
 static struct kc_counters counters[N_BACKENDS];
 static uint64_t pass_reasons[N_BACKENDS][KC_N_PASS_REASONS];
 _Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
@@ -324,9 +325,11 @@ static void counters_flush(struct kc_store *st, const struct kc_store_ops *api,
 
 void kc__count(const char *backend, const struct kc_counters *c)
 {
+    bool compiles = false; /* a backend whose misses are compiles (not the memo's lookups) */
     for (int i = 0; i < N_BACKENDS; i++) {
         if (strcmp(backend, backend_names[i]) != 0)
             continue;
+        compiles = i != BACKEND_MEMO;
         /* Lock-free: the memo counts from its hot path. */
         struct kc_counters *t = &counters[i];
         const uint64_t *src = (const uint64_t *)c;
@@ -340,7 +343,7 @@ void kc__count(const char *backend, const struct kc_counters *c)
      * one more spool log is nothing beside it). A function lookup the memo
      * missed cost the driver a lookup, less than that log: counted with
      * the next compile's, or at exit. */
-    if ((c->stores != 0 || (c->misses != 0 && strcmp(backend, "memo") != 0)) &&
+    if ((c->stores != 0 || (c->misses != 0 && compiles)) &&
         __atomic_load_n(&store_state, __ATOMIC_ACQUIRE) == 1 && !kc__config()->readonly) {
         const struct kc_store_ops *api;
         struct kc_store *st = kc__store(&api);
