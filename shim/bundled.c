@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -195,19 +196,6 @@ static int add(struct files *f, const char *path, const kc_digest *d)
     return 0;
 }
 
-/* Appends "/name" (or "name" at the top) to rel, which holds rl bytes: the
- * new length, or 0 when it would not fit (PATH_MAX, or a u16 length). */
-static size_t rel_join(char *rel, size_t rl, const char *name)
-{
-    size_t nl = strlen(name), pl = rl + (rl ? 1 : 0) + nl;
-    if (pl >= PATH_MAX || pl > UINT16_MAX)
-        return 0;
-    if (rl)
-        rel[rl] = '/';
-    memcpy(rel + pl - nl, name, nl + 1);
-    return pl;
-}
-
 /* Adds every file below the directory dfd (taken: closed here) to f, named
  * rel/... (rel holds rl bytes). 0, or -errno; -EINVAL when something there
  * is neither a directory nor a regular file (no install makes one). */
@@ -226,10 +214,9 @@ static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
             continue;
         /* The install's version marker (its time) and lock: no dependency
          * names them (deps.c). */
-        if (depth == 0 && (strcmp(name, ".nvrtc_headers_version") == 0 ||
-                           strcmp(name, ".nvrtc_install.lock") == 0))
+        if (kc__bh_extra(depth, name))
             continue;
-        size_t pl = rel_join(rel, rl, name);
+        size_t pl = kc__rel_join(rel, rl, name);
         if (pl == 0) {
             rc = -ENAMETOOLONG;
             break;
@@ -430,11 +417,8 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
 /* Only "." and "..": nothing anyone put there. */
 static bool empty_dir(int fd)
 {
-    int d2 = dup(fd);
-    DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
+    DIR *d = kc__dir_read(fd);
     if (d == NULL) {
-        if (d2 >= 0)
-            close(d2);
         return false;
     }
     bool empty = true;
@@ -606,18 +590,18 @@ bool kc__pristine_unchanged(const struct kc__pristine_proof *pd, const char *rel
 /* ---- the store's copy of the install, to fill a DIR with ------------------------------------ */
 
 /* A hit (or a miss) whose DIR is empty and private fills it from the
- * store's copy of what NVRTC's install wrote (DIR/bundled/<id>.tree, kept
- * once per identity from a DIR NVRTC's install filled): each file a
- * reflink (FICLONE) where the filesystem has them, else a copy, with
- * NVRTC's modes (0666 and 0777 less the umask) and its version marker
- * dated now, every file checked against the map as it is made. The host
- * gets files of its own it may change or remove; the store's stay as
- * they are. Hard links are not used: the host could write the store's
- * copy through them. */
-
-#define MARKER ".nvrtc_headers_version"
-#define INSTALL_LOCK ".nvrtc_install.lock"
-#define MAX_FILE (64u << 20)
+ * store's copies of what NVRTC's install wrote (store/local/tree.c): a
+ * ready copy the owner made with this host's modes, moved in with one
+ * rename per top-level entry, where DIR is on the store's filesystem and
+ * takes its modes from the umask alone (no default ACL); else the store's
+ * copy (DIR/bundled/<id>.tree, kept once per identity from a DIR NVRTC's
+ * install filled), each file a reflink (FICLONE) where the filesystem has
+ * them, else a copy, with NVRTC's modes (0666 and 0777 less the umask).
+ * Either way every file is checked against the map (a moved one read
+ * again, ours, with those modes, and dated now), and the version marker
+ * is dated now. The host gets files of its own it may change or remove;
+ * the store's stay as they are. Hard links are not used: the host could
+ * write the store's copy through them. */
 
 static int tree_path(const char *store, const kc_digest *id, char *out, size_t n)
 {
@@ -626,205 +610,10 @@ static int tree_path(const char *store, const kc_digest *id, char *out, size_t n
     return (size_t)snprintf(out, n, "%s/bundled/%s.tree", store, name) >= n ? -ENAMETOOLONG : 0;
 }
 
-/* Removes everything below the directory dfd (not closed here). */
-static void tree_clear(int dfd, int depth)
+static bool map_check(void *arg, const char *rel, const kc_digest *d)
 {
-    int d2 = dup(dfd);
-    DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
-    if (d == NULL) {
-        if (d2 >= 0)
-            close(d2);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno != EISDIR)
-            continue;
-        int fd = depth < 64
-                     ? openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                     : -1;
-        if (fd >= 0) {
-            tree_clear(fd, depth + 1);
-            close(fd);
-        }
-        unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
-    }
-    closedir(d);
-}
-
-/* The version marker's bytes with its install time made now (the lines
- * "timestamp=" and "timestamp_human=" of 13.x's format; other lines, and
- * a marker without them, as they are). */
-static size_t marker_restamp(const char *in, size_t n, char *out, size_t cap)
-{
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        const char *nl = memchr(in + i, '\n', n - i);
-        size_t l = nl ? (size_t)(nl - (in + i)) + 1 : n - i;
-        char line[96];
-        int w = -1;
-        if (l >= 10 && strncmp(in + i, "timestamp=", 10) == 0)
-            w = snprintf(line, sizeof line, "timestamp=%lld\n", (long long)now);
-        else if (l >= 16 && strncmp(in + i, "timestamp_human=", 16) == 0)
-            w = (int)strftime(line, sizeof line, "timestamp_human=%Y-%m-%d %H:%M:%S UTC\n", &tm);
-        if (w > 0 && nl != NULL && o + (size_t)w <= cap) {
-            memcpy(out + o, line, (size_t)w);
-            o += (size_t)w;
-        } else if (o + l <= cap) {
-            memcpy(out + o, in + i, l);
-            o += l;
-        }
-        i += l;
-    }
-    return o;
-}
-
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? -errno : -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Copies the file `name` of sdir into ddir (made there, mode fm less the
- * umask): a reflink when `clone` and the filesystem has them, else its
- * bytes; *d the copy's digest. restamp: the version marker. */
-static int file_copy(int sdir, int ddir, const char *name, mode_t fm, bool *clone, bool restamp,
-                     kc_digest *d)
-{
-    int in = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (in < 0)
-        return -errno;
-    struct stat st;
-    int rc = 0, out = -1;
-    char *buf = NULL;
-    if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MAX_FILE) {
-        rc = -EINVAL;
-        goto done;
-    }
-    out = openat(ddir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, fm);
-    if (out < 0) {
-        rc = -errno;
-        goto done;
-    }
-    if (*clone && !restamp && st.st_size > 0) {
-        if (ioctl(out, FICLONE, in) == 0) {
-            rc = kc__digest_fd(out, &st, d);
-            goto done;
-        }
-        *clone = false; /* not on this filesystem (or across two): copies from now on */
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    buf = malloc(n ? n : 1);
-    if (buf == NULL) {
-        rc = -ENOMEM;
-        goto done;
-    }
-    while (got < n) {
-        ssize_t r = read(in, buf + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = r < 0 ? -errno : -ESTALE;
-            goto done;
-        }
-        got += (size_t)r;
-    }
-    if (restamp) {
-        char *o = malloc(n + 256);
-        if (o == NULL) {
-            rc = -ENOMEM;
-            goto done;
-        }
-        n = marker_restamp(buf, n, o, n + 256);
-        free(buf);
-        buf = o;
-    }
-    *d = kc_digest_of(buf, n);
-    rc = write_all(out, buf, n);
-done:
-    free(buf);
-    if (out >= 0 && close(out) != 0 && rc == 0)
-        rc = -errno;
-    close(in);
-    return rc;
-}
-
-/* Copies the tree below sdir into ddir (both taken: closed here): files
- * mode fm, directories dm (less the umask). With m, every file but the
- * marker and the install's lock must be m's, with m's digest, and all of
- * m's files there (*n counts them). host: the copy is the host's DIR
- * (the marker dated now). *clone: reflinks still tried. */
-static int tree_copy(int sdir, int ddir, char *rel, size_t rl, int depth,
-                     const struct kc__pristine *m, mode_t fm, mode_t dm, bool host, bool *clone,
-                     uint32_t *n)
-{
-    DIR *d = fdopendir(sdir);
-    if (d == NULL) {
-        close(sdir);
-        close(ddir);
-        return -errno;
-    }
-    int rc = 0;
-    struct dirent *e;
-    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
-        const char *name = e->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-            continue;
-        size_t pl = rel_join(rel, rl, name);
-        if (pl == 0) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
-        bool extra = depth == 0 && (strcmp(name, MARKER) == 0 || strcmp(name, INSTALL_LOCK) == 0);
-        struct stat st;
-        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-            rc = -errno;
-        } else if (S_ISDIR(st.st_mode) && depth < 64) {
-            int s2 = openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            int d2 = s2 < 0 ? -1
-                     : mkdirat(ddir, name, dm) != 0
-                         ? -1
-                         : openat(ddir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (s2 < 0 || d2 < 0) {
-                rc = -errno;
-                if (s2 >= 0)
-                    close(s2);
-            } else {
-                rc = tree_copy(s2, d2, rel, pl, depth + 1, m, fm, dm, host, clone, n);
-            }
-        } else if (S_ISREG(st.st_mode)) {
-            kc_digest got, want;
-            rc = file_copy(dirfd(d), ddir, name, fm, clone,
-                           host && extra && strcmp(name, MARKER) == 0, &got);
-            if (rc == 0 && m != NULL && !extra) {
-                if (!kc__pristine_find(m, rel, &want) || !digest_eq(&got, &want))
-                    rc = -EBADMSG;
-                else
-                    (*n)++;
-            }
-        } else {
-            rc = -EINVAL;
-        }
-        rel[rl] = 0;
-    }
-    if (rc == 0 && errno != 0)
-        rc = -errno;
-    closedir(d);
-    close(ddir);
-    return rc;
+    kc_digest want;
+    return kc__pristine_find(arg, rel, &want) && digest_eq(&want, d);
 }
 
 /* The map of id, from the process's maps or the store's file, never made. */
@@ -844,10 +633,14 @@ static const struct kc__pristine *map_lookup(const char *store, const kc_digest 
 
 static int open_tree(const char *store, const kc_digest *id)
 {
-    char dir[PATH_MAX], path[PATH_MAX];
-    if (snprintf(dir, sizeof dir, "%s/bundled", store) >= (int)sizeof dir ||
-        kc__private_subdir(dir, false) != 0 || tree_path(store, id, path, sizeof path) != 0)
+    char path[PATH_MAX];
+    int b = kc__bundled_dir(store, false);
+    if (b < 0 || tree_path(store, id, path, sizeof path) != 0) {
+        if (b >= 0)
+            close(b);
         return -1;
+    }
+    close(b);
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !private_dir(&st))) {
@@ -868,52 +661,231 @@ static void tree_drop(const char *store, const kc_digest *id)
         return;
     int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
-        tree_clear(fd, 0);
+        kc__tree_clear(fd, 0);
         close(fd);
     }
     rmdir(tmp);
 }
 
-int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
+/* The process's umask, read from /proc/self/status (umask() would change
+ * it for the other threads for a moment): false when it cannot be. */
+static bool host_umask(mode_t *mask)
+{
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char b[4096];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    b[n] = 0;
+    const char *u = strstr(b, "\nUmask:");
+    char *end;
+    unsigned long v = u != NULL ? strtoul(u + 7, &end, 8) : 0;
+    if (u == NULL || end == u + 7 || v > 0777)
+        return false;
+    *mask = (mode_t)v;
+    return true;
+}
+
+/* Whether files made in the directory fd take their modes from the umask
+ * alone (it has no default ACL). */
+static bool umask_alone(int fd)
+{
+    return fgetxattr(fd, "system.posix_acl_default", NULL, 0) < 0 &&
+           (errno == ENODATA || errno == ENOTSUP || errno == EOPNOTSUPP);
+}
+
+static void note_ctime(int fd, struct timespec *latest)
+{
+    struct stat st;
+    if (fstat(fd, &st) == 0 &&
+        (st.st_ctim.tv_sec > latest->tv_sec ||
+         (st.st_ctim.tv_sec == latest->tv_sec && st.st_ctim.tv_nsec > latest->tv_nsec)))
+        *latest = st.st_ctim;
+}
+
+/* Checks the tree below dfd (not closed here) as a moved ready copy: every
+ * file and directory ours with modes fm and dm, every file the map's (*n
+ * counts them), each dated now as a file made now would be (*latest: the
+ * latest ctime that gave one). */
+static int moved_check(int dfd, char *rel, size_t rl, int depth, const struct kc__pristine *m,
+                       mode_t fm, mode_t dm, uint32_t *n, struct timespec *latest)
+{
+    DIR *d = kc__dir_read(dfd);
+    if (d == NULL) {
+        return -ENOMEM;
+    }
+    int rc = 0;
+    struct dirent *e;
+    uid_t me = geteuid();
+    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        size_t pl = kc__rel_join(rel, rl, name);
+        if (pl == 0) {
+            rc = -ENAMETOOLONG;
+            break;
+        }
+        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            rc = fd < 0 && errno == ELOOP ? -EINVAL : -errno;
+        } else if (st.st_uid != me || (S_ISDIR(st.st_mode) ? (st.st_mode & 07777) != dm
+                                                           : (st.st_mode & 07777) != fm)) {
+            rc = -EINVAL;
+        } else if (S_ISDIR(st.st_mode)) {
+            rc = depth < 64 ? moved_check(fd, rel, pl, depth + 1, m, fm, dm, n, latest) : -ELOOP;
+        } else if (!S_ISREG(st.st_mode)) {
+            rc = -EINVAL;
+        } else if (!kc__bh_extra(depth, name)) {
+            kc_digest got;
+            rc = kc__digest_fd(fd, &st, &got);
+            if (rc == 0 && !map_check((void *)m, rel, &got))
+                rc = -EBADMSG;
+            if (rc == 0)
+                (*n)++;
+        }
+        if (rc == 0 && fd >= 0 && futimens(fd, NULL) != 0)
+            rc = -errno;
+        if (rc == 0)
+            note_ctime(fd, latest);
+        if (fd >= 0)
+            close(fd);
+        rel[rl] = 0;
+    }
+    if (rc == 0 && errno != 0)
+        rc = -errno;
+    closedir(d);
+    return rc;
+}
+
+/* Fills DIR (dfd, empty) from a ready copy for umask mask: its entries
+ * moved in, the version marker written dated now, all checked. -ENOENT
+ * when there is none; another error leaves files in DIR. */
+static int ready_fill(int bdir, const char *hex, int dfd, const struct kc__pristine *m, mode_t mask,
+                      uint32_t *n)
+{
+    char claim[128];
+    int rfd = kc__ready_claim(bdir, hex, mask, claim, sizeof claim);
+    if (rfd < 0)
+        return rfd;
+    DIR *d = kc__dir_read(rfd);
+    int rc = d != NULL ? 0 : -ENOMEM;
+    struct dirent *e;
+    while (rc == 0 && d != NULL && (errno = 0, e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        if (kc__bh_extra(0, name) && strcmp(name, KC__BH_MARKER) == 0) {
+            struct kc__tree_copy c = {.fm = 0666};
+            kc_digest dg;
+            rc = kc__bh_file_copy(rfd, dfd, name, &c, true, &dg);
+        } else if (renameat(rfd, name, dfd, name) != 0) {
+            rc = -errno;
+        }
+    }
+    if (d != NULL)
+        closedir(d);
+    close(rfd);
+    kc__tree_remove(bdir, claim);
+    char rel[PATH_MAX];
+    rel[0] = 0;
+    struct timespec latest = {0, 0}, now;
+    if (rc == 0)
+        rc = moved_check(dfd, rel, 0, 0, m, 0666 & ~mask, 0777 & ~mask, n, &latest);
+    if (rc == 0 && *n != m->n)
+        rc = -EBADMSG;
+    /* A ctime set after a stat of the file may be finer than the coarse
+     * clock the fill's time is read from (multigrain timestamps): the fill
+     * ends once that clock is past every ctime it gave, so its files are
+     * older than the fill (kc__pristine_unchanged). A few ms at most. */
+    note_ctime(dfd, &latest);
+    for (int i = 0; rc == 0 && i < 40; i++) {
+        kc__pristine_clock(&now);
+        if (now.tv_sec > latest.tv_sec ||
+            (now.tv_sec == latest.tv_sec && now.tv_nsec > latest.tv_nsec))
+            break;
+        nanosleep(&(struct timespec){0, 500000}, NULL);
+    }
+    return rc;
+}
+
+/* Whether a ready copy could fill the directory dfd: on the store's
+ * filesystem, modes from the umask alone; *mask the umask. */
+static bool ready_usable(int bdir, int dfd, mode_t *mask)
+{
+    struct stat b, d;
+    return fstat(bdir, &b) == 0 && fstat(dfd, &d) == 0 && b.st_dev == d.st_dev &&
+           host_umask(mask) && umask_alone(dfd);
+}
+
+int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, bool readonly,
                       const struct kc__pristine **map)
 {
     const struct kc__pristine *m = map_lookup(store, id);
-    int sfd = m != NULL ? open_tree(store, id) : -1;
-    if (sfd < 0)
+    int bdir = m != NULL ? kc__bundled_dir(store, false) : -1;
+    if (bdir < 0)
         return -ENOENT;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int keep = dfd >= 0 ? dup(dfd) : -1;
-    if (keep < 0) {
-        close(sfd);
-        if (dfd >= 0)
-            close(dfd);
+    if (dfd < 0) {
+        close(bdir);
         return -errno;
     }
-    char rel[PATH_MAX];
-    rel[0] = 0;
-    uint32_t n = 0;
+    char hex[33];
+    kc__digest_hex(id, hex);
     uint64_t t0 = kc_mono_ns();
-    bool clone = true;
-    int rc = tree_copy(sfd, dfd, rel, 0, 0, m, 0666, 0777, true, &clone, &n);
-    if (rc == 0 && n != m->n)
-        rc = -EBADMSG;
+    uint32_t n = 0;
+    mode_t mask = 0;
+    bool usable = ready_usable(bdir, dfd, &mask);
+    int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n) : -ENOENT;
+    const char *how = "a ready copy";
     if (rc != 0) {
-        /* DIR was empty: it is again, and NVRTC's install fills it. */
-        tree_clear(keep, 0);
-        if (rc == -EBADMSG || rc == -EINVAL) {
-            kc_log(KC_LOG_WARN,
-                   "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
-                   "map; dropped, NVRTC installs them",
-                   store);
-            tree_drop(store, id);
+        if (rc != -ENOENT) {
+            kc_log(KC_LOG_DEBUG, "nvrtc: a ready copy of the bundled headers in %s/bundled: %s",
+                   store, strerror(-rc));
+            kc__tree_clear(dfd, 0);
         }
-    } else {
-        *map = m;
-        kc_log(KC_LOG_DEBUG,
-               "nvrtc: bundled headers in %s from the store's copy: %u files, %.1f ms", dir, n,
-               (kc_mono_ns() - t0) / 1e6);
+        how = "the store's copy";
+        n = 0;
+        int sfd = open_tree(store, id);
+        int d2 = sfd >= 0 ? dup(dfd) : -1;
+        struct kc__tree_copy c = {.fm = 0666,
+                                  .dm = 0777,
+                                  .restamp = true,
+                                  .clone = true,
+                                  .check = map_check,
+                                  .arg = (void *)m};
+        rc = sfd < 0 ? -ENOENT : d2 < 0 ? -errno : kc__tree_copy(sfd, d2, &c);
+        if (sfd >= 0 && d2 < 0)
+            close(sfd);
+        n = c.n;
+        if (rc == 0 && n != m->n)
+            rc = -EBADMSG;
+        if (rc != 0 && sfd >= 0) {
+            /* DIR was empty: it is again, and NVRTC's install fills it. */
+            kc__tree_clear(dfd, 0);
+            if (rc == -EBADMSG || rc == -EINVAL) {
+                kc_log(KC_LOG_WARN,
+                       "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
+                       "map; dropped, NVRTC installs them",
+                       store);
+                tree_drop(store, id);
+            }
+        }
     }
-    close(keep);
+    if (rc == 0) {
+        *map = m;
+        kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s from %s: %u files, %.1f ms", dir, how, n,
+               (kc_mono_ns() - t0) / 1e6);
+        /* The owner makes the next one. */
+        if (usable && !readonly)
+            kc__ready_want(bdir, hex, mask);
+    }
+    close(dfd);
+    close(bdir);
     return rc;
 }
 
@@ -934,24 +906,35 @@ void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
         return;
     int sfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    char rel[PATH_MAX];
-    rel[0] = 0;
-    uint32_t n = 0;
-    bool clone = true; /* a reflink too: the host's later writes to DIR copy on write */
-    int rc = sfd < 0 || dfd < 0 ? -EIO
-                                : tree_copy(sfd, dfd, rel, 0, 0, m, 0600, 0700, false, &clone, &n);
+    /* A reflink too: the host's later writes to DIR copy on write. */
+    struct kc__tree_copy c = {
+        .fm = 0600, .dm = 0700, .clone = true, .check = map_check, .arg = (void *)m};
+    int rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
     if (sfd >= 0 && dfd < 0)
         close(sfd);
     if (dfd >= 0 && sfd < 0)
         close(dfd);
-    if (rc == 0 && n == m->n && rename(tmp, path) == 0) {
+    if (rc == 0 && c.n == m->n && rename(tmp, path) == 0) {
         kc_log(KC_LOG_DEBUG, "nvrtc: the store keeps a copy of NVRTC's bundled headers (%u files)",
-               n);
+               c.n);
+        /* Ready copies for this host's next processes, made by the owner
+         * this miss starts. */
+        int bdir = kc__bundled_dir(store, false),
+            d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        mode_t mask;
+        char hex[33];
+        kc__digest_hex(id, hex);
+        if (bdir >= 0 && d >= 0 && ready_usable(bdir, d, &mask))
+            kc__ready_want(bdir, hex, mask);
+        if (bdir >= 0)
+            close(bdir);
+        if (d >= 0)
+            close(d);
         return;
     }
     int t = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (t >= 0) {
-        tree_clear(t, 0);
+        kc__tree_clear(t, 0);
         close(t);
     }
     rmdir(tmp);

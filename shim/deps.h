@@ -123,16 +123,19 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
                                             bool readonly);
 
 /* Fills `dir` (empty and private: kc__bundled_empty) with what NVRTC's
- * install of identity `id` writes, from the store's copy of it (reflinks
- * where the filesystem has them, else copies, each file checked against
- * the map): 0 with *map, that map; else `dir` is left empty, -ENOENT when
- * the store has no copy or map (a copy that fails its check is dropped,
- * one warning). */
-int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir,
+ * install of identity `id` writes: from a ready copy the owner made for
+ * this umask (moved in, on the store's filesystem), else from the store's
+ * copy (reflinks where the filesystem has them, else copies), each file
+ * checked against the map; unless `readonly`, asks the owner for the next
+ * ready copy. 0 with *map, that map; else `dir` is left empty, -ENOENT
+ * when the store has no copy or map (a copy that fails its check is
+ * dropped, one warning). */
+int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, bool readonly,
                       const struct kc__pristine **map);
 
 /* Keeps in the store a copy of `dir`, which NVRTC's install has just filled
- * from empty and whose map is m (kc__pristine_get), unless it has one. */
+ * from empty and whose map is m (kc__pristine_get), unless it has one, and
+ * asks the owner for ready copies of it. */
 void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
                        const struct kc__pristine *m);
 

@@ -1445,7 +1445,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     /* An empty DIR is filled from the store's copy of the install, when it
      * has one: a copy or reflink per file, not NVRTC's own install. */
     bool filled = keyed && fresh_dir && cfg->dir[0] != '\0' &&
-                  kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, &bh.pristine) == 0;
+                  kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, cfg->readonly,
+                                    &bh.pristine) == 0;
     if (keyed && bh.dir != NULL && !filled && bundled_install(bh.dir) != NVRTC_SUCCESS)
         keyed = false, why = KC_PASS_refused;
     /* When DIR held NVRTC's bytes: right after the fill (later calls prove

@@ -3,8 +3,8 @@
  * parts (parts.h) and the write batch (batch.h), none calling another:
  * draining the spool (drain.c), eviction (evict.c), recovery
  * (recover.c), a bundle's export (export.c) and its two writers (import.c,
- * bulk.c). Where one job needs another (an import, eviction), the top
- * (owner.c, admin.c, bundle.c) runs both in order.
+ * bulk.c), ready copies of NVRTC's bundled headers (ready.c). Where one job needs another (an
+ * import, eviction), the top (owner.c, admin.c, bundle.c) runs both in order.
  */
 #ifndef KCACHE_STORE_JOBS_H
 #define KCACHE_STORE_JOBS_H
@@ -36,6 +36,12 @@ int kc__enforce_limit(struct kc__owner *o);
  * log): repaired, or replaced by a new one; hot files put back; verified
  * with repair; the filter rebuilt. 0 or a negative errno. */
 int kc__owner_recover(struct kc__owner *o, const char *why);
+
+/* ---- ready copies of NVRTC's bundled headers (ready.c) ---------------------- */
+
+/* Makes the ready copies DIR/bundled's wants ask for (*made counts them)
+ * and removes the ones no want or store copy is left for. */
+int kc__ready_job(struct kc__owner *o, uint32_t *made);
 
 /* ---- bundles (export.c, import.c, bulk.c) ---------------------------------- */
 

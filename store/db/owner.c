@@ -7,7 +7,8 @@
  * opens the primary, drains the spool (drain.c), recovers a corrupt
  * database and drains again (recover.c), evicts past the size limit
  * (evict.c), keeps the hot files (hot.c) and the filter (filter_sync.c),
- * settles flushes and compactions when the session ends (settle.c) and
+ * makes the ready copies of NVRTC's bundled headers hosts ask for
+ * (ready.c), settles flushes and compactions when the session ends (settle.c) and
  * exits when idle. The tool operations that must write (gc, verify with
  * repair, clear: admin.c) become the owner for their duration. This file:
  * the lock, begin and end, asking another owner to stop, the drain with
@@ -293,6 +294,10 @@ int kc__owner_run(const struct kc_store_options *opts, int idle_ms)
             if ((rc = kc__enforce_limit(o)) < 0)
                 break;
         }
+        uint32_t ready = 0;
+        kc__ready_job(o, &ready);
+        if (ready > 0)
+            last_work = kc_mono_ns();
         if (o->stop)
             break;
         uint64_t idle = (kc_mono_ns() - last_work) / 1000000u;

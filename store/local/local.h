@@ -42,6 +42,7 @@
 #include "../../common/config.h"
 #include "../../common/digest.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -276,6 +277,66 @@ bool kc__pid_gone(const char *name);
 void kc__hex(const void *p, size_t n, char *out);
 uint64_t kc__rand64(void);
 int kc__mkdir_p(const char *path, mode_t mode);
+
+/* ---- NVRTC's bundled headers as trees of files (tree.c) --------------- */
+
+/* DIR/bundled holds, for the NVRTC of identity <id> (32 hex digits), the
+ * shim's map of what its install writes (<id>, shim/bundled.c), the store's
+ * copy of an install (<id>.tree, private modes), and for each umask a host
+ * filled a fresh DIR with, <id>.want.<umask> (empty) and up to
+ * KC__READY_POOL ready copies the owner makes from the store's copy with
+ * that host's modes (<id>.ready.<umask>.<tag>; <id>.prep.<umask>.<tag>
+ * while made). A host claims one by renaming it to <id>.claim.<umask>.<tag>,
+ * moves its entries into its DIR, checks every file against the map and
+ * removes what is left. */
+#define KC__BH_MARKER ".nvrtc_headers_version"
+#define KC__BH_LOCK ".nvrtc_install.lock"
+#define KC__READY_POOL 2
+/* A stream of the directory fd's entries from its first (fd itself stays
+ * open: the stream reads a duplicate); NULL with errno. */
+DIR *kc__dir_read(int fd);
+/* Whether name, at depth below the top of an install, is the version
+ * marker or the install's lock (its own, not one of the headers). */
+bool kc__bh_extra(int depth, const char *name);
+/* Appends "/name" (or "name" at the top) to rel, which holds rl bytes: the
+ * new length, or 0 when it would not fit (PATH_MAX, or a u16 length). */
+size_t kc__rel_join(char *rel, size_t rl, const char *name);
+/* Removes everything below the directory dfd (not closed here); and the
+ * directory parent/name with all below it. */
+void kc__tree_clear(int dfd, int depth);
+void kc__tree_remove(int parent, const char *name);
+/* How a tree is copied (kc__tree_copy): files made mode fm, directories dm
+ * (less the umask, or exactly), each file a reflink while `clone` (cleared
+ * once the filesystem refuses one), else its bytes. */
+struct kc__tree_copy {
+    mode_t fm, dm;
+    bool exact;   /* fm and dm as they are (fchmod), not less the umask */
+    bool restamp; /* the version marker at the top dated now */
+    bool clone;
+    /* For each file but the top's marker and lock, its path below the top
+     * and the copy's digest: false fails the copy (-EBADMSG); NULL: none.
+     * n counts the files it passed. */
+    bool (*check)(void *arg, const char *rel, const kc_digest *d);
+    void *arg;
+    uint32_t n;
+};
+/* Copies the tree below sdir into ddir (both taken: closed here). 0 or a
+ * negative errno (-EINVAL: something neither a file nor a directory). */
+int kc__tree_copy(int sdir, int ddir, struct kc__tree_copy *c);
+/* Copies the file `name` of sdir into ddir as kc__tree_copy does (restamp:
+ * it is the version marker); *d the copy's digest. */
+int kc__bh_file_copy(int sdir, int ddir, const char *name, struct kc__tree_copy *c, bool restamp,
+                     kc_digest *d);
+/* DIR/bundled, checked private (made when `create`): an fd, or -errno. */
+int kc__bundled_dir(const char *store, bool create);
+/* "<hex>.<kind>.<umask>[.<tag>]" (tag NULL: none; "" ends in the dot). */
+void kc__ready_name(char *out, size_t n, const char *hex, const char *kind, mode_t mask,
+                    const char *tag);
+/* Asks the owner for ready copies of <hex>'s install for umask `mask`. */
+void kc__ready_want(int bdir, const char *hex, mode_t mask);
+/* Claims a ready copy for mask: the claimed directory's fd, its name in
+ * claim; -ENOENT when there is none. */
+int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t cn);
 
 /* ---- the directory (spool.c) ------------------------------------------ */
 

@@ -84,12 +84,15 @@ if mode.startswith("again"):
     res += ["then"] + compile_once()
 if os.environ.get("KC_TEST_LIST"):
     # What DIR holds: each entry's path, mode and bytes (the version
-    # marker's install time apart: its age in seconds, rounded to a minute).
+    # marker's install time apart: whether it is dated now), and whether
+    # every entry is dated now (made, or its times set, by this compile).
+    recent = True
     for root, dirs, files in sorted(os.walk(d)):
         for name in sorted(dirs + files):
             f = os.path.join(root, name)
             rel = os.path.relpath(f, d)
             st = os.lstat(f)
+            recent = recent and abs(st.st_mtime - time.time()) < 120
             if os.path.isdir(f):
                 res.append("dir %s %o" % (rel, st.st_mode & 0o7777))
                 continue
@@ -101,6 +104,7 @@ if os.environ.get("KC_TEST_LIST"):
                 res.append("marker-age-ok %s" % (len(ts) == 1 and abs(ts[0] - time.time()) < 120))
             res.append("file %s %o %d %s" % (rel, st.st_mode & 0o7777, st.st_nlink,
                                              hashlib.sha256(data).hexdigest()))
+    res.append("entries-dated-now %s" % recent)
 if os.environ.get("KC_TEST_MODIFY"):
     # The host changes what it was given: the store's copy must not see it.
     with open(os.path.join(d, "cuda_fp16.h"), "ab") as f:

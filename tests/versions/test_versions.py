@@ -55,10 +55,12 @@ Usage: test_versions.py TEST
 Environment (tests/versions/meson.build): KCACHE_SHIM, KCACHE_SRC,
 KCACHE_TEST_CC, KCACHE_TEST_CLIENT_SRC, KCACHE_TEST_TOOLKIT.
 """
+import fcntl
 import filecmp
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,6 +70,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kctest import rm_settled  # noqa: E402
 
 SHIM = os.environ["KCACHE_SHIM"]
+TOOL = os.environ["KCACHE_TOOL"]
 SRC = os.environ["KCACHE_SRC"]
 CC = os.environ.get("KCACHE_TEST_CC", "cc")
 CLIENT = os.environ.get("KCACHE_TEST_CLIENT_SRC",
@@ -579,7 +582,7 @@ def t_pristine(tmp):
     c = case("fresh", (1, 0), "fresh DIR: served")
     check(len(c) == 1 and c[0][0] >= 1 and c[0][1] == c[0][0] and c[0][2] == 0,
           "fresh DIR: every header checked by NVRTC's map, none read (%s)" % c)
-    maps = [x for x in os.listdir(os.path.join(store, "bundled")) if not x.endswith(".tree")]
+    maps = [x for x in os.listdir(os.path.join(store, "bundled")) if "." not in x]
     check(len(maps) == 1, "one map of NVRTC 13.5's bundled headers in the store (%s)" % maps)
     path = os.path.join(store, "bundled", maps[0])
     check(os.stat(path).st_mode & 0o777 == 0o600, "the map is the owner's only")
@@ -649,12 +652,15 @@ def t_fill(tmp):
     store = os.path.join(tmp, "store")
     n = [0]
 
-    def go(mode, shim=True, umask=0o022, modify=False, warn=0):
+    def go(mode, shim=True, umask=0o022, modify=False, warn=0, owner=True):
         n[0] += 1
         out = os.path.join(tmp, "%d-%s.txt" % (n[0], mode))
         env = {"KC_TEST_LIST": "1"}
         if modify:
             env["KC_TEST_MODIFY"] = "1"
+        if not owner:
+            # No owner started by this run: the ready copies stay as settle() left them.
+            env["KCACHE_TOOL"] = "/bin/true"
         if shim:
             env["KCACHE_LOG"] = "debug"
         old = os.umask(umask)
@@ -668,7 +674,23 @@ def t_fill(tmp):
         w = [x for x in warnings(err) if not x.startswith(("kcache: debug:", "kcache: info:"))]
         check(e == 0 and pt == 0 and len(w) == warn,
               "%d %s: no error, no pass-through, %d warning(s) %s" % (n[0], mode, warn, w))
-        return open(out).read(), (h, m), "from the store's copy" in err
+        return (open(out).read(), (h, m),
+                "store" if "from the store's copy" in err else "ready" if "from a ready copy" in err
+                else None)
+
+    def settle():
+        """The owner run to its end in the foreground, once an owner a run
+        started has ended (its lock free): the ready copies made."""
+        lock = os.path.join(store, "owner.lock")
+        if os.path.exists(lock):
+            with open(lock) as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                fcntl.flock(f, fcntl.LOCK_UN)
+        p = subprocess.run([TOOL, "owner", "--idle-ms", "0"], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+                           | {"KCACHE_DIR": store}, timeout=300)
+        check(p.returncode == 0 and "another owner" not in p.stderr,
+              "kcache owner: exit %d %s" % (p.returncode, p.stderr[-500:]))
 
     def tree():
         t = [x for x in os.listdir(os.path.join(store, "bundled")) if x.endswith(".tree")]
@@ -709,15 +731,111 @@ def t_fill(tmp):
     check(out == refo and hm == (0, 1) and filled,
           "a miss after a fill compiles as NVRTC does (%s, filled %s)" % (hm, filled))
     # A copy that differs from the map: dropped, NVRTC installs, kept again.
+    # (With no ready copy: those are made from the copy before it changed.)
+    settle()
+    for x in os.listdir(os.path.join(store, "bundled")):
+        if ".ready." in x:
+            shutil.rmtree(os.path.join(store, "bundled", x))
     victim = os.path.join(root, "cuda_fp16.h")
     with open(victim, "ab") as f:
         f.write(b"// not NVRTC's\n")
-    out, hm, filled = go("fresh", warn=1)
+    out, hm, filled = go("fresh", warn=1, owner=False)
     check(out == ref and hm == (1, 0) and not filled,
           "a corrupt copy: one warning, NVRTC installs, DIR as NVRTC's (%s, filled %s)" % (hm, filled))
     check(tree()[1] == before, "a good copy is kept again (%s)" % (tree()[0],))
     out, hm, filled = go("fresh")
     check(out == ref and filled, "then served from it again")
+
+    # Ready copies: the owner keeps two per umask a host asked for, with
+    # that umask's modes; a hit moves one into its DIR, which then holds
+    # what NVRTC's install writes, every entry dated now.
+    bdir = os.path.join(store, "bundled")
+    hexid = os.path.basename(tree()[0])[:-len(".tree")]
+
+    def ready(umask):
+        pre = "%s.ready.%03o." % (hexid, umask)
+        return sorted(os.path.join(bdir, x) for x in os.listdir(bdir) if x.startswith(pre))
+
+    def backdate(root):
+        for r, ds, fs in os.walk(root):
+            for x in ds + fs:
+                os.utime(os.path.join(r, x), (time.time() - 86400, time.time() - 86400))
+
+    settle()
+    check(os.path.exists(os.path.join(bdir, hexid + ".want.022")) and
+          os.path.exists(os.path.join(bdir, hexid + ".want.027")),
+          "a want for each umask a hit filled a DIR with (%s)" % sorted(os.listdir(bdir)))
+    for um in (0o022, 0o027):
+        r = ready(um)
+        check(len(r) == 2, "umask %03o: two ready copies (%s; %s)" % (um, r, sorted(os.listdir(bdir))))
+        modes = set()
+        for root, ds, fs in os.walk(r[0]):
+            modes |= {("d", os.lstat(os.path.join(root, x)).st_mode & 0o7777) for x in ds}
+            modes |= {("f", os.lstat(os.path.join(root, x)).st_mode & 0o7777) for x in fs}
+        check(modes == {("d", 0o777 & ~um), ("f", 0o666 & ~um)},
+              "umask %03o: a ready copy has that umask's modes (%s)" % (um, modes))
+        for x in r:
+            backdate(x)
+        out, hm, filled = go("fresh", umask=um, owner=False)
+        check(hm == (1, 0) and filled == "ready" and len(ready(um)) == 1,
+              "umask %03o: a hit moves a ready copy in (%s, %s)" % (um, hm, filled))
+        check(out == (ref if um == 0o022 else ref027) and "entries-dated-now True" in out,
+              "umask %03o: DIR from a ready copy holds what NVRTC's install writes, "
+              "every entry dated now" % um)
+    left = [x for x in os.listdir(bdir) if ".claim." in x or ".prep." in x]
+    check(not left, "no claimed or half-made copy is left (%s)" % left)
+    # A ready copy that is not NVRTC's (a byte, a mode, an extra file) is
+    # not served: the store's copy fills DIR, no warning.
+    for label, spoil in (("an edited header", lambda r: open(os.path.join(r, "cuda_fp16.h"), "ab")
+                          .write(b"// not NVRTC's\n")),
+                         ("a header's mode", lambda r: os.chmod(os.path.join(r, "cuComplex.h"),
+                                                                0o666)),
+                         ("a file of another's", lambda r: open(os.path.join(r, "cccl", "x.h"), "w")
+                          .write("//\n")),
+                         ("a header missing", lambda r: os.unlink(os.path.join(r, "cuComplex.h")))):
+        settle()
+        r = ready(0o022)
+        for x in r[1:]:
+            shutil.rmtree(x)
+        spoil(r[0])
+        out, hm, filled = go("fresh", owner=False)
+        check(out == ref and hm == (1, 0) and filled == "store" and not ready(0o022),
+              "a ready copy with %s: not used, the store's copy fills DIR (%s, %s)"
+              % (label, hm, filled))
+    # The host's edits of a DIR filled from a ready copy reach nothing of the store's.
+    settle()
+    before, pool = tree()[1], set(ready(0o022))
+    out, hm, filled = go("fresh", modify=True, owner=False)
+    left = set(ready(0o022))
+    check(filled == "ready" and tree()[1] == before and len(left) == 1 and left < pool and
+          open(os.path.join(left.pop(), "cuda_fp16.h"), "rb").read() == before["cuda_fp16.h"],
+          "the host's edit in a DIR from a ready copy leaves the store's copies as they were")
+    # Processes racing for the ready copies: each claimed once, the rest copy.
+    settle()
+    procs = []
+    for i in range(4):
+        o = os.path.join(tmp, "race-%d.txt" % i)
+        e = dict({k: v for k, v in os.environ.items()
+                  if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")},
+                 KC_TEST_LIST="1", KCACHE_LOG="debug", KCACHE_TOOL="/bin/true", KCACHE_DIR=store,
+                 KCACHE_STATS="1", LD_PRELOAD=SHIM)
+        procs.append((o, subprocess.Popen([sys.executable, client, lib, o, "fresh"], env=e,
+                                          stderr=subprocess.PIPE, text=True)))
+    srcs = []
+    for o, p in procs:
+        err = p.communicate(timeout=280)[1]
+        check(p.returncode == 0 and open(o).read() == ref,
+              "racing hits: each DIR as NVRTC's (exit %d)" % p.returncode)
+        srcs.append("ready" if "from a ready copy" in err else "store" if "from the store's copy"
+                    in err else None)
+    check(sorted(srcs) == ["ready", "ready", "store", "store"],
+          "racing hits: the two ready copies claimed once each, the others copied (%s)" % srcs)
+    # The store's copy and map gone: the owner removes the wants and their copies.
+    shutil.rmtree(tree()[0])
+    os.unlink(os.path.join(bdir, hexid))
+    settle()
+    check(not [x for x in os.listdir(bdir) if ".ready." in x or ".want." in x],
+          "no store copy or map: no ready copy or want is left (%s)" % sorted(os.listdir(bdir)))
 
 
 def main():
