@@ -774,22 +774,34 @@ static int ready_fill(int bdir, const char *hex, int dfd, const struct kc__prist
         return rfd;
     DIR *d = kc__dir_read(rfd);
     int rc = d != NULL ? 0 : -ENOMEM;
+    bool marker = false, moved = false;
     struct dirent *e;
     while (rc == 0 && d != NULL && (errno = 0, e = readdir(d)) != NULL) {
         const char *name = e->d_name;
         if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
             continue;
-        if (kc__bh_extra(0, name) && strcmp(name, KC__BH_MARKER) == 0) {
-            struct kc__tree_copy c = {.fm = 0666};
-            kc_digest dg;
-            rc = kc__bh_file_copy(rfd, dfd, name, &c, true, &dg);
-        } else if (renameat(rfd, name, dfd, name) != 0) {
+        if (strcmp(name, KC__BH_MARKER) == 0)
+            marker = true; /* written last, dated now */
+        else if (renameat(rfd, name, dfd, name) != 0)
             rc = -errno;
-        }
+        else
+            moved = true;
     }
     if (d != NULL)
         closedir(d);
+    if (rc == 0 && marker) {
+        struct kc__tree_copy c = {.fm = 0666};
+        kc_digest dg;
+        rc = kc__bh_file_copy(rfd, dfd, KC__BH_MARKER, &c, true, &dg);
+    }
     close(rfd);
+    /* Two mounts of one filesystem (a bind mount: the same device): no
+     * rename crosses them. The copy goes back for a host that can use it. */
+    char back[128];
+    kc__ready_name(back, sizeof back, hex, "ready", mask,
+                   claim + strlen(hex) + sizeof ".claim.000." - 1);
+    if (rc == -EXDEV && !moved && renameat(bdir, claim, bdir, back) == 0)
+        return -EXDEV;
     kc__tree_remove(bdir, claim);
     char rel[PATH_MAX];
     rel[0] = 0;
@@ -839,11 +851,14 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     uint64_t t0 = kc_mono_ns();
     uint32_t n = 0;
     mode_t mask = 0;
-    bool usable = ready_usable(bdir, dfd, &mask);
+    /* (A claim writes the store: not a read-only one.) */
+    bool usable = !readonly && ready_usable(bdir, dfd, &mask);
     int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n) : -ENOENT;
     const char *how = "a ready copy";
+    if (rc == -EXDEV)
+        usable = false;
     if (rc != 0) {
-        if (rc != -ENOENT) {
+        if (rc != -ENOENT && rc != -EXDEV) {
             kc_log(KC_LOG_DEBUG, "nvrtc: a ready copy of the bundled headers in %s/bundled: %s",
                    store, strerror(-rc));
             kc__tree_clear(dfd, 0);
@@ -881,7 +896,7 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
         kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s from %s: %u files, %.1f ms", dir, how, n,
                (kc_mono_ns() - t0) / 1e6);
         /* The owner makes the next one. */
-        if (usable && !readonly)
+        if (usable)
             kc__ready_want(bdir, hex, mask);
     }
     close(dfd);

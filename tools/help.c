@@ -50,9 +50,10 @@ static const struct cmd_doc docs[] = {
      "variables. --markdown prints the table of every variable, its kcache-run\n"
      "flag, default and meaning (README.md's configuration table).\n"},
     {"owner", "kcache owner [--idle-ms N]", "run the store's owner (the store starts it)",
-     "Run the owner process: drain the spool, evict, compact; exit after N ms\n"
-     "idle (default 5000). The store starts it on demand; there is no need to\n"
-     "run it by hand.\n"},
+     "Run the owner process: drain the spool, evict, compact, make the ready\n"
+     "copies of NVRTC's bundled headers hosts asked for; exit after N ms idle\n"
+     "(default 5000). The store starts it on demand; there is no need to run it\n"
+     "by hand.\n"},
     {"keygen", "kcache keygen PATH", "a key pair for signing remote entries and bundles",
      "Make a key pair for signing remote entries and bundles: the secret key in\n"
      "PATH (mode 0600), the public key in PATH.pub (missing directories are made\n"

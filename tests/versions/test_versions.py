@@ -810,6 +810,16 @@ def t_fill(tmp):
     check(filled == "ready" and tree()[1] == before and len(left) == 1 and left < pool and
           open(os.path.join(left.pop(), "cuda_fp16.h"), "rb").read() == before["cuda_fp16.h"],
           "the host's edit in a DIR from a ready copy leaves the store's copies as they were")
+    # A read-only store is never written: its hits copy, the ready copies stay.
+    settle()
+    pool = set(ready(0o022))
+    n[0] += 1
+    o = os.path.join(tmp, "%d-readonly.txt" % n[0])
+    err = run([sys.executable, client, lib, o, "fresh"], store,
+              env={"KC_TEST_LIST": "1", "KCACHE_LOG": "debug", "KCACHE_READONLY": "1",
+                   "KCACHE_TOOL": "/bin/true"})
+    check(open(o).read() == ref and "from the store's copy" in err and set(ready(0o022)) == pool,
+          "a read-only store: DIR from the store's copy, no ready copy claimed")
     # Processes racing for the ready copies: each claimed once, the rest copy.
     settle()
     procs = []
