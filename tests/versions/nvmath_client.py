@@ -8,6 +8,7 @@ uses them would (libmathdx compiles with NVRTC 13.5 and
 OUT each one's symbol, LTO-IR size and digest, and the seconds it took.
 """
 import hashlib
+import os
 import sys
 import time
 
@@ -17,6 +18,27 @@ from nvmath.device.common_cuda import CodeType, ComputeCapability
 
 out = open(sys.argv[1], "w")
 which = sys.argv[2:] or ["fft", "matmul"]
+
+# KC_NVMATH_SPLIT=1 (scripts/bench): the time spent inside libmathdx's
+# calls (nvmath.bindings.mathdx, which nvmath calls as module attributes;
+# NVRTC is called from inside them), printed beside each compile's total.
+in_mathdx = [0.0]
+if os.environ.get("KC_NVMATH_SPLIT") == "1":
+    from nvmath.bindings import mathdx
+
+    def timed(f):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                in_mathdx[0] += time.perf_counter() - t0
+        return call
+
+    for name in dir(mathdx):
+        f = getattr(mathdx, name)
+        if not name.startswith("_") and callable(f) and not isinstance(f, type):
+            setattr(mathdx, name, timed(f))
 
 
 def compile_one(w, n):
@@ -40,8 +62,11 @@ for w in which:
     if w.endswith("-later"):
         compile_one(base, 32 if base == "fft" else 8)
     t = time.time()
+    in_mathdx[0] = 0.0
     code, sym = compile_one(base, 64 if base == "fft" else 16)
     dt = time.time() - t
     out.write("%s %s %d %s\n" % (w, sym, len(code.data), hashlib.sha256(code.data).hexdigest()))
     print("%s %.3f s" % (w, dt), file=sys.stderr, flush=True)
+    if os.environ.get("KC_NVMATH_SPLIT") == "1":
+        print("%s in libmathdx %.4f s" % (w, in_mathdx[0]), file=sys.stderr, flush=True)
 out.close()
