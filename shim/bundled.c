@@ -199,6 +199,38 @@ static int add(struct files *f, const char *path, const kc_digest *d)
 /* Adds every file below the directory dfd (taken: closed here) to f, named
  * rel/... (rel holds rl bytes). 0, or -errno; -EINVAL when something there
  * is neither a directory nor a regular file (no install makes one). */
+static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f);
+
+static int walk_entry(void *arg, int dir, const char *name, char *rel, size_t pl, int depth)
+{
+    struct files *f = arg;
+    /* The install's version marker (its time) and lock: no dependency
+     * names them (deps.c). */
+    if (kc__bh_extra(depth, name))
+        return 0;
+    struct stat st;
+    if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return -errno;
+    if (S_ISDIR(st.st_mode)) {
+        int fd = depth < 64 ? openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                            : (errno = ELOOP, -1);
+        return fd < 0 ? -errno : walk(fd, rel, pl, depth + 1, f);
+    }
+    if (!S_ISREG(st.st_mode))
+        return -EINVAL;
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), rc;
+    kc_digest dg;
+    if (fd < 0)
+        rc = -errno;
+    else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        rc = -EINVAL;
+    else
+        rc = kc__digest_fd(fd, &st, &dg);
+    if (fd >= 0)
+        close(fd);
+    return rc == 0 ? add(f, rel, &dg) : rc;
+}
+
 static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
 {
     DIR *d = fdopendir(dfd);
@@ -206,51 +238,7 @@ static int walk(int dfd, char *rel, size_t rl, int depth, struct files *f)
         close(dfd);
         return -errno;
     }
-    int rc = 0;
-    struct dirent *e;
-    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
-        const char *name = e->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-            continue;
-        /* The install's version marker (its time) and lock: no dependency
-         * names them (deps.c). */
-        if (kc__bh_extra(depth, name))
-            continue;
-        size_t pl = kc__rel_join(rel, rl, name);
-        if (pl == 0) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
-        struct stat st;
-        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-            rc = -errno;
-        } else if (S_ISDIR(st.st_mode)) {
-            int fd = depth < 64
-                         ? openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                         : (errno = ELOOP, -1);
-            rc = fd < 0 ? -errno : walk(fd, rel, pl, depth + 1, f);
-        } else if (S_ISREG(st.st_mode)) {
-            int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-            kc_digest dg;
-            if (fd < 0)
-                rc = -errno;
-            else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-                rc = -EINVAL;
-            else
-                rc = kc__digest_fd(fd, &st, &dg);
-            if (fd >= 0)
-                close(fd);
-            if (rc == 0)
-                rc = add(f, rel, &dg);
-        } else {
-            rc = -EINVAL;
-        }
-        rel[rl] = 0;
-    }
-    if (rc == 0 && errno != 0)
-        rc = -errno;
-    closedir(d);
-    return rc;
+    return kc__tree_each(d, rel, rl, depth, walk_entry, f);
 }
 
 static int by_path(const void *a, const void *b)
@@ -706,60 +694,54 @@ static void note_ctime(int fd, struct timespec *latest)
         *latest = st.st_ctim;
 }
 
+struct moved {
+    const struct kc__pristine *m;
+    mode_t fm, dm;
+    uint32_t n;
+    struct timespec latest;
+};
+
+static int moved_check(int dfd, char *rel, size_t rl, int depth, struct moved *mv);
+
+static int moved_entry(void *arg, int dir, const char *name, char *rel, size_t pl, int depth)
+{
+    struct moved *mv = arg;
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK), rc = 0;
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        rc = fd < 0 && errno == ELOOP ? -EINVAL : -errno;
+    } else if (st.st_uid != geteuid() ||
+               (st.st_mode & 07777) != (S_ISDIR(st.st_mode) ? mv->dm : mv->fm)) {
+        rc = -EINVAL;
+    } else if (S_ISDIR(st.st_mode)) {
+        rc = depth < 64 ? moved_check(fd, rel, pl, depth + 1, mv) : -ELOOP;
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = -EINVAL;
+    } else if (!kc__bh_extra(depth, name)) {
+        kc_digest got;
+        rc = kc__digest_fd(fd, &st, &got);
+        if (rc == 0 && !map_check((void *)mv->m, rel, &got))
+            rc = -EBADMSG;
+        if (rc == 0)
+            mv->n++;
+    }
+    if (rc == 0 && futimens(fd, NULL) != 0)
+        rc = -errno;
+    if (rc == 0)
+        note_ctime(fd, &mv->latest);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
 /* Checks the tree below dfd (not closed here) as a moved ready copy: every
- * file and directory ours with modes fm and dm, every file the map's (*n
- * counts them), each dated now as a file made now would be (*latest: the
+ * file and directory ours with modes fm and dm, every file the map's (n
+ * counts them), each dated now as a file made now would be (latest: the
  * latest ctime that gave one). */
-static int moved_check(int dfd, char *rel, size_t rl, int depth, const struct kc__pristine *m,
-                       mode_t fm, mode_t dm, uint32_t *n, struct timespec *latest)
+static int moved_check(int dfd, char *rel, size_t rl, int depth, struct moved *mv)
 {
     DIR *d = kc__dir_read(dfd);
-    if (d == NULL) {
-        return -ENOMEM;
-    }
-    int rc = 0;
-    struct dirent *e;
-    uid_t me = geteuid();
-    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
-        const char *name = e->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-            continue;
-        size_t pl = kc__rel_join(rel, rl, name);
-        if (pl == 0) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
-        int fd = openat(dirfd(d), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) {
-            rc = fd < 0 && errno == ELOOP ? -EINVAL : -errno;
-        } else if (st.st_uid != me || (S_ISDIR(st.st_mode) ? (st.st_mode & 07777) != dm
-                                                           : (st.st_mode & 07777) != fm)) {
-            rc = -EINVAL;
-        } else if (S_ISDIR(st.st_mode)) {
-            rc = depth < 64 ? moved_check(fd, rel, pl, depth + 1, m, fm, dm, n, latest) : -ELOOP;
-        } else if (!S_ISREG(st.st_mode)) {
-            rc = -EINVAL;
-        } else if (!kc__bh_extra(depth, name)) {
-            kc_digest got;
-            rc = kc__digest_fd(fd, &st, &got);
-            if (rc == 0 && !map_check((void *)m, rel, &got))
-                rc = -EBADMSG;
-            if (rc == 0)
-                (*n)++;
-        }
-        if (rc == 0 && fd >= 0 && futimens(fd, NULL) != 0)
-            rc = -errno;
-        if (rc == 0)
-            note_ctime(fd, latest);
-        if (fd >= 0)
-            close(fd);
-        rel[rl] = 0;
-    }
-    if (rc == 0 && errno != 0)
-        rc = -errno;
-    closedir(d);
-    return rc;
+    return d == NULL ? -ENOMEM : kc__tree_each(d, rel, rl, depth, moved_entry, mv);
 }
 
 /* Fills DIR (dfd, empty) from a ready copy for umask mask: its entries
@@ -805,20 +787,22 @@ static int ready_fill(int bdir, const char *hex, int dfd, const struct kc__prist
     kc__tree_remove(bdir, claim);
     char rel[PATH_MAX];
     rel[0] = 0;
-    struct timespec latest = {0, 0}, now;
+    struct moved mv = {.m = m, .fm = 0666 & ~mask, .dm = 0777 & ~mask};
+    struct timespec now;
     if (rc == 0)
-        rc = moved_check(dfd, rel, 0, 0, m, 0666 & ~mask, 0777 & ~mask, n, &latest);
-    if (rc == 0 && *n != m->n)
+        rc = moved_check(dfd, rel, 0, 0, &mv);
+    *n = mv.n;
+    if (rc == 0 && mv.n != m->n)
         rc = -EBADMSG;
     /* A ctime set after a stat of the file may be finer than the coarse
      * clock the fill's time is read from (multigrain timestamps): the fill
      * ends once that clock is past every ctime it gave, so its files are
      * older than the fill (kc__pristine_unchanged). A few ms at most. */
-    note_ctime(dfd, &latest);
+    note_ctime(dfd, &mv.latest);
     for (int i = 0; rc == 0 && i < 40; i++) {
         kc__pristine_clock(&now);
-        if (now.tv_sec > latest.tv_sec ||
-            (now.tv_sec == latest.tv_sec && now.tv_nsec > latest.tv_nsec))
+        if (now.tv_sec > mv.latest.tv_sec ||
+            (now.tv_sec == mv.latest.tv_sec && now.tv_nsec > mv.latest.tv_nsec))
             break;
         nanosleep(&(struct timespec){0, 500000}, NULL);
     }

@@ -305,6 +305,13 @@ size_t kc__rel_join(char *rel, size_t rl, const char *name);
  * directory parent/name with all below it. */
 void kc__tree_clear(int dfd, int depth);
 void kc__tree_remove(int parent, const char *name);
+/* Calls each(arg, dirfd, name, rel, pl, depth) for every entry of the
+ * directory stream d but . and .., rel holding the entry's path below the
+ * top (pl bytes; rl again after the call), until one returns non-zero;
+ * closes d. 0, that return, -ENAMETOOLONG, or readdir's -errno. */
+typedef int (*kc__tree_entry_fn)(void *arg, int dirfd, const char *name, char *rel, size_t pl,
+                                 int depth);
+int kc__tree_each(DIR *d, char *rel, size_t rl, int depth, kc__tree_entry_fn each, void *arg);
 /* How a tree is copied (kc__tree_copy): files made mode fm, directories dm
  * (less the umask, or exactly), each file a reflink while `clone` (cleared
  * once the filesystem refuses one), else its bytes. */

@@ -197,14 +197,8 @@ done:
     return rc;
 }
 
-static int copy_below(int sdir, int ddir, char *rel, size_t rl, int depth, struct kc__tree_copy *c)
+int kc__tree_each(DIR *d, char *rel, size_t rl, int depth, kc__tree_entry_fn each, void *arg)
 {
-    DIR *d = fdopendir(sdir);
-    if (d == NULL) {
-        close(sdir);
-        close(ddir);
-        return -errno;
-    }
     int rc = 0;
     struct dirent *e;
     while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
@@ -216,45 +210,71 @@ static int copy_below(int sdir, int ddir, char *rel, size_t rl, int depth, struc
             rc = -ENAMETOOLONG;
             break;
         }
-        bool extra = kc__bh_extra(depth, name);
-        struct stat st;
-        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-            rc = -errno;
-        } else if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH) {
-            int s2 = openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            int d2 = s2 < 0 ? -1
-                     : mkdirat(ddir, name, c->dm) != 0
-                         ? -1
-                         : openat(ddir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (d2 >= 0 && c->exact && fchmod(d2, c->dm) != 0) {
-                close(d2);
-                d2 = -1;
-            }
-            if (s2 < 0 || d2 < 0) {
-                rc = -errno;
-                if (s2 >= 0)
-                    close(s2);
-            } else {
-                rc = copy_below(s2, d2, rel, pl, depth + 1, c);
-            }
-        } else if (S_ISREG(st.st_mode)) {
-            kc_digest got;
-            rc = kc__bh_file_copy(dirfd(d), ddir, name, c,
-                                  c->restamp && extra && strcmp(name, KC__BH_MARKER) == 0, &got);
-            if (rc == 0 && c->check != NULL && !extra) {
-                if (!c->check(c->arg, rel, &got))
-                    rc = -EBADMSG;
-                else
-                    c->n++;
-            }
-        } else {
-            rc = -EINVAL;
-        }
+        rc = each(arg, dirfd(d), name, rel, pl, depth);
         rel[rl] = 0;
     }
     if (rc == 0 && errno != 0)
         rc = -errno;
     closedir(d);
+    return rc;
+}
+
+struct copy_at {
+    struct kc__tree_copy *c;
+    int ddir;
+};
+
+static int copy_below(int sdir, int ddir, char *rel, size_t rl, int depth, struct kc__tree_copy *c);
+
+static int copy_entry(void *arg, int sdir, const char *name, char *rel, size_t pl, int depth)
+{
+    struct copy_at *a = arg;
+    struct kc__tree_copy *c = a->c;
+    bool extra = kc__bh_extra(depth, name);
+    struct stat st;
+    if (fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return -errno;
+    if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH) {
+        int s2 = openat(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int d2 = s2 < 0 ? -1
+                 : mkdirat(a->ddir, name, c->dm) != 0
+                     ? -1
+                     : openat(a->ddir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (d2 >= 0 && c->exact && fchmod(d2, c->dm) != 0) {
+            close(d2);
+            d2 = -1;
+        }
+        if (s2 < 0 || d2 < 0) {
+            int rc = -errno;
+            if (s2 >= 0)
+                close(s2);
+            return rc;
+        }
+        return copy_below(s2, d2, rel, pl, depth + 1, c);
+    }
+    if (!S_ISREG(st.st_mode))
+        return -EINVAL;
+    kc_digest got;
+    int rc = kc__bh_file_copy(sdir, a->ddir, name, c,
+                              c->restamp && extra && strcmp(name, KC__BH_MARKER) == 0, &got);
+    if (rc == 0 && c->check != NULL && !extra) {
+        if (!c->check(c->arg, rel, &got))
+            return -EBADMSG;
+        c->n++;
+    }
+    return rc;
+}
+
+static int copy_below(int sdir, int ddir, char *rel, size_t rl, int depth, struct kc__tree_copy *c)
+{
+    DIR *d = fdopendir(sdir);
+    if (d == NULL) {
+        close(sdir);
+        close(ddir);
+        return -errno;
+    }
+    struct copy_at a = {c, ddir};
+    int rc = kc__tree_each(d, rel, rl, depth, copy_entry, &a);
     close(ddir);
     return rc;
 }
