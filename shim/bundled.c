@@ -591,11 +591,10 @@ bool kc__pristine_unchanged(const struct kc__pristine_proof *pd, const char *rel
  * the store's stay as they are. Hard links are not used: the host could
  * write the store's copy through them. */
 
-static int tree_path(const char *store, const kc_digest *id, char *out, size_t n)
+/* <hex>.tree: the store's copy's name in DIR/bundled. */
+static void tree_name(const char *hex, char *out, size_t n)
 {
-    char name[33];
-    kc__digest_hex(id, name);
-    return (size_t)snprintf(out, n, "%s/bundled/%s.tree", store, name) >= n ? -ENAMETOOLONG : 0;
+    snprintf(out, n, "%s.tree", hex);
 }
 
 static bool map_check(void *arg, const char *rel, const kc_digest *d)
@@ -619,17 +618,11 @@ static const struct kc__pristine *map_lookup(const char *store, const kc_digest 
     return m;
 }
 
-static int open_tree(const char *store, const kc_digest *id)
+static int open_tree(int bdir, const char *hex)
 {
-    char path[PATH_MAX];
-    int b = kc__bundled_dir(store, false);
-    if (b < 0 || tree_path(store, id, path, sizeof path) != 0) {
-        if (b >= 0)
-            close(b);
-        return -1;
-    }
-    close(b);
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    char name[48];
+    tree_name(hex, name, sizeof name);
+    int fd = openat(bdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !private_dir(&st))) {
         close(fd);
@@ -639,20 +632,13 @@ static int open_tree(const char *store, const kc_digest *id)
 }
 
 /* Drops a store copy that failed its check: the next install keeps another. */
-static void tree_drop(const char *store, const kc_digest *id)
+static void tree_drop(int bdir, const char *hex)
 {
-    char path[PATH_MAX], tmp[PATH_MAX + 32];
-    if (tree_path(store, id, path, sizeof path) != 0)
-        return;
-    snprintf(tmp, sizeof tmp, "%s.bad.%ld", path, (long)getpid());
-    if (rename(path, tmp) != 0)
-        return;
-    int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) {
-        kc__tree_clear(fd, 0);
-        close(fd);
-    }
-    rmdir(tmp);
+    char name[48], bad[96];
+    tree_name(hex, name, sizeof name);
+    snprintf(bad, sizeof bad, "%s.bad.%ld", name, (long)getpid());
+    if (renameat(bdir, name, bdir, bad) == 0)
+        kc__tree_remove(bdir, bad);
 }
 
 /* The process's umask, read from /proc/self/status (umask() would change
@@ -849,7 +835,7 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
         }
         how = "the store's copy";
         n = 0;
-        int sfd = open_tree(store, id);
+        int sfd = open_tree(bdir, hex);
         int d2 = sfd >= 0 ? dup(dfd) : -1;
         struct kc__tree_copy c = {.fm = 0666,
                                   .dm = 0777,
@@ -871,7 +857,7 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
                        "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
                        "map; dropped, NVRTC installs them",
                        store);
-                tree_drop(store, id);
+                tree_drop(bdir, hex);
             }
         }
     }
@@ -891,20 +877,23 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
 void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
                        const struct kc__pristine *m)
 {
-    char path[PATH_MAX], tmp[PATH_MAX + 48];
-    int fd = open_tree(store, id);
-    if (fd >= 0) {
-        close(fd);
+    int bdir = kc__bundled_dir(store, false);
+    if (bdir < 0)
+        return;
+    char hex[33], name[48], tmp[128];
+    kc__digest_hex(id, hex);
+    tree_name(hex, name, sizeof name);
+    snprintf(tmp, sizeof tmp, "%s.new.%ld.%llx", name, (long)getpid(),
+             (unsigned long long)kc_mono_ns());
+    int fd = open_tree(bdir, hex);
+    if (fd >= 0 || mkdirat(bdir, tmp, 0700) != 0) {
+        if (fd >= 0)
+            close(fd);
+        close(bdir);
         return;
     }
-    if (tree_path(store, id, path, sizeof path) != 0)
-        return;
-    snprintf(tmp, sizeof tmp, "%s.new.%ld.%llx", path, (long)getpid(),
-             (unsigned long long)kc_mono_ns());
-    if (mkdir(tmp, 0700) != 0)
-        return;
     int sfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = openat(bdir, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     /* A reflink too: the host's later writes to DIR copy on write. */
     struct kc__tree_copy c = {
         .fm = 0600, .dm = 0700, .clone = true, .check = map_check, .arg = (void *)m};
@@ -913,28 +902,19 @@ void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
         close(sfd);
     if (dfd >= 0 && sfd < 0)
         close(dfd);
-    if (rc == 0 && c.n == m->n && rename(tmp, path) == 0) {
+    if (rc == 0 && c.n == m->n && renameat(bdir, tmp, bdir, name) == 0) {
         kc_log(KC_LOG_DEBUG, "nvrtc: the store keeps a copy of NVRTC's bundled headers (%u files)",
                c.n);
         /* Ready copies for this host's next processes, made by the owner
          * this miss starts. */
-        int bdir = kc__bundled_dir(store, false),
-            d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int d = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         mode_t mask;
-        char hex[33];
-        kc__digest_hex(id, hex);
-        if (bdir >= 0 && d >= 0 && ready_usable(bdir, d, &mask))
+        if (d >= 0 && ready_usable(bdir, d, &mask))
             kc__ready_want(bdir, hex, mask);
-        if (bdir >= 0)
-            close(bdir);
         if (d >= 0)
             close(d);
-        return;
+    } else {
+        kc__tree_remove(bdir, tmp);
     }
-    int t = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (t >= 0) {
-        kc__tree_clear(t, 0);
-        close(t);
-    }
-    rmdir(tmp);
+    close(bdir);
 }
