@@ -51,9 +51,14 @@ void kc__capture_pair(const struct kc__pair *p, int ok, int oom, struct kc__outp
 struct kc__lowered {
     char *expr;
     int rc;
-    int is_null; /* the getter stored NULL */
+    int is_null; /* the getter stored NULL (1), the name (0), or left the
+                    result as it was (KC_LOWERED_UNTOUCHED) */
     char *name;
 };
+
+/* kc__lowered.is_null: NVRTC did not write the result. A reader of an
+ * earlier shim takes it for NULL. */
+#define KC_LOWERED_UNTOUCHED 2
 
 struct kc__replay {
     int compile_rc;

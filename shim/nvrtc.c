@@ -102,7 +102,16 @@ struct prog {
     bool replay_due; /* the first compile was served */
     int served_n;
     char **served_opts;
+    /* Records no longer served whose lowered names the host may still
+     * hold: nvrtcGetLoweredName's answer lives until nvrtcDestroyProgram,
+     * whatever is compiled meanwhile (retire()). */
+    struct retired *retired;
     struct prog *next;
+};
+
+struct retired {
+    struct kc__replay *r;
+    struct retired *next;
 };
 
 #define PROG_BUCKETS 1024
@@ -149,8 +158,49 @@ static void prog_free(struct prog *p)
         free(p->exprs[i]);
     free(p->exprs);
     kc__replay_free(p->served);
+    while (p->retired != NULL) {
+        struct retired *t = p->retired;
+        p->retired = t->next;
+        kc__replay_free(t->r);
+        free(t);
+    }
     opts_free(p->served_n, p->served_opts);
     free(p);
+}
+
+/* Takes p's served record away (p->served becomes NULL). The pointers
+ * nvrtcGetLoweredName handed out from it stay valid until the program is
+ * destroyed, as NVRTC's own do: a record that has lowered names is kept,
+ * its outputs released. Called with progs_lock held (or p not yet
+ * shared). */
+static void retire(struct prog *p)
+{
+    struct kc__replay *r = p->served;
+    p->served = NULL;
+    if (r == NULL)
+        return;
+    bool named = false;
+    for (uint32_t i = 0; i < r->n_names; i++)
+        named |= r->names[i].name != NULL;
+    struct retired *t = named ? malloc(sizeof *t) : NULL;
+    if (t == NULL) {
+        if (named) {
+            /* Out of memory: the names are kept, unowned, rather than
+             * freed under the host (a leak, never a dangling pointer). */
+            r->n_names = 0;
+            r->names = NULL;
+        }
+        kc__replay_free(r);
+        return;
+    }
+    for (int i = 0; i < N_OUT; i++) {
+        free(r->out[i].bytes);
+        r->out[i].bytes = NULL;
+        r->out[i].nbytes = 0;
+    }
+    t->r = r;
+    t->next = p->retired;
+    p->retired = t;
 }
 
 /* Finds the shadow of h. Called with progs_lock held. */
@@ -913,10 +963,15 @@ static struct kc__replay *capture(const struct prog *p, nvrtcResult compile_rc)
     for (int i = 0; i < p->n_exprs; i++) {
         struct kc__lowered *l = &r->names[i];
         r->n_names++;
-        const char *out = NULL;
+        /* Whether NVRTC set the out-parameter, to a name or to NULL, or
+         * left it as it was (a sentinel tells). */
+        const char *const unset = (const char *)(uintptr_t)0x5a5a5a5a5a5a5a5aull;
+        const char *out = unset;
         l->expr = strdup(p->exprs[i]);
         l->rc = real_lowered(h, p->exprs[i], &out);
-        l->is_null = out == NULL;
+        l->is_null = out == unset ? KC_LOWERED_UNTOUCHED : out == NULL;
+        if (out == unset)
+            out = NULL;
         l->name = out ? strdup(out) : NULL;
         if (l->expr == NULL || (out != NULL && l->name == NULL))
             goto fail;
@@ -1283,7 +1338,7 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     struct prog *p = find_locked(prog);
     if (p != NULL) {
         *rc = r->compile_rc;
-        kc__replay_free(p->served);
+        retire(p);
         p->served = r;
         r = NULL;
     }
@@ -1415,8 +1470,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         replay_due = p->replay_due;
         replay_n = p->served_n, replay = p->served_opts;
         p->replay_due = false, p->served_n = 0, p->served_opts = NULL;
-        kc__replay_free(p->served);
-        p->served = NULL;
+        retire(p);
     }
     kc_digest base = {0};
     bool keyed = cacheable && base_key(p, numOptions, options, &base) == 0;
@@ -1512,10 +1566,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     /* Miss: compile for real, then capture and store. */
     pthread_mutex_lock(&progs_lock);
     p = find_locked(prog);
-    if (p != NULL) {
-        kc__replay_free(p->served);
-        p->served = NULL;
-    }
+    if (p != NULL)
+        retire(p);
     pthread_mutex_unlock(&progs_lock);
 
     struct kc__deps deps = {.bundled = bh.dir};
@@ -1739,15 +1791,22 @@ KC_EXPORT nvrtcResult nvrtcGetLoweredName(nvrtcProgram prog, const char *expr, c
     } else if (out == NULL) {
         rc = r->lowered_null_out_rc;
     } else {
+        /* A name never added: NVRTC answers its code and sets the result
+         * to NULL (every release, 11.8 to 13.5: test nvrtc-handles). */
         rc = r->lowered_unknown_rc;
-        for (uint32_t i = 0; i < r->n_names; i++) {
-            if (strcmp(r->names[i].expr, expr) == 0) {
-                rc = r->names[i].rc;
-                /* Lives in the record until the program is destroyed. */
-                *out = r->names[i].is_null ? NULL : r->names[i].name;
-                break;
-            }
-        }
+        const struct kc__lowered *l = NULL;
+        for (uint32_t i = 0; i < r->n_names && l == NULL; i++)
+            if (strcmp(r->names[i].expr, expr) == 0)
+                l = &r->names[i];
+        if (l == NULL)
+            *out = NULL;
+        else if (l->is_null != KC_LOWERED_UNTOUCHED) {
+            rc = l->rc;
+            /* Lives in the record until the program is destroyed, even
+             * when the program is compiled again (retire()). */
+            *out = l->is_null ? NULL : l->name;
+        } else
+            rc = l->rc;
     }
     pthread_mutex_unlock(&progs_lock);
     return rc;

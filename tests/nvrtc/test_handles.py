@@ -15,6 +15,12 @@ compile; bad option arrays; getters given NULL; destroy's handling of the
 handle; programs with in-memory headers; threads that each run their own
 program, and threads racing getters on one program.
 
+Every out-parameter starts as a sentinel, so a getter that sets it, sets it
+to NULL or leaves it untouched reads differently; a buffer's bytes past the
+announced size are compared too. Lowered names live until destroy: the
+pointers handed out before a second (and third) compile are read after it,
+with freed memory refilled (MALLOC_PERTURB_).
+
 Use after destroy (a program destroyed twice, then compiled, asked, given
 a name) makes NVRTC read freed memory: it crashes or answers from what it
 finds there. kcache's handles answer NVRTC_ERROR_INVALID_PROGRAM there,
@@ -53,7 +59,10 @@ def create(src=SRC, name=b"k.cu", n=0, hdrs=None, names=None):
     h = P()
     rc = lib.nvrtcCreateProgram(ctypes.byref(h), src, name, n, hdrs, names)
     return rc, h
-GETTERS = ["PTX", "CUBIN", "LTOIR", "OptiXIR", "ProgramLog"]
+GETTERS = ["PTX", "CUBIN", "LTOIR", "OptiXIR", "NVVM", "TileIR", "ProgramLog"]
+# Every out-parameter starts as a sentinel, so that "set", "set to NULL"
+# and "left untouched" read differently.
+SENT = 0x5a5a5a5a5a5a
 def outputs(h, tag):
     for g in GETTERS:
         sz = getattr(lib, "nvrtcGet%sSize" % g, None)
@@ -61,14 +70,30 @@ def outputs(h, tag):
             continue
         n = ctypes.c_size_t(7)
         rc = sz(h, ctypes.byref(n))
-        b = ctypes.create_string_buffer(max(n.value, 1) + 8)
+        # The buffer's tail tells whether a getter wrote past the size.
+        b = ctypes.create_string_buffer(b"\xa5" * (max(n.value, 1) + 8))
         rc2 = getattr(lib, "nvrtcGet%s" % g)(h, b)
         data = b.raw[:n.value]
+        tail = b.raw[n.value:].hex()[:24]
         if g == "ProgramLog":
-            say(tag, g, rc, n.value, rc2, repr(data))
+            say(tag, g, rc, n.value, rc2, repr(data), tail)
         else:
-            say(tag, g, rc, n.value, rc2, hashlib.sha256(data).hexdigest()[:16])
+            say(tag, g, rc, n.value, rc2, hashlib.sha256(data).hexdigest()[:16], tail)
         say(tag, g, "null", sz(h, None), getattr(lib, "nvrtcGet%s" % g)(h, None))
+    f = getattr(lib, "nvrtcGetPCHHeapSizeRequired", None)
+    if f is not None:
+        n = ctypes.c_size_t(7)
+        say(tag, "pch-required", f(h, ctypes.byref(n)), n.value, f(h, None))
+    f = getattr(lib, "nvrtcGetPCHCreateStatus", None)
+    if f is not None:
+        say(tag, "pch-status", f(h))
+def lowered(h, e, out=True):
+    """nvrtcGetLoweredName's code and what it left in the result:
+    the name, NULL, or the sentinel untouched."""
+    s = ctypes.c_void_p(SENT)
+    rc = lib.nvrtcGetLoweredName(h, e, ctypes.byref(s) if out else None)
+    v = s.value
+    return rc, ("untouched" if v == SENT else "NULL" if v is None else ctypes.string_at(v))
 def destroy(h, tag="destroy"):
     rc = lib.nvrtcDestroyProgram(ctypes.byref(h))
     say(tag, rc, h.value is None)
@@ -96,14 +121,13 @@ if case == "create-args":
 elif case.startswith("null-"):
     fn = case[5:]
     n = ctypes.c_size_t(7)
-    s = ctypes.c_char_p()
     b = ctypes.create_string_buffer(16)
     if fn == "compile":
         say(fn, lib.nvrtcCompileProgram(None, 1, OPT))
     elif fn == "addname":
         say(fn, lib.nvrtcAddNameExpression(None, b"k"))
     elif fn == "lowered":
-        say(fn, lib.nvrtcGetLoweredName(None, b"k", ctypes.byref(s)))
+        say(fn, *lowered(None, b"k"))
     elif fn == "destroy":
         say(fn, lib.nvrtcDestroyProgram(None))
         z = P()
@@ -117,38 +141,35 @@ elif case.startswith("null-"):
 elif case == "before-compile":
     rc, h = create()
     outputs(h, "before")
-    s = ctypes.c_char_p()
-    say("lowered", lib.nvrtcGetLoweredName(h, b"k", ctypes.byref(s)))
+    say("lowered", *lowered(h, b"k"))
     destroy(h)
 elif case == "names":
     rc, h = create(src=TSRC, name=b"t.cu")
     for e in [b"t<1>", b"t<2>", b"", b"t<1>", b"not_a_name"]:
         say("add", e, lib.nvrtcAddNameExpression(h, e))
-    s = ctypes.c_char_p()
-    say("lowered-before", lib.nvrtcGetLoweredName(h, b"t<1>", ctypes.byref(s)))
+    say("lowered-before", *lowered(h, b"t<1>"))
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
     outputs(h, "after")
     for e in [b"t<1>", b"t<2>", b"", b"t<3>", b"not_a_name"]:
-        s = ctypes.c_char_p()
-        say("lowered", e, lib.nvrtcGetLoweredName(h, e, ctypes.byref(s)), s.value)
+        say("lowered", e, *lowered(h, e))
     say("add-after", lib.nvrtcAddNameExpression(h, b"t<3>"))
+    say("lowered-added-after", *lowered(h, b"t<3>"))
     destroy(h)
 elif case == "names-null":
     rc, h = create(src=TSRC, name=b"t.cu")
     say("add-null", lib.nvrtcAddNameExpression(h, None))
     say("add", lib.nvrtcAddNameExpression(h, b"t<4>"))
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
-    s = ctypes.c_char_p()
-    say("lowered", lib.nvrtcGetLoweredName(h, b"t<4>", ctypes.byref(s)), s.value)
+    say("lowered", *lowered(h, b"t<4>"))
     say("add-null-after", lib.nvrtcAddNameExpression(h, None))
     destroy(h)
 elif case == "lowered-null":
     rc, h = create(src=TSRC, name=b"t.cu")
     say("add", lib.nvrtcAddNameExpression(h, b"t<5>"))
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
-    say("lowered-null-out", lib.nvrtcGetLoweredName(h, b"t<5>", None))
-    s = ctypes.c_char_p()
-    say("lowered-null-name", lib.nvrtcGetLoweredName(h, None, ctypes.byref(s)))
+    say("lowered-null-out", lowered(h, b"t<5>", out=False)[0])
+    say("lowered-null-name", *lowered(h, None))
+    say("lowered-unknown", *lowered(h, b"t<6>"))
     destroy(h)
 elif case == "twice":
     rc, h = create()
@@ -157,6 +178,28 @@ elif case == "twice":
     o2 = arr(b"-arch=sm_80", b"-lineinfo")
     say("compile2", lib.nvrtcCompileProgram(h, 2, o2))
     outputs(h, "second")
+    destroy(h)
+elif case.startswith("lowered-again"):
+    # The names NVRTC lowered live until the program is destroyed, whatever
+    # is compiled meanwhile: read them again after a second compile (freed
+    # memory is refilled: MALLOC_PERTURB_).
+    rc, h = create(src=TSRC, name=b"t.cu")
+    say("add", lib.nvrtcAddNameExpression(h, b"t<1>"), lib.nvrtcAddNameExpression(h, b"t<2>"))
+    say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
+    ptrs = []
+    for e in [b"t<1>", b"t<2>"]:
+        s = ctypes.c_void_p(SENT)
+        say("lowered", e, lib.nvrtcGetLoweredName(h, e, ctypes.byref(s)))
+        ptrs.append(s.value)
+    say("first", *[ctypes.string_at(p) for p in ptrs])
+    o2 = OPT if case == "lowered-again" else arr(b"-arch=compute_90", b"-lineinfo")
+    say("compile2", lib.nvrtcCompileProgram(h, len(o2), o2))
+    say("earlier", *[ctypes.string_at(p) for p in ptrs])
+    for e in [b"t<1>", b"t<2>", b"t<3>"]:
+        say("lowered2", e, *lowered(h, e))
+    say("compile3", lib.nvrtcCompileProgram(h, 1, OPT))
+    say("earlier3", *[ctypes.string_at(p) for p in ptrs])
+    outputs(h, "third")
     destroy(h)
 elif case == "bad-options":
     rc, h = create()
@@ -250,7 +293,8 @@ else:
 NULL_FNS = ["compile", "addname", "lowered", "destroy", "pch", "PTX", "CUBIN", "LTOIR", "ProgramLog"]
 CASES = (["create-args"] + ["null-" + f for f in NULL_FNS] +
          ["before-compile", "names", "names-null", "lowered-null", "twice", "bad-options",
-          "error", "headers", "destroy", "threads-own", "threads-one"] +
+          "error", "headers", "destroy", "threads-own", "threads-one",
+          "lowered-again", "lowered-again-other"] +
          ["after-destroy-" + w for w in ["destroy", "compile", "size", "addname"]])
 # Cases whose compiles all hit when warm, NVRTC never asked for a program.
 NO_NVRTC_WARM = {"headers", "destroy", "threads-own", "threads-one", "error", "lowered-null"}
@@ -265,6 +309,8 @@ def check(ok, what):
 
 
 def run(lib, case, env):
+    if case.startswith("lowered-again"):
+        env = dict(env, MALLOC_PERTURB_="165")
     r = subprocess.run([sys.executable, "-c", CLIENT, lib, case], env=env, capture_output=True,
                        text=True, timeout=300)
     err = r.stderr
@@ -285,8 +331,12 @@ def main():
             plain, prc, _ = run(lib, case, base)
             env = dict(base, LD_PRELOAD=shim, KCACHE_DIR=os.path.join(work, case),
                        KCACHE_LOG="debug", KCACHE_STATS="1")
-            for phase in ("cold", "warm"):
-                out, rc, err = run(lib, case, env)
+            phases = ("cold", "warm")
+            if case.startswith("lowered-again"):
+                phases += ("warm-nodefer",)  # NVRTC's program made at create
+            for phase in phases:
+                out, rc, err = run(lib, case, dict(env, KCACHE_NVRTC_DEFER="0")
+                                   if phase == "warm-nodefer" else env)
                 warns = [ln for ln in err.splitlines() if "kcache: warn" in ln.lower()]
                 if case.startswith("after-destroy-") and (out != plain or rc != prc):
                     # NVRTC reads freed memory (it may crash, or answer from
