@@ -70,6 +70,8 @@ const struct kc_config_var kc_config_vars[] = {
                                      .dflt = "(none)"},
     [KC_VAR_NVVM] = {"KCACHE_NVVM", "cache libNVVM compiles (numba-cuda, cuda.core)", .dflt = "1",
                      .flag = "--no-nvvm"},
+    [KC_VAR_TOOLS] = {"KCACHE_TOOLS", "cache compiler tools run as processes (ptxas)", .dflt = "1",
+                      .flag = "--no-tools"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -303,6 +305,7 @@ void kc_config_load(struct kc_config *cfg)
     cfg->single_flight = true;
     cfg->link = true;
     cfg->nvvm = true;
+    cfg->tools = true;
 
     /* A secure-execution process (set-user-ID or set-group-ID, file
      * capabilities) must not obey its caller's environment, which could
@@ -364,6 +367,7 @@ void kc_config_load(struct kc_config *cfg)
     load_bool(cfg, KC_VAR_SINGLE_FLIGHT, &cfg->single_flight);
     load_bool(cfg, KC_VAR_LINK, &cfg->link);
     load_bool(cfg, KC_VAR_NVVM, &cfg->nvvm);
+    load_bool(cfg, KC_VAR_TOOLS, &cfg->tools);
 
     v = env(cfg, KC_VAR_LOG);
     if (v != NULL) {
@@ -525,6 +529,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case KC_VAR_NVVM:
         snprintf(buf, len, "%d", cfg->nvvm);
+        break;
+    case KC_VAR_TOOLS:
+        snprintf(buf, len, "%d", cfg->tools);
         break;
     default:
         snprintf(buf, len, "?");

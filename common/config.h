@@ -59,6 +59,7 @@ enum kc_var {
     KC_VAR_LINK,
     KC_VAR_REMOTE_PASSWORD_FILE,
     KC_VAR_NVVM,
+    KC_VAR_TOOLS,
     KC_N_SETTINGS, /* the settings come first; internal variables follow */
     KC_VAR_TOOL = KC_N_SETTINGS,
     KC_VAR_STORE_LIB,
@@ -97,6 +98,7 @@ struct kc_config {
     char remote_password_file[PATH_MAX]; /* KCACHE_REMOTE_PASSWORD_FILE */
     bool link;                           /* KCACHE_LINK: nvJitLink and cuLink* links */
     bool nvvm;                           /* KCACHE_NVVM: libNVVM compiles */
+    bool tools;                          /* KCACHE_TOOLS: compiler tools run as processes */
 
     /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
      * kc_config_vars[] (enum kc_var). */

@@ -25,9 +25,55 @@
 
 static __thread struct kc__deps *tracking __attribute__((tls_model("initial-exec")));
 
+/* A compiler tool's run (tool.c): every thread's calls are recorded, into
+ * one set under a lock; process_busy keeps the recording's own calls out. */
+static struct kc__deps *process_deps;
+static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int process_busy __attribute__((tls_model("initial-exec")));
+
+/* Whether this call is one to record: one thread-local load when no
+ * compile is tracked on the thread and no tool runs. */
+static inline bool watching(void)
+{
+    return __builtin_expect(tracking != NULL, 0) ||
+           __builtin_expect(process_deps != NULL && !process_busy, 0);
+}
+
+/* The set this call records into, entered (the recording's own calls are
+ * not recorded), or NULL. leave() with what it returned. */
+static struct kc__deps *enter(void)
+{
+    struct kc__deps *d = tracking;
+    if (d != NULL) {
+        tracking = NULL;
+        return d;
+    }
+    if (process_deps == NULL || process_busy)
+        return NULL;
+    pthread_mutex_lock(&process_lock);
+    process_busy = 1;
+    return process_deps;
+}
+
+static void leave(struct kc__deps *d)
+{
+    if (d != NULL && d == process_deps && process_busy) {
+        process_busy = 0;
+        pthread_mutex_unlock(&process_lock);
+    } else {
+        tracking = d;
+    }
+}
+
 void kc__deps_begin(struct kc__deps *d)
 {
     tracking = d;
+}
+
+void kc__deps_begin_process(struct kc__deps *d)
+{
+    d->process = true;
+    __atomic_store_n(&process_deps, d, __ATOMIC_RELEASE);
 }
 
 void kc__deps_end(void)
@@ -124,10 +170,11 @@ struct kc__dep *kc__deps_push(struct kc__deps *d, const char *path, int kind)
 
 static void record(const char *path, int kind, const struct stat *st)
 {
-    struct kc__deps *d = tracking;
-    if (d == NULL || path == NULL || path[0] == '\0')
+    if (path == NULL || path[0] == '\0')
         return;
-    tracking = NULL; /* our own calls below are not the compile's */
+    struct kc__deps *d = enter(); /* our own calls below are not the compile's */
+    if (d == NULL)
+        return;
     /* Kept as the compile named it: a relative path is checked against the
      * working directory of each later lookup, which is what NVRTC would
      * read there. */
@@ -169,7 +216,7 @@ static void record(const char *path, int kind, const struct stat *st)
     if (st != NULL)
         e->st = *st;
 out:
-    tracking = d;
+    leave(d);
 }
 
 static int kind_of(const struct stat *st)
@@ -197,10 +244,18 @@ static void record_open(const char *path, int fd, int flags, int err)
         return;
     }
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
+        struct kc__deps *d = enter();
+        if (d == NULL)
+            return;
         /* NVRTC installing its bundled headers (or locking them) is what
          * the hit does too (nvrtc.c): no side effect of the compile's own. */
-        if (below_bundled(tracking->bundled, path) == NULL && !ignored(path))
-            tracking->writes = true;
+        if (below_bundled(d->bundled, path) == NULL && !ignored(path)) {
+            d->writes = true;
+            /* A tool's run names what it wrote (its outputs, or not). */
+            if (d->process && kc__deps_push(d, path, KC_DEP_WRITTEN) == NULL)
+                d->failed = true;
+        }
+        leave(d);
         return;
     }
     struct stat st;
@@ -258,7 +313,7 @@ KC_EXPORT int open(const char *path, int flags, ...)
     va_end(ap);
     REAL(real_open, "open", NULL);
     int fd = real_open(path, flags, mode);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         record_open(path, fd, flags, e);
         errno = e;
@@ -274,7 +329,7 @@ KC_EXPORT int open64(const char *path, int flags, ...)
     va_end(ap);
     REAL(real_open64, "open64", NULL);
     int fd = real_open64(path, flags, mode);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         record_open(path, fd, flags, e);
         errno = e;
@@ -290,7 +345,7 @@ KC_EXPORT int openat(int dirfd, const char *path, int flags, ...)
     va_end(ap);
     REAL(real_openat, "openat", NULL);
     int fd = real_openat(dirfd, path, flags, mode);
-    if (__builtin_expect(tracking != NULL, 0) && (dirfd == AT_FDCWD || path[0] == '/')) {
+    if (watching() && (dirfd == AT_FDCWD || path[0] == '/')) {
         int e = errno;
         record_open(path, fd, flags, e);
         errno = e;
@@ -319,7 +374,7 @@ KC_EXPORT FILE *fopen(const char *path, const char *mode)
 {
     REAL(real_fopen, "fopen", NULL);
     FILE *f = real_fopen(path, mode);
-    if (__builtin_expect(tracking != NULL, 0))
+    if (watching())
         return track_fopen(f, path, mode);
     return f;
 }
@@ -328,7 +383,7 @@ KC_EXPORT FILE *fopen64(const char *path, const char *mode)
 {
     REAL(real_fopen64, "fopen64", NULL);
     FILE *f = real_fopen64(path, mode);
-    if (__builtin_expect(tracking != NULL, 0))
+    if (watching())
         return track_fopen(f, path, mode);
     return f;
 }
@@ -337,7 +392,7 @@ KC_EXPORT int __xstat(int ver, const char *path, struct stat *st)
 {
     REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
     int rc = real_xstat(ver, path, st);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         record_stat(path, rc, e, st);
         errno = e;
@@ -350,7 +405,7 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 {
     REAL(real_xstat64, "__xstat64", "GLIBC_2.2.5");
     int rc = real_xstat64(ver, path, st);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         record_stat(path, rc, e, (struct stat *)st);
         errno = e;
@@ -361,7 +416,7 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 KC_EXPORT int stat(const char *path, struct stat *st)
 {
     int rc = libc_stat(path, st);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         record_stat(path, rc, e, st);
         errno = e;
@@ -373,7 +428,7 @@ KC_EXPORT int access(const char *path, int mode)
 {
     REAL(real_access, "access", NULL);
     int rc = real_access(path, mode);
-    if (__builtin_expect(tracking != NULL, 0)) {
+    if (watching()) {
         int e = errno;
         struct stat st;
         if (rc == 0 && libc_stat(path, &st) == 0)

@@ -16,13 +16,14 @@
 #include "../store/store.h"
 
 enum kc__dep_kind {
-    KC_DEP_ABSENT = 0, /* probed, not found */
-    KC_DEP_FILE = 1,   /* read: content digest */
-    KC_DEP_DIR = 2,    /* exists, a directory */
-    KC_DEP_OTHER = 3,  /* exists, stat'ed only (not read) */
-    KC_DEP_CWD = 4,    /* the working directory was this one (kc__cwd): the
-                          compile named paths under it that may be absolute
-                          as given (kc__deps_note_cwd) */
+    KC_DEP_ABSENT = 0,  /* probed, not found */
+    KC_DEP_FILE = 1,    /* read: content digest */
+    KC_DEP_DIR = 2,     /* exists, a directory */
+    KC_DEP_OTHER = 3,   /* exists, stat'ed only (not read) */
+    KC_DEP_CWD = 4,     /* the working directory was this one (kc__cwd): the
+                           compile named paths under it that may be absolute
+                           as given (kc__deps_note_cwd) */
+    KC_DEP_WRITTEN = 5, /* opened for writing (a tool's run only) */
 };
 
 struct kc__dep {
@@ -42,8 +43,9 @@ struct kc__dep {
 struct kc__deps {
     struct kc__dep *v;
     size_t n, cap;
-    bool writes; /* something was opened for writing: side effects */
-    bool failed; /* out of memory or a file changed under the compile */
+    bool writes;  /* something was opened for writing: side effects */
+    bool failed;  /* out of memory or a file changed under the compile */
+    bool process; /* a tool's run: every thread's calls, writes named */
     /* NVRTC's bundled headers directory of the compile (--use-bundled-
      * headers=DIR), or NULL: NVRTC's own writes under it are no side
      * effect, and a file read under it is recorded as KC_DEP_BUNDLED
@@ -61,6 +63,11 @@ struct kc__dep *kc__deps_push(struct kc__deps *d, const char *path, int kind);
 
 /* Starts recording on this thread into d (zeroed by the caller). */
 void kc__deps_begin(struct kc__deps *d);
+
+/* Starts recording every thread's calls into d (zeroed by the caller), for
+ * the rest of the process: a compiler tool's run (tool.c). Files opened
+ * for writing are recorded too, as KC_DEP_WRITTEN. */
+void kc__deps_begin_process(struct kc__deps *d);
 
 /* Stops recording on this thread. */
 void kc__deps_end(void);

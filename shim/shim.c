@@ -253,9 +253,10 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 
 /* ---- counters --------------------------------------------------------- */
 
-#define N_BACKENDS 5
-static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm"};
+#define N_BACKENDS 6
+static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm", "tool"};
 #define BACKEND_MEMO 2
+#define BACKEND_TOOL 5 /* on the stats line only when it counted something */
 static struct kc_counters counters[N_BACKENDS];
 static uint64_t pass_reasons[N_BACKENDS][KC_N_PASS_REASONS];
 _Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
@@ -370,8 +371,19 @@ static bool stats_wanted(void)
     return kc__config()->stats;
 }
 
+/* A compiler tool's watched child (tool.c): its parent counts the run and
+ * prints the stats line; the child's streams are the tool's alone. */
+static bool tool_child;
+
+void kc__tool_child(void)
+{
+    tool_child = true;
+}
+
 __attribute__((destructor)) static void shim_fini(void)
 {
+    if (tool_child)
+        return;
     bool want_stats = stats_wanted();
     bool passed = false;
     for (int i = 0; i < N_BACKENDS; i++)
@@ -425,12 +437,13 @@ __attribute__((destructor)) static void shim_fini(void)
                           {KC_LIB_CUDA, "cuInit", KC_SERVED_CUDA},
                           {KC_LIB_CUDA, "cuInit", KC_SERVED_CUDA},
                           {KC_LIB_NVJITLINK, "nvJitLinkCreate", KC_SERVED_LINK},
-                          {KC_LIB_NVVM, "nvvmCompileProgram", KC_SERVED_NVVM}};
+                          {KC_LIB_NVVM, "nvvmCompileProgram", KC_SERVED_NVVM},
+                          {0, NULL, 0}};
     const char *lib_path[N_BACKENDS] = {NULL};
     const char *served[KC_SERVED_N] = {NULL};
     bool any_served = false;
     for (int i = 0; i < N_BACKENDS; i++) {
-        if (memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) == 0)
+        if (used[i].fn == NULL || memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) == 0)
             continue;
         void *fn = kc__lib_real(used[i].lib, used[i].fn);
         Dl_info di;
@@ -453,6 +466,8 @@ __attribute__((destructor)) static void shim_fini(void)
         int n = snprintf(line, sizeof line, "kcache: stats:");
         for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {
             const struct kc_counters *c = &snap[i];
+            if (i == BACKEND_TOOL && memcmp(c, &(struct kc_counters){0}, sizeof *c) == 0)
+                continue;
             n += snprintf(line + n, sizeof line - n,
                           "%s %s hits=%llu misses=%llu passthrough=%llu stores=%llu errors=%llu "
                           "saved=%.3fs",
@@ -542,9 +557,19 @@ static void atfork_child(void)
     }
 }
 
-__attribute__((constructor)) static void shim_init(void)
+void kc__exit(int status)
 {
+    shim_fini();
+    _exit(status);
+}
+
+/* glibc hands a constructor the program's arguments: a compiler tool's run
+ * is decided here, before its main (tool.c). */
+__attribute__((constructor)) static void shim_init(int argc, char **argv, char **envp)
+{
+    (void)envp;
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    kc__tool_start(argc, argv);
 }
 
 /* ---- interposition ------------------------------------------------------ */

@@ -55,6 +55,20 @@ void kc__unknown_export(const void *known, int lib, const char *const *inert, co
 /* libkcache.so's absolute path, found before main; NULL when unknown. */
 const char *kc__self_path(void);
 
+/* Called before main with the program's arguments: when this process is a
+ * compiler tool kcache serves (tool.c), a hit replays the run and exits, a
+ * miss runs the tool in a watched child and exits with its status; returns
+ * in every other case (and in that child). */
+void kc__tool_start(int argc, char **argv);
+
+/* In a compiler tool's watched child: no counters, no stats line. */
+void kc__tool_child(void);
+
+/* Leaves the process with `status` from a constructor, where exit() would
+ * run no destructor (the loader registers them after the constructors):
+ * the counters are flushed and the stats line printed first. */
+__attribute__((noreturn)) void kc__exit(int status);
+
 /* ---- re-entry guard --------------------------------------------------- */
 
 /* NVRTC's compile dlopen()s libcuda and calls cuInit; hooks run inside

@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""ptxas run as a process, served whole (test compilers-ptxas-NAME).
+
+The shim is inside every ptxas a preloaded program starts. Each case runs
+the real ptxas plain (no kcache), under kcache cold and warm (a fresh
+store per case), and compares what the caller sees: the exit status, the
+output file's bytes and mode, standard output and standard error. A warm
+run replays the cold run's streams byte for byte; the plain run's differ
+from them only in ptxas's "Compile time = N ms" line. Cases:
+
+- ok: a kernel compiled (-v, -lineinfo); warm is a hit, ptxas never runs
+  (the warm run's stats line says hits=1, and a file-open trace of ptxas
+  is absent: the output is written by kcache);
+- modes: the output's mode under umask 077 and 002, and an existing output
+  of mode 0600 keeps it;
+- error: PTX that does not assemble: status, diagnostics, no output;
+  replayed warm;
+- edited: the input edited between runs: a miss, never the old cubin;
+- tempnames: the same PTX at another temporary path is a hit (ptxas does
+  not record the path: witnessed by comparing plain outputs), except with
+  -g, where ptxas 13 records its command line in the cubin: a miss (kept
+  for every release: 12.9's does not record it);
+- unknown option, --help, an options file, a debugging variable ptxas
+  reads (DUMP_KNOBS_TO_FILE): passed through with their reason;
+- killed: ptxas killed mid-run (SIGTERM to the process the caller started):
+  the caller sees the signal's status, nothing is stored;
+- outputs: an unwritable directory, a missing one, /dev/stdout: as ptxas;
+- flight: four identical runs at once compile once;
+- env: the variables ptxas reads (its getenv calls, traced by a preloaded
+  logger) are the ones tool.c's table lists.
+
+Usage: test_ptxas.py PTXAS
+"""
+import glob
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+PTX_SRC = r'''
+.version {ver}
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 p)
+{{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  .reg .f32 %f<8>;
+  ld.param.u64 %rd1, [p];
+  cvta.to.global.u64 %rd2, %rd1;
+  mov.u32 %r1, %tid.x;
+  mul.wide.u32 %rd3, %r1, 4;
+  add.s64 %rd2, %rd2, %rd3;
+  ld.global.f32 %f1, [%rd2];
+  mul.f32 %f2, %f1, {mul};
+  fma.rn.f32 %f3, %f2, %f1, %f1;
+  st.global.f32 [%rd2], %f3;
+  ret;
+}}
+'''
+BAD_PTX = PTX_SRC.replace("mul.f32 %f2", "mul.f32 %f99")
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def norm(s):
+    """A plain run's stream as the cold run's compares: no timing."""
+    return re.sub(rb"Compile time = [0-9.]+ ms", b"Compile time = X ms", s)
+
+
+class Runner:
+    def __init__(self, ptxas, work):
+        self.ptxas = ptxas
+        self.work = work
+        self.shim = os.environ["KCACHE_SHIM"]
+        self.base = {k: v for k, v in os.environ.items()
+                     if not k.startswith("KCACHE_") and k != "LD_PRELOAD"}
+
+    def env(self, store, **kw):
+        e = dict(self.base, LD_PRELOAD=self.shim, KCACHE_DIR=store, KCACHE_STATS="1")
+        e.update(kw)
+        return e
+
+    def run(self, args, env=None, cwd=None, umask=None):
+        pre = (lambda: os.umask(umask)) if umask is not None else None
+        r = subprocess.run([self.ptxas] + args, env=env or self.base, cwd=cwd or self.work,
+                           capture_output=True, timeout=300, preexec_fn=pre)
+        err = r.stderr
+        stats = [ln for ln in err.splitlines() if ln.startswith(b"kcache: stats:")]
+        err = b"\n".join(ln for ln in err.splitlines(keepends=False)
+                         if not ln.startswith(b"kcache: stats:"))
+        if r.stderr.endswith(b"\n") and err:
+            err += b"\n"
+        tool = {}
+        if stats:
+            m = re.search(rb"tool hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+)", stats[-1])
+            if m:
+                tool = dict(zip(["hits", "misses", "passthrough", "stores"], map(int, m.groups())))
+            m = re.search(rb"passthrough tool((?: \w+=\d+)+)", stats[-1])
+            if m:
+                tool["reasons"] = m.group(1).decode().strip()
+        return r.returncode, r.stdout, err, tool, stats
+
+
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def mode(path):
+    try:
+        return oct(os.stat(path).st_mode & 0o7777)
+    except OSError:
+        return None
+
+
+def ptx(work, name, mul="2.0", ver="8.0", bad=False):
+    path = os.path.join(work, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    src = (BAD_PTX if bad else PTX_SRC).format(ver=ver, mul="0f40000000" if mul == "2.0" else
+                                                "0f40400000")
+    with open(path, "w") as f:
+        f.write(src)
+    return path
+
+
+def three(R, case, args, out, prep=None, umask=None, same_store=None):
+    """plain, cold, warm of one run; each preceded by prep() and the output
+    removed. Returns the three results with the output's bytes and mode."""
+    store = same_store or os.path.join(R.work, "store-" + case)
+    res = []
+    for phase in ("plain", "cold", "warm"):
+        if os.path.lexists(out):
+            os.unlink(out)
+        if prep:
+            prep()
+        env = None if phase == "plain" else R.env(store)
+        rc, so, se, tool, _ = R.run(args, env=env, umask=umask)
+        res.append((rc, so, se, read(out), mode(out), tool))
+    return res
+
+
+def compare(case, res, hits=True):
+    (prc, pso, pse, pout, pmode, _), cold, warm = res
+    for phase, (rc, so, se, out, md, tool) in (("cold", cold), ("warm", warm)):
+        check(rc == prc and out == pout and md == pmode,
+              "%s %s: status %d, output %s bytes mode %s as plain (%d, %s, %s)"
+              % (case, phase, rc, None if out is None else len(out), md, prc,
+                 None if pout is None else len(pout), pmode))
+        check(norm(so) == norm(pso) and norm(se) == norm(pse),
+              "%s %s: streams as plain's%s" % (case, phase, "" if norm(so) == norm(pso) and
+                                               norm(se) == norm(pse) else
+                                               "\n--- plain\n%r\n%r\n--- kcache\n%r\n%r"
+                                               % (pso, pse, so, se)))
+    check(warm[1] == cold[1] and warm[2] == cold[2], "%s warm: the cold run's streams, byte for byte"
+          % case)
+    check(cold[5].get("misses") == 1 and cold[5].get("stores") == 1,
+          "%s cold: one miss, stored (%s)" % (case, cold[5]))
+    if hits:
+        check(warm[5].get("hits") == 1 and warm[5].get("misses", 0) == 0,
+              "%s warm: a hit (%s)" % (case, warm[5]))
+
+
+def case_ok(R):
+    src = ptx(R.work, "ok/k.ptx")
+    out = os.path.join(R.work, "ok/k.cubin")
+    res = three(R, "ok", ["-v", "-lineinfo", "--gpu-name=sm_90", src, "-o", out], out)
+    compare("ok", res)
+    check(res[0][3] is not None and res[0][3][:4] == b"\x7fELF", "ok: plain wrote a cubin")
+    # ptxas never ran warm: strace sees no open of the PTX by anyone.
+    if shutil.which("strace"):
+        os.unlink(out)
+        tr = os.path.join(R.work, "ok/trace")
+        subprocess.run(["strace", "-f", "-e", "trace=openat,open", "-o", tr, R.ptxas, "-v",
+                        "-lineinfo", "--gpu-name=sm_90", src, "-o", out],
+                       env=R.env(os.path.join(R.work, "store-ok")), capture_output=True,
+                       cwd=R.work, timeout=120)
+        opened = [ln for ln in open(tr) if "k.ptx" in ln and "ENOENT" not in ln]
+        check(len(opened) == 1 and read(out) == res[0][3],
+              "ok warm: the PTX is read once (to key it), ptxas never opens it (%d)" % len(opened))
+
+
+def case_modes(R):
+    src = ptx(R.work, "modes/k.ptx")
+    out = os.path.join(R.work, "modes/k.cubin")
+    for um in (0o077, 0o002):
+        res = three(R, "modes-%o" % um, ["--gpu-name=sm_90", src, "-o", out], out, umask=um)
+        compare("modes-%o" % um, res)
+
+    def existing():
+        with open(out, "wb") as f:
+            f.write(b"old")
+        os.chmod(out, 0o600)
+    store = os.path.join(R.work, "store-modes-existing")
+    res = []
+    for phase in ("plain", "cold", "warm"):
+        existing()
+        rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out],
+                                    env=None if phase == "plain" else R.env(store))
+        res.append((rc, so, se, read(out), mode(out), tool))
+    compare("modes-existing", res)
+
+
+def case_error(R):
+    src = ptx(R.work, "error/bad.ptx", bad=True)
+    out = os.path.join(R.work, "error/bad.cubin")
+    res = three(R, "error", ["--gpu-name=sm_90", src, "-o", out], out)
+    check(res[0][0] != 0 and res[0][2] != b"", "error: plain fails with diagnostics (%d)" % res[0][0])
+    compare("error", res)
+
+
+def case_edited(R):
+    src = ptx(R.work, "edited/k.ptx")
+    out = os.path.join(R.work, "edited/k.cubin")
+    store = os.path.join(R.work, "store-edited")
+    args = ["--gpu-name=sm_90", src, "-o", out]
+    R.run(args, env=R.env(store))
+    first = read(out)
+    ptx(R.work, "edited/k.ptx", mul="3.0")
+    R.run(args)
+    plain = read(out)
+    os.unlink(out)
+    rc, so, se, tool, _ = R.run(args, env=R.env(store))
+    check(plain != first and read(out) == plain and tool.get("misses") == 1,
+          "edited: the edited PTX is compiled again, its cubin is plain's (%s)" % tool)
+
+
+def case_tempnames(R):
+    store = os.path.join(R.work, "store-tempnames")
+    a = ptx(R.work, "tmp/tmpa1b2c3.ptx")
+    b = ptx(R.work, "tmp/tmpz9y8x7.ptx")
+    for flags, expect_hit in (([], True), (["-g"], False)):
+        outs = []
+        for src in (a, b):
+            out = src + ".o"
+            if os.path.exists(out):
+                os.unlink(out)
+            R.run(flags + ["--gpu-name=sm_90", src, "-o", out])
+            outs.append(read(out))
+            os.unlink(out)
+        witness = outs[0] == outs[1]
+        # Without -g no release records the path; with -g ptxas 13 records
+        # its command line (12.9 does not: kcache keeps it anyway).
+        check(witness or not expect_hit, "tempnames %s: ptxas does not record the path (plain "
+              "outputs %s)" % (flags, "equal" if witness else "differ"))
+        R.run(flags + ["--gpu-name=sm_90", a, "-o", a + ".o"], env=R.env(store))
+        rc, so, se, tool, _ = R.run(flags + ["--gpu-name=sm_90", b, "-o", b + ".o"],
+                                    env=R.env(store))
+        check(read(b + ".o") == outs[1] and (tool.get("hits") == 1) == expect_hit,
+              "tempnames %s: another temporary name is %s (%s)"
+              % (flags, "a hit" if expect_hit else "a miss", tool))
+        for p in (a + ".o", b + ".o"):
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def case_pass(R):
+    src = ptx(R.work, "pass/k.ptx")
+    out = os.path.join(R.work, "pass/k.cubin")
+    optf = os.path.join(R.work, "pass/opts")
+    with open(optf, "w") as f:
+        f.write("--gpu-name=sm_90\n")
+    for name, args, extra, reason in (
+            ("unknown", ["--no-such-option", "--gpu-name=sm_90", src, "-o", out], {}, "option"),
+            ("help", ["--help"], {}, "option"),
+            ("optfile", ["--options-file", optf, src, "-o", out], {}, "option"),
+            ("knobs", ["--gpu-name=sm_90", src, "-o", out],
+             {"DUMP_KNOBS_TO_FILE": os.path.join(R.work, "pass/knobs.txt")}, "option"),
+            ("stdin-input", ["--gpu-name=sm_90", "/dev/stdin", "-o", out], {}, "input")):
+        store = os.path.join(R.work, "store-pass-" + name)
+        res = []
+        for phase in ("plain", "kcache"):
+            if os.path.exists(out):
+                os.unlink(out)
+            env = dict(R.base, **extra) if phase == "plain" else R.env(store, **extra)
+            rc, so, se, tool, _ = R.run(args, env=env)
+            res.append((rc, norm(so), norm(se), read(out), tool))
+        check(res[0][:4] == res[1][:4], "pass %s: as plain (status %d)" % (name, res[0][0]))
+        check(res[1][4].get("passthrough") == 1 and res[1][4].get("reasons") == reason + "=1",
+              "pass %s: passed through, reason %s (%s)" % (name, reason, res[1][4]))
+
+
+def case_killed(R):
+    # A PTX large enough to take a while: many copies of the kernel.
+    body = PTX_SRC.format(ver="8.0", mul="0f40000000")
+    head, entry = body.split(".visible", 1)
+    src = os.path.join(R.work, "killed/big.ptx")
+    os.makedirs(os.path.dirname(src), exist_ok=True)
+    with open(src, "w") as f:
+        f.write(head)
+        for i in range(3000):
+            f.write(".visible" + entry.replace("entry k(", "entry k%d(" % i))
+    out = os.path.join(R.work, "killed/big.cubin")
+    store = os.path.join(R.work, "store-killed")
+    args = ["--gpu-name=sm_90", src, "-o", out]
+    p = subprocess.Popen([R.ptxas] + args, env=R.env(store), cwd=R.work,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    check(p.returncode == -signal.SIGTERM, "killed: the caller sees SIGTERM (%d)" % p.returncode)
+    time.sleep(0.3)
+    leftover = [x for x in os.popen("ps -eo pid,args").read().splitlines() if src in x]
+    check(not leftover, "killed: no ptxas left running (%s)" % leftover)
+    rc, so, se, tool, _ = R.run(args, env=R.env(store))
+    check(rc == 0 and tool.get("misses") == 1, "killed: nothing was stored (the next run: %s)" % tool)
+
+
+def case_outputs(R):
+    src = ptx(R.work, "outputs/k.ptx")
+    ro = os.path.join(R.work, "outputs/ro")
+    os.makedirs(ro, exist_ok=True)
+    os.chmod(ro, 0o555)
+    cases = [("missing-dir", os.path.join(R.work, "outputs/nodir/k.cubin")),
+             ("dev-stdout", "/dev/stdout")]
+    if os.geteuid() != 0:
+        cases.append(("unwritable", os.path.join(ro, "k.cubin")))
+    for name, out in cases:
+        store = os.path.join(R.work, "store-outputs-" + name)
+        res = []
+        for phase in ("plain", "cold", "warm"):
+            env = None if phase == "plain" else R.env(store)
+            rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out], env=env)
+            res.append((rc, norm(so), norm(se)))
+        check(res[0] == res[1] == res[2], "outputs %s: as plain (status %d)" % (name, res[0][0]))
+    os.chmod(ro, 0o755)
+
+
+def case_flight(R):
+    src = ptx(R.work, "flight/k.ptx", mul="3.0")
+    store = os.path.join(R.work, "store-flight")
+    procs = []
+    for i in range(4):
+        out = os.path.join(R.work, "flight/k%d.cubin" % i)
+        procs.append(subprocess.Popen([R.ptxas, "--gpu-name=sm_90", src, "-o", out],
+                                      env=R.env(store), cwd=R.work, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+    misses = hits = 0
+    for p in procs:
+        so, se = p.communicate(timeout=300)
+        m = re.search(rb"tool hits=(\d+) misses=(\d+)", se)
+        if m:
+            hits += int(m.group(1))
+            misses += int(m.group(2))
+    outs = {read(os.path.join(R.work, "flight/k%d.cubin" % i)) for i in range(4)}
+    check(misses == 1 and hits == 3 and len(outs) == 1,
+          "flight: four runs at once, one compiles (%d misses, %d hits, %d outputs)"
+          % (misses, hits, len(outs)))
+
+
+def case_env(R):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        check(False, "env: no C compiler to build the getenv logger")
+        return
+    logger = os.path.join(R.work, "getenv.c")
+    with open(logger, "w") as f:
+        f.write(r'''
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static void say(const char *n) { char b[512]; int k = snprintf(b, sizeof b, "GETENV %s\n", n);
+  if (k > 0) write(2, b, (size_t)k); }
+char *getenv(const char *n) { static char *(*r)(const char *); if (!r) r = dlsym(RTLD_NEXT, "getenv");
+  say(n); return r(n); }
+char *secure_getenv(const char *n) { static char *(*r)(const char *);
+  if (!r) r = dlsym(RTLD_NEXT, "secure_getenv"); say(n); return r(n); }
+''')
+    so = os.path.join(R.work, "getenv.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", so, logger, "-ldl"], check=True)
+    src = ptx(R.work, "env/k.ptx")
+    r = subprocess.run([R.ptxas, "-v", "-lineinfo", "--gpu-name=sm_90", src, "-o", src + ".o"],
+                       env=dict(R.base, LD_PRELOAD=so), capture_output=True, cwd=R.work)
+    names = sorted({ln.split()[1] for ln in r.stderr.decode().splitlines()
+                    if ln.startswith("GETENV ")})
+    # tool.c's ptxas_env and ptxas_inert.
+    listed = ["CAN_FINALIZE_DEBUG", "DUMP_KNOBS_TO_FILE", "MAKEFLAGS", "OPENSSL_ia32cap"]
+    check(r.returncode == 0 and set(names) <= set(listed),
+          "env: ptxas reads %s, all in kcache's list %s" % (names, listed))
+
+
+def main():
+    ptxas = sys.argv[1]
+    if not os.access(ptxas, os.X_OK):
+        print("no ptxas at %s" % ptxas)
+        return 1
+    work = tempfile.mkdtemp(prefix="kc-ptxas-")
+    R = Runner(ptxas, work)
+    ver = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", ver)
+    global PTX_SRC, BAD_PTX
+    if m and (int(m.group(1)), int(m.group(2))) < (13, 0):
+        pass  # every release here takes PTX 8.0
+    try:
+        for case in (case_ok, case_modes, case_error, case_edited, case_tempnames, case_pass,
+                     case_killed, case_outputs, case_flight, case_env):
+            case(R)
+    finally:
+        for d in glob.glob(os.path.join(work, "outputs", "ro")):
+            os.chmod(d, 0o755)
+        shutil.rmtree(work, ignore_errors=True)
+    print("%d failure(s)" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
