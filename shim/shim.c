@@ -9,6 +9,7 @@
 #include "../store/local/chain.h"
 #include "../store/remote/remote.h"
 #include "../common/served.h"
+#include "../common/trust.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -115,18 +116,20 @@ static void *load_store_lib(void)
     if (env != NULL && env[0] != '\0')
         return dlopen(env, RTLD_NOW | RTLD_LOCAL);
     const char *self = kc__self_path();
-    /* Installed side by side, or the build tree's store/ beside shim/; a
-     * bare name only when our own location is unknown or has neither (the
-     * loader's search: no working directory unless LD_LIBRARY_PATH names
-     * it). */
+    /* Installed side by side, or the build tree's store/ beside shim/, by
+     * its real path where nobody but this user and root can replace it
+     * (kc_trusted_path: a tree unpacked under a directory another user can
+     * write); a bare name only when our own location is unknown or has
+     * neither (the loader's search: no working directory unless
+     * LD_LIBRARY_PATH names it). */
     if (self != NULL) {
         static const char *rel[] = {"libkcache-store.so", "../store/db/libkcache-store.so"};
         size_t n = (size_t)(strrchr(self, '/') - self) + 1;
-        char path[PATH_MAX + 32];
+        char path[PATH_MAX + 32], real[PATH_MAX];
         for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
             snprintf(path, sizeof path, "%.*s%s", (int)n, self, rel[i]);
-            if (access(path, R_OK) == 0)
-                return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (access(path, R_OK) == 0 && kc_trusted_path(path, real, sizeof real, NULL) == 0)
+                return dlopen(real, RTLD_NOW | RTLD_LOCAL);
         }
     }
     return dlopen("libkcache-store.so", RTLD_NOW | RTLD_LOCAL);

@@ -7,6 +7,7 @@
  * the store and into the shim's front (see local.h).
  */
 #include "local.h"
+#include "../../common/trust.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -120,9 +121,34 @@ static bool executable_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
-/* `name` (no '/') on the absolute entries of $PATH; an empty, "." or other
- * relative entry names the working directory, which the host may have
- * changed to one another user controls, and is skipped. */
+/* The first tool passed over because another user could replace it, and
+ * the part of its path they can write: named by the kicker's warning when
+ * no tool is found at all. Set once (kc__find_tool runs under the local
+ * tier's lock). */
+static char refused_tool[PATH_MAX], refused_part[PATH_MAX];
+
+/* A tool kcache found by itself (beside its library, on $PATH), as the
+ * path to start: an executable that nobody but this user and root can
+ * replace (kc_trusted_path; a tree unpacked under /tmp must not run
+ * another user's /tmp/tools/kcache). One that another user could replace
+ * is passed over, silently while another candidate is found. */
+static char *trusted_tool(const char *cand)
+{
+    if (!executable_file(cand))
+        return NULL;
+    char real[PATH_MAX], bad[PATH_MAX];
+    int rc = kc_trusted_path(cand, real, sizeof real, bad);
+    if (rc == -EPERM && refused_tool[0] == '\0') {
+        snprintf(refused_tool, sizeof refused_tool, "%s", cand);
+        snprintf(refused_part, sizeof refused_part, "%s", bad);
+    }
+    return rc == 0 ? strdup(real) : NULL;
+}
+
+/* `name` (no '/') on the absolute entries of $PATH, the first one nobody
+ * else can replace (trusted_tool); an empty, "." or other relative entry
+ * names the working directory, which the host may have changed to one
+ * another user controls, and is skipped. */
 static char *search_path(const char *name)
 {
     const char *path = getenv("PATH");
@@ -133,8 +159,9 @@ static char *search_path(const char *name)
         if (n > 0 && p[0] == '/' && n < PATH_MAX) {
             char cand[PATH_MAX + 64];
             snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, name);
-            if (executable_file(cand))
-                return strdup(cand);
+            char *t = trusted_tool(cand);
+            if (t != NULL)
+                return t;
         }
         p += n;
         if (*p == ':')
@@ -175,8 +202,9 @@ char *kc__find_tool(const char *given, const char *lib)
         for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
             char cand[PATH_MAX + 32];
             snprintf(cand, sizeof cand, "%s%s", real, rel[i]);
-            if (executable_file(cand))
-                return strdup(cand);
+            char *t = trusted_tool(cand);
+            if (t != NULL)
+                return t;
         }
     }
     return search_path("kcache");
@@ -354,7 +382,14 @@ void kc__kicker_kick(struct kc__kicker *k, const struct kc__paths *p, uint64_t m
         return;
     k->last_kick_ns = now;
     if (k->tool == NULL || k->tool[0] != '/') {
-        if (!k->warned) {
+        if (!k->warned && refused_tool[0] != '\0') {
+            k->warned = true;
+            fprintf(stderr,
+                    "kcache: warning: cannot start the store owner: %s is passed over (another "
+                    "user can change %s) and no other kcache tool was found (KCACHE_TOOL names "
+                    "one); writes stay in the spool\n",
+                    refused_tool, refused_part);
+        } else if (!k->warned) {
             k->warned = true;
             fprintf(stderr, "kcache: warning: cannot start the store owner: no kcache tool "
                             "beside the library or on an absolute $PATH entry (KCACHE_TOOL: an "

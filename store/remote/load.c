@@ -6,9 +6,12 @@
  * object holding this code it is loaded by that absolute path; otherwise
  * the system's library by its soname, as a build against the system's
  * packages has always done. Never a path relative to the working
- * directory: the object's own name must be absolute.
+ * directory: the object's own name must be absolute; and never one that
+ * another user could replace (kc_trusted_path: a tree unpacked under a
+ * directory they can write).
  */
 #include "remote_internal.h"
+#include "../../common/trust.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -37,8 +40,9 @@ void *kc__remote_dlopen(const char *soname)
         for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
             char path[PATH_MAX + 64];
             snprintf(path, sizeof path, "%s%s", self, rel[i]);
-            if (access(path, R_OK) == 0)
-                return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            char real[PATH_MAX];
+            if (access(path, R_OK) == 0 && kc_trusted_path(path, real, sizeof real, NULL) == 0)
+                return dlopen(real, RTLD_NOW | RTLD_LOCAL);
         }
     }
     return dlopen(soname, RTLD_NOW | RTLD_LOCAL);

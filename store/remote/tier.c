@@ -300,7 +300,8 @@ static struct kc__node *target_node(struct kc_remote *r, const char *route)
  * node, so they pick the same name and keep sharing those kernels; the
  * slot map is read again every KC__STALE_RETRY_MS meanwhile, and once it
  * names a live owner the entry's own name is used again (what went up
- * under the fallback name stays there, expiring after a day at most). A
+ * under the fallback name stays there, expiring after a day at most, and
+ * a read that misses under the own name reads it there: get_fallbacks). A
  * value is verified as under its own name (it names its namespace and key,
  * and a lock value is signed for the lock's own name), so the fallback
  * trusts nothing more.
@@ -456,6 +457,44 @@ static uint32_t provenance(const struct kc_remote *r, const struct kc__rv *rv)
                       : KC_PROV(KC_PROV_UNSIGNED, 0);
 }
 
+/* After a miss under the entry's own name `k` in a cluster (*rep a nil
+ * reply): the entry may have gone up under a fallback name while the node
+ * of its slot was off, and stays there for a day after that node is back
+ * (restarted empty) or its replica is promoted without it. Its fallback
+ * names whose nodes are not off are read in order; the first that holds a
+ * value replaces *rep (and *nd). A waiter's polls skip this: the holder
+ * uploads under the name they poll. Under mu. */
+static void get_fallbacks(struct kc_remote *r, const char *k, redisReply **rep,
+                          struct kc__node **nd)
+{
+    if (r->cfg.mode != KC_REMOTE_CLUSTER || !r->cl.loaded || polling)
+        return;
+    for (int i = 1; i <= KC__FALLBACKS; i++) {
+        char kf[KC_REMOTE_KEY_MAX + 8];
+        if ((size_t)snprintf(kf, sizeof kf, "%s~%d", k, i) >= sizeof kf)
+            return;
+        struct kc__node *f = target_node(r, kf);
+        if (f == NULL || node_down(f))
+            continue;
+        struct kc__cmd cmd;
+        kc__cmd_set(&cmd, 2, "GET", kf);
+        redisReply *fr = NULL;
+        struct kc__node *fn = NULL;
+        if (run(r, kf, &cmd, &fr, &fn) != 0)
+            return;
+        if (fr->type == REDIS_REPLY_STRING) {
+            kc__reply_free(*rep);
+            *rep = fr;
+            *nd = fn;
+            return;
+        }
+        bool nil = fr->type == REDIS_REPLY_NIL;
+        kc__reply_free(fr);
+        if (!nil)
+            return;
+    }
+}
+
 int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void **body, size_t *len,
                   struct kc_record_info *info)
 {
@@ -473,6 +512,8 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
     rc = run(r, k, &cmd, &rep, &nd);
+    if (rc == 0 && rep->type == REDIS_REPLY_NIL)
+        get_fallbacks(r, k, &rep, &nd);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_NIL) {
             if (polling)

@@ -27,6 +27,19 @@ TEST is one of:
                  client acknowledged ("done" printed) is still a hit,
                  `kcache verify` exits 0, and the acknowledged entries survive
                  it. Replay: KCACHE_TEST_SEED=<printed seed>.
+  counters       kill -9 of the owner while it adds up counter logs: 6
+                 processes leave their counters (KCACHE_STATS=1 lines) as
+                 spool logs while no owner runs; the logs are copied under
+                 fresh names until there are ~1500 (each copy a log of its
+                 own, as a process leaves one); then a seeded loop starts
+                 `kcache owner` and SIGKILLs it after a random delay, or at
+                 an exact file system call (libfsfault: at the unlink of a
+                 log it has added up and committed, and at random calls),
+                 with `kcache stats` read while it runs too. After every
+                 kill `kcache stats` counts every log exactly once: each
+                 backend's counters are the spool's first figures times the
+                 copies, never more (a log added twice) nor fewer.
+                 Replay: KCACHE_TEST_SEED=<printed seed>.
   corrupt        every file of a populated cache directory (db/*.sst,
                  MANIFEST, CURRENT, OPTIONS, WAL, spool files, gen, ...) has
                  bytes flipped, or is truncated, in a copy: outputs unchanged,
@@ -926,6 +939,209 @@ def verify_acked(env, store, acked, when):
 
 
 # =========================================================================
+# 2b. kill -9 of the owner while it adds up counter logs
+# =========================================================================
+
+COUNTER_FIELDS = ("hits", "misses", "passthrough", "stores", "errors")
+
+
+def backend_counters(env, store, what):
+    """{backend: {field: number}} of `kcache stats --json` (every numeric
+    field of every backend, the remote's pseudo-backends included)."""
+    rc, out, err = env.tool_run(store, "stats", "--json", timeout=60)
+    check(rc == 0, f"{what}: kcache stats --json exited {rc}: {err[-1000:]}")
+    try:
+        doc = json.loads(out)
+    except ValueError as e:
+        raise Failure(f"{what}: kcache stats --json is not JSON ({e}): {out[:500]!r}")
+    bk = doc.get("backends")
+    check(isinstance(bk, list) and bk, f"{what}: no backends in {out[:500]!r}")
+    out = {}
+    for c in bk:
+        flat = {k: v for k, v in c.items() if isinstance(v, int)}
+        for k, v in (c.get("passthrough_reasons") or {}).items():
+            flat["passthrough_" + k] = v
+        out[c["name"]] = flat
+    return out
+
+
+def copy_logs(spool, logs, n, rnd):
+    """n more counter logs: copies of `logs` (name -> bytes) under fresh
+    names, each written beside and renamed in, as a process leaves one."""
+    names = sorted(logs)
+    for i in range(n):
+        body = logs[names[i % len(names)]]
+        name = f"c-{rnd.randrange(1, 1 << 22)}-{rnd.getrandbits(64):016x}"
+        tmp = os.path.join(spool, "copy-" + name)
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.rename(tmp, os.path.join(spool, name))
+    return n
+
+
+def unlinks_log(op):
+    """An FSFAULT_LOG line that unlinks a counter log."""
+    return op[2].startswith("unlink") and os.path.basename(op[3]).startswith("c-")
+
+
+def test_counters(env):
+    seed = int(os.environ.get("KCACHE_TEST_SEED") or time.time_ns() % 10**9)
+    trials = int(os.environ.get("KCACHE_TEST_TRIALS") or 24)
+    log(f"  seed {seed} (replay: KCACHE_TEST_SEED={seed}), {trials} trials")
+    rnd = random.Random(seed)
+    kernels = [0, 1, 2, 3]
+    env.reference(kernels)
+    store = env.store("counters")
+    spool = os.path.join(store, "spool")
+    # The processes' logs, left while no owner runs: the owner they would
+    # start is /bin/true.
+    reported = [0] * 5
+    for i in range(6):
+        r = env.run(f"process {i}", kernels, store, KCACHE_STATS=1,
+                    KCACHE_TOOL="/bin/true")
+        env.check_clean(r, max_warnings=0)
+        env.check_outputs(r, kernels)
+        for j, v in enumerate(r.stats()):
+            reported[j] += v
+    check(not owner_pids(store), "an owner ran while the logs were written")
+    logs = {}
+    for n in os.listdir(spool):
+        if n.startswith("c-"):
+            with open(os.path.join(spool, n), "rb") as f:
+                logs[n] = f.read()
+    check(logs, "the processes left no counter log in the spool")
+    # What the spool alone counts is what the processes reported.
+    base = backend_counters(env, store, "the processes' logs")
+    got = tuple(base.get("nvrtc", {}).get(k, 0) for k in COUNTER_FIELDS)
+    check(got == tuple(reported),
+          f"the logs count nvrtc {dict(zip(COUNTER_FIELDS, got))}, the "
+          f"processes reported {dict(zip(COUNTER_FIELDS, reported))}")
+    copies = len(logs)      # logs written so far, originals included
+
+    def expect():
+        return {b: {k: v * copies // len(logs) for k, v in c.items()}
+                for b, c in base.items()}
+
+    def check_counts(what):
+        now = backend_counters(env, store, what)
+        want = expect()
+        if now != want:
+            diff = {b: {k: (now.get(b, {}).get(k), want.get(b, {}).get(k))
+                        for k in set(now.get(b, {})) | set(want.get(b, {}))
+                        if now.get(b, {}).get(k) != want.get(b, {}).get(k)}
+                    for b in set(now) | set(want)}
+            raise Failure(f"seed {seed}: {what}: kcache stats counts "
+                          f"(got, expected) {diff} for {copies} logs of "
+                          f"{len(logs)} processes' ({copies // len(logs)} "
+                          f"copies each): a log added up twice or lost")
+
+    # Whole multiples of the processes' logs, so the expectation is exact.
+    per_trial = len(logs) * max(1, 400 // len(logs))
+    copies += copy_logs(spool, logs, len(logs) * max(1, 1200 // len(logs)), rnd)
+    check_counts("the logs copied, before any owner")
+    plans = ["unlink", "delay", "inject", "stats-delay"]
+    kills = {p: 0 for p in plans}
+    runtimes = []   # of owners that were not killed
+    calls = 400     # an owner's file system calls (the last probe's)
+    midway = 0      # kills that left some of the logs, not all
+    fslog = os.path.join(env.tmp, "fslog-counters")
+    for t in range(trials):
+        plan = plans[t] if t < len(plans) else rnd.choice(plans)
+        copies += copy_logs(spool, logs, per_trial, rnd)
+        kv = {}
+        kill_at = None
+        if plan == "unlink":
+            # The first unlink of a log an owner added up: everything it
+            # added is committed (marked), none of it unlinked yet. Its call
+            # number is counted on a copy of the store as it is now.
+            probe = os.path.join(env.tmp, "counters-probe")
+            shutil.rmtree(probe, ignore_errors=True)
+            shutil.copytree(store, probe, symlinks=True)
+            for f in (fslog, fslog + ".kill"):
+                if os.path.exists(f):
+                    os.unlink(f)
+            subprocess.run([env.tool_wrapper, "owner", "--idle-ms", "0"],
+                           env=env.env(probe, shim=False,
+                                       FSFAULT_OWNER_MODE="count",
+                                       FSFAULT_DIR=probe, FSFAULT_LOG=fslog),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=120)
+            stop_owner(probe)
+            shutil.rmtree(probe, ignore_errors=True)
+            at = [o[1] for o in count_ops(fslog) if unlinks_log(o)]
+            check(at, f"trial {t}: the counting owner unlinked no counter log")
+            kill_at = at[0]
+            calls = len(count_ops(fslog))
+            kv.update(FSFAULT_OWNER_MODE="kill", FSFAULT_OWNER_KILL_AT=kill_at,
+                      FSFAULT_OWNER_KILL_AFTER=0, FSFAULT_DIR=store,
+                      FSFAULT_LOG=fslog + ".kill")
+        elif plan == "inject":
+            kill_at = rnd.randint(1, calls)
+            kv.update(FSFAULT_OWNER_MODE="kill", FSFAULT_OWNER_KILL_AT=kill_at,
+                      FSFAULT_OWNER_KILL_AFTER=rnd.randint(0, 1),
+                      FSFAULT_DIR=store)
+        before = sum(n.startswith("c-") for n in os.listdir(spool))
+        e = env.env(store, shim=False, **kv)
+        t0 = time.monotonic()
+        p = subprocess.Popen([env.tool_wrapper, "owner", "--idle-ms", "0"],
+                             env=e, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        what = ""
+        if plan in ("delay", "stats-delay"):
+            # Within an owner's typical run (measured as we go).
+            span = sorted(runtimes)[len(runtimes) // 2] if runtimes else 0.4
+            delay = rnd.uniform(0.0, span * 1.1)
+            time.sleep(delay)
+            if plan == "stats-delay" and p.poll() is None:
+                check_counts(f"trial {t}: while the owner runs")
+            if p.poll() is None:
+                p.kill()
+                what = f"killed after {delay * 1000:.0f} ms"
+            else:
+                what = f"exited before {delay * 1000:.0f} ms"
+        try:
+            _, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise Failure(f"trial {t}: the owner did not exit within 120 s")
+        if p.returncode == 0:
+            runtimes.append(time.monotonic() - t0)
+        if p.returncode == -signal.SIGKILL:
+            kills[plan] += 1
+            if kill_at is not None:
+                what = f"killed at its call {kill_at}"
+            if plan == "unlink":
+                last = [o for o in count_ops(fslog + ".kill") if o[1] == kill_at]
+                if last and unlinks_log(last[0]):
+                    kills["at-unlink"] = kills.get("at-unlink", 0) + 1
+                    what += f" ({last[0][2]} {last[0][3]})"
+                else:
+                    what += f" ({last[0][2] + ' ' + last[0][3] if last else '?'}: not a log's unlink)"
+        elif kill_at is not None:
+            what = f"exited {p.returncode} before its call {kill_at}"
+        wait_for(lambda: not owner_pids(store), 10, "the killed owner's lock to go")
+        left = sum(n.startswith("c-") for n in os.listdir(spool))
+        if p.returncode == -signal.SIGKILL and 0 < left < before:
+            midway += 1
+        log(f"  trial {t}: {plan}: owner {what}; {left} logs left of {copies}")
+        check_counts(f"trial {t} ({plan}, owner {what})")
+    # A last owner that finishes: every log gone, each counted once.
+    r = subprocess.run([env.tool, "owner", "--idle-ms", "0"],
+                       env=env.env(store, shim=False), stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=300)
+    check(r.returncode == 0, f"the last owner exited {r.returncode}: {r.stderr[-1000:]!r}")
+    left = [n for n in os.listdir(spool) if n.startswith("c-")]
+    check(not left, f"the last owner left {len(left)} counter logs")
+    check_counts("after the last owner")
+    check(kills.get("at-unlink", 0) >= 1, f"no owner was killed at the unlink "
+                                          f"of a log it had added up: {kills}")
+    log(f"  {copies} logs ({copies // len(logs)} copies of {len(logs)}); "
+        f"owners killed per plan {kills}, {midway} of them with some of "
+        f"the logs added up; every count exact")
+
+
+# =========================================================================
 # 3. corrupted store files
 # =========================================================================
 
@@ -1381,6 +1597,7 @@ TESTS = {
     "single-flight": test_single_flight,
     "lock-holder": test_lock_holder,
     "kill9": test_kill9,
+    "counters": test_counters,
     "corrupt": test_corrupt,
     "hostile-dir": test_hostile,
     "fork": test_fork,

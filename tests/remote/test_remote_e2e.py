@@ -24,6 +24,17 @@ MODE:
   cluster  a three-primary Redis Cluster: the 4 x 4 trial through it; a
            slot half-migrated (ASK) and migrated during a run; a primary
            killed mid-run
+  cluster-down  a primary killed with SIGKILL (Redis Cluster configured as
+           docs/sharing.md says: cluster-require-full-coverage no). (a) Three
+           primaries, no replica: a cold node run while the primary is
+           dead gets NVRTC's own bytes within a bound; a fresh node is
+           served everything (the dead slots' entries under their fallback
+           names); the primary restarted empty: a fresh node is still
+           served everything. (b) Three primaries and three replicas: the
+           cold run before the failover, a fresh node after the replica
+           is promoted: served everything. (c) As (b), the primary killed
+           while 2 nodes x 2 processes run: NVRTC's own bytes within the
+           bound.
   jit      the driver JIT path (drvclient on the stand-in driver): 2 nodes x
            2 processes load one PTX image: one JIT in all; a fresh node loads
            the remote's cubin with the driver's own log
@@ -983,6 +994,141 @@ def cluster(ctx):
     check_outputs([r], ctx.ref, 'Redis Cluster: a primary down')
 
 
+# ---- cluster-down -------------------------------------------------------------
+
+def make_cluster(ctx, replicas):
+    """Three primaries (and as many replicas), cluster-require-full-coverage
+    no; returns (servers, url) once the cluster is ok and replicas synced."""
+    extra = ['--cluster-require-full-coverage', 'no']
+    srv = [ctx.redis(cluster=True, extra=extra) for _ in range(3 * (1 + replicas))]
+    subprocess.run(['redis-cli', '--cluster', 'create'] +
+                   ['127.0.0.1:%d' % s.port for s in srv] +
+                   ['--cluster-replicas', str(replicas), '--cluster-yes'],
+                   check=True, capture_output=True, timeout=60, preexec_fn=_die_with_us)
+
+    def ready():
+        for s in srv:
+            if b'cluster_state:ok' not in s.cmd('CLUSTER', 'INFO'):
+                return False
+            info = s.cmd('INFO', 'replication')
+            if b'role:slave' in info and b'master_link_status:up' not in info:
+                return False
+        return True
+    deadline = time.monotonic() + 60
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError('the cluster did not become ready')
+        time.sleep(0.1)
+    return srv, 'redis-cluster://' + ','.join('127.0.0.1:%d' % s.port for s in srv[:3])
+
+
+def primaries(srv):
+    return [s for s in srv if s.p is not None and b'role:master' in s.cmd('INFO', 'replication')]
+
+
+def slot_owner(srv, key):
+    """The server whose slots hold `key` now (asked of a live one)."""
+    live = [s for s in srv if s.p is not None]
+    slot = live[0].cmd('CLUSTER', 'KEYSLOT', key)
+    for lo, hi, master, *_ in live[0].cmd('CLUSTER', 'SLOTS'):
+        if lo <= slot <= hi:
+            return next((s for s in srv if s.port == master[1]), None)
+    return None
+
+
+def timed(node, ctx):
+    t0 = time.monotonic()
+    r = node.start(KERNELS, ctx).wait()
+    return r, time.monotonic() - t0
+
+
+def cluster_down(ctx):
+    bound = 30.0  # seconds a run may take with a primary dead (cold: compiles)
+    for replicas, during in ((0, False), (1, False), (1, True)):
+        what = 'no replica' if replicas == 0 else 'a replica each'
+        if during:
+            what += ', killed during a run'
+        srv, url = make_cluster(ctx, replicas)
+        # The entries' names, from a run against a healthy cluster, then
+        # emptied: the primary killed is the one holding most of them.
+        seed = ctx.node(url)
+        r = seed.start(KERNELS, ctx).wait()
+        check_outputs([r], ctx.ref, 'cluster-down (%s): the seeding run' % what)
+        seed.settle()
+        names = sorted(k for s in primaries(srv) for k in s.entries())
+        owners = [slot_owner(srv, k) for k in names]
+        victim = max(primaries(srv), key=owners.count)
+        mine = [k for k, o in zip(names, owners) if o is victim]
+        for s in primaries(srv):
+            s.cmd('FLUSHALL')
+        for s in srv:   # replicas follow their primaries' FLUSHALL
+            while s.p is not None and s.cmd('DBSIZE') != 0:
+                time.sleep(0.05)
+        if during:
+            # 2 nodes x 2 processes, the primary killed when the first
+            # ends: outputs and a bound only (what it held and had not yet
+            # passed to its replica is lost with it, as Redis loses it).
+            t0 = time.monotonic()
+            nodes = [ctx.node(url) for _ in range(2)]
+            runs = [n.start(rotate(i * 2 + j), ctx) for i, n in enumerate(nodes)
+                    for j in range(2)]
+            first_done(runs)
+            victim.stop()
+            runs = [r.wait() for r in runs]
+            took = time.monotonic() - t0
+            check_outputs(runs, ctx.ref, 'cluster-down (%s)' % what)
+            check(took < bound, 'cluster-down (%s): the runs took %.1f s (bound %.0f s)'
+                  % (what, took, bound))
+            for s in srv:
+                s.stop()
+            continue
+        victim.stop()
+        print('%s: killed the primary on port %d (%d of %d entries in its slots)'
+              % (what, victim.port, len(mine), len(names)))
+        cold = ctx.node(url)
+        r, took = timed(cold, ctx)
+        check_outputs([r], ctx.ref, 'cluster-down (%s): a cold run, the primary dead' % what)
+        check(took < bound, 'cluster-down (%s): the cold run took %.1f s (bound %.0f s)'
+              % (what, took, bound))
+        cold.settle()
+        fb = sorted(k for s in primaries(srv) if s is not victim for k in s.entries()
+                    if '~' in k)
+        check(len(fb) >= len(mine), 'cluster-down (%s): the dead slots\' entries went up '
+              'under fallback names (%d: %s)' % (what, len(fb), fb[:3]))
+        if replicas == 0:
+            fresh = ctx.node(url)
+            r, took = timed(fresh, ctx)
+            check_outputs([r], ctx.ref, 'cluster-down (no replica): a fresh node, the '
+                          'primary still dead')
+            check(r.misses == 0 and took < bound,
+                  'cluster-down (no replica): the fresh node is served everything while the '
+                  'primary is dead (%d compiles, %.1f s)' % (r.misses, took))
+            victim.start()  # back, empty: its nodes.conf gives it its slots
+            deadline = time.monotonic() + 30
+            while b'cluster_state:ok' not in victim.cmd('CLUSTER', 'INFO') or \
+                    slot_owner(srv, mine[0]) is not victim:
+                if time.monotonic() > deadline:
+                    raise RuntimeError('the restarted primary did not rejoin')
+                time.sleep(0.1)
+            after = 'the primary back (empty)'
+        else:
+            deadline = time.monotonic() + 60
+            while slot_owner(srv, mine[0]) in (None, victim):
+                if time.monotonic() > deadline:
+                    raise RuntimeError('no replica was promoted')
+                time.sleep(0.1)
+            after = 'its replica promoted'
+        fresh = ctx.node(url)
+        r, took = timed(fresh, ctx)
+        check_outputs([r], ctx.ref, 'cluster-down (%s): a fresh node, %s' % (what, after))
+        if not check(r.misses == 0,
+                     'cluster-down (%s): the fresh node, %s, is served the compiles stored '
+                     'under fallback names (%d compiles, %.1f s)' % (what, after, r.misses, took)):
+            print([ln for ln in r.stderr.splitlines() if 'kcache' in ln])
+        for s in srv:
+            s.stop()
+
+
 def main():
     if shutil.which('redis-server') is None:
         print('redis-server is not installed (scripts/setup installs it)')
@@ -992,6 +1138,7 @@ def main():
     try:
         ctx = Ctx(root)
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
+         'cluster-down': cluster_down,
          'jit': jit}[MODE](ctx)
     finally:
         if ctx is not None:

@@ -26,6 +26,20 @@
             (exec_client --no-compile) prints the KCACHE_STATS line all the
             same (all zeros), and nothing with KCACHE_STATS unset or 0, or
             set-user-ID.
+  tree      a tree laid out as scripts/package's (bin/kcache, bin/kcache-run,
+            lib/libkcache.so, lib/libkcache-store.so; copied from the build
+            tree) unpacked in a directory another user (nobody, through
+            setpriv) can write: (a) a sticky one, as /tmp: that user plants
+            a marker script at the lookups' place outside the tree
+            (lib/../../tools/kcache); it never runs, the tree's own owner
+            drains the put, kcache-run runs COMMAND under the tree's shim
+            with no warning. (b) A plain world-writable one (the user could
+            rename the tree and put another in its place): nothing under it
+            is started or loaded by kcache (the shim's one warning names the
+            directory; kcache-run warns once and runs COMMAND without
+            kcache), the outputs equal NVRTC's own. (c) $PATH naming a
+            world-writable directory with a planted kcache before one that
+            only root can change: the latter is the owner. Needs root.
   fds       a host with an extra inherited file descriptor (a pipe) starts
             the owner (KCACHE_OWNER_IDLE_MS=60000): the owner holds no fd to
             the pipe, its working directory is /, and the pipe's reader sees
@@ -286,6 +300,134 @@ def test_path():
     wait_owner_gone(cache)
 
 
+# ---- tree -------------------------------------------------------------------
+
+def as_nobody(argv):
+    """Runs argv as the user nobody (another user than the test's)."""
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "--"] + argv, capture_output=True, timeout=60)
+
+
+def plant_as_nobody(path, marker):
+    """Another user makes `path` (and the directories to it), a script that
+    leaves `marker`; false when they cannot."""
+    script = "#!/bin/sh\necho \"$(id -u) $*\" >> %s\n" % marker
+    r = as_nobody(["sh", "-c", 'mkdir -p "$(dirname "$1")" && printf "%s" "$2" > "$1" && '
+                   'chmod 0755 "$1"', "plant", path, script])
+    return r.returncode == 0
+
+
+def make_tree(parent):
+    """A tree as scripts/package lays it out, from the build tree's objects."""
+    top = os.path.join(parent, "kcache-test")
+    os.makedirs(os.path.join(top, "bin"))
+    os.makedirs(os.path.join(top, "lib"))
+    for d in (top, os.path.join(top, "bin"), os.path.join(top, "lib")):
+        os.chmod(d, 0o755)
+    shutil.copy(SHIM, os.path.join(top, "lib", "libkcache.so"))
+    shutil.copy(os.path.join(BUILD, "store", "db", "libkcache-store.so"),
+                os.path.join(top, "lib", "libkcache-store.so"))
+    # The build's tool finds the store library through $ORIGIN/../store/db
+    # (and the build's padding); the package's through $ORIGIN/../lib: the
+    # run path is rewritten in place, same length, NUL-padded.
+    with open(TOOL, "rb") as f:
+        elf = f.read()
+    old = b"$ORIGIN/../store/db"
+    i = elf.find(old)
+    if i < 0:
+        raise SystemExit("tree: the build's tool has no $ORIGIN/../store/db run path")
+    end = elf.index(b"\0", i)
+    new = b"$ORIGIN/../lib"
+    elf = elf[:i] + new + b"\0" * (end - i - len(new)) + elf[end:]
+    with open(os.path.join(top, "bin", "kcache"), "wb") as f:
+        f.write(elf)
+    shutil.copy(os.path.join(BUILD, "scripts", "kcache-run"),
+                os.path.join(top, "bin", "kcache-run"))
+    for f in ("bin/kcache", "bin/kcache-run"):
+        os.chmod(os.path.join(top, f), 0o755)
+    return top
+
+
+def test_tree():
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        print("skip: needs root and setpriv (another user stands in for the attacker)")
+        return 77
+    ref = reference()
+    mdir = os.path.join(TMP, "markers")
+    os.makedirs(mdir)
+    os.chmod(mdir, 0o777)  # the planted scripts write here, as whoever runs them
+    os.chmod(TMP, 0o755)
+    for case, mode in (("sticky", 0o1777), ("world", 0o777)):
+        shared = os.path.join(TMP, "shared-" + case)
+        os.makedirs(shared)
+        os.chmod(shared, mode)
+        top = make_tree(shared)
+        shim = os.path.join(top, "lib", "libkcache.so")
+        planted = [os.path.join(shared, "tools", "kcache"), os.path.join(shared, "bin", "kcache")]
+        check(all(plant_as_nobody(p, os.path.join(mdir, "tool-ran")) for p in planted),
+              "tree %s: another user can plant lib/../../{tools,bin}/kcache" % case)
+        cache = os.path.join(TMP, "cache-tree-" + case)
+        env = base_env(LD_PRELOAD=shim, KCACHE_DIR=cache, KCACHE_OWNER_IDLE_MS="0",
+                       PATH="/usr/bin:/bin")
+        rc, out, err = run([CLIENT], env)
+        check(rc == 0 and out == ref, "tree %s: outputs equal NVRTC's own" % case)
+        time.sleep(0.5)  # a wrongly started tool would have written by now
+        check(markers(mdir) == [], "tree %s: nothing planted ran (%s)" % (case, markers(mdir)))
+        if case == "sticky":
+            check(kc_lines(err) == [], "tree sticky: no warning (%s)" % kc_lines(err))
+            check(wait_drained(cache), "tree sticky: the tree's own owner drained the put")
+        else:
+            warn = kc_lines(err)
+            check(len(warn) == 1 and "another user can change %s" % shared in warn[0],
+                  "tree world: one warning naming %s (%s)" % (shared, warn))
+            spool = os.path.join(cache, "spool")
+            check(any(n.startswith("p-") for n in os.listdir(spool)),
+                  "tree world: the put stays in the spool (no owner under it)")
+        wait_owner_gone(cache)
+        # kcache-run of the tree: its shim where only we can change it, else
+        # COMMAND without kcache.
+        cache = os.path.join(TMP, "cache-tree-run-" + case)
+        env = base_env(KCACHE_DIR=cache, KCACHE_OWNER_IDLE_MS="0", PATH="/usr/bin:/bin")
+        rc, out, err = run([os.path.join(top, "bin", "kcache-run"), "--stats", "--", CLIENT], env)
+        check(rc == 0 and out == ref, "tree %s: kcache-run: outputs equal NVRTC's own" % case)
+        lines = [l for l in err.splitlines() if l.startswith("kcache")]
+        if case == "sticky":
+            check(any(l.startswith("kcache: stats:") for l in lines) and
+                  not any("warning" in l for l in lines),
+                  "tree sticky: kcache-run ran COMMAND under the tree's shim (%s)" % lines)
+        else:
+            check(len(lines) == 1 and "kcache-run: warning: another user can change %s" % shared
+                  in lines[0] and "without kcache" in lines[0],
+                  "tree world: kcache-run refused the shim with one warning (%s)" % lines)
+        wait_owner_gone(cache)
+        check(markers(mdir) == [], "tree %s: still nothing planted ran (%s)"
+              % (case, markers(mdir)))
+
+    # (c) $PATH: a world-writable directory with a planted kcache first, then
+    # one only root can change holding the real tool.
+    lib = os.path.join(TMP, "tree-path-lib")
+    os.makedirs(lib)
+    shim = os.path.join(lib, "libkcache.so")
+    shutil.copy(SHIM, shim)
+    open_dir = os.path.join(TMP, "tree-path-open")
+    os.makedirs(open_dir)
+    os.chmod(open_dir, 0o777)
+    check(plant_as_nobody(os.path.join(open_dir, "kcache"), os.path.join(mdir, "tool-ran")),
+          "tree path: another user can plant kcache in the open $PATH entry")
+    good = os.path.join(TMP, "tree-path-bin")
+    os.makedirs(good)
+    os.chmod(good, 0o755)
+    os.symlink(TOOL, os.path.join(good, "kcache"))
+    cache = os.path.join(TMP, "cache-tree-path")
+    env = base_env(LD_PRELOAD=shim, KCACHE_DIR=cache, KCACHE_OWNER_IDLE_MS="0",
+                   PATH="/usr/bin:/bin:%s:%s" % (open_dir, good))
+    rc, out, err = run([CLIENT], env)
+    check(rc == 0 and out == ref and kc_lines(err) == [],
+          "tree path: outputs right, no warning (%s)" % kc_lines(err))
+    check(wait_drained(cache), "tree path: the kcache only root can change drained the put")
+    check(markers(mdir) == [], "tree path: the planted kcache never ran (%s)" % markers(mdir))
+
+
 # ---- secure -----------------------------------------------------------------
 
 def test_secure():
@@ -449,7 +591,7 @@ def main():
         if not os.path.exists(c):
             print("skip: no", c)
             return 77
-    only = sys.argv[1:] or ["relative", "reldir", "path", "secure", "fds"]
+    only = sys.argv[1:] or ["relative", "reldir", "path", "secure", "fds", "tree"]
     rc = 0
     try:
         for t in only:
