@@ -20,60 +20,64 @@
 #include <string.h>
 #include <limits.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 static __thread struct kc__deps *tracking __attribute__((tls_model("initial-exec")));
 
 /* A compiler tool's run (tool.c): every thread's calls are recorded, into
- * one set under a lock; process_busy keeps the recording's own calls out. */
+ * one set under a lock, through `tracking` while a call is recorded;
+ * process_busy keeps the recording's own calls out. */
 static struct kc__deps *process_deps;
 static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int process_busy __attribute__((tls_model("initial-exec")));
 
-/* Whether this call is one to record: one thread-local load when no
- * compile is tracked on the thread and no tool runs. */
-static inline bool watching(void)
+static void process_enter(void)
 {
-    return __builtin_expect(tracking != NULL, 0) ||
-           __builtin_expect(process_deps != NULL && !process_busy, 0);
-}
-
-/* The set this call records into, entered (the recording's own calls are
- * not recorded), or NULL. leave() with what it returned. */
-static struct kc__deps *enter(void)
-{
-    struct kc__deps *d = tracking;
-    if (d != NULL) {
-        tracking = NULL;
-        return d;
-    }
-    if (process_deps == NULL || process_busy)
-        return NULL;
     pthread_mutex_lock(&process_lock);
     process_busy = 1;
-    return process_deps;
+    tracking = process_deps;
 }
 
-static void leave(struct kc__deps *d)
+static void process_leave(void)
 {
-    if (d != NULL && d == process_deps && process_busy) {
-        process_busy = 0;
-        pthread_mutex_unlock(&process_lock);
-    } else {
-        tracking = d;
-    }
+    tracking = NULL;
+    process_busy = 0;
+    pthread_mutex_unlock(&process_lock);
 }
 
-void kc__deps_begin(struct kc__deps *d)
-{
-    tracking = d;
-}
+/* Records with `call` when this thread tracks a compile, or a tool's run
+ * is recorded: one thread-local load on the path of every call otherwise. */
+#define WATCH(call)                                                                                \
+    do {                                                                                           \
+        if (__builtin_expect(tracking != NULL, 0)) {                                               \
+            call;                                                                                  \
+        } else if (__builtin_expect(process_deps != NULL, 0) && !process_busy) {                   \
+            process_enter();                                                                       \
+            call;                                                                                  \
+            process_leave();                                                                       \
+        }                                                                                          \
+    } while (0)
 
 void kc__deps_begin_process(struct kc__deps *d)
 {
     d->process = true;
     __atomic_store_n(&process_deps, d, __ATOMIC_RELEASE);
+}
+
+/* Something was opened for writing: a side effect; a tool's run names it
+ * (its output, or not). */
+static void wrote(struct kc__deps *d, const char *path)
+{
+    d->writes = true;
+    if (d->process && kc__deps_push(d, path, KC_DEP_WRITTEN) == NULL)
+        d->failed = true;
+}
+
+void kc__deps_begin(struct kc__deps *d)
+{
+    tracking = d;
 }
 
 void kc__deps_end(void)
@@ -138,13 +142,170 @@ static const char *compute_cache(void)
     return compute_cache_dir;
 }
 
-static bool ignored(const char *p)
+/* The compute cache's files: neither dependencies nor side effects. */
+static bool in_compute_cache(const char *p)
 {
-    if (strncmp(p, "/proc/", 6) == 0 || strncmp(p, "/sys/", 5) == 0 || strncmp(p, "/dev/", 5) == 0)
-        return true;
     const char *cc = compute_cache();
     size_t n = strlen(cc);
     return n > 0 && strncmp(p, cc, n) == 0 && (p[n] == '/' || p[n] == '\0');
+}
+
+/* ---- what is a file of the key ------------------------------------------ */
+
+static bool one_of(const char *s, const char *const *list)
+{
+    for (; *list != NULL; list++)
+        if (strcmp(s, *list) == 0)
+            return true;
+    return false;
+}
+
+static bool starts(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* `s` past "self/", "thread-self/" or "<pid>/", and past "task/<tid>/"
+ * after it: a process's or thread's own directory of /proc; NULL when it
+ * is none. */
+static const char *proc_own(const char *s)
+{
+    if (starts(s, "self/"))
+        s += 5;
+    else if (starts(s, "thread-self/"))
+        s += 12;
+    else {
+        const char *q = s;
+        while (*q >= '0' && *q <= '9')
+            q++;
+        if (q == s || *q != '/')
+            return NULL;
+        s = q + 1;
+    }
+    if (starts(s, "task/")) {
+        const char *q = s + 5;
+        while (*q >= '0' && *q <= '9')
+            q++;
+        if (q == s + 5 || *q != '/')
+            return NULL;
+        s = q + 1;
+    }
+    return s;
+}
+
+/* Whether the compile's runtime reads `p` for its own purposes: NVRTC and
+ * the CUDA driver NVRTC 12.9+ loads during a compile (libcuda: its device
+ * nodes, its /proc and /sys files, the process's memory map and limits),
+ * the C library and the loader. What such a path holds is no input of the
+ * compile's output: whatever is there is neither a dependency nor a side
+ * effect. Exact names and a few directories of the kernel's own (no
+ * directory a user can put a header in), and the driver's files in
+ * /dev/shm by their name:
+ *   /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, /dev/nvidia*
+ *     (nvidiactl, nvidia<N>, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset,
+ *     nvidia-caps/...), /dev/shm/cuda.shm.* (the driver's shared memory)
+ *   /proc/driver/nvidia/..., /proc/sys/... (the kernel's tunables)
+ *   /proc/{cpuinfo,meminfo,stat,devices,modules,version,mounts,filesystems}
+ *   /proc/{self,thread-self,<pid>}[/task/<tid>]/{maps,smaps,status,stat,
+ *     statm,auxv,cmdline,environ,limits,mountinfo,mounts,cgroup,numa_maps}
+ *   /sys/{devices,bus,class,module,kernel}/..., /sys/fs/cgroup/...
+ * Any other file of /proc or /sys, device node, FIFO or socket the compile
+ * reads is no dependency kcache can key: the compile passes through
+ * (kc__deps.unkeyable). strace of NVRTC 13.0, 12.9 and 13.5 here (with the
+ * stand-in driver) shows none of these read during a compile; the list is
+ * what the real driver reads (no GPU here to check it). */
+static bool runtime_own(const char *p)
+{
+    static const char *const dev[] = {"null", "zero", "full", "random", "urandom", NULL};
+    static const char *const proc[] = {"cpuinfo", "meminfo", "stat",        "devices", "modules",
+                                       "version", "mounts",  "filesystems", NULL};
+    static const char *const own[] = {"maps",   "smaps",   "status",    "stat",   "statm",
+                                      "auxv",   "cmdline", "environ",   "limits", "mountinfo",
+                                      "mounts", "cgroup",  "numa_maps", NULL};
+    static const char *const sys[] = {"devices/", "bus/",       "class/", "module/",
+                                      "kernel/",  "fs/cgroup/", NULL};
+    if (p[0] != '/')
+        return false;
+    if (starts(p, "/dev/"))
+        return starts(p + 5, "nvidia") || starts(p + 5, "shm/cuda.shm.") || one_of(p + 5, dev);
+    if (starts(p, "/proc/")) {
+        p += 6;
+        if (starts(p, "driver/nvidia/") || starts(p, "sys/") || one_of(p, proc))
+            return true;
+        const char *q = proc_own(p);
+        return q != NULL && one_of(q, own);
+    }
+    if (starts(p, "/sys/")) {
+        for (const char *const *s = sys; *s != NULL; s++)
+            if (starts(p + 5, *s))
+                return true;
+    }
+    return false;
+}
+
+/* Whether f_type is one of the kernel's pseudo filesystems: what their
+ * files hold is made by the kernel when read (proc, sysfs, cgroup, ...). */
+static bool pseudo_fs_type(unsigned long t)
+{
+    switch (t) {
+    case 0x9fa0:     /* proc */
+    case 0x62656572: /* sysfs */
+    case 0x27e0eb:   /* cgroup */
+    case 0x63677270: /* cgroup2 */
+    case 0x64626720: /* debugfs */
+    case 0x74726163: /* tracefs */
+    case 0x73636673: /* securityfs */
+    case 0xf97cff8c: /* selinuxfs */
+    case 0x43415d53: /* smackfs */
+    case 0xcafe4a11: /* bpf */
+    case 0x6165676c: /* pstore */
+    case 0xde5e81e4: /* efivarfs */
+    case 0x62656570: /* configfs */
+    case 0x1cd1:     /* devpts */
+    case 0x65735543: /* fusectl */
+    case 0x42494e4d: /* binfmt_misc */
+    case 0x6e736673: /* nsfs */
+    case 0x50495045: /* pipefs */
+    case 0x534f434b: /* sockfs */
+    case 0x09041934: /* anon_inodefs */
+        return true;
+    }
+    return false;
+}
+
+/* Whether the object `st` describes (open as fd, or else named by path)
+ * is one kcache cannot key: a device node, FIFO or socket, or a file or
+ * directory of a pseudo filesystem. The filesystem of each device is asked
+ * once per compile (d->fs). A filesystem that cannot be asked is taken for
+ * a real one: its files are then checked by content like any other. */
+static bool kernel_object(struct kc__deps *d, const struct stat *st, int fd, const char *path)
+{
+    if (!S_ISREG(st->st_mode) && !S_ISDIR(st->st_mode))
+        return true;
+    for (unsigned i = 0; i < d->fs_n; i++)
+        if (d->fs[i].dev == st->st_dev)
+            return d->fs[i].pseudo;
+    struct statfs sf;
+    if ((fd >= 0 ? fstatfs(fd, &sf) : statfs(path, &sf)) != 0)
+        return false;
+    bool pseudo = pseudo_fs_type((unsigned long)sf.f_type);
+    if (d->fs_n < sizeof d->fs / sizeof d->fs[0])
+        d->fs[d->fs_n++] = (struct kc__fs){st->st_dev, pseudo};
+    return pseudo;
+}
+
+/* Neither a dependency nor a side effect, whatever is there. */
+static bool skipped(const char *p)
+{
+    return runtime_own(p) || in_compute_cache(p);
+}
+
+/* The compile read `path`, a file kcache cannot key: it passes through. */
+static void unkeyable(struct kc__deps *d, const char *path)
+{
+    if (!d->unkeyable)
+        kc_log(KC_LOG_DEBUG, "nvrtc: the compile read %s, which kcache cannot key", path);
+    d->unkeyable = true;
 }
 
 /* Records `path` (as the compile named it) with what the call found. The
@@ -170,15 +331,14 @@ struct kc__dep *kc__deps_push(struct kc__deps *d, const char *path, int kind)
 
 static void record(const char *path, int kind, const struct stat *st)
 {
-    if (path == NULL || path[0] == '\0')
+    struct kc__deps *d = tracking;
+    if (d == NULL || path == NULL || path[0] == '\0')
         return;
-    struct kc__deps *d = enter(); /* our own calls below are not the compile's */
-    if (d == NULL)
-        return;
+    tracking = NULL; /* our own calls below are not the compile's */
     /* Kept as the compile named it: a relative path is checked against the
      * working directory of each later lookup, which is what NVRTC would
      * read there. */
-    if (ignored(path))
+    if (skipped(path))
         goto out;
     char rel[PATH_MAX];
     const char *below = below_bundled(d->bundled, path);
@@ -216,7 +376,7 @@ static void record(const char *path, int kind, const struct stat *st)
     if (st != NULL)
         e->st = *st;
 out:
-    leave(d);
+    tracking = d;
 }
 
 static int kind_of(const struct stat *st)
@@ -228,40 +388,122 @@ static int kind_of(const struct stat *st)
     return KC_DEP_OTHER;
 }
 
+/* A stat (or access) of `path` that found st, or failed with err. A probe
+ * of one of the kernel's objects is no input (the driver's device nodes,
+ * /proc/self): not recorded. */
 static void record_stat(const char *path, int rc, int err, const struct stat *st)
 {
-    if (rc == 0)
-        record(path, kind_of(st), st);
-    else if (err == ENOENT || err == ENOTDIR)
+    struct kc__deps *d = tracking;
+    if (rc == 0) {
+        if (path == NULL || skipped(path))
+            return;
+        tracking = NULL;
+        bool kernel = kernel_object(d, st, -1, path);
+        tracking = d;
+        if (!kernel)
+            record(path, kind_of(st), st);
+    } else if (err == ENOENT || err == ENOTDIR)
         record(path, KC_DEP_ABSENT, NULL);
 }
 
+static bool writing(int flags)
+{
+    return (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+}
+
+/* An open of `path` with flags that gave fd, or failed with err. What it
+ * opened decides (kernel_object): a regular file or directory on a real
+ * filesystem is a dependency by the path the compile named, wherever it
+ * lives (/dev/shm, /proc/self/cwd/...), and opened for writing a side
+ * effect; one of the kernel's objects read (not the runtime's own) makes
+ * the compile unkeyable, written only (O_WRONLY) it changes no file. */
 static void record_open(const char *path, int fd, int flags, int err)
 {
+    struct kc__deps *d = tracking;
     if (fd < 0) {
         if (err == ENOENT || err == ENOTDIR)
             record(path, KC_DEP_ABSENT, NULL);
         return;
     }
-    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
-        struct kc__deps *d = enter();
-        if (d == NULL)
-            return;
+    if (path == NULL || skipped(path))
+        return;
+    tracking = NULL; /* our own calls below are not the compile's */
+    struct stat st;
+    bool stated = fstat(fd, &st) == 0;
+    bool kernel = !stated || kernel_object(d, &st, fd, path);
+    if (writing(flags)) {
         /* NVRTC installing its bundled headers (or locking them) is what
          * the hit does too (nvrtc.c): no side effect of the compile's own. */
-        if (below_bundled(d->bundled, path) == NULL && !ignored(path)) {
-            d->writes = true;
-            /* A tool's run names what it wrote (its outputs, or not). */
-            if (d->process && kc__deps_push(d, path, KC_DEP_WRITTEN) == NULL)
-                d->failed = true;
+        if (below_bundled(d->bundled, path) != NULL)
+            goto out;
+        if (!kernel || !stated) {
+            wrote(d, path);
+            goto out;
         }
-        leave(d);
+        if ((flags & O_ACCMODE) == O_WRONLY)
+            goto out;
+    }
+    if (kernel) {
+        /* A directory's entries and an O_PATH handle are not read as
+         * content (nor are a real directory's). */
+        if (!stated || (!S_ISDIR(st.st_mode) && !(flags & O_PATH)))
+            unkeyable(d, path);
+        goto out;
+    }
+    tracking = d;
+    record(path, S_ISREG(st.st_mode) ? KC_DEP_FILE : kind_of(&st), &st);
+    return;
+out:
+    tracking = d;
+}
+
+/* An open of `path` relative to the directory handle dirfd (not the
+ * working directory's): NVRTC makes none (strace of 13.0, 12.9 and 13.5),
+ * and a later lookup has no such handle to check a path against. The
+ * runtime's own files and the kernel's objects are what they are (named
+ * by the handle's path, /proc/self/fd/<dirfd>, joined with `path`); any
+ * other file, found or probed, makes the compile unkeyable, or written, a
+ * side effect. */
+static void record_openat(int dirfd, const char *path, int fd, int flags, int err)
+{
+    struct kc__deps *d = tracking;
+    tracking = NULL;
+    char full[PATH_MAX], link[32];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = readlink(link, full, sizeof full);
+    bool named =
+        n > 0 && n < (ssize_t)sizeof full && full[0] == '/' &&
+        (size_t)snprintf(full + n, sizeof full - (size_t)n, "/%s", path) < sizeof full - (size_t)n;
+    struct stat st;
+    struct statfs sf;
+    bool kernel = named && runtime_own(full);
+    if (!kernel && fd >= 0)
+        kernel = fstat(fd, &st) == 0 && kernel_object(d, &st, fd, NULL);
+    else if (!kernel)
+        kernel = fstatfs(dirfd, &sf) == 0 && pseudo_fs_type((unsigned long)sf.f_type);
+    tracking = d;
+    if (kernel) {
+        if (fd >= 0)
+            record_open(named ? full : path, fd, flags, err);
         return;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        return;
-    record(path, S_ISREG(st.st_mode) ? KC_DEP_FILE : kind_of(&st), &st);
+    if (fd >= 0 && writing(flags)) {
+        if (!named || below_bundled(d->bundled, full) == NULL)
+            wrote(d, named ? full : path);
+    } else if (fd >= 0 || err == ENOENT || err == ENOTDIR)
+        unkeyable(d, path);
+}
+
+/* An openat's path (dirfd, path) that gave fd, errno kept. */
+static void track_openat(int dirfd, const char *path, int fd, int flags)
+{
+    int e = errno;
+    /* (EFAULT: no path to look at.) */
+    if (dirfd == AT_FDCWD || (fd < 0 && e == EFAULT) || path[0] == '/')
+        record_open(path, fd, flags, e);
+    else
+        record_openat(dirfd, path, fd, flags, e);
+    errno = e;
 }
 
 /* ---- the real libc functions ------------------------------------------ */
@@ -281,6 +523,7 @@ static void *real(const char *name, const char *version)
 static int (*real_open)(const char *, int, ...);
 static int (*real_open64)(const char *, int, ...);
 static int (*real_openat)(int, const char *, int, ...);
+static int (*real_openat64)(int, const char *, int, ...);
 static FILE *(*real_fopen)(const char *, const char *);
 static FILE *(*real_fopen64)(const char *, const char *);
 static int (*real_xstat)(int, const char *, struct stat *);
@@ -313,9 +556,9 @@ KC_EXPORT int open(const char *path, int flags, ...)
     va_end(ap);
     REAL(real_open, "open", NULL);
     int fd = real_open(path, flags, mode);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
-        record_open(path, fd, flags, e);
+        WATCH(record_open(path, fd, flags, e));
         errno = e;
     }
     return fd;
@@ -329,9 +572,9 @@ KC_EXPORT int open64(const char *path, int flags, ...)
     va_end(ap);
     REAL(real_open64, "open64", NULL);
     int fd = real_open64(path, flags, mode);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
-        record_open(path, fd, flags, e);
+        WATCH(record_open(path, fd, flags, e));
         errno = e;
     }
     return fd;
@@ -345,11 +588,20 @@ KC_EXPORT int openat(int dirfd, const char *path, int flags, ...)
     va_end(ap);
     REAL(real_openat, "openat", NULL);
     int fd = real_openat(dirfd, path, flags, mode);
-    if (watching() && (dirfd == AT_FDCWD || path[0] == '/')) {
-        int e = errno;
-        record_open(path, fd, flags, e);
-        errno = e;
-    }
+    WATCH(track_openat(dirfd, path, fd, flags));
+    return fd;
+}
+
+/* (What a program built with 64-bit file offsets calls for openat.) */
+KC_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    int mode = mode_arg(flags, ap);
+    va_end(ap);
+    REAL(real_openat64, "openat64", NULL);
+    int fd = real_openat64(dirfd, path, flags, mode);
+    WATCH(track_openat(dirfd, path, fd, flags));
     return fd;
 }
 
@@ -374,8 +626,7 @@ KC_EXPORT FILE *fopen(const char *path, const char *mode)
 {
     REAL(real_fopen, "fopen", NULL);
     FILE *f = real_fopen(path, mode);
-    if (watching())
-        return track_fopen(f, path, mode);
+    WATCH(track_fopen(f, path, mode));
     return f;
 }
 
@@ -383,8 +634,7 @@ KC_EXPORT FILE *fopen64(const char *path, const char *mode)
 {
     REAL(real_fopen64, "fopen64", NULL);
     FILE *f = real_fopen64(path, mode);
-    if (watching())
-        return track_fopen(f, path, mode);
+    WATCH(track_fopen(f, path, mode));
     return f;
 }
 
@@ -392,9 +642,9 @@ KC_EXPORT int __xstat(int ver, const char *path, struct stat *st)
 {
     REAL(real_xstat, "__xstat", "GLIBC_2.2.5");
     int rc = real_xstat(ver, path, st);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
-        record_stat(path, rc, e, st);
+        WATCH(record_stat(path, rc, e, st));
         errno = e;
     }
     return rc;
@@ -405,9 +655,9 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 {
     REAL(real_xstat64, "__xstat64", "GLIBC_2.2.5");
     int rc = real_xstat64(ver, path, st);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
-        record_stat(path, rc, e, (struct stat *)st);
+        WATCH(record_stat(path, rc, e, (struct stat *)st));
         errno = e;
     }
     return rc;
@@ -416,9 +666,9 @@ KC_EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
 KC_EXPORT int stat(const char *path, struct stat *st)
 {
     int rc = libc_stat(path, st);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
-        record_stat(path, rc, e, st);
+        WATCH(record_stat(path, rc, e, st));
         errno = e;
     }
     return rc;
@@ -428,13 +678,13 @@ KC_EXPORT int access(const char *path, int mode)
 {
     REAL(real_access, "access", NULL);
     int rc = real_access(path, mode);
-    if (watching()) {
+    if (__builtin_expect(tracking != NULL || process_deps != NULL, 0)) {
         int e = errno;
         struct stat st;
         if (rc == 0 && libc_stat(path, &st) == 0)
-            record(path, kind_of(&st), &st);
+            WATCH(record_stat(path, 0, 0, &st));
         else if (rc != 0)
-            record_stat(path, rc, e, NULL);
+            WATCH(record_stat(path, rc, e, NULL));
         errno = e;
     }
     return rc;

@@ -2,7 +2,14 @@
  * Header tracking: while a compile runs on a thread, the libc calls NVRTC
  * uses to find and read headers (open, fopen, __xstat, stat, access) are
  * recorded, so the files a compile read and the paths it probed and did not
- * find can be checked on every later lookup (ccache's direct mode).
+ * find can be checked on every later lookup (ccache's direct mode). What a
+ * call reached decides, not where its path lies: a regular file or
+ * directory on a real filesystem is a dependency by the path the compile
+ * named (/dev/shm/..., /proc/self/cwd/... too); the kernel's own objects
+ * (devices, FIFOs, sockets, files of /proc, /sys) are no input when only
+ * probed or when the runtime reads them for itself (the driver's device
+ * nodes and /proc files), and make the compile pass through when read
+ * otherwise.
  */
 #ifndef KCACHE_DEPS_H
 #define KCACHE_DEPS_H
@@ -43,9 +50,21 @@ struct kc__dep {
 struct kc__deps {
     struct kc__dep *v;
     size_t n, cap;
-    bool writes;  /* something was opened for writing: side effects */
-    bool failed;  /* out of memory or a file changed under the compile */
+    bool writes; /* something was opened for writing: side effects */
+    bool failed; /* out of memory or a file changed under the compile */
+    /* The compile read a file kcache cannot key (a device node, FIFO or
+     * socket, a file of /proc or /sys, one opened by a directory handle)
+     * that is not its runtime's own (deps.c's runtime_own): it passes
+     * through (KC_PASS_unkeyable). */
+    bool unkeyable;
     bool process; /* a tool's run: every thread's calls, writes named */
+    /* The filesystems met, by device, and whether each is one of the
+     * kernel's pseudo filesystems (asked once each, then remembered). */
+    struct kc__fs {
+        dev_t dev;
+        bool pseudo;
+    } fs[8];
+    unsigned fs_n;
     /* NVRTC's bundled headers directory of the compile (--use-bundled-
      * headers=DIR), or NULL: NVRTC's own writes under it are no side
      * effect, and a file read under it is recorded as KC_DEP_BUNDLED

@@ -1605,10 +1605,11 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     }
     if ((rc == NVRTC_SUCCESS || rc == NVRTC_ERROR_COMPILATION) && st != NULL && !cfg->readonly) {
         why_not = NULL;
-        if (deps.writes) {
+        if (deps.writes || deps.unkeyable) {
+            /* A file it wrote, or read and kcache cannot key: uncached. */
             c.misses = 0;
             c.passthrough = 1;
-            kc__pass_reason(BACKEND, KC_PASS_writes);
+            kc__pass_reason(BACKEND, deps.writes ? KC_PASS_writes : KC_PASS_unkeyable);
         } else if (kc__deps_finish(&deps) != 0) {
             kc_log(KC_LOG_DEBUG, "a header changed during the compile; not cached");
             why_not = "a header changed during the compile";

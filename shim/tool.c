@@ -496,7 +496,7 @@ static int report_fd = -1;
 static void child_report(void)
 {
     struct kc_buf b = {0};
-    kc_buf_put_u8(&b, child_deps.failed);
+    kc_buf_put_u8(&b, child_deps.failed || child_deps.unkeyable);
     kc_buf_put_u64(&b, child_deps.n);
     for (size_t i = 0; i < child_deps.n; i++) {
         kc_buf_put_u8(&b, (uint8_t)child_deps.v[i].kind);

@@ -125,6 +125,9 @@ enum kc_provenance {
     X(order, "a call a stored result cannot answer (a getter before completion, an add, a "        \
              "second completion or compile of one program)")                                       \
     X(writes, "the compile wrote files")                                                           \
+    X(unkeyable,                                                                                   \
+      "the compile read a file kcache cannot key (a device, a FIFO, a socket, a file of "          \
+      "/proc or /sys that is not the CUDA runtime's own)")                                         \
     X(unknown_export, "the library exports an entry point kcache does not know")                   \
     X(refused, "the library refused an input; its answer is not kept")                             \
     X(internal, "kcache could not key or keep it (no memory, an identity it could not read)")

@@ -4,7 +4,9 @@ so the shim's dlsym hands out its wrappers) in the working directory it is
 started in, and writes every getter's answer per case to a JSON file.
 
 Usage: cwd_client.py LIBNVRTC CASES.json OUT.json
-(KCACHE_TEST_RMDIR_CWD=1: the working directory, empty, is removed first.)
+(KCACHE_TEST_RMDIR_CWD=1: the working directory, empty, is removed first;
+KCACHE_TEST_COMM=TEXT: the process's name, /proc/self/comm, is set to TEXT
+first, at most 15 bytes.)
 
 A case: {"name": program name or null, "src": source, "opts": [...],
 "headers": [[include name, text], ...]}. Output per case: compile rc and,
@@ -22,6 +24,11 @@ def main():
     lib, cases_path, out_path = sys.argv[1:4]
     if os.environ.get("KCACHE_TEST_RMDIR_CWD") == "1":
         os.rmdir(os.getcwd())  # compile where the directory is gone
+    comm = os.environ.get("KCACHE_TEST_COMM")
+    if comm is not None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(15, comm.encode(), 0, 0, 0) != 0:  # PR_SET_NAME
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NAME)")
     nvrtc = ctypes.CDLL(lib)
     with open(cases_path) as f:
         cases = json.load(f)

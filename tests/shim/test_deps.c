@@ -339,6 +339,112 @@ Test(deps, paths_under_the_working_directory)
     cr_assert_eq(chdir(cwd), 0);
 }
 
+/* The kind of the entry for `path` in d, or -1 when there is none. */
+static int kind_in(const struct kc__deps *d, const char *path)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (strcmp(d->v[i].path, path) == 0)
+            return d->v[i].kind;
+    return -1;
+}
+
+/* What a tracked call reached decides, not where its path lies (issue 45):
+ * a file on a real filesystem is a dependency by the path named, under
+ * /proc/self/... and /dev/shm too, and absent there is recorded absent; the
+ * runtime's own device nodes and /proc files are nothing; any other file
+ * of /proc, or a FIFO, read makes the compile unkeyable, probed or
+ * written only it does not; an open through a directory handle of a real
+ * directory is unkeyable. */
+Test(deps, kernel_objects_and_real_files)
+{
+    put("a.h", "int a;\n");
+    char via[PATH_MAX + 32], fifo[PATH_MAX], gone[PATH_MAX + 32];
+    snprintf(via, sizeof via, "/proc/self/root%s/a.h", root);
+    snprintf(gone, sizeof gone, "/proc/self/root%s/none.h", root);
+    snprintf(fifo, sizeof fifo, "%s/fifo", root);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    struct stat st;
+
+    /* The runtime's own, and probes of kernel objects: nothing at all. */
+    struct kc__deps d = {0};
+    kc__deps_begin(&d);
+    int fds[6] = {open("/dev/null", O_RDONLY),         open("/dev/null", O_WRONLY),
+                  open("/proc/self/status", O_RDONLY), open("/proc/self", O_RDONLY | O_DIRECTORY),
+                  open("/proc/self/comm", O_PATH),     open("/dev/nvidia-kc-none", O_RDONLY)};
+    int dfd = open("/proc/self", O_RDONLY | O_DIRECTORY);
+    int at = dfd >= 0 ? openat(dfd, "maps", O_RDONLY) : -1;
+    stat("/proc/self/comm", &st);
+    stat("/dev/zero", &st);
+    access("/proc/cpuinfo", R_OK);
+    kc__deps_end();
+    cr_assert(!d.unkeyable && !d.writes && !d.failed);
+    cr_assert_eq(d.n, 0, "nothing recorded (%zu, the first %s)", d.n, d.n ? d.v[0].path : "");
+    for (int i = 0; i < 6; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (at >= 0)
+        close(at);
+    kc__deps_free(&d);
+
+    /* Real files through /proc/self/root: dependencies by that name. */
+    kc__deps_begin(&d);
+    int fd = open(via, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_lt(open(gone, O_RDONLY), 0);
+    kc__deps_end();
+    cr_assert(!d.unkeyable && !d.writes);
+    cr_assert_eq(kind_in(&d, via), KC_DEP_FILE);
+    cr_assert_eq(kind_in(&d, gone), KC_DEP_ABSENT);
+    cr_assert_eq(kc__deps_finish(&d), 0);
+    both(&d.v[0], true, "a file read through /proc/self/root");
+    kc__deps_free(&d);
+
+    /* Read, a pseudo-file and a FIFO are unkeyable; so is a real file
+     * opened through a directory handle. */
+    const char *const what[] = {"/proc/self/comm", fifo, "a.h"};
+    for (int i = 0; i < 3; i++) {
+        int dir = open(root, O_RDONLY | O_DIRECTORY);
+        cr_assert_geq(dir, 0);
+        kc__deps_begin(&d);
+        fd = i == 2 ? openat(dir, what[i], O_RDONLY) : open(what[i], O_RDONLY | O_NONBLOCK);
+        kc__deps_end();
+        cr_assert_geq(fd, 0, "%s", what[i]);
+        close(fd);
+        close(dir);
+        cr_assert(d.unkeyable, "%s read: unkeyable", what[i]);
+        cr_assert_eq(d.n, 0, "%s: no dependency", what[i]);
+        kc__deps_free(&d);
+    }
+
+    /* Written: a pseudo-file only (no file changes), a regular file below
+     * /dev/shm (tmpfs) a side effect; absent there, an absent dependency. */
+    kc__deps_begin(&d);
+    fd = open("/proc/self/comm", O_WRONLY);
+    kc__deps_end();
+    if (fd >= 0)
+        close(fd);
+    cr_assert(!d.unkeyable && !d.writes);
+    kc__deps_free(&d);
+    char shm[64] = "/dev/shm/kc-deps-XXXXXX";
+    if (mkdtemp(shm) != NULL) {
+        char f[128], none[128];
+        snprintf(f, sizeof f, "%s/out", shm);
+        snprintf(none, sizeof none, "%s/none.h", shm);
+        kc__deps_begin(&d);
+        fd = open(f, O_WRONLY | O_CREAT, 0600);
+        cr_assert_lt(open(none, O_RDONLY), 0);
+        kc__deps_end();
+        cr_assert_geq(fd, 0);
+        close(fd);
+        cr_assert(d.writes, "a file written below /dev/shm is a side effect");
+        cr_assert_eq(kind_in(&d, none), KC_DEP_ABSENT);
+        kc__deps_free(&d);
+        unlink(f);
+        rmdir(shm);
+    }
+}
+
 /* shim/bundled.c: which directories count as filled by the shim's own
  * install (empty, ours, private, no symlink), and the map made from one:
  * a dependency below it holds iff its digest is the map's, without a read;
