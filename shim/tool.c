@@ -207,6 +207,14 @@ static int parse(struct run *r)
         const char *eq = strchr(a, '=');
         size_t n = eq != NULL ? (size_t)(eq - a) : strlen(a);
         const struct opt *o = opt_find(r->tool->opts, a, n);
+        const char *v = eq != NULL ? eq + 1 : NULL;
+        if (o == NULL && a[1] != '-' && a[1] != '\0' && a[2] != '\0') {
+            /* A one-letter option with its value attached: -O3, -m64. */
+            o = opt_find(r->tool->opts, a, 2);
+            if (o != NULL && o->kind != O_VAL && o->kind != O_OUT)
+                o = NULL;
+            v = a + 2;
+        }
         if (o == NULL || o->kind == O_REFUSE)
             return KC_PASS_option;
         if (o->kind == O_FLAG || o->kind == O_RECORDS) {
@@ -215,8 +223,7 @@ static int parse(struct run *r)
             r->records_args |= o->kind == O_RECORDS;
             continue;
         }
-        /* A value: after '=' or the next argument. */
-        const char *v = eq != NULL ? eq + 1 : NULL;
+        /* A value: after '=', attached, or the next argument. */
         int vi = i;
         if (v == NULL) {
             if (i + 1 >= r->argc)

@@ -26,6 +26,7 @@ from them only in ptxas's "Compile time = N ms" line. Cases:
   the caller sees the signal's status, nothing is stored;
 - outputs: an unwritable directory, a missing one, /dev/stdout: as ptxas;
 - flight: four identical runs at once compile once;
+- nvcc: nvcc's own ptxas (temporary names, -m64 attached) served warm;
 - env: the variables ptxas reads (its getenv calls, traced by a preloaded
   logger) are the ones tool.c's table lists.
 
@@ -395,6 +396,32 @@ char *secure_getenv(const char *n) { static char *(*r)(const char *);
           "env: ptxas reads %s, all in kcache's list %s" % (names, listed))
 
 
+def case_nvcc(R):
+    """nvcc runs ptxas with its own temporary names and -m64 attached:
+    the second nvcc's ptxas is a hit, its cubin nvcc's own."""
+    nvcc = os.path.join(os.path.dirname(R.ptxas), "nvcc")
+    if not os.access(nvcc, os.X_OK):
+        return
+    d = os.path.join(R.work, "nvcc")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "k.cu"), "w") as f:
+        f.write('extern "C" __global__ void k(float *p) { p[threadIdx.x] *= 3.0f; }\n')
+    store = os.path.join(R.work, "store-nvcc")
+    args = [nvcc, "-cubin", "-arch=sm_90", "k.cu", "-o", "k.cubin"]
+    subprocess.run(args, cwd=d, check=True, env=R.base)
+    plain = read(os.path.join(d, "k.cubin"))
+    tools = []
+    for phase in ("cold", "warm"):
+        os.unlink(os.path.join(d, "k.cubin"))
+        r = subprocess.run(args, cwd=d, env=R.env(store), capture_output=True)
+        m = re.search(rb"tool hits=(\d+) misses=(\d+)", r.stderr)
+        tools.append(m.groups() if m else None)
+        check(r.returncode == 0 and read(os.path.join(d, "k.cubin")) == plain,
+              "nvcc %s: nvcc's cubin" % phase)
+    check(tools == [(b"0", b"1"), (b"1", b"0")],
+          "nvcc: its ptxas compiles cold, is served warm (%s)" % tools)
+
+
 def main():
     ptxas = sys.argv[1]
     if not os.access(ptxas, os.X_OK):
@@ -409,7 +436,7 @@ def main():
         pass  # every release here takes PTX 8.0
     try:
         for case in (case_ok, case_modes, case_error, case_edited, case_tempnames, case_pass,
-                     case_killed, case_outputs, case_flight, case_env):
+                     case_killed, case_outputs, case_flight, case_env, case_nvcc):
             case(R)
     finally:
         for d in glob.glob(os.path.join(work, "outputs", "ro")):
