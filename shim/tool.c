@@ -581,7 +581,7 @@ struct capture {
  * exits with the child's status once it is stored (or not). */
 static int supervise(const struct run *r, bool merged, struct kc_store *st,
                      const struct kc_store_ops *api, const char *ns, const kc_key *key, int flight,
-                     struct kc_counters *c)
+                     bool rheld, struct kc_counters *c)
 {
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
     if (pipe2(outp, O_CLOEXEC) != 0 || (!merged && pipe2(errp, O_CLOEXEC) != 0) ||
@@ -733,14 +733,16 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     }
     c->misses = 1;
     c->compile_ns = took;
+    size_t stored_len = 0;
     if (why_not == NULL && st != NULL && !kc__config()->readonly) {
         struct kc_buf b = {0};
         int prc = record_encode(&x, &b) == 0
                       ? api->put(st, ns, key, NULL, KC_KIND_BLOB, b.p, b.len, took)
                       : -ENOMEM;
-        if (prc == 0)
+        if (prc == 0) {
             c->stores = 1;
-        else if (prc != -EDQUOT) {
+            stored_len = b.len;
+        } else if (prc != -EDQUOT) {
             c->errors = 1;
             kc_log_once(KC_LOG_WARN, "cannot store a %s run (%s)", r->tool->id, strerror(-prc));
         }
@@ -748,6 +750,8 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     } else if (why_not != NULL) {
         kc_log(KC_LOG_DEBUG, "%s run not stored: %s", r->tool->id, why_not);
     }
+    /* The cluster's waiters are served once the owner uploads it. */
+    kc__flight_remote_release(ns, key, rheld, c->stores != 0, stored_len);
     kc__flight_release(flight);
     record_free(&x);
     kc_buf_free(&report);
@@ -767,6 +771,39 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
 }
 
 /* ---- the entry ------------------------------------------------------------------------- */
+
+struct lookup {
+    struct kc_store *st;
+    const struct kc_store_ops *api;
+    const char *ns;
+    const kc_key *key;
+    struct kc_counters *c;
+    const struct tool *t;
+    struct record x; /* what a lookup found */
+};
+
+/* Looks the run up in the chain (the remote too): 1 when found (in
+ * l->x), 0 when not (a record that does not parse is purged). Also
+ * kc__flight_remote's poll. */
+static int lookup_once(void *arg)
+{
+    struct lookup *l = arg;
+    void *body = NULL;
+    size_t len = 0;
+    struct kc_record_info info = {0};
+    if (l->api->get(l->st, l->ns, l->key, &body, &len, &info) != 0)
+        return 0;
+    int drc = record_decode(body, len, &l->x);
+    l->api->free(body);
+    if (drc != 0) {
+        kc_log(KC_LOG_WARN, "a cached %s run could not be read; running it", l->t->id);
+        l->api->purge(l->st, l->ns, l->key);
+        l->c->errors++;
+        return 0;
+    }
+    l->c->saved_ns = info.saved_ns;
+    return 1;
+}
 
 static void pass(struct kc_counters *c, int why)
 {
@@ -823,42 +860,36 @@ void kc__tool_start(int argc, char **argv)
         return;
     }
     kc_key key = {.id = kd, .build = kc__self_build()};
+    struct lookup lk = {st, api, ns, &key, &c, t, {0}};
     int flight = -1;
-    for (int round = 0; !cfg->recache && round < 2; round++) {
-        void *body = NULL;
-        size_t len = 0;
-        struct kc_record_info info = {0};
-        if (api->get(st, ns, &key, &body, &len, &info) == 0) {
-            struct record x;
-            int drc = record_decode(body, len, &x);
-            api->free(body);
-            if (drc != 0) {
-                kc_log(KC_LOG_WARN, "a cached %s run could not be read; running it", t->id);
-                api->purge(st, ns, &key);
-                c.errors++;
-            } else {
-                c.saved_ns = info.saved_ns;
-                kc__flight_release(flight);
-                int rrc = replay(&r, &x, &c); /* exits on success */
-                record_free(&x);
-                kc_log(KC_LOG_DEBUG, "a cached %s run cannot be replayed here (%s); running it",
-                       t->id, strerror(-rrc));
-                pass(&c, rrc == -EEXIST ? KC_PASS_order : KC_PASS_input);
-                free(r.role);
-                return;
-            }
-        }
-        if (round == 0) {
+    bool rheld = false, found = false;
+    for (int round = 0; !cfg->recache && round < 2 && !found; round++) {
+        found = lookup_once(&lk) == 1;
+        if (!found && round == 0) {
             /* Single flight: one process runs a missed key, the others
-             * wait for it and are served its result. */
+             * wait for it and are served its result; then one node of
+             * those that share a remote. */
             bool waited = false;
             flight = kc__flight_acquire(&kd, &waited);
             if (flight < 0 && !waited)
                 break;
         }
     }
-    if (supervise(&r, merged, st, api, ns, &key, flight, &c) != 0) {
+    if (!found && !cfg->recache)
+        found = kc__flight_remote(ns, &key, lookup_once, &lk, &rheld) == 1;
+    if (found) {
+        kc__flight_release(flight);
+        int rrc = replay(&r, &lk.x, &c); /* exits on success */
+        record_free(&lk.x);
+        kc_log(KC_LOG_DEBUG, "a cached %s run cannot be replayed here (%s); running it", t->id,
+               strerror(-rrc));
+        pass(&c, rrc == -EEXIST ? KC_PASS_order : KC_PASS_input);
+        free(r.role);
+        return;
+    }
+    if (supervise(&r, merged, st, api, ns, &key, flight, rheld, &c) != 0) {
         /* No child could be made: the tool runs here, unwatched. */
+        kc__flight_remote_release(ns, &key, rheld, false, 0);
         kc__flight_release(flight);
         pass(&c, KC_PASS_internal);
     }

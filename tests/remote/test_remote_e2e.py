@@ -35,6 +35,11 @@ MODE:
            is promoted: served everything. (c) As (b), the primary killed
            while 2 nodes x 2 processes run: NVRTC's own bytes within the
            bound.
+  ptxas    ptxas run as a process (PTXAS, the toolkit's): 2 nodes x 2
+           processes assemble one PTX: one ptxas run in all; a fresh node
+           (reader, trusting the writer's key) is served the remote's signed
+           entry: ptxas's output and streams, no run; a node trusting
+           another key is not served it
   jit      the driver JIT path (drvclient on the stand-in driver): 2 nodes x
            2 processes load one PTX image: one JIT in all; a fresh node loads
            the remote's cubin with the driver's own log
@@ -519,6 +524,63 @@ def jit(ctx):
     rc, out, st = finish(start(fresh, 0))
     check(rc == 0 and out == ref, 'JIT: a fresh node, the remote\'s cubin, the driver\'s log')
     check(st == (1, 0) and jits(fresh) == 0, 'JIT: a fresh node compiles nothing (%s)' % (st,))
+
+
+def ptxas(ctx):
+    tool_bin = sys.argv[4]
+    rs = ctx.redis()
+    src = os.path.join(ctx.root, 'k.ptx')
+    with open(src, 'w') as f:
+        f.write('.version 8.0\n.target sm_80\n.address_size 64\n'
+                '.visible .entry k(.param .u64 p)\n{\n .reg .b64 %rd<3>;\n .reg .f32 %f<3>;\n'
+                ' ld.param.u64 %rd1, [p];\n cvta.to.global.u64 %rd2, %rd1;\n'
+                ' ld.global.f32 %f1, [%rd2];\n add.f32 %f2, %f1, %f1;\n'
+                ' st.global.f32 [%rd2], %f2;\n ret;\n}\n')
+    tstats = re.compile(r'tool hits=(\d+) misses=(\d+)')
+
+    def start(node, i, preload=True):
+        env = node.environ()
+        if preload:
+            env['LD_PRELOAD'] = SHIM
+        out = os.path.join(node.root, 'k%d.cubin' % i)
+        p = subprocess.Popen([tool_bin, '-v', '--gpu-name=sm_90', src, '-o', out], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return p, out
+
+    def finish(pr):
+        p, out = pr
+        o, e = p.communicate(timeout=RUN_TIMEOUT)
+        m = tstats.search(e)
+        with open(out, 'rb') as f:
+            data = f.read()
+        os.unlink(out)
+        o = re.sub(r'Compile time = [0-9.]+ ms', 'T', o)
+        return p.returncode, data, o, (tuple(map(int, m.groups())) if m else None)
+
+    plain = ctx.node(rs.url)
+    rc, ref, ref_out, _ = finish(start(plain, 0, preload=False))
+    check(rc == 0 and ref[:4] == b'\x7fELF', 'ptxas assembles the PTX without the shim')
+    nodes = [ctx.node(rs.url) for _ in range(2)]
+    res = [finish(start(n, i)) for i in range(2) for n in nodes]
+    check(all(r[0] == 0 and r[1] == ref and r[2] == ref_out for r in res),
+          'ptxas: 2 nodes x 2 processes get ptxas\'s own cubin and output')
+    check(sum(r[3][1] for r in res if r[3]) == 1,
+          'ptxas: one run for the cluster (%s)' % [r[3] for r in res])
+    for n in nodes:
+        n.settle()
+    check(any(':tool:' in k or 'tool:' in k for k in rs.entries()),
+          'ptxas: the run is on the remote (%s)' % rs.entries()[:3])
+    fresh = ctx.node(rs.url, writer=False)
+    rc, data, out, st = finish(start(fresh, 0))
+    check(rc == 0 and data == ref and out == ref_out and st == (1, 0),
+          'ptxas: a fresh reader node is served the signed run (%s)' % (st,))
+    other = os.path.join(ctx.root, 'other.key')
+    ctx.tool('keygen', other)
+    stranger = ctx.node(rs.url, writer=False,
+                        extra={'KCACHE_REMOTE_TRUSTED_KEYS': other + '.pub'})
+    rc, data, out, st = finish(start(stranger, 0))
+    check(rc == 0 and data == ref and st == (0, 1),
+          'ptxas: a node that trusts another key runs ptxas itself (%s)' % (st,))
 
 
 def trial(ctx):
@@ -1139,7 +1201,7 @@ def main():
         ctx = Ctx(root)
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
          'cluster-down': cluster_down,
-         'jit': jit}[MODE](ctx)
+         'jit': jit, 'ptxas': ptxas}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()
