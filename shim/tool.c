@@ -22,12 +22,14 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "why.h"
 
 #include "../common/buf.h"
 #include "../common/clock.h"
 #include "../common/config.h"
 #include "../common/identity.h"
 #include "../common/log.h"
+#include "../common/why.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -170,8 +172,11 @@ struct run {
     const struct tool *tool;
     int argc;
     char **argv;
-    const char *inputs[MAX_FILES]; /* positional arguments: files read */
+    const char *inputs[MAX_FILES];  /* positional arguments: files read */
+    kc_digest in_digest[MAX_FILES]; /* their contents (run_key) */
     int n_inputs;
+    kc_digest identity; /* the executable's */
+    kc_digest base;     /* the run's key */
     const char *output; /* the output file */
     bool records_args;  /* the output records the command line */
     /* Per argument: 0 kept as written, 1 an input's path, 2 the output's
@@ -281,7 +286,7 @@ static bool same_stream(int a, int b)
  * unless the output records the command line), the tool's variables, and
  * whether standard output and error are one stream. KC_PASS_* reason when
  * it cannot be keyed, or -1. */
-static int run_key(const struct run *r, const kc_digest *identity, bool merged, kc_digest *out)
+static int run_key(struct run *r, const kc_digest *identity, bool merged, kc_digest *out)
 {
     for (const char *const *e = r->tool->env; *e != NULL; e++) {
         const char *v = getenv(*e);
@@ -297,13 +302,14 @@ static int run_key(const struct run *r, const kc_digest *identity, bool merged, 
     kc__hash_u64(h, (uint64_t)r->argc);
     kc__hash_u64(h, r->records_args);
     kc__hash_u64(h, merged);
-    int why = -1;
+    int why = -1, k = 0;
     for (int i = 1; i < r->argc && why < 0; i++) {
         const char *a = r->argv[i];
         if (r->role[i] == 1) {
             kc_digest d = {0};
             if (file_digest(a, &d) != 0)
                 why = KC_PASS_input;
+            r->in_digest[k++] = d;
             kc__hash_str(h, "input");
             kc__hash_bytes(h, &d, sizeof d);
             if (r->records_args)
@@ -322,7 +328,36 @@ static int run_key(const struct run *r, const kc_digest *identity, bool merged, 
     }
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
+    r->identity = *identity;
+    r->base = *out;
     return why;
+}
+
+/* The miss's record for `kcache why`: the tool, kcache's build, every
+ * argument as keyed (an input by its content, shown by its path). */
+static void why_record(const struct run *r, const kc_key *key, const char *why_not, uint64_t took)
+{
+    struct kc_why w = {0};
+    const char *name = r->n_inputs > 0 ? r->inputs[0] : r->output;
+    kc_why_begin(&w, BACKEND, name, &r->base);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    kc_why_add(&w, "library", r->tool->id, &r->identity, exe);
+    uint64_t b = kc__self_build();
+    kc_digest bd = kc_digest_of(&b, sizeof b);
+    char shown[64];
+    snprintf(shown, sizeof shown, "build %016llx", (unsigned long long)b);
+    kc_why_add(&w, "kcache", "", &bd, shown);
+    for (int i = 1, k = 0; i < r->argc; i++) {
+        if (r->role[i] == 1)
+            kc_why_add(&w, "input", "", &r->in_digest[k++], r->argv[i]);
+        else if (r->role[i] == 2 && !r->records_args)
+            kc_why_add(&w, "option", "", NULL, "(the output)");
+        else
+            kc_why_add(&w, "option", "", NULL, r->argv[i]);
+    }
+    kc__why_finish(&w, &key->id, key->build, why_not, took, 0);
 }
 
 /* ---- records ---------------------------------------------------------------------------- */
@@ -750,6 +785,8 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     } else if (why_not != NULL) {
         kc_log(KC_LOG_DEBUG, "%s run not stored: %s", r->tool->id, why_not);
     }
+    if (st != NULL && !kc__config()->readonly)
+        why_record(r, key, c->stores ? NULL : why_not ? why_not : "not stored", took);
     /* The cluster's waiters are served once the owner uploads it. */
     kc__flight_remote_release(ns, key, rheld, c->stores != 0, stored_len);
     kc__flight_release(flight);
