@@ -361,6 +361,21 @@ def case_flight(R):
     check(misses == 1 and hits == 3 and len(outs) == 1,
           "flight: four runs at once, one compiles (%d misses, %d hits, %d outputs)"
           % (misses, hits, len(outs)))
+    # One output path written by four runs at once (cold and warm): every
+    # run succeeds and the file is whole, never a mix or a temporary left.
+    same = os.path.join(R.work, "flight/same.cubin")
+    for phase in ("cold", "warm"):
+        ps = [subprocess.Popen([R.ptxas, "--gpu-name=sm_90", src, "-o", same],
+                               env=R.env(os.path.join(R.work, "store-flight-same")), cwd=R.work,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+        rcs = [p.wait(timeout=300) for p in ps]
+        for p in ps:
+            p.stdout.close()
+            p.stderr.close()
+        left = [f for f in os.listdir(os.path.dirname(same)) if ".kcache-" in f]
+        check(rcs == [0] * 4 and read(same) in outs and not left,
+              "flight: one output path, four runs at once (%s): all succeed, the file whole, "
+              "no temporary left (%s)" % (phase, left))
 
 
 def case_env(R):

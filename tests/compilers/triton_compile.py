@@ -1,6 +1,8 @@
 """Compiles a 128x128x64 fp16 matmul with Triton for sm_90 on the CPU
 (Triton's real make_cubin path: it runs its bundled ptxas on a temporary
-PTX file) and prints the cubin's digest. TRITON_CACHE_DIR is the caller's."""
+PTX file) and prints the cubin's digest. TRITON_CACHE_DIR is the caller's.
+With an argument, the PTX is written there too (scripts/bench's large
+PTX)."""
 import hashlib
 import sys
 
@@ -35,4 +37,7 @@ src = triton.compiler.ASTSource(fn=matmul_kernel, signature=sig,
                                 constexprs={"BM": 128, "BN": 128, "BK": 64})
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
 print("cubin", len(k.asm["cubin"]), hashlib.sha256(k.asm["cubin"]).hexdigest())
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "w") as f:
+        f.write(k.asm["ptx"])
 sys.stdout.flush()
