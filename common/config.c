@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/auxv.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Settings first (kind 0, KC_VAR_SETTING), in the order `kcache config`
@@ -630,4 +632,71 @@ int kc_config_redact_url(const char *remote, char *out, size_t len)
     if (len > 0)
         out[o < len ? o : len - 1] = '\0';
     return (int)o;
+}
+
+/* ---- files named by configuration ----------------------------------------- */
+
+static bool file_rule_ok(const struct stat *st, enum kc_file_rule rule)
+{
+    switch (rule) {
+    case KC_FILE_ANY:
+        return true;
+    case KC_FILE_MINE:
+        return st->st_uid == geteuid() && (st->st_mode & 022) == 0;
+    case KC_FILE_PRIVATE:
+        return st->st_uid == geteuid() && (st->st_mode & 077) == 0;
+    case KC_FILE_TRUSTED:
+        return (st->st_uid == geteuid() || st->st_uid == 0) && (st->st_mode & 022) == 0;
+    }
+    return false;
+}
+
+int kc_config_read_file(int dirfd, const char *path, enum kc_file_rule rule, size_t max, char **buf,
+                        size_t *len)
+{
+    int saved = errno;
+    *buf = NULL;
+    if (len != NULL)
+        *len = 0;
+    int fd = openat(dirfd, path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno == ELOOP ? -EPERM : -errno;
+        errno = saved;
+        return e;
+    }
+    struct stat st;
+    int rc = 0;
+    char *b = NULL;
+    if (fstat(fd, &st) != 0)
+        rc = -errno;
+    else if (!S_ISREG(st.st_mode) || !file_rule_ok(&st, rule))
+        rc = -EPERM;
+    else if ((uint64_t)st.st_size > max)
+        rc = -EFBIG;
+    else if ((b = malloc((size_t)st.st_size + 1)) == NULL)
+        rc = -ENOMEM;
+    size_t got = 0;
+    /* (O_NONBLOCK changes nothing for a regular file's reads) */
+    while (rc == 0 && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            rc = -errno;
+        if (r <= 0)
+            break; /* (shorter than it was: what is there) */
+        got += (size_t)r;
+    }
+    close(fd);
+    if (rc != 0) {
+        free(b);
+        errno = saved;
+        return rc;
+    }
+    b[got] = '\0';
+    *buf = b;
+    if (len != NULL)
+        *len = got;
+    errno = saved;
+    return 0;
 }

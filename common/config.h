@@ -161,6 +161,28 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len);
  * value past 2^64 - 1. */
 int kc_parse_size(const char *s, uint64_t *out);
 
+/* Who may own and write a file kcache reads by a configured path. */
+enum kc_file_rule {
+    KC_FILE_ANY,     /* a regular file, whoever's */
+    KC_FILE_MINE,    /* this user's, not writable by group or others */
+    KC_FILE_PRIVATE, /* this user's, mode 0600 or less (secrets) */
+    KC_FILE_TRUSTED, /* this user's or root's, not writable by group or others */
+};
+
+/* The one way kcache reads a file named by configuration (a key, the
+ * trusted keys, a password, a record under KCACHE_DIR): opened
+ * non-blocking (a FIFO or a device with no writer never holds the caller,
+ * not even in open), without following a last symlink, O_NOCTTY, then
+ * fstat'ed and refused unless it is a regular file that `rule` allows and
+ * of at most `max` bytes; only then read. `path` is relative to `dirfd`
+ * (AT_FDCWD: the working directory). On 0, *buf is malloc'd (release with
+ * free; a secret's caller clears it first), NUL-terminated, *len bytes
+ * (len may be NULL). Otherwise a negative errno and *buf NULL: -EPERM
+ * for a symlink, a file of another type or one `rule` refuses, -EFBIG
+ * past max, else open's or read's. errno is kept. */
+int kc_config_read_file(int dirfd, const char *path, enum kc_file_rule rule, size_t max, char **buf,
+                        size_t *len);
+
 /* Parses a boolean: 1/0, true/false, yes/no, on/off (any case). 0 or -1. */
 int kc_parse_bool(const char *s, bool *out);
 

@@ -15,6 +15,7 @@
 
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 
 const char *const kc_served_names[KC_SERVED_N] = {"nvrtc", "link", "nvvm", "cuda"};
 
@@ -45,31 +46,10 @@ static int read_at(int dfd, char path[KC_SERVED_N][PATH_MAX])
 {
     for (int i = 0; i < KC_SERVED_N; i++)
         path[i][0] = '\0';
-    int fd = openat(dfd, KC_SERVED_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-        st.st_size > SERVED_MAX) {
-        close(fd);
-        return -EPERM;
-    }
-    char *buf = malloc(SERVED_MAX + 1);
-    if (buf == NULL) {
-        close(fd);
-        return -ENOMEM;
-    }
-    size_t n = 0;
-    while (n < SERVED_MAX) {
-        ssize_t k = read(fd, buf + n, SERVED_MAX - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
-    close(fd);
-    buf[n] = '\0';
+    char *buf;
+    int rc = kc_config_read_file(dfd, KC_SERVED_FILE, KC_FILE_MINE, SERVED_MAX, &buf, NULL);
+    if (rc != 0)
+        return rc == -EFBIG ? -EPERM : rc;
     for (char *line = buf, *next; line != NULL && *line != '\0'; line = next) {
         char *nl = strchr(line, '\n');
         next = nl != NULL ? nl + 1 : NULL;

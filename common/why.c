@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "config.h"
 #include "identity.h"
 
 #define SHOWN_MAX 240
@@ -380,24 +381,8 @@ int kc_why_parse(const char *text, size_t len, struct kc_why_rec *r)
 
 static int read_one(int fd, const char *name, char **text, size_t *len)
 {
-    int f = openat(fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (f < 0)
-        return -errno;
-    struct stat st;
-    if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > RECORD_MAX) {
-        close(f);
-        return -EBADMSG;
-    }
-    char *b = malloc((size_t)st.st_size + 1);
-    ssize_t k = b ? read(f, b, (size_t)st.st_size) : -1;
-    close(f);
-    if (k < 0) {
-        free(b);
-        return -EIO;
-    }
-    *text = b;
-    *len = (size_t)k;
-    return 0;
+    int rc = kc_config_read_file(fd, name, KC_FILE_ANY, RECORD_MAX, text, len);
+    return rc == -EPERM || rc == -EFBIG ? -EBADMSG : rc;
 }
 
 int kc_why_read_all(const char *dir, struct kc_why_rec **out, size_t *n_out)

@@ -28,13 +28,26 @@ void kc_tool_set_command(const char *cmd);
 /* n bytes in binary units ("512 B", "1.5 MiB"), into buf; returns buf. */
 const char *kc_tool_human_size(uint64_t n, char *buf, size_t len);
 
-/* s with every byte that is not printable ASCII written as \xHH (and a
- * backslash doubled), into buf (len bytes; cut short to fit); returns buf.
- * Names read from a store or a bundle go through it before they are
- * printed: they may hold anything (escape sequences, line breaks). A
- * buffer of KC_TOOL_PRINTABLE_MAX bytes holds any namespace. */
+/* The one escaping of every text the tool prints from a store, a miss
+ * record, a bundle or the remote (names, namespaces, keys, values, a
+ * server's words), which may hold anything a writer chose: escape
+ * sequences, line breaks that forge lines. Printable ASCII and valid
+ * UTF-8 characters a terminal shows as such are kept; a backslash is
+ * doubled; every other byte (C0 and C1 controls, DEL, invalid or overlong
+ * UTF-8, line separators and bidirectional controls) is written as \xHH,
+ * so the text is unambiguous and holds nothing a terminal acts on. Into
+ * buf (len bytes; cut short at a character to fit); returns buf. A
+ * buffer of KC_TOOL_PRINTABLE_MAX bytes holds any namespace. NULL is "". */
 #define KC_TOOL_PRINTABLE_MAX (4 * 128 + 1)
 const char *kc_tool_printable(const char *s, char *buf, size_t len);
+
+/* The same escaping written to f, whole (no length bound). */
+void kc_tool_put_printable(FILE *f, const char *s);
+
+/* s as a JSON string, quotes included, on f: ASCII only (a byte past it,
+ * which a store's name may hold whether or not it is UTF-8, as \u00XX, so
+ * the document is always valid and shows no control byte). NULL is "". */
+void kc_tool_json_str(FILE *f, const char *s);
 
 /* Flushes f (stdout or stderr) and checks its error flag: 0, or after one
  * error line naming the write error, KC_EXIT_RUNTIME. Every command's

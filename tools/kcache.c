@@ -94,23 +94,6 @@ static void key_hex(const kc_key *k, char out[33])
     snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, k->id.hi, k->id.lo);
 }
 
-/* Prints s as a JSON string: ASCII only (a byte past it, which a store's
- * name may hold whether or not it is UTF-8, as \u00XX, so the document is
- * always valid and shows no control byte). */
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p >= 0x7f)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 /* ---- store access ------------------------------------------------------ */
 
 /* Checks that the store library provides `fn`. */
@@ -404,7 +387,7 @@ static int cmd_stats(struct ctx *c, bool json)
         print_openmetrics(c, v, s, names, nb, max_size, &rc, show_remote);
     } else if (json) {
         printf("{\"dir\": ");
-        json_str(stdout, c->dir);
+        kc_tool_json_str(stdout, c->dir);
         printf(", \"exists\": %s", o == 1 ? "true" : "false");
         printf(", \"entries\": %" PRIu64 ", \"spool_entries\": %" PRIu64, v->entries,
                v->spool_entries);
@@ -416,7 +399,7 @@ static int cmd_stats(struct ctx *c, bool json)
         printf(", \"namespaces\": [");
         for (size_t i = 0; i < v->n_ns; i++) {
             printf("%s{\"name\": ", i ? ", " : "");
-            json_str(stdout, v->ns[i].ns);
+            kc_tool_json_str(stdout, v->ns[i].ns);
             printf(", \"entries\": %" PRIu64 ", \"raw_bytes\": %" PRIu64 "}", v->ns[i].entries,
                    v->ns[i].raw_bytes);
         }
@@ -427,7 +410,7 @@ static int cmd_stats(struct ctx *c, bool json)
             memset(&z, 0, sizeof z);
             const struct kc_counters *k = b != NULL ? &b->c : &z;
             printf("%s{\"name\": ", i ? ", " : "");
-            json_str(stdout, names[i]);
+            kc_tool_json_str(stdout, names[i]);
             printf(", \"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"passthrough\": %" PRIu64
                    ", \"stores\": %" PRIu64 ", \"errors\": %" PRIu64
                    ", \"saved_seconds\": %.3f, \"compile_seconds\": %.3f",
@@ -808,9 +791,12 @@ static void config_libraries(const struct ctx *c)
         for (int i = 0; i < KC_SERVED_N; i++) {
             if (path[i][0] == '\0')
                 printf("  %-10s none recorded\n", label[i]);
-            else
-                printf("  %-10s %s%s\n", label[i], path[i],
-                       access(path[i], F_OK) == 0 ? "" : " (no longer there)");
+            else {
+                /* (read from the store's directory: printed escaped) */
+                printf("  %-10s ", label[i]);
+                kc_tool_put_printable(stdout, path[i]);
+                printf("%s\n", access(path[i], F_OK) == 0 ? "" : " (no longer there)");
+            }
         }
     }
     free(path);
@@ -912,12 +898,15 @@ static int cmd_remote_ping(struct ctx *c)
     int rc = kc_remote_ping(r, &p);
     for (int i = 0; i < p.n; i++) {
         const struct kc_remote_ping_server *s = &p.server[i];
+        /* The version, role and errors are the server's words. */
+        char v[KC_TOOL_PRINTABLE_MAX], ro[KC_TOOL_PRINTABLE_MAX], w[4 * 256 + 1];
         if (s->rc == 0)
             printf("%s: %.2f ms, redis %s, %s\n", s->name, s->latency_ms,
-                   s->version[0] ? s->version : "?", s->role[0] ? s->role : "?");
+                   s->version[0] ? kc_tool_printable(s->version, v, sizeof v) : "?",
+                   s->role[0] ? kc_tool_printable(s->role, ro, sizeof ro) : "?");
         else
             printf("%s: %s\n", s->name,
-                   s->why[0]                ? s->why
+                   s->why[0]                ? kc_tool_printable(s->why, w, sizeof w)
                    : s->rc == -ECONNREFUSED ? "cannot connect"
                                             : strerror(-s->rc));
     }
@@ -955,6 +944,10 @@ struct rstat_row {
 struct rstat_acc {
     struct rstat_row *v;
     size_t n, cap;
+    /* v's rows by (namespace, build): an open-addressed table of row
+     * numbers + 1 (0: free), at most half full, so a key is tallied in
+     * constant time however many namespaces a writer made */
+    size_t *slot, n_slot;
     /* prune: what matches is collected */
     const char *ns;
     bool by_build;
@@ -969,15 +962,48 @@ struct rstat_acc {
     struct kc_tool_progress progress;
 };
 
+/* FNV-1a of the namespace, mixed with the build. */
+static size_t rstat_hash(const char *ns, uint64_t build)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ build;
+    for (const unsigned char *p = (const unsigned char *)ns; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return (size_t)(h ^ h >> 29);
+}
+
+/* Doubles the table (or makes it): 0, or -ENOMEM. */
+static int rstat_grow(struct rstat_acc *a)
+{
+    size_t n = a->n_slot ? 2 * a->n_slot : 256;
+    size_t *slot = calloc(n, sizeof *slot);
+    if (slot == NULL)
+        return -ENOMEM;
+    for (size_t r = 0; r < a->n; r++) {
+        size_t i = rstat_hash(a->v[r].ns, a->v[r].build) & (n - 1);
+        while (slot[i] != 0)
+            i = (i + 1) & (n - 1);
+        slot[i] = r + 1;
+    }
+    free(a->slot);
+    a->slot = slot;
+    a->n_slot = n;
+    return 0;
+}
+
 static int rstat_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
 {
     struct rstat_acc *a = arg;
-    for (size_t i = 0; i < a->n; i++)
-        if (a->v[i].build == key->build && strcmp(a->v[i].ns, ns) == 0) {
-            a->v[i].entries++;
-            a->v[i].bytes += bytes;
+    if (2 * (a->n + 1) > a->n_slot && rstat_grow(a) != 0)
+        return -ENOMEM;
+    size_t i = rstat_hash(ns, key->build) & (a->n_slot - 1);
+    for (; a->slot[i] != 0; i = (i + 1) & (a->n_slot - 1)) {
+        struct rstat_row *row = &a->v[a->slot[i] - 1];
+        if (row->build == key->build && strcmp(row->ns, ns) == 0) {
+            row->entries++;
+            row->bytes += bytes;
             return 0;
         }
+    }
     if (a->n == a->cap) {
         size_t cap = a->cap ? 2 * a->cap : 64;
         struct rstat_row *v = realloc(a->v, cap * sizeof *v);
@@ -991,6 +1017,7 @@ static int rstat_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg
     row->build = key->build;
     row->entries = 1;
     row->bytes = bytes;
+    a->slot[i] = a->n;
     return 0;
 }
 
@@ -1009,8 +1036,10 @@ static int cmd_remote_stats(struct ctx *c, bool json)
     if (r == NULL)
         return KC_EXIT_RUNTIME;
     struct rstat_acc a = {0};
-    int rc = kc_remote_scan(r, rstat_cb, &a);
+    struct kc_remote_scan_report sr;
+    int rc = kc_remote_scan(r, rstat_cb, &a, &sr);
     kc_remote_close(r);
+    free(a.slot);
     if (rc != 0) {
         kc_tool_err("remote stats: %s", strerror(-rc));
         free(a.v);
@@ -1024,11 +1053,12 @@ static int cmd_remote_stats(struct ctx *c, bool json)
     }
     char b1[32];
     if (json) {
-        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"namespaces\": [", entries,
-               bytes);
+        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"complete\": %s, "
+               "\"namespaces\": [",
+               entries, bytes, sr.cut ? "false" : "true");
         for (size_t i = 0; i < a.n; i++) {
             printf("%s{\"name\": ", i ? ", " : "");
-            json_str(stdout, a.v[i].ns);
+            kc_tool_json_str(stdout, a.v[i].ns);
             printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64
                    "}",
                    a.v[i].build, a.v[i].entries, a.v[i].bytes);
@@ -1039,12 +1069,23 @@ static int cmd_remote_stats(struct ctx *c, bool json)
                kc_tool_human_size(bytes, b1, sizeof b1));
         if (a.n > 0)
             printf("  %-40s %-16s %8s  %s\n", "NAMESPACE", "BUILD", "ENTRIES", "BYTES");
-        for (size_t i = 0; i < a.n; i++)
-            printf("  %-40s %016" PRIx64 " %8" PRIu64 "  %s\n", a.v[i].ns, a.v[i].build,
-                   a.v[i].entries, kc_tool_human_size(a.v[i].bytes, b1, sizeof b1));
+        for (size_t i = 0; i < a.n; i++) {
+            char nm[KC_TOOL_PRINTABLE_MAX];
+            printf("  %-40s %016" PRIx64 " %8" PRIu64 "  %s\n",
+                   kc_tool_printable(a.v[i].ns, nm, sizeof nm), a.v[i].build, a.v[i].entries,
+                   kc_tool_human_size(a.v[i].bytes, b1, sizeof b1));
+        }
     }
     free(a.v);
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    if (sr.cut) {
+        /* What was counted is printed; the status says it is partial. */
+        char w[sizeof sr.why * 4 + 1];
+        kc_tool_err("remote stats: the scan of %d server%s was cut short (%s): the counts are "
+                    "partial",
+                    sr.cut, sr.cut == 1 ? "" : "s", kc_tool_printable(sr.why, w, sizeof w));
+        return KC_EXIT_RUNTIME;
+    }
+    return kc_tool_flush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 static int prune_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg)
@@ -1091,7 +1132,8 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
      * the deletes, of what it found. */
     kc_tool_progress_begin(&a.progress, "remote prune", false, kc_tool_progress_wanted(c->quiet));
     kc_tool_progress_stage("scan", &a.progress);
-    int rc = kc_remote_scan(r, prune_cb, &a);
+    struct kc_remote_scan_report sr;
+    int rc = kc_remote_scan(r, prune_cb, &a, &sr);
     if (rc == 0 && a.scanned > 0)
         kc_tool_progress(a.scanned, a.scanned, &a.progress);
     kc_tool_progress_stage("delete", &a.progress);
@@ -1116,7 +1158,14 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
                                  : "");
         return KC_EXIT_RUNTIME;
     }
-    return fflush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
+    if (sr.cut) {
+        char w[sizeof sr.why * 4 + 1];
+        kc_tool_err("remote prune: the scan of %d server%s was cut short (%s): entries it did "
+                    "not reach are left",
+                    sr.cut, sr.cut == 1 ? "" : "s", kc_tool_printable(sr.why, w, sizeof w));
+        return KC_EXIT_RUNTIME;
+    }
+    return kc_tool_flush(stdout) == 0 ? 0 : KC_EXIT_RUNTIME;
 }
 
 /* ---- push -------------------------------------------------------------- */

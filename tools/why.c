@@ -18,27 +18,123 @@
 #include <string.h>
 #include <time.h>
 
-static bool listed(const char *kind)
+/* A record's inputs indexed once, so that comparing two records costs
+ * O(n log n) in their inputs, never a scan of one record per input of the
+ * other: `kcache why --last N` compares each miss with every earlier
+ * record of its library. */
+enum { KEYED, OPTION, EXPRESSION }; /* an input's class: by (kind, name), or a list */
+
+struct idx {
+    const struct kc_why_rec *r;
+    unsigned char *cls;     /* per input: KEYED, OPTION or EXPRESSION */
+    size_t *keyed, nk;      /* the keyed inputs by (kind, name), then position */
+    size_t *list[3], nl[3]; /* each list's inputs by (digest, position) */
+};
+
+static int cls_of(const char *kind)
 {
-    return strcmp(kind, "option") == 0 || strcmp(kind, "expression") == 0;
+    return strcmp(kind, "option") == 0       ? OPTION
+           : strcmp(kind, "expression") == 0 ? EXPRESSION
+                                             : KEYED;
 }
 
-static const struct kc_why_input *find(const struct kc_why_rec *r, const char *kind,
-                                       const char *name)
+/* (qsort has no argument: the record whose positions are sorted) */
+static const struct kc_why_rec *sorting;
+
+static int by_kind_name(const void *x, const void *y)
 {
-    for (size_t i = 0; i < r->n; i++)
-        if (strcmp(r->in[i].kind, kind) == 0 && strcmp(r->in[i].name, name) == 0)
-            return &r->in[i];
-    return NULL;
+    size_t i = *(const size_t *)x, j = *(const size_t *)y;
+    int c = strcmp(sorting->in[i].kind, sorting->in[j].kind);
+    if (c == 0)
+        c = strcmp(sorting->in[i].name, sorting->in[j].name);
+    return c != 0 ? c : i < j ? -1 : i > j;
 }
 
-/* How many of r's inputs of `kind` have `digest`. */
-static int count(const struct kc_why_rec *r, const char *kind, const char *digest)
+static int by_digest(const void *x, const void *y)
 {
-    int n = 0;
-    for (size_t i = 0; i < r->n; i++)
-        n += strcmp(r->in[i].kind, kind) == 0 && strcmp(r->in[i].digest, digest) == 0;
-    return n;
+    size_t i = *(const size_t *)x, j = *(const size_t *)y;
+    int c = strcmp(sorting->in[i].digest, sorting->in[j].digest);
+    return c != 0 ? c : i < j ? -1 : i > j;
+}
+
+static void idx_free(struct idx *x)
+{
+    free(x->cls);
+    free(x->keyed);
+    for (int k = 0; k < 3; k++)
+        free(x->list[k]);
+    memset(x, 0, sizeof *x);
+}
+
+/* Indexes r: 0, or -ENOMEM. */
+static int idx_make(const struct kc_why_rec *r, struct idx *x)
+{
+    memset(x, 0, sizeof *x);
+    x->r = r;
+    size_t n = r->n ? r->n : 1;
+    x->cls = malloc(n);
+    x->keyed = malloc(n * sizeof *x->keyed);
+    for (int k = OPTION; k <= EXPRESSION; k++)
+        x->list[k] = malloc(n * sizeof *x->list[k]);
+    if (x->cls == NULL || x->keyed == NULL || x->list[OPTION] == NULL ||
+        x->list[EXPRESSION] == NULL) {
+        idx_free(x);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < r->n; i++) {
+        int c = cls_of(r->in[i].kind);
+        x->cls[i] = (unsigned char)c;
+        if (c == KEYED)
+            x->keyed[x->nk++] = i;
+        else
+            x->list[c][x->nl[c]++] = i;
+    }
+    sorting = r;
+    qsort(x->keyed, x->nk, sizeof *x->keyed, by_kind_name);
+    for (int k = OPTION; k <= EXPRESSION; k++)
+        qsort(x->list[k], x->nl[k], sizeof *x->list[k], by_digest);
+    return 0;
+}
+
+/* x's first keyed input (lowest position) of (kind, name), or NULL. */
+static const struct kc_why_input *find(const struct idx *x, const char *kind, const char *name)
+{
+    size_t lo = 0, hi = x->nk;
+    while (lo < hi) { /* the first not below (kind, name) */
+        size_t mid = lo + (hi - lo) / 2;
+        const struct kc_why_input *in = &x->r->in[x->keyed[mid]];
+        int c = strcmp(in->kind, kind);
+        if (c == 0)
+            c = strcmp(in->name, name);
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == x->nk)
+        return NULL;
+    const struct kc_why_input *in = &x->r->in[x->keyed[lo]];
+    return strcmp(in->kind, kind) == 0 && strcmp(in->name, name) == 0 ? in : NULL;
+}
+
+/* How many of x's inputs of list `k` have `digest`, and the position of
+ * the first of them (*first; (size_t)-1 when none). */
+static size_t count(const struct idx *x, int k, const char *digest, size_t *first)
+{
+    const size_t *v = x->list[k];
+    size_t lo = 0, hi = x->nl[k];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(x->r->in[v[mid]].digest, digest) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *first = lo < x->nl[k] && strcmp(x->r->in[v[lo]].digest, digest) == 0 ? v[lo] : (size_t)-1;
+    size_t end = lo;
+    while (end < x->nl[k] && strcmp(x->r->in[v[end]].digest, digest) == 0)
+        end++;
+    return end - lo;
 }
 
 struct diff {
@@ -47,98 +143,105 @@ struct diff {
     const char *then, *now;
 };
 
-/* The differences from e (earlier) to m: into *out (malloc'd), their count. */
-static size_t differ(const struct kc_why_rec *e, const struct kc_why_rec *m, struct diff **out)
+/* The differences from e (earlier) to m, in the order they are reported:
+ * into v (room for e->n + m->n + 2) when v is not NULL; their count. When
+ * `stop` differences are found the count stops there (a bound the caller
+ * need not pass: (size_t)-1). */
+static size_t differ(const struct idx *xe, const struct idx *xm, struct diff *v, size_t stop)
 {
-    /* (each input makes one difference at most, and each list an order) */
-    struct diff *v = calloc(e->n + m->n + 2, sizeof *v);
+    const struct kc_why_rec *e = xe->r, *m = xm->r;
     size_t n = 0;
-    *out = v;
-    if (v == NULL)
-        return 0;
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        if (v != NULL)                                                                             \
+            v[n] = (struct diff){__VA_ARGS__};                                                     \
+        if (++n >= stop)                                                                           \
+            return n;                                                                              \
+    } while (0)
     for (size_t i = 0; i < m->n; i++) {
         const struct kc_why_input *a = &m->in[i];
-        if (listed(a->kind))
+        if (xm->cls[i] != KEYED)
             continue; /* (below) */
-        const struct kc_why_input *b = find(e, a->kind, a->name);
+        const struct kc_why_input *b = find(xe, a->kind, a->name);
         if (b == NULL)
-            v[n++] = (struct diff){"added", a->kind, a->name, NULL, a->shown};
+            PUT("added", a->kind, a->name, NULL, a->shown);
         else if (strcmp(a->digest, b->digest) != 0) {
             const char *w = "changed";
             if (strcmp(a->kind, "file") == 0 && strcmp(b->shown, "absent") == 0)
                 w = "found";
             else if (strcmp(a->kind, "file") == 0 && strcmp(a->shown, "absent") == 0)
                 w = "gone";
-            v[n++] = (struct diff){w, a->kind, a->name, b->shown, a->shown};
+            PUT(w, a->kind, a->name, b->shown, a->shown);
         }
     }
     for (size_t i = 0; i < e->n; i++) {
         const struct kc_why_input *b = &e->in[i];
-        if (!listed(b->kind) && find(m, b->kind, b->name) == NULL)
-            v[n++] = (struct diff){"removed", b->kind, b->name, b->shown, NULL};
+        if (xe->cls[i] == KEYED && find(xm, b->kind, b->name) == NULL)
+            PUT("removed", b->kind, b->name, b->shown, NULL);
     }
     /* Options and name expressions: as lists (one added, one removed, or
      * the same ones in another order). */
-    static const char *const kinds[] = {"option", "expression"};
-    for (size_t k = 0; k < 2; k++) {
-        size_t before = n;
+    static const char *const kinds[] = {[OPTION] = "option", [EXPRESSION] = "expression"};
+    for (int k = OPTION; k <= EXPRESSION; k++) {
+        size_t before = n, first;
         for (size_t i = 0; i < m->n; i++) {
             const struct kc_why_input *a = &m->in[i];
-            if (strcmp(a->kind, kinds[k]) != 0)
+            if (xm->cls[i] != k)
                 continue;
-            bool first = true;
-            for (size_t j = 0; j < i; j++)
-                first = first && !(strcmp(m->in[j].kind, kinds[k]) == 0 &&
-                                   strcmp(m->in[j].digest, a->digest) == 0);
-            int d = count(m, kinds[k], a->digest) - count(e, kinds[k], a->digest);
-            if (first && d > 0)
-                v[n++] = (struct diff){"added", kinds[k], "", NULL, a->shown};
+            size_t in_m = count(xm, k, a->digest, &first);
+            if (first == i && in_m > count(xe, k, a->digest, &(size_t){0}))
+                PUT("added", kinds[k], "", NULL, a->shown);
         }
         for (size_t i = 0; i < e->n; i++) {
             const struct kc_why_input *b = &e->in[i];
-            if (strcmp(b->kind, kinds[k]) != 0)
+            if (xe->cls[i] != k)
                 continue;
-            bool first = true;
-            for (size_t j = 0; j < i; j++)
-                first = first && !(strcmp(e->in[j].kind, kinds[k]) == 0 &&
-                                   strcmp(e->in[j].digest, b->digest) == 0);
-            if (first && count(e, kinds[k], b->digest) > count(m, kinds[k], b->digest))
-                v[n++] = (struct diff){"removed", kinds[k], "", b->shown, NULL};
+            size_t in_e = count(xe, k, b->digest, &first);
+            if (first == i && in_e > count(xm, k, b->digest, &(size_t){0}))
+                PUT("removed", kinds[k], "", b->shown, NULL);
         }
         if (n == before) { /* the same ones: in the same order? */
             size_t ia = 0, ib = 0;
             bool same = true;
             while (same) {
-                while (ia < m->n && strcmp(m->in[ia].kind, kinds[k]) != 0)
+                while (ia < m->n && xm->cls[ia] != k)
                     ia++;
-                while (ib < e->n && strcmp(e->in[ib].kind, kinds[k]) != 0)
+                while (ib < e->n && xe->cls[ib] != k)
                     ib++;
                 if (ia == m->n || ib == e->n)
                     break;
                 same = strcmp(m->in[ia++].digest, e->in[ib++].digest) == 0;
             }
             if (!same)
-                v[n++] = (struct diff){"order", kinds[k], "", NULL, NULL};
+                PUT("order", kinds[k], "", NULL, NULL);
         }
     }
-    *out = v;
+#undef PUT
     return n;
 }
 
-/* The nearest earlier record of m's library, or NULL. */
-static const struct kc_why_rec *nearest(const struct kc_why_rec *v, size_t at)
+/* The nearest earlier record of x[at]'s library (fewest differences, the
+ * same program name, the latest), or NULL. The latest are compared first
+ * and each comparison stops once it cannot win, so a store of many
+ * similar records costs little more than one comparison per record. */
+static const struct idx *nearest(const struct idx *x, size_t at)
 {
-    const struct kc_why_rec *m = &v[at], *best = NULL;
+    const struct kc_why_rec *m = x[at].r;
+    const struct idx *best = NULL;
     size_t best_score = (size_t)-1;
-    for (size_t i = 0; i < at; i++) {
-        const struct kc_why_rec *e = &v[i];
+    for (size_t i = at; i-- > 0 && best_score > 0;) {
+        const struct kc_why_rec *e = x[i].r;
         if (strcmp(e->backend, m->backend) != 0 || e->time > m->time)
             continue;
-        struct diff *d;
-        size_t score = differ(e, m, &d) * 2 + (strcmp(e->name, m->name) != 0);
-        free(d);
-        if (score <= best_score) /* (later ones win ties: oldest first) */
-            best = e, best_score = score;
+        /* A score of 2 per difference: one that cannot beat the best
+         * (score < best_score) stops being counted. */
+        size_t stop = best_score == (size_t)-1 ? (size_t)-1 : (best_score + 1) / 2;
+        size_t nd = differ(&x[i], &x[at], NULL, stop);
+        if (nd >= stop)
+            continue;
+        size_t score = nd * 2 + (strcmp(e->name, m->name) != 0);
+        if (score < best_score) /* (strictly: the latest wins a tie) */
+            best = &x[i], best_score = score;
     }
     return best;
 }
@@ -169,42 +272,31 @@ static const char *label(const char *kind)
     return kind;
 }
 
+/* One difference, every text of it from the records escaped. */
 static void say(FILE *f, const struct diff *d)
 {
     char a[KC_TOOL_PRINTABLE_MAX], b[KC_TOOL_PRINTABLE_MAX], nm[KC_TOOL_PRINTABLE_MAX];
+    char kd[KC_TOOL_PRINTABLE_MAX];
     kc_tool_printable(d->name, nm, sizeof nm);
     kc_tool_printable(d->then ? d->then : "", a, sizeof a);
     kc_tool_printable(d->now ? d->now : "", b, sizeof b);
+    const char *kind = kc_tool_printable(label(d->kind), kd, sizeof kd);
     const char *sep = d->name[0] ? " " : "";
     if (strcmp(d->what, "order") == 0)
         fprintf(f, "    the %ss are the same, in another order\n", d->kind);
     else if (strcmp(d->what, "found") == 0)
-        fprintf(f, "    %s%s%s: now found (%s), absent before\n", label(d->kind), sep, nm, b);
+        fprintf(f, "    %s%s%s: now found (%s), absent before\n", kind, sep, nm, b);
     else if (strcmp(d->what, "gone") == 0)
-        fprintf(f, "    %s%s%s: now absent, found before (%s)\n", label(d->kind), sep, nm, a);
+        fprintf(f, "    %s%s%s: now absent, found before (%s)\n", kind, sep, nm, a);
     else if (strcmp(d->what, "added") == 0)
-        fprintf(f, "    %s%s%s added: %s\n", label(d->kind), sep, nm, b);
+        fprintf(f, "    %s%s%s added: %s\n", kind, sep, nm, b);
     else if (strcmp(d->what, "removed") == 0)
-        fprintf(f, "    %s%s%s removed: %s\n", label(d->kind), sep, nm, a);
+        fprintf(f, "    %s%s%s removed: %s\n", kind, sep, nm, a);
     else if (strcmp(d->kind, "file") == 0 || strcmp(d->kind, "header") == 0 ||
              strcmp(d->kind, "source") == 0 || strcmp(d->kind, "input") == 0)
-        fprintf(f, "    %s%s%s: its content changed (%s then, %s now)\n", label(d->kind), sep, nm,
-                a, b);
+        fprintf(f, "    %s%s%s: its content changed (%s then, %s now)\n", kind, sep, nm, a, b);
     else
-        fprintf(f, "    %s%s%s: %s then, %s now\n", label(d->kind), sep, nm, a, b);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++)
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p >= 0x7f)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    fputc('"', f);
+        fprintf(f, "    %s%s%s: %s then, %s now\n", kind, sep, nm, a, b);
 }
 
 static const char *cause_of(const struct kc_why_rec *e, size_t nd)
@@ -220,41 +312,42 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
                    const struct diff *d, size_t nd, bool json, bool first)
 {
     char t[64], nm[KC_TOOL_PRINTABLE_MAX], st[KC_TOOL_PRINTABLE_MAX];
+    char be[KC_TOOL_PRINTABLE_MAX], key[KC_TOOL_PRINTABLE_MAX];
     const char *cause = cause_of(e, nd);
     if (json) {
         fprintf(f, "%s\n  {\"backend\": ", first ? "" : ",");
-        json_str(f, m->backend);
+        kc_tool_json_str(f, m->backend);
         fprintf(f, ", \"name\": ");
-        json_str(f, m->name);
+        kc_tool_json_str(f, m->name);
         fprintf(f, ", \"time_ns\": %llu, \"pid\": %ld, \"key\": ", (unsigned long long)m->time,
                 m->pid);
-        json_str(f, m->key);
+        kc_tool_json_str(f, m->key);
         fprintf(f, ", \"compile_ms\": %.3f, \"stored\": ", m->compile_ms);
-        json_str(f, m->stored);
+        kc_tool_json_str(f, m->stored);
         fprintf(f, ", \"remote_refused\": %llu, \"cause\": \"%s\"",
                 (unsigned long long)m->remote_refused, cause);
         if (e != NULL) {
             fprintf(f, ", \"nearest\": {\"time_ns\": %llu, \"pid\": %ld, \"key\": ",
                     (unsigned long long)e->time, e->pid);
-            json_str(f, e->key);
+            kc_tool_json_str(f, e->key);
             fprintf(f, ", \"stored\": ");
-            json_str(f, e->stored);
+            kc_tool_json_str(f, e->stored);
             fprintf(f, "}");
         }
         fprintf(f, ", \"differences\": [");
         for (size_t i = 0; i < nd; i++) {
             fprintf(f, "%s{\"what\": \"%s\", \"kind\": ", i ? ", " : "", d[i].what);
-            json_str(f, d[i].kind);
+            kc_tool_json_str(f, d[i].kind);
             fprintf(f, ", \"name\": ");
-            json_str(f, d[i].name);
+            kc_tool_json_str(f, d[i].name);
             fprintf(f, ", \"then\": ");
             if (d[i].then)
-                json_str(f, d[i].then);
+                kc_tool_json_str(f, d[i].then);
             else
                 fputs("null", f);
             fprintf(f, ", \"now\": ");
             if (d[i].now)
-                json_str(f, d[i].now);
+                kc_tool_json_str(f, d[i].now);
             else
                 fputs("null", f);
             fputc('}', f);
@@ -262,9 +355,12 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
         fprintf(f, "]}");
         return;
     }
-    fprintf(f, "%s miss: \"%s\" at %s (pid %ld), compiled in %.1f ms, key %.16s\n", m->backend,
-            kc_tool_printable(m->name, nm, sizeof nm), when(m->time, t, sizeof t), m->pid,
-            m->compile_ms, m->key);
+    /* (the key's first 16 characters, as they were written, escaped) */
+    snprintf(st, sizeof st, "%.16s", m->key);
+    fprintf(f, "%s miss: \"%s\" at %s (pid %ld), compiled in %.1f ms, key %s\n",
+            kc_tool_printable(m->backend, be, sizeof be), kc_tool_printable(m->name, nm, sizeof nm),
+            when(m->time, t, sizeof t), m->pid, m->compile_ms,
+            kc_tool_printable(st, key, sizeof key));
     if (strcmp(m->stored, "1") != 0)
         fprintf(f, "  not stored: %s\n", kc_tool_printable(m->stored, st, sizeof st));
     if (m->remote_refused > 0)
@@ -276,11 +372,13 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
         fprintf(f,
                 "  its first compile: no earlier %s compile is recorded in this store (the "
                 "last %d misses are kept)\n",
-                m->backend, KC_WHY_KEEP);
+                be, KC_WHY_KEEP);
         return;
     }
-    fprintf(f, "  the nearest earlier compile: \"%s\" at %s (pid %ld), key %.16s\n",
-            kc_tool_printable(e->name, nm, sizeof nm), when(e->time, t, sizeof t), e->pid, e->key);
+    snprintf(st, sizeof st, "%.16s", e->key);
+    fprintf(f, "  the nearest earlier compile: \"%s\" at %s (pid %ld), key %s\n",
+            kc_tool_printable(e->name, nm, sizeof nm), when(e->time, t, sizeof t), e->pid,
+            kc_tool_printable(st, key, sizeof key));
     if (nd == 0) {
         if (strcmp(e->stored, "1") == 0)
             fprintf(f, "  the same inputs: its entry has left the store since (evicted past "
@@ -293,6 +391,15 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
     fprintf(f, "  what differs:\n");
     for (size_t i = 0; i < nd; i++)
         say(f, &d[i]);
+}
+
+/* Oldest first; records of the same time by their file's name. */
+static int by_time(const void *x, const void *y)
+{
+    const struct kc_why_rec *a = x, *b = y;
+    if (a->time != b->time)
+        return a->time < b->time ? -1 : 1;
+    return strcmp(a->file, b->file);
 }
 
 static bool hexprefix(const char *s)
@@ -352,12 +459,7 @@ int kc_tool_why(const char *dir, int argc, char **argv)
         return KC_EXIT_RUNTIME;
     }
     /* Oldest first by time (names are time-ordered within a clock). */
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && v[j - 1].time > v[j].time; j--) {
-            struct kc_why_rec t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
+    qsort(v, n, sizeof *v, by_time);
     if (last < 0)
         last = 1;
     size_t *pick = calloc(n, sizeof *pick), np = 0;
@@ -377,18 +479,39 @@ int kc_tool_why(const char *dir, int argc, char **argv)
                     kc_tool_printable(sel, nm, sizeof nm));
         return KC_EXIT_RUNTIME;
     }
+    /* Every record indexed (each a nearest candidate), once. */
+    struct idx *x = calloc(n, sizeof *x);
+    for (size_t i = 0; x != NULL && i < n; i++)
+        if (idx_make(&v[i], &x[i]) != 0) {
+            for (size_t j = 0; j < i; j++)
+                idx_free(&x[j]);
+            free(x);
+            x = NULL;
+        }
+    if (pick == NULL || x == NULL) {
+        free(pick);
+        free(x);
+        kc_why_recs_free(v, n);
+        kc_tool_err("out of memory");
+        return KC_EXIT_RUNTIME;
+    }
     if (json)
         fputc('[', stdout);
     for (size_t k = np; k-- > 0;) { /* oldest of them first */
-        const struct kc_why_rec *m = &v[pick[k]];
-        const struct kc_why_rec *e = nearest(v, pick[k]);
-        struct diff *d = NULL;
-        size_t nd = e ? differ(e, m, &d) : 0;
-        report(stdout, m, e, d, nd, json, k == np - 1);
+        const struct idx *xm = &x[pick[k]];
+        const struct idx *xe = nearest(x, pick[k]);
+        const struct kc_why_rec *e = xe != NULL ? xe->r : NULL;
+        /* (each input makes one difference at most, and each list an order) */
+        struct diff *d = xe != NULL ? calloc(e->n + xm->r->n + 2, sizeof *d) : NULL;
+        size_t nd = d != NULL ? differ(xe, xm, d, (size_t)-1) : 0;
+        report(stdout, xm->r, e, d, nd, json, k == np - 1);
         free(d);
     }
     if (json)
         fputs(np ? "\n]\n" : "]\n", stdout);
+    for (size_t i = 0; i < n; i++)
+        idx_free(&x[i]);
+    free(x);
     free(pick);
     kc_why_recs_free(v, n);
     return kc_tool_flush(stdout);

@@ -399,9 +399,22 @@ int kc_remote_ping(struct kc_remote *r, struct kc_remote_ping *rep);
  * cluster), SCAN MATCH kcache:* and STRLEN, locks and foreign keys left
  * out. The remote's mutex is held: cb must not call into r (collect, then
  * purge). A non-zero cb return stops the walk and is returned. 0, or the
- * first failure (as get). */
+ * first failure (as get).
+ *
+ * Every server's scan is bounded: its SCAN calls and the keys they name
+ * by what its DBSIZE allows (absolute bounds when it does not say), a
+ * cursor that does not move ends it, and the whole walk ends within
+ * fifteen minutes. A scan cut short by a bound is not a failure: it is
+ * counted in rep->cut (its first reason in rep->why) and the walk goes on
+ * to the next server. rep may be NULL. */
+struct kc_remote_scan_report {
+    uint64_t keys_seen; /* keys the servers' SCAN replies named */
+    int cut;            /* servers whose scan was cut short */
+    char why[400];      /* the first: "<server>: <which bound>" */
+};
 typedef int (*kc_remote_scan_cb)(const char *ns, const kc_key *key, uint64_t bytes, void *arg);
-int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg);
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg,
+                   struct kc_remote_scan_report *rep);
 
 /* `kcache keygen PATH`: a new Ed25519 key pair. The directories leading to
  * PATH that do not exist are made (0700). Writes the secret key to

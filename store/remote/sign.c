@@ -6,6 +6,7 @@
 #include "remote_internal.h"
 
 #include "../../common/clock.h"
+#include "../../common/config.h"
 #include "../../common/digest.h"
 #include "../../common/log.h"
 
@@ -168,64 +169,18 @@ int kc__pubkey_parse(const char *line, unsigned char pk[KC__PK_LEN])
     return parse_tagged(line, pub_tag, pk, KC__PK_LEN);
 }
 
-/* Reads a whole small file opened without following a symlink; checks
- * with `check` (fstat'ed). *buf malloc'd, NUL-terminated. */
-static int read_small(const char *path, int (*check)(const struct stat *st), char **buf)
+/* Reads a key or password file (at most 1 MiB) by the one reader of
+ * configured files (common/config.h): never blocks on a FIFO, refuses
+ * what `rule` does not allow. *buf malloc'd, NUL-terminated. */
+static int read_small(const char *path, enum kc_file_rule rule, char **buf)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return errno == ELOOP ? -EPERM : -errno;
-    struct stat st;
-    int rc = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = -EPERM;
-        goto out;
-    }
-    if ((rc = check(&st)) != 0)
-        goto out;
-    if (st.st_size > (1 << 20)) {
-        rc = -EFBIG;
-        goto out;
-    }
-    char *b = malloc((size_t)st.st_size + 1);
-    if (b == NULL) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    b[got] = '\0';
-    *buf = b;
-out:
-    close(fd);
-    return rc;
-}
-
-static int secret_mode_ok(const struct stat *st)
-{
-    return st->st_uid == geteuid() && (st->st_mode & 077) == 0 ? 0 : -EPERM;
-}
-
-static int trusted_mode_ok(const struct stat *st)
-{
-    return (st->st_uid == geteuid() || st->st_uid == 0) && (st->st_mode & 022) == 0 ? 0 : -EPERM;
+    return kc_config_read_file(AT_FDCWD, path, rule, 1 << 20, buf, NULL);
 }
 
 int kc__keys_load_secret(const struct kc__sodium *na, const char *path, struct kc__keys *k)
 {
     char *b = NULL;
-    int rc = read_small(path, secret_mode_ok, &b);
+    int rc = read_small(path, KC_FILE_PRIVATE, &b);
     if (rc != 0)
         return rc;
     unsigned char seed[KC__SEED_LEN];
@@ -244,7 +199,7 @@ int kc__keys_load_secret(const struct kc__sodium *na, const char *path, struct k
 int kc__keys_load_trusted(const struct kc__sodium *na, const char *path, struct kc__keys *k)
 {
     char *b = NULL;
-    int rc = read_small(path, trusted_mode_ok, &b);
+    int rc = read_small(path, KC_FILE_TRUSTED, &b);
     if (rc != 0)
         return rc;
     int lineno = 0;
@@ -607,11 +562,6 @@ static int signers_add(struct kc_remote_signers **sg, char *text)
     return 0;
 }
 
-static int pub_mode_ok(const struct stat *st)
-{
-    return st->st_uid == geteuid() && (st->st_mode & 022) == 0 ? 0 : -EPERM;
-}
-
 int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_signers **out)
 {
     *out = NULL;
@@ -625,7 +575,7 @@ int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_
         return -ENOMEM;
     int rc = 0;
     char *b = NULL;
-    if (have_trusted && read_small(s->trusted_keys, trusted_mode_ok, &b) == 0) {
+    if (have_trusted && read_small(s->trusted_keys, KC_FILE_TRUSTED, &b) == 0) {
         rc = signers_add(&sg, b);
         free(b);
         b = NULL;
@@ -635,7 +585,7 @@ int kc_remote_signers_load(const struct kc_remote_settings *s, struct kc_remote_
     char pub[4200];
     if (rc == 0 && have_own &&
         snprintf(pub, sizeof pub, "%s.pub", s->signing_key) < (int)sizeof pub &&
-        read_small(pub, pub_mode_ok, &b) == 0) {
+        read_small(pub, KC_FILE_MINE, &b) == 0) {
         rc = signers_add(&sg, b);
         free(b);
     }
@@ -667,7 +617,7 @@ void kc_remote_signers_free(struct kc_remote_signers *sg)
 int kc__read_password_file(const char *path, char *out, size_t cap)
 {
     char *b = NULL;
-    int rc = read_small(path, secret_mode_ok, &b);
+    int rc = read_small(path, KC_FILE_PRIVATE, &b);
     if (rc != 0)
         return rc;
     size_t n = strcspn(b, "\r\n");

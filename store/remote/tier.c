@@ -1110,11 +1110,60 @@ static int parse_entry_name(const char *k, size_t len, char *ns, size_t nscap, k
     return 0;
 }
 
-/* SCANs one server's entry keys, their sizes by STRLEN (pipelined). */
-static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb cb, void *arg)
+/* The bounds of one server's scan. A Redis SCAN with COUNT 1000 visits
+ * at least about a thousand buckets a call, its table at most about twice
+ * its keys, and names each key about once: a server's DBSIZE bounds the
+ * calls and the keys a whole scan takes, with room for keys added while
+ * it runs. A server that does not say (or says too much) gets the
+ * absolute bounds; every scan also ends within KC__SCAN_MAX_MS. */
+#define KC__SCAN_MAX_ROUNDS (1u << 20)
+#define KC__SCAN_MAX_KEYS (1ull << 30)
+#define KC__SCAN_MAX_MS (15u * 60 * 1000)
+
+/* The server's DBSIZE, or -1 when it does not answer one. */
+static int64_t node_dbsize(struct kc_remote *r, struct kc__node *nd)
 {
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 1, "DBSIZE");
+    redisReply *rep = NULL;
+    if (kc__node_exec(&r->rctx, nd, 1, &cmd, &rep) != 0)
+        return -1;
+    int64_t n = rep->type == REDIS_REPLY_INTEGER && rep->integer >= 0 ? rep->integer : -1;
+    kc__reply_free(rep);
+    return n;
+}
+
+/* A scan cut short: the first reason kept in rep. */
+static void scan_cut(struct kc_remote_scan_report *rep, const struct kc__node *nd, const char *why)
+{
+    if (rep->cut++ == 0)
+        snprintf(rep->why, sizeof rep->why, "%s: %s", nd->addr, why);
+}
+
+/* SCANs one server's entry keys, their sizes by STRLEN (pipelined), within
+ * the bounds above (by `deadline`, kc_mono_ns). */
+static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb cb, void *arg,
+                     uint64_t deadline, struct kc_remote_scan_report *srep)
+{
+    int64_t dbsize = node_dbsize(r, nd);
+    uint64_t max_rounds = KC__SCAN_MAX_ROUNDS, max_keys = KC__SCAN_MAX_KEYS;
+    if (dbsize >= 0 && (uint64_t)dbsize < KC__SCAN_MAX_KEYS / 8) {
+        max_rounds = 1024 + (uint64_t)dbsize / 64;
+        max_keys = 65536 + 4 * (uint64_t)dbsize;
+        if (max_rounds > KC__SCAN_MAX_ROUNDS)
+            max_rounds = KC__SCAN_MAX_ROUNDS;
+    }
+    uint64_t rounds = 0, keys_seen = 0;
     char cursor[32] = "0";
     do {
+        if (++rounds > max_rounds) {
+            scan_cut(srep, nd, "more SCAN calls than its size allows");
+            return 0;
+        }
+        if (kc_mono_ns() > deadline) {
+            scan_cut(srep, nd, "the scan's time ran out");
+            return 0;
+        }
         struct kc__cmd cmd;
         kc__cmd_set(&cmd, 6, "SCAN", cursor, "MATCH", "kcache:*", "COUNT", "1000");
         redisReply *rep = NULL;
@@ -1126,8 +1175,11 @@ static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb
             rep->element[1]->type != REDIS_REPLY_ARRAY || rep->element[0]->len >= sizeof cursor) {
             return garbage(r, nd, rep);
         }
+        bool stuck = strcmp(cursor, "0") != 0 && strcmp(cursor, rep->element[0]->str) == 0;
         snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
         const redisReply *keys = rep->element[1];
+        keys_seen += keys->elements;
+        srep->keys_seen += keys->elements;
         for (size_t i = 0; i < keys->elements && rc == 0;) {
             struct kc__cmd sl[8];
             char nss[8][128];
@@ -1159,12 +1211,26 @@ static int scan_node(struct kc_remote *r, struct kc__node *nd, kc_remote_scan_cb
         kc__reply_free(rep);
         if (rc != 0)
             return rc;
+        if (stuck && strcmp(cursor, "0") != 0) {
+            scan_cut(srep, nd, "its SCAN cursor does not move");
+            return 0;
+        }
+        if (keys_seen > max_keys && strcmp(cursor, "0") != 0) {
+            scan_cut(srep, nd, "more keys than its size allows");
+            return 0;
+        }
     } while (strcmp(cursor, "0") != 0);
     return 0;
 }
 
-int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg)
+int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg,
+                   struct kc_remote_scan_report *rep)
 {
+    struct kc_remote_scan_report own;
+    if (rep == NULL)
+        rep = &own;
+    memset(rep, 0, sizeof *rep);
+    uint64_t deadline = kc_mono_ns() + KC__SCAN_MAX_MS * 1000000ull;
     pthread_mutex_lock(&r->mu);
     int rc = activate(r);
     if (rc == 0 && r->cfg.mode == KC_REMOTE_CLUSTER) {
@@ -1175,11 +1241,11 @@ int kc_remote_scan(struct kc_remote *r, kc_remote_scan_cb cb, void *arg)
             for (int s = 0; s < KC__SLOTS && !serves; s++)
                 serves = r->cl.slot[s] == i;
             if (serves)
-                rc = scan_node(r, r->cl.nodes[i], cb, arg);
+                rc = scan_node(r, r->cl.nodes[i], cb, arg, deadline, rep);
         }
     } else {
         for (int i = 0; rc == 0 && i < r->n_nodes; i++)
-            rc = scan_node(r, r->nodes[i], cb, arg);
+            rc = scan_node(r, r->nodes[i], cb, arg, deadline, rep);
     }
     op_unlock(r);
     return rc;
