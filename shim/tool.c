@@ -499,6 +499,24 @@ static int output_write(const char *path, const struct kc_buf *bytes)
     return rc;
 }
 
+/* Whether the directory `path` would be created in exists and this
+ * process may create files there. */
+static bool output_dir_writable(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return false;
+    struct stat st;
+    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0;
+}
+
 /* Serves the run from x: its output file, its streams, its status. Returns
  * only when nothing was written yet and the tool must run (a negative
  * errno); otherwise exits. */
@@ -514,6 +532,10 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
         struct stat st;
         if (lstat(r->output, &st) == 0)
             return -EEXIST;
+        /* A failure is the input's only where the output could have been
+         * written (stored so): else the tool's own error is another. */
+        if (!output_dir_writable(r->output))
+            return -EACCES;
     }
     c->hits = 1;
     kc__count(BACKEND, c);
@@ -743,6 +765,8 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
             why_not = "it exited without writing its output";
         else if (x.status != 0 && wrote)
             why_not = "it failed after writing its output";
+        else if (x.status != 0 && !output_dir_writable(r->output))
+            why_not = "it failed where its output could not be written";
     }
     if (why_not == NULL && wrote) {
         x.wrote = 1;
@@ -945,6 +969,14 @@ void kc__tool_start(int argc, char **argv)
         free(r.role);
         return;
     }
+    /* The store first (its directory made, before the memo below goes
+     * into it); without one the tool runs as it is. */
+    const struct kc_store_ops *api = NULL;
+    struct kc_store *st = kc__store(&api);
+    if (st == NULL) {
+        free(r.role);
+        return;
+    }
     /* The executable's identity: its build-id, else its contents. */
     kc_digest id;
     if (tool_identity(cfg, &id) != 0) {
@@ -962,12 +994,6 @@ void kc__tool_start(int argc, char **argv)
     }
     char ns[96];
     tool_ns(t, &id, ns, sizeof ns);
-    const struct kc_store_ops *api = NULL;
-    struct kc_store *st = kc__store(&api);
-    if (st == NULL) {
-        free(r.role); /* no store: the tool runs as it is */
-        return;
-    }
     kc_key key = {.id = kd, .build = kc__self_build()};
     struct lookup lk = {st, api, ns, &key, &c, t, {0}};
     int flight = -1;

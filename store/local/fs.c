@@ -167,12 +167,14 @@ static int walk_path(const char *path, bool create, char real[PATH_MAX], bool *m
 
 /* Whether a name in the cache directory is one kcache makes there (see
  * base.h's layout, and bundled/, the shim's maps of NVRTC's bundled headers;
+ * tools/, its memo of compiler tools' identities; why/, its miss records;
  * filter.t-<pid> and db.bad-<...> are a rebuild's and a recovery's temporary
  * names, .libraries.t-<...> the shim's for libraries). */
 static bool store_name(const char *n)
 {
-    static const char *const names[] = {"db",     "spool",      "sec", "hot",     "locks",
-                                        "filter", "owner.lock", "gen", "bundled", "libraries"};
+    static const char *const names[] = {"db",      "spool",     "sec",        "hot",
+                                        "locks",   "filter",    "owner.lock", "gen",
+                                        "bundled", "libraries", "tools",      "why"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(n, names[i]) == 0)
             return true;

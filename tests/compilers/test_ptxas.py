@@ -338,6 +338,13 @@ def case_outputs(R):
             rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out], env=env)
             res.append((rc, norm(so), norm(se)))
         check(res[0] == res[1] == res[2], "outputs %s: as plain (status %d)" % (name, res[0][0]))
+    # The missing directory appears: the failure is not replayed.
+    out = os.path.join(R.work, "outputs/nodir/k.cubin")
+    os.makedirs(os.path.dirname(out))
+    rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out],
+                                env=R.env(os.path.join(R.work, "store-outputs-missing-dir")))
+    check(rc == 0 and read(out) is not None and tool.get("hits", 0) == 0,
+          "outputs: once the output's directory exists, ptxas succeeds (%d, %s)" % (rc, tool))
     os.chmod(ro, 0o755)
 
 
