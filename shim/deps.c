@@ -66,6 +66,13 @@ void kc__deps_begin_process(struct kc__deps *d)
     __atomic_store_n(&process_deps, d, __ATOMIC_RELEASE);
 }
 
+void kc__deps_end_process(void)
+{
+    pthread_mutex_lock(&process_lock);
+    __atomic_store_n(&process_deps, NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&process_lock);
+}
+
 /* Something was opened for writing: a side effect; a tool's run names it
  * (its output, or not). */
 static void wrote(struct kc__deps *d, const char *path)

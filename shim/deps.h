@@ -88,6 +88,10 @@ void kc__deps_begin(struct kc__deps *d);
  * for writing are recorded too, as KC_DEP_WRITTEN. */
 void kc__deps_begin_process(struct kc__deps *d);
 
+/* Stops kc__deps_begin_process's recording: once it returns, no thread
+ * adds to the set. */
+void kc__deps_end_process(void);
+
 /* Stops recording on this thread. */
 void kc__deps_end(void);
 

@@ -560,6 +560,7 @@ static int report_fd = -1;
 
 static void child_report(void)
 {
+    kc__deps_end_process(); /* no thread adds to child_deps from here */
     struct kc_buf b = {0};
     kc_buf_put_u8(&b, child_deps.failed || child_deps.unkeyable);
     kc_buf_put_u64(&b, child_deps.n);
