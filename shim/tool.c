@@ -733,8 +733,13 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
             }
             if (cp->to >= 0) {
                 bool *broken = cp->to == STDOUT_FILENO ? &out_broken : &err_broken;
-                if (!*broken && write_all(cp->to, buf, (size_t)got) != 0)
+                int wrc = *broken ? 0 : write_all(cp->to, buf, (size_t)got);
+                if (wrc != 0)
                     *broken = true;
+                /* The reader went away: the tool itself would have died
+                 * of SIGPIPE writing there, so it does (and so do we). */
+                if (wrc == -EPIPE)
+                    kill(pid, SIGPIPE);
             }
             if (cp->b->len + (size_t)got > MAX_STREAM)
                 cp->over = true;
@@ -982,6 +987,13 @@ void kc__tool_start(int argc, char **argv)
     kc_digest id;
     if (tool_identity(cfg, &id) != 0) {
         pass(&c, KC_PASS_internal);
+        free(r.role);
+        return;
+    }
+    /* A closed standard stream would be taken by the pipes of a watched
+     * run: such a run is left to the tool. */
+    if (fcntl(STDOUT_FILENO, F_GETFD) < 0 || fcntl(STDERR_FILENO, F_GETFD) < 0) {
+        pass(&c, KC_PASS_input);
         free(r.role);
         return;
     }

@@ -338,6 +338,17 @@ def case_outputs(R):
             rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out], env=env)
             res.append((rc, norm(so), norm(se)))
         check(res[0] == res[1] == res[2], "outputs %s: as plain (status %d)" % (name, res[0][0]))
+    # Standard output closed: as plain, and passed through.
+    out = os.path.join(R.work, "outputs/closed.cubin")
+    res = []
+    for env in (None, R.env(os.path.join(R.work, "store-outputs-closed"))):
+        if os.path.exists(out):
+            os.unlink(out)
+        r = subprocess.run([R.ptxas, "-v", "--gpu-name=sm_90", src, "-o", out], env=env or R.base,
+                           cwd=R.work, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
+        res.append((r.returncode, read(out)))
+    check(res[0] == res[1] and res[0][1] is not None,
+          "outputs: standard output closed: as plain (status %d)" % res[0][0])
     # The missing directory appears: the failure is not replayed.
     out = os.path.join(R.work, "outputs/nodir/k.cubin")
     os.makedirs(os.path.dirname(out))
