@@ -8,12 +8,35 @@
 #include "trust.h"
 
 #include <errno.h>
+#include <grp.h>
+#include <pwd.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* Whether gid is this user's private group (a user private group, as
+ * Debian, Ubuntu and Fedora make for every user: umask 002 leaves their
+ * directories group-writable): the user's primary group, named as the
+ * user, with no member but the user. Its writers are the user alone. */
+static bool private_group(gid_t gid, uid_t me)
+{
+    if (gid != getegid())
+        return false;
+    char pbuf[4096], gbuf[16384];
+    struct passwd pw, *pwp = NULL;
+    struct group gr, *grp = NULL;
+    if (getpwuid_r(me, &pw, pbuf, sizeof pbuf, &pwp) != 0 || pwp == NULL ||
+        getgrgid_r(gid, &gr, gbuf, sizeof gbuf, &grp) != 0 || grp == NULL ||
+        strcmp(grp->gr_name, pwp->pw_name) != 0)
+        return false;
+    for (char **m = grp->gr_mem; m != NULL && *m != NULL; m++)
+        if (strcmp(*m, pwp->pw_name) != 0)
+            return false;
+    return true;
+}
 
 static void set_bad(char *bad, size_t len, const char *what)
 {
@@ -45,7 +68,8 @@ int kc_trusted_path(const char *path, char *real, size_t len, char *bad)
             real[0] = '\0';
             return e;
         }
-        bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+        bool others_write = (st.st_mode & S_IWOTH) != 0 ||
+                            ((st.st_mode & S_IWGRP) != 0 && !private_group(st.st_gid, me));
         bool sticky_dir = !file && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) != 0;
         if ((st.st_uid != me && st.st_uid != 0) || (others_write && !sticky_dir)) {
             set_bad(bad, len, cur);

@@ -11,7 +11,10 @@
 /* Resolves `path` (realpath) into `real` (`len` bytes) and checks the file
  * and every directory above it, as ssh's StrictModes does: each is owned
  * by root or the effective user and is writable by neither group nor
- * others, except a directory above the file with the sticky bit (as /tmp:
+ * others (group-writable is fine where the group is the user's private
+ * group: the primary group, named as the user, no other member, as umask
+ * 002 leaves a user's files), except a directory above the file with the
+ * sticky bit (as /tmp:
  * another user can add names there, not rename or remove ours). 0: trusted,
  * `real` is the path to use (never `path` again: what it names could
  * change); -EPERM: another user could replace it, `bad` (`len` bytes,

@@ -357,15 +357,29 @@ def test_tree():
     os.makedirs(mdir)
     os.chmod(mdir, 0o777)  # the planted scripts write here, as whoever runs them
     os.chmod(TMP, 0o755)
-    for case, mode in (("sticky", 0o1777), ("world", 0o777)):
+    # "private": group-writable by the user's own private group (umask 002
+    # under user private groups): nobody else can write it, so it is
+    # trusted, as the sticky one is.
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    g = grp.getgrgid(os.getegid())
+    cases = [("sticky", 0o1777), ("world", 0o777)]
+    if g.gr_name == me and all(m == me for m in g.gr_mem):
+        cases.append(("private", 0o775))
+    for case, mode in cases:
         shared = os.path.join(TMP, "shared-" + case)
         os.makedirs(shared)
         os.chmod(shared, mode)
         top = make_tree(shared)
         shim = os.path.join(top, "lib", "libkcache.so")
         planted = [os.path.join(shared, "tools", "kcache"), os.path.join(shared, "bin", "kcache")]
-        check(all(plant_as_nobody(p, os.path.join(mdir, "tool-ran")) for p in planted),
-              "tree %s: another user can plant lib/../../{tools,bin}/kcache" % case)
+        can = [plant_as_nobody(p, os.path.join(mdir, "tool-ran")) for p in planted]
+        if case == "private":
+            check(not any(can), "tree private: another user cannot plant there")
+        else:
+            check(all(can), "tree %s: another user can plant lib/../../{tools,bin}/kcache" % case)
+        trusted = case in ("sticky", "private")
         cache = os.path.join(TMP, "cache-tree-" + case)
         env = base_env(LD_PRELOAD=shim, KCACHE_DIR=cache, KCACHE_OWNER_IDLE_MS="0",
                        PATH="/usr/bin:/bin")
@@ -373,9 +387,9 @@ def test_tree():
         check(rc == 0 and out == ref, "tree %s: outputs equal NVRTC's own" % case)
         time.sleep(0.5)  # a wrongly started tool would have written by now
         check(markers(mdir) == [], "tree %s: nothing planted ran (%s)" % (case, markers(mdir)))
-        if case == "sticky":
-            check(kc_lines(err) == [], "tree sticky: no warning (%s)" % kc_lines(err))
-            check(wait_drained(cache), "tree sticky: the tree's own owner drained the put")
+        if trusted:
+            check(kc_lines(err) == [], "tree %s: no warning (%s)" % (case, kc_lines(err)))
+            check(wait_drained(cache), "tree %s: the tree's own owner drained the put" % case)
         else:
             warn = kc_lines(err)
             check(len(warn) == 1 and "another user can change %s" % shared in warn[0],
@@ -391,10 +405,10 @@ def test_tree():
         rc, out, err = run([os.path.join(top, "bin", "kcache-run"), "--stats", "--", CLIENT], env)
         check(rc == 0 and out == ref, "tree %s: kcache-run: outputs equal NVRTC's own" % case)
         lines = [l for l in err.splitlines() if l.startswith("kcache")]
-        if case == "sticky":
+        if trusted:
             check(any(l.startswith("kcache: stats:") for l in lines) and
                   not any("warning" in l for l in lines),
-                  "tree sticky: kcache-run ran COMMAND under the tree's shim (%s)" % lines)
+                  "tree %s: kcache-run ran COMMAND under the tree's shim (%s)" % (case, lines))
         else:
             check(len(lines) == 1 and "kcache-run: warning: another user can change %s" % shared
                   in lines[0] and "without kcache" in lines[0],
