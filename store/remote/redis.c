@@ -212,6 +212,7 @@ void kc__breaker_open(struct kc__rctx *rc)
     rc->open_until_ns = kc_mono_ns() + ms * 1000000;
     rc->opens++;
     rc->soft = 0;
+    rc->strangers = 0;
     rc->ctr->breaker_opens++;
 }
 
@@ -427,12 +428,15 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
         else if (err == -EACCES)
             rc->ctr->auth_failures++;
     }
-    /* A cluster node this process never reached turns the whole remote
-     * off (the servers name the nodes: endless new addresses), unless it
-     * refused: a refused connect costs next to nothing, so it counts as a
-     * soft failure, and one dead primary among live ones (a failover, a
-     * seed that is down) turns off only its own keys. */
-    bool whole = rc->cluster && !nd->answered && !refused(err);
+    /* Cluster nodes this process never reached turn the whole remote
+     * off (the servers name the nodes: endless new addresses): the second
+     * that fails hard since the breaker last opened. The first turns off
+     * only its own keys: one primary hung among live ones (its replica
+     * not yet promoted) costs its timeout once, and the others keep
+     * sharing. One that refused costs next to nothing: a soft failure, and
+     * one dead primary among live ones (a failover, a seed that is down)
+     * turns off only its own keys. */
+    bool whole = rc->cluster && !nd->answered && !refused(err) && ++rc->strangers >= KC__STRANGERS;
     if (whole)
         kc__breaker_open(rc);
     else if (rc->cluster && !nd->answered)

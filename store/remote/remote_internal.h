@@ -291,8 +291,10 @@ struct kc__rctx {
      * failure (down, refused, timed out, garbage) turns that server off
      * for its own backoff (its keys fail fast); in a cluster, whose nodes
      * the servers name (slot maps, redirections: endless new addresses),
-     * the failure of a node that never answered opens the breaker too, unless it refused the
-     * connection (a soft failure: one dead primary turns off only its keys). KC__SOFT_FAILURES
+     * the failure of a second node that never answered opens the breaker too (the first turns
+     * off only its keys: one primary hung or dead in a failover, while the others serve), unless
+     * it refused the connection (a soft failure: one dead primary turns off only its keys).
+     * KC__SOFT_FAILURES
      * soft failures in a row (error replies, oversized values, large refused values, redirection
      * loops, such refusals) open it in both modes. Open, every operation fails fast (-ENETDOWN)
      * until open_until_ns, then one is let through (the probe). Each opening in a row doubles the
@@ -301,6 +303,9 @@ struct kc__rctx {
     uint64_t open_until_ns;
     unsigned opens; /* in a row, since the last operation that worked */
     unsigned soft;  /* soft failures in a row */
+    /* Nodes that never answered and failed hard since the breaker last
+     * opened: the KC__STRANGERS-th opens it. */
+    unsigned strangers;
     /* The current operation's deadline, over every hop (redirections,
      * slot map reads, connects): 0 for none. Bounds one operation to its
      * endpoint's connect plus operation timeout, whatever it is sent to. */
@@ -308,6 +313,7 @@ struct kc__rctx {
 };
 
 #define KC__SOFT_FAILURES 3
+#define KC__STRANGERS 2
 #define KC__BREAKER_MAX_MS 60000
 
 /* Whether the breaker lets an operation through now. */

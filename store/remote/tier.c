@@ -375,12 +375,16 @@ static int cmd_renamed(const struct kc__cmd *cmd, const char *k, const char *kf,
 /* Runs one command on the server of `route` (an entry's key: its lock
  * lives beside it), under the fallback names while the node of its slot
  * is off (tried once more so when it failed, cheaply, on the entry's own
- * slot). Under mu. */
-static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
-               struct kc__node **from)
+ * slot). `past_breaker`: tried even while the whole remote is off, on a
+ * node that is not off itself (a lock's release: the node holding it may
+ * be well while another made this process turn the remote off; each node
+ * that fails is off after one timeout, so this costs that once). Under
+ * mu. */
+static int run_op(struct kc_remote *r, const char *route, const struct kc__cmd *cmd,
+                  redisReply **rep, struct kc__node **from, bool past_breaker)
 {
     /* The breaker first: open, nothing is tried. */
-    if (!kc__breaker_closed(&r->rctx))
+    if (!past_breaker && !kc__breaker_closed(&r->rctx))
         return -ENETDOWN;
     /* One operation, every hop included, within one connect and one
      * operation timeout. */
@@ -396,7 +400,8 @@ static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd
         rc = fb ? kc__cluster_exec(&r->rctx, &r->cl, kf, strlen(kf), &alt, rep, from)
                 : kc__cluster_exec(&r->rctx, &r->cl, route, strlen(route), cmd, rep, from);
         if (!fb && (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -EPIPE || rc == -ENETDOWN) &&
-            kc__breaker_closed(&r->rctx) && fallback_name(r, route, kf, sizeof kf) &&
+            (past_breaker || kc__breaker_closed(&r->rctx)) &&
+            fallback_name(r, route, kf, sizeof kf) &&
             cmd_renamed(cmd, route, kf, &alt, lk, lkf, sizeof lkf) == 0)
             rc = kc__cluster_exec(&r->rctx, &r->cl, kf, strlen(kf), &alt, rep, from);
     } else {
@@ -406,6 +411,12 @@ static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd
     }
     r->rctx.deadline_ns = 0;
     return rc;
+}
+
+static int run(struct kc_remote *r, const char *route, const struct kc__cmd *cmd, redisReply **rep,
+               struct kc__node **from)
+{
+    return run_op(r, route, cmd, rep, from, false);
 }
 
 /* An error reply to a read or a lock: a transient server state is a miss,
@@ -462,12 +473,14 @@ static uint32_t provenance(const struct kc_remote *r, const struct kc__rv *rv)
  * of its slot was off, and stays there for a day after that node is back
  * (restarted empty) or its replica is promoted without it. Its fallback
  * names whose nodes are not off are read in order; the first that holds a
- * value replaces *rep (and *nd). A waiter's polls skip this: the holder
- * uploads under the name they poll. Under mu. */
+ * value replaces *rep (and *nd). A waiter's polls read them too: a
+ * holder whose slot's node failed while it compiled uploads under a
+ * fallback name, and its lock (replicated before) may live on after the
+ * promotion where the waiters poll. Under mu. */
 static void get_fallbacks(struct kc_remote *r, const char *k, redisReply **rep,
                           struct kc__node **nd)
 {
-    if (r->cfg.mode != KC_REMOTE_CLUSTER || !r->cl.loaded || polling)
+    if (r->cfg.mode != KC_REMOTE_CLUSTER || !r->cl.loaded)
         return;
     for (int i = 1; i <= KC__FALLBACKS; i++) {
         char kf[KC_REMOTE_KEY_MAX + 8];
@@ -724,8 +737,9 @@ int kc_remote_put_flags(struct kc_remote *r, const char *ns, const kc_key *key,
 }
 
 /* DEL of `del`, routed by `k` (the entry's name: a lock shares its slot):
- * 0 (deleted or not there), or the failure. A full server still deletes. */
-static int del_key(struct kc_remote *r, const char *k, const char *del)
+ * 0 (deleted or not there), or the failure. A full server still deletes.
+ * `past_breaker`: see run_op (a lock's release). */
+static int del_key(struct kc_remote *r, const char *k, const char *del, bool past_breaker)
 {
     pthread_mutex_lock(&r->mu);
     int rc = activate(r);
@@ -739,7 +753,7 @@ static int del_key(struct kc_remote *r, const char *k, const char *del)
     kc__cmd_set(&cmd, 2, "DEL", del);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
-    rc = run(r, k, &cmd, &rep, &nd);
+    rc = run_op(r, k, &cmd, &rep, &nd, past_breaker);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER)
             kc__reply_free(rep);
@@ -758,7 +772,7 @@ int kc_remote_purge(struct kc_remote *r, const char *ns, const kc_key *key)
     char k[KC_REMOTE_KEY_MAX];
     if (kc_remote_key_name(ns, key, k, sizeof k) != 0)
         return -EINVAL;
-    return del_key(r, k, k);
+    return del_key(r, k, k, false);
 }
 
 /* What a lock's holder value means to this node: -EBUSY when a trusted
@@ -874,7 +888,7 @@ int kc_remote_unlock(struct kc_remote *r, const char *ns, const kc_key *key)
     kc__cmd_set(&cmd, 5, "EVAL", unlock_script, "1", lk, prefix);
     redisReply *rep = NULL;
     struct kc__node *nd = NULL;
-    rc = run(r, k, &cmd, &rep, &nd);
+    rc = run_op(r, k, &cmd, &rep, &nd, true);
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER) {
             rc = rep->integer == 1 ? 0 : -ENOENT;
@@ -896,7 +910,7 @@ int kc_remote_lock_clear(struct kc_remote *r, const char *ns, const kc_key *key)
     if (kc_remote_key_name(ns, key, k, sizeof k) != 0 ||
         kc_remote_lock_name(ns, key, lk, sizeof lk) != 0)
         return -EINVAL;
-    return del_key(r, k, lk);
+    return del_key(r, k, lk, true);
 }
 
 uint64_t kc_remote_max_entry(struct kc_remote *r)

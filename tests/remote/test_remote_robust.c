@@ -410,7 +410,10 @@ Test(robust, nested_huge_arrays_cost_nothing)
 
 /* ---- 6: redirections do not multiply the delay ---------------------------- */
 
-Test(robust, moved_to_ever_new_silent_ports_costs_one_timeout)
+/* Silent nodes the servers name cost KC__STRANGERS timeouts at most (the
+ * first turns off only its keys, as one hung primary of a cluster does;
+ * the second the whole remote), however many there are. */
+Test(robust, moved_to_ever_new_silent_ports_costs_bounded_timeouts)
 {
     make_keys();
     sf_start(&sf, SF_MOVED_NEW);
@@ -418,10 +421,10 @@ Test(robust, moved_to_ever_new_silent_ports_costs_one_timeout)
     for (int i = 0; i < 7; i++)
         cr_assert_neq(get_rc(r, (uint64_t)i), 0);
     struct kc_remote_counters c = ctr(r);
-    cr_assert(c.timeouts <= 1, "7 lookups paid %" PRIu64 " timeouts", c.timeouts);
+    cr_assert(c.timeouts <= KC__STRANGERS, "7 lookups paid %" PRIu64 " timeouts", c.timeouts);
 }
 
-Test(robust, slot_map_over_40_silent_ports_costs_one_timeout)
+Test(robust, slot_map_over_40_silent_ports_costs_bounded_timeouts)
 {
     make_keys();
     sf_start(&sf, SF_SLOTS_40);
@@ -429,7 +432,7 @@ Test(robust, slot_map_over_40_silent_ports_costs_one_timeout)
     for (int i = 0; i < 40; i++)
         cr_assert_neq(get_rc(r, (uint64_t)i), 0);
     struct kc_remote_counters c = ctr(r);
-    cr_assert(c.timeouts <= 1, "40 lookups paid %" PRIu64 " timeouts", c.timeouts);
+    cr_assert(c.timeouts <= KC__STRANGERS, "40 lookups paid %" PRIu64 " timeouts", c.timeouts);
 }
 
 /* ---- 7: failures that repeat turn the remote off for a while ------------- */
