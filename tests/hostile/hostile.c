@@ -1480,6 +1480,14 @@ CASE(openat, hostile)
     SAY("file as dirfd rc=%d errno=%d", ERR(openat(0, "x", O_RDONLY)));
     SAY("long rc=%d errno=%d", ERR(openat(AT_FDCWD, lp(), O_RDONLY)));
 }
+CASE(openat64, hostile)
+{
+    int (*o64)(int, const char *, int, ...) = dlsym(RTLD_DEFAULT, "openat64");
+    SAY("bad dirfd rc=%d errno=%d", ERR(o64(-5, "x", O_RDONLY)));
+    SAY("NULL path rc=%d errno=%d", ERR(o64(AT_FDCWD, NULL, O_RDONLY)));
+    SAY("file as dirfd rc=%d errno=%d", ERR(o64(0, "x", O_RDONLY)));
+    SAY("long rc=%d errno=%d", ERR(o64(AT_FDCWD, lp(), O_RDONLY)));
+}
 static void fopen_cases(FILE *(*fo)(const char *, const char *))
 {
     FILE *f;
@@ -1876,72 +1884,70 @@ static const struct hcase cases[] = {
                                                                     nvJitLinkCreate,
                                                                     null_option_entry,
                                                                     "nvJitLink dereferences a NULL "
-                                                                    "option") JL_ENTRY(nvJitLinkDestroy)
-                                                                    JL_ENTRY(nvJitLinkAddData) JL_ENTRY(
-                                                                        nvJitLinkAddFile) JL_ENTRY(nvJitLinkComplete)
+                                                                    "option") JL_ENTRY(nvJitLinkDestroy) JL_ENTRY(nvJitLinkAddData) JL_ENTRY(nvJitLinkAddFile) JL_ENTRY(nvJitLinkComplete)
 #define JL_GETTER_ENTRIES(S, G) JL_ENTRY(S) JL_ENTRY(G)
-                                                                        JL_GETTERS(JL_GETTER_ENTRIES) C(nvJitLinkGetLinkedLTOIRSize, absent, NULL) C(
-                                                                            nvJitLinkGetLinkedLTOIR,
-                                                                            absent,
-                                                                            NULL) C(nvJitLinkVersion, null_args, NULL)
-                                                                            C(cuLinkCreate, hostile, NULL) C(
-                                                                                cuLinkCreate_v2,
+                                                                    JL_GETTERS(JL_GETTER_ENTRIES) C(nvJitLinkGetLinkedLTOIRSize, absent, NULL) C(
+                                                                        nvJitLinkGetLinkedLTOIR,
+                                                                        absent,
+                                                                        NULL) C(nvJitLinkVersion, null_args, NULL)
+                                                                        C(cuLinkCreate, hostile, NULL) C(
+                                                                            cuLinkCreate_v2,
+                                                                            hostile,
+                                                                            NULL) C(cuLinkAddData, hostile, NULL)
+                                                                            C(cuLinkAddData_v2, hostile, NULL) C(
+                                                                                cuLinkAddFile,
                                                                                 hostile,
-                                                                                NULL) C(cuLinkAddData, hostile, NULL)
-                                                                                C(cuLinkAddData_v2, hostile, NULL) C(
-                                                                                    cuLinkAddFile,
-                                                                                    hostile, NULL) C(cuLinkAddFile_v2,
-                                                                                                     hostile, NULL)
-                                                                                    C(cuLinkComplete, hostile, NULL) C(
-                                                                                        cuLinkDestroy,
+                                                                                NULL) C(cuLinkAddFile_v2, hostile, NULL)
+                                                                                C(cuLinkComplete, hostile, NULL) C(
+                                                                                    cuLinkDestroy,
+                                                                                    hostile,
+                                                                                    NULL) C(open, hostile, NULL)
+                                                                                    C(open64, hostile, NULL) C(openat, hostile, NULL) C(
+                                                                                        openat64,
                                                                                         hostile,
-                                                                                        NULL) C(open, hostile, NULL)
-                                                                                        C(open64, hostile, NULL) C(
-                                                                                            openat,
-                                                                                            hostile,
-                                                                                            NULL) C(fopen, hostile, NULL)
-                                                                                            C(fopen, null_path, NULL) C(
-                                                                                                fopen,
-                                                                                                null_mode,
-                                                                                                "gl"
-                                                                                                "ib"
-                                                                                                "c'"
-                                                                                                "s "
-                                                                                                "fo"
-                                                                                                "pe"
-                                                                                                "n "
-                                                                                                "de"
-                                                                                                "re"
-                                                                                                "fe"
-                                                                                                "re"
-                                                                                                "nc"
-                                                                                                "es"
-                                                                                                " a"
-                                                                                                " N"
-                                                                                                "UL"
-                                                                                                "L "
-                                                                                                "mo"
-                                                                                                "d"
-                                                                                                "e") C(fopen64,
-                                                                                                       hostile,
-                                                                                                       NULL) C(__xstat,
-                                                                                                               hostile, NULL)
-                                                                                                C(__xstat64,
+                                                                                        NULL) C(fopen, hostile, NULL)
+                                                                                        C(fopen, null_path, NULL) C(
+                                                                                            fopen,
+                                                                                            null_mode,
+                                                                                            "gl"
+                                                                                            "ib"
+                                                                                            "c'"
+                                                                                            "s "
+                                                                                            "fo"
+                                                                                            "pe"
+                                                                                            "n "
+                                                                                            "de"
+                                                                                            "re"
+                                                                                            "fe"
+                                                                                            "re"
+                                                                                            "nc"
+                                                                                            "es"
+                                                                                            " a"
+                                                                                            " N"
+                                                                                            "UL"
+                                                                                            "L "
+                                                                                            "mo"
+                                                                                            "d"
+                                                                                            "e") C(fopen64,
+                                                                                                   hostile,
+                                                                                                   NULL) C(__xstat,
+                                                                                                           hostile, NULL)
+                                                                                            C(__xstat64,
+                                                                                              hostile,
+                                                                                              NULL) C(stat, hostile, NULL)
+                                                                                                C(access,
                                                                                                   hostile,
-                                                                                                  NULL) C(stat, hostile, NULL)
-                                                                                                    C(access,
-                                                                                                      hostile,
-                                                                                                      NULL) C(dlsym, hostile, NULL)
+                                                                                                  NULL) C(dlsym, hostile, NULL)
+                                                                                                    C(dlsym,
+                                                                                                      rtld_next,
+                                                                                                      NULL)
                                                                                                         C(dlsym,
-                                                                                                          rtld_next,
-                                                                                                          NULL)
+                                                                                                          null_name,
+                                                                                                          "glibc's dlsym dereferences a NULL name")
                                                                                                             C(dlsym,
-                                                                                                              null_name,
-                                                                                                              "glibc's dlsym dereferences a NULL name")
-                                                                                                                C(dlsym,
-                                                                                                                  garbage_handle,
-                                                                                                                  "glibc's dlsym dereferences a garbage handle")
-                                                                                                                    NVVM_CASES};
+                                                                                                              garbage_handle,
+                                                                                                              "glibc's dlsym dereferences a garbage handle")
+                                                                                                                NVVM_CASES};
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static int nofork;
