@@ -222,7 +222,7 @@ int kc__bh_marker_put(int sdir, int ddir)
                  ? -EINVAL
                  : read_whole(in, &st, &buf);
     close(in);
-    size_t n = (size_t)st.st_size;
+    size_t n = rc == 0 ? (size_t)st.st_size : 0;
     if (rc == 0 && (o = malloc(n + 256)) == NULL)
         rc = -ENOMEM;
     if (rc == 0) {
