@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/fs.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -30,6 +31,10 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x00001000U
+#endif
 
 /* The map file: magic, the NVRTC identity, the number of files, each
  * file's path length (u16), path and digest, then XXH3-128 of all before. */
@@ -584,12 +589,25 @@ bool kc__pristine_unchanged(const struct kc__pristine_proof *pd, const char *rel
  * takes its modes from the umask alone (no default ACL); else the store's
  * copy (DIR/bundled/<id>.tree, kept once per identity from a DIR NVRTC's
  * install filled), each file a reflink (FICLONE) where the filesystem has
- * them, else a copy, with NVRTC's modes (0666 and 0777 less the umask).
- * Either way every file is checked against the map (a moved one read
- * again, ours, with those modes, and dated now), and the version marker
- * is dated now. The host gets files of its own it may change or remove;
- * the store's stay as they are. Hard links are not used: the host could
- * write the store's copy through them. */
+ * them, else a copy, with NVRTC's modes (files 0666, directories 0755,
+ * less the umask). Either way every file is checked against the map
+ * before it is added (a ready copy where it lies: read, ours, with those
+ * modes, dated now), and the version marker is written last, dated now.
+ *
+ * DIR may be shared: other processes, kcache's or NVRTC's alone, may
+ * install into it at the same moment. NVRTC's install takes
+ * DIR/.nvrtc_install.lock (flock), installs unless the marker is there,
+ * writes the marker last and unlocks; its compile reads DIR only after
+ * that. A fill takes the same lock (never waiting: when another holds
+ * it, NVRTC's install waits as it would without kcache), fills only a DIR
+ * that holds nothing but the lock, and only adds: a directory or file is
+ * made (mkdirat, O_EXCL) or moved in (RENAME_NOREPLACE), never over one
+ * there, and nothing in DIR is ever removed. A fill that fails leaves what
+ * it added, every file checked and no marker: NVRTC's install, which
+ * rewrites every file it finds without its marker, completes it into
+ * exactly its own. The host gets files of its own it may change or
+ * remove; the store's stay as they are. Hard links are not used: the host
+ * could write the store's copy through them. */
 
 /* <hex>.tree: the store's copy's name in DIR/bundled. */
 static void tree_name(const char *hex, char *out, size_t n)
@@ -671,137 +689,190 @@ static bool umask_alone(int fd)
            (errno == ENODATA || errno == ENOTSUP || errno == EOPNOTSUPP);
 }
 
-static void note_ctime(int fd, struct timespec *latest)
-{
-    struct stat st;
-    if (fstat(fd, &st) == 0 &&
-        (st.st_ctim.tv_sec > latest->tv_sec ||
-         (st.st_ctim.tv_sec == latest->tv_sec && st.st_ctim.tv_nsec > latest->tv_nsec)))
-        *latest = st.st_ctim;
-}
-
-struct moved {
+struct ready_check {
     const struct kc__pristine *m;
     mode_t fm, dm;
     uint32_t n;
-    struct timespec latest;
 };
 
-static int moved_check(int dfd, char *rel, size_t rl, int depth, struct moved *mv);
+static int ready_check(int dfd, char *rel, size_t rl, int depth, struct ready_check *rc);
 
-static int moved_entry(void *arg, int dir, const char *name, char *rel, size_t pl, int depth)
+static int ready_entry(void *arg, int dir, const char *name, char *rel, size_t pl, int depth)
 {
-    struct moved *mv = arg;
+    struct ready_check *ck = arg;
+    /* The install's lock and marker are not moved: the fill made the lock
+     * and writes the marker last. */
+    if (kc__bh_extra(depth, name))
+        return 0;
     int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK), rc = 0;
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         rc = fd < 0 && errno == ELOOP ? -EINVAL : -errno;
     } else if (st.st_uid != geteuid() ||
-               (st.st_mode & 07777) != (S_ISDIR(st.st_mode) ? mv->dm : mv->fm)) {
+               (st.st_mode & 07777) != (S_ISDIR(st.st_mode) ? ck->dm : ck->fm)) {
         rc = -EINVAL;
     } else if (S_ISDIR(st.st_mode)) {
-        rc = depth < 64 ? moved_check(fd, rel, pl, depth + 1, mv) : -ELOOP;
+        rc = depth < 64 ? ready_check(fd, rel, pl, depth + 1, ck) : -ELOOP;
     } else if (!S_ISREG(st.st_mode)) {
         rc = -EINVAL;
-    } else if (!kc__bh_extra(depth, name)) {
+    } else {
         kc_digest got;
         rc = kc__digest_fd(fd, &st, &got);
-        if (rc == 0 && !map_check((void *)mv->m, rel, &got))
+        if (rc == 0 && !map_check((void *)ck->m, rel, &got))
             rc = -EBADMSG;
         if (rc == 0)
-            mv->n++;
+            ck->n++;
     }
     if (rc == 0 && futimens(fd, NULL) != 0)
         rc = -errno;
-    if (rc == 0)
-        note_ctime(fd, &mv->latest);
     if (fd >= 0)
         close(fd);
     return rc;
 }
 
-/* Checks the tree below dfd (not closed here) as a moved ready copy: every
- * file and directory ours with modes fm and dm, every file the map's (n
- * counts them), each dated now as a file made now would be (latest: the
- * latest ctime that gave one). */
-static int moved_check(int dfd, char *rel, size_t rl, int depth, struct moved *mv)
+/* Checks the tree below dfd (not closed here) as a claimed ready copy:
+ * every file and directory ours with modes fm and dm, every file the
+ * map's (n counts them), each dated now as a file made now would be. */
+static int ready_check(int dfd, char *rel, size_t rl, int depth, struct ready_check *ck)
 {
     DIR *d = kc__dir_read(dfd);
-    return d == NULL ? -ENOMEM : kc__tree_each(d, rel, rl, depth, moved_entry, mv);
+    return d == NULL ? -ENOMEM : kc__tree_each(d, rel, rl, depth, ready_entry, ck);
 }
 
-/* Fills DIR (dfd, empty) from a ready copy for umask mask: its entries
- * moved in, the version marker written dated now, all checked. -ENOENT
- * when there is none; another error leaves files in DIR. */
+/* Moves the entry `name` of sdir into ddir under the same name, never over
+ * one there (-EEXIST). 0 or a negative errno. */
+static int move_in(int sdir, int ddir, const char *name)
+{
+    if (renameat2(sdir, name, ddir, name, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS)
+        return -errno;
+    /* A filesystem without RENAME_NOREPLACE: DIR's install lock is held
+     * and every installer takes it, so nothing appears between the two. */
+    struct stat st;
+    if (fstatat(ddir, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+        return -EEXIST;
+    return renameat(sdir, name, ddir, name) == 0 ? 0 : -errno;
+}
+
+/* A ctime the fill gave (a rename, times set after a stat: multigrain
+ * timestamps take the fine clock) can be finer than the coarse clock the
+ * fill's time is read from: the fill ends once that clock is past the
+ * fine clock's now, so its files are older than the fill
+ * (kc__pristine_unchanged). A tick at most. */
+static void after_fill(void)
+{
+    struct timespec fine, now;
+    if (syscall(SYS_clock_gettime, CLOCK_REALTIME, &fine) != 0)
+        return;
+    for (int i = 0; i < 40; i++) {
+        kc__pristine_clock(&now);
+        if (now.tv_sec > fine.tv_sec || (now.tv_sec == fine.tv_sec && now.tv_nsec > fine.tv_nsec))
+            return;
+        nanosleep(&(struct timespec){0, 500000}, NULL);
+    }
+}
+
+/* Fills DIR (dfd: holding only the install's lock, which this process
+ * holds) from a ready copy for umask mask: claimed, checked where it lies
+ * (every file the map's, ours, with the umask's modes, dated now), its
+ * top-level entries moved in (never over one there), the version marker
+ * written last. -ENOENT when there is none; -EXDEV when no rename reaches
+ * DIR (the copy goes back); another error with *moved false: the copy
+ * failed its check (removed), DIR as it was; with *moved true: DIR holds
+ * some of the copy's entries, every file checked, and no marker. */
 static int ready_fill(int bdir, const char *hex, int dfd, const struct kc__pristine *m, mode_t mask,
-                      uint32_t *n)
+                      uint32_t *n, bool *moved)
 {
     char claim[128];
     int rfd = kc__ready_claim(bdir, hex, mask, claim, sizeof claim);
     if (rfd < 0)
         return rfd;
-    DIR *d = kc__dir_read(rfd);
-    int rc = d != NULL ? 0 : -ENOMEM;
-    bool marker = false, moved = false;
+    char rel[PATH_MAX];
+    rel[0] = 0;
+    struct ready_check ck = {.m = m, .fm = 0666 & ~mask, .dm = 0755 & ~mask};
+    int rc = ready_check(rfd, rel, 0, 0, &ck);
+    *n = ck.n;
+    if (rc == 0 && ck.n != m->n)
+        rc = -EBADMSG;
+    DIR *d = NULL;
+    if (rc == 0 && (d = kc__dir_read(rfd)) == NULL)
+        rc = -ENOMEM;
     struct dirent *e;
-    while (rc == 0 && d != NULL && (errno = 0, e = readdir(d)) != NULL) {
+    while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
         const char *name = e->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || kc__bh_extra(0, name))
             continue;
-        if (strcmp(name, KC__BH_MARKER) == 0)
-            marker = true; /* written last, dated now */
-        else if (renameat(rfd, name, dfd, name) != 0)
-            rc = -errno;
-        else
-            moved = true;
+        if ((rc = move_in(rfd, dfd, name)) == 0)
+            *moved = true;
     }
+    if (rc == 0 && errno != 0)
+        rc = -errno;
     if (d != NULL)
         closedir(d);
-    if (rc == 0 && marker) {
-        struct kc__tree_copy c = {.fm = 0666};
-        kc_digest dg;
-        rc = kc__bh_file_copy(rfd, dfd, KC__BH_MARKER, &c, true, &dg);
-    }
+    if (rc == 0)
+        rc = kc__bh_marker_put(rfd, dfd);
     close(rfd);
-    /* Two mounts of one filesystem (a bind mount: the same device): no
-     * rename crosses them. The copy goes back for a host that can use it. */
+    /* Two mounts of one filesystem (a bind mount: the same device) that
+     * ready_usable could not tell apart: no rename crosses them. The copy
+     * goes back for a host that can use it. */
     char back[128];
     kc__ready_name(back, sizeof back, hex, "ready", mask,
                    claim + strlen(hex) + sizeof ".claim.000." - 1);
-    if (rc == -EXDEV && !moved && renameat(bdir, claim, bdir, back) == 0)
+    if (rc == -EXDEV && !*moved && renameat(bdir, claim, bdir, back) == 0)
         return -EXDEV;
     kc__tree_remove(bdir, claim);
-    char rel[PATH_MAX];
-    rel[0] = 0;
-    struct moved mv = {.m = m, .fm = 0666 & ~mask, .dm = 0777 & ~mask};
-    struct timespec now;
     if (rc == 0)
-        rc = moved_check(dfd, rel, 0, 0, &mv);
-    *n = mv.n;
-    if (rc == 0 && mv.n != m->n)
-        rc = -EBADMSG;
-    /* A ctime set after a stat of the file may be finer than the coarse
-     * clock the fill's time is read from (multigrain timestamps): the fill
-     * ends once that clock is past every ctime it gave, so its files are
-     * older than the fill (kc__pristine_unchanged). A few ms at most. */
-    note_ctime(dfd, &mv.latest);
-    for (int i = 0; rc == 0 && i < 40; i++) {
-        kc__pristine_clock(&now);
-        if (now.tv_sec > mv.latest.tv_sec ||
-            (now.tv_sec == mv.latest.tv_sec && now.tv_nsec > mv.latest.tv_nsec))
-            break;
-        nanosleep(&(struct timespec){0, 500000}, NULL);
-    }
+        after_fill();
     return rc;
 }
 
 /* Whether a ready copy could fill the directory dfd: on the store's
- * filesystem, modes from the umask alone; *mask the umask. */
+ * filesystem and mount (a rename reaches it), modes from the umask alone;
+ * *mask the umask. */
 static bool ready_usable(int bdir, int dfd, mode_t *mask)
 {
     struct stat b, d;
-    return fstat(bdir, &b) == 0 && fstat(dfd, &d) == 0 && b.st_dev == d.st_dev &&
-           host_umask(mask) && umask_alone(dfd);
+    if (fstat(bdir, &b) != 0 || fstat(dfd, &d) != 0 || b.st_dev != d.st_dev)
+        return false;
+    struct statx bx, dx;
+    if (statx(bdir, "", AT_EMPTY_PATH, STATX_MNT_ID, &bx) == 0 &&
+        statx(dfd, "", AT_EMPTY_PATH, STATX_MNT_ID, &dx) == 0 &&
+        (bx.stx_mask & dx.stx_mask & STATX_MNT_ID) && bx.stx_mnt_id != dx.stx_mnt_id)
+        return false;
+    return host_umask(mask) && umask_alone(dfd);
+}
+
+/* Takes NVRTC's install lock of DIR (dfd) as its install does: the file
+ * DIR/.nvrtc_install.lock made as it makes it (0644 less the umask) and
+ * flock'd exclusive, without waiting. NVRTC's install and every fill take
+ * it, and read DIR only once they hold it and find the version marker,
+ * which a fill writes last: no process reads what a fill is adding. The
+ * lock's fd; -EBUSY when another process holds it or DIR holds anything
+ * but the lock (another process installed, or fills, it). */
+static int install_lock(int dfd)
+{
+    int lk = openat(dfd, KC__BH_LOCK, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (lk < 0)
+        return -EBUSY;
+    struct stat st;
+    bool ok = flock(lk, LOCK_EX | LOCK_NB) == 0 && fstat(lk, &st) == 0 && S_ISREG(st.st_mode) &&
+              st.st_uid == geteuid();
+    DIR *d = ok ? kc__dir_read(dfd) : NULL;
+    ok = ok && d != NULL;
+    struct dirent *e;
+    while (ok && (errno = 0, e = readdir(d)) != NULL)
+        ok = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+             strcmp(e->d_name, KC__BH_LOCK) == 0;
+    if (ok && errno != 0)
+        ok = false;
+    if (d != NULL)
+        closedir(d);
+    if (!ok) {
+        close(lk);
+        return -EBUSY;
+    }
+    return lk;
 }
 
 int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, bool readonly,
@@ -812,9 +883,12 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     if (bdir < 0)
         return -ENOENT;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0) {
+    int lk = dfd < 0 ? -EBUSY : install_lock(dfd);
+    if (lk < 0) {
+        if (dfd >= 0)
+            close(dfd);
         close(bdir);
-        return -errno;
+        return lk;
     }
     char hex[33];
     kc__digest_hex(id, hex);
@@ -822,45 +896,50 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     uint32_t n = 0;
     mode_t mask = 0;
     /* (A claim writes the store: not a read-only one.) */
-    bool usable = !readonly && ready_usable(bdir, dfd, &mask);
-    int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n) : -ENOENT;
+    bool usable = !readonly && ready_usable(bdir, dfd, &mask), moved = false;
+    int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n, &moved) : -ENOENT;
     const char *how = "a ready copy";
     if (rc == -EXDEV)
         usable = false;
-    if (rc != 0) {
-        if (rc != -ENOENT && rc != -EXDEV) {
+    if (rc != 0 && !moved) {
+        if (rc != -ENOENT && rc != -EXDEV)
             kc_log(KC_LOG_DEBUG, "nvrtc: a ready copy of the bundled headers in %s/bundled: %s",
                    store, strerror(-rc));
-            kc__tree_clear(dfd, 0);
-        }
         how = "the store's copy";
-        n = 0;
         int sfd = open_tree(bdir, hex);
-        int d2 = sfd >= 0 ? dup(dfd) : -1;
+        /* The tree's copy takes sfd and d2; mk is the marker's source. */
+        int mk = sfd >= 0 ? dup(sfd) : -1, d2 = mk >= 0 ? dup(dfd) : -1;
         struct kc__tree_copy c = {.fm = 0666,
-                                  .dm = 0777,
-                                  .restamp = true,
+                                  .dm = 0755,
+                                  .fill = true,
                                   .clone = true,
                                   .check = map_check,
                                   .arg = (void *)m};
-        rc = sfd < 0 ? -ENOENT : d2 < 0 ? -errno : kc__tree_copy(sfd, d2, &c);
-        if (sfd >= 0 && d2 < 0)
-            close(sfd);
+        if (sfd < 0)
+            rc = -ENOENT;
+        else if (d2 < 0)
+            rc = -EMFILE, close(sfd);
+        else
+            rc = kc__tree_copy(sfd, d2, &c);
         n = c.n;
         if (rc == 0 && n != m->n)
             rc = -EBADMSG;
-        if (rc != 0 && sfd >= 0) {
-            /* DIR was empty: it is again, and NVRTC's install fills it. */
-            kc__tree_clear(dfd, 0);
-            if (rc == -EBADMSG || rc == -EINVAL) {
-                kc_log(KC_LOG_WARN,
-                       "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
-                       "map; dropped, NVRTC installs them",
-                       store);
-                tree_drop(bdir, hex);
-            }
+        if (rc == 0)
+            rc = kc__bh_marker_put(mk, dfd);
+        if (mk >= 0)
+            close(mk);
+        if (sfd >= 0 && (rc == -EBADMSG || rc == -EINVAL)) {
+            /* Nothing that failed was made in DIR: NVRTC's install completes it. */
+            kc_log(KC_LOG_WARN,
+                   "the store's copy of NVRTC's bundled headers (%s/bundled) differs from its "
+                   "map; dropped, NVRTC installs them",
+                   store);
+            tree_drop(bdir, hex);
         }
     }
+    /* Unlocked once the marker is there: an install waiting for it finds
+     * DIR installed. */
+    close(lk);
     if (rc == 0) {
         *map = m;
         kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s from %s: %u files, %.1f ms", dir, how, n,
@@ -871,7 +950,8 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     }
     close(dfd);
     close(bdir);
-    return rc;
+    /* Something in DIR the fill did not put there: another process's. */
+    return rc == -EEXIST ? -EBUSY : rc;
 }
 
 void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,

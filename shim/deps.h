@@ -153,13 +153,20 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
                                             bool readonly);
 
 /* Fills `dir` (empty and private: kc__bundled_empty) with what NVRTC's
- * install of identity `id` writes: from a ready copy the owner made for
- * this umask (moved in, on the store's filesystem), else from the store's
- * copy (reflinks where the filesystem has them, else copies), each file
- * checked against the map; unless `readonly`, asks the owner for the next
- * ready copy. 0 with *map, that map; else `dir` is left empty, -ENOENT
- * when the store has no copy or map (a copy that fails its check is
- * dropped, one warning). */
+ * install of identity `id` writes, holding NVRTC's install lock
+ * (dir/.nvrtc_install.lock, as its install takes it): from a ready copy
+ * the owner made for this umask (checked, then moved in, on the store's
+ * filesystem), else from the store's copy (reflinks where the filesystem
+ * has them, else copies), each file checked against the map before it is
+ * added; the version marker last. A fill only adds: nothing in `dir` is
+ * removed or replaced. Unless `readonly`, asks the owner for the next
+ * ready copy. 0 with *map, that map; -EBUSY when another process holds
+ * the lock or `dir` holds anything but it (another process installs into
+ * it, or has: NVRTC's install waits for it, and `dir` is not this call's
+ * from empty); another error: `dir` holds the lock and files the fill
+ * checked, no marker, and NVRTC's install completes it into exactly its
+ * own (-ENOENT when the store has no copy or map; a copy that fails its
+ * check is dropped, one warning). */
 int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, bool readonly,
                       const struct kc__pristine **map);
 

@@ -1497,10 +1497,16 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
     if (keyed && !resolve_getters())
         keyed = false;
     /* An empty DIR is filled from the store's copy of the install, when it
-     * has one: a copy or reflink per file, not NVRTC's own install. */
-    bool filled = keyed && fresh_dir && cfg->dir[0] != '\0' &&
-                  kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, cfg->readonly,
-                                    &bh.pristine) == 0;
+     * has one: a copy or reflink per file, not NVRTC's own install. One
+     * another process installs into, or has, is not this call's from empty:
+     * NVRTC's install waits for it, and the headers are checked as read. */
+    int fill = keyed && fresh_dir && cfg->dir[0] != '\0'
+                   ? kc__pristine_fill(cfg->dir, &nvrtc_identity()->digest, bh.dir, cfg->readonly,
+                                       &bh.pristine)
+                   : -ENOENT;
+    bool filled = fill == 0;
+    if (fill == -EBUSY)
+        fresh_dir = false;
     if (keyed && bh.dir != NULL && !filled && bundled_install(bh.dir) != NVRTC_SUCCESS)
         keyed = false, why = KC_PASS_refused;
     /* When DIR held NVRTC's bytes: right after the fill (later calls prove

@@ -78,7 +78,8 @@ static int make_one(int bdir, const char *hex, mode_t mask)
         return -errno;
     int sfd = openat(bdir, tree, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int dfd = openat(bdir, prep, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    struct kc__tree_copy c = {.fm = 0666 & ~mask, .dm = 0777 & ~mask, .exact = true, .clone = true};
+    /* NVRTC's install's modes: files 0666, directories 0755, less the umask. */
+    struct kc__tree_copy c = {.fm = 0666 & ~mask, .dm = 0755 & ~mask, .exact = true, .clone = true};
     int rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
     if (sfd >= 0 && dfd < 0)
         close(sfd);

@@ -286,9 +286,10 @@ int kc__mkdir_p(const char *path, mode_t mode);
  * filled a fresh DIR with, <id>.want.<umask> (empty) and up to
  * KC__READY_POOL ready copies the owner makes from the store's copy with
  * that host's modes (<id>.ready.<umask>.<tag>; <id>.prep.<umask>.<tag>
- * while made). A host claims one by renaming it to <id>.claim.<umask>.<tag>,
- * moves its entries into its DIR, checks every file against the map and
- * removes what is left. */
+ * while made; NVRTC's modes: files 0666, directories 0755, less the umask).
+ * A host claims one by renaming it to <id>.claim.<umask>.<tag>, checks
+ * every file against the map, moves its entries into its DIR (never over
+ * one there) and removes what is left. */
 #define KC__BH_MARKER ".nvrtc_headers_version"
 #define KC__BH_LOCK ".nvrtc_install.lock"
 #define KC__READY_POOL 2
@@ -301,9 +302,8 @@ bool kc__bh_extra(int depth, const char *name);
 /* Appends "/name" (or "name" at the top) to rel, which holds rl bytes: the
  * new length, or 0 when it would not fit (PATH_MAX, or a u16 length). */
 size_t kc__rel_join(char *rel, size_t rl, const char *name);
-/* Removes everything below the directory dfd (not closed here); and the
- * directory parent/name with all below it. */
-void kc__tree_clear(int dfd, int depth);
+/* Removes the directory parent/name with all below it (a directory of the
+ * store's: a fill never removes anything from a host's DIR). */
 void kc__tree_remove(int parent, const char *name);
 /* Calls each(arg, dirfd, name, rel, pl, depth) for every entry of the
  * directory stream d but . and .., rel holding the entry's path below the
@@ -314,26 +314,31 @@ typedef int (*kc__tree_entry_fn)(void *arg, int dirfd, const char *name, char *r
 int kc__tree_each(DIR *d, char *rel, size_t rl, int depth, kc__tree_entry_fn each, void *arg);
 /* How a tree is copied (kc__tree_copy): files made mode fm, directories dm
  * (less the umask, or exactly), each file a reflink while `clone` (cleared
- * once the filesystem refuses one), else its bytes. */
+ * once the filesystem refuses one), else its bytes. The top's install lock
+ * is never copied. */
 struct kc__tree_copy {
     mode_t fm, dm;
-    bool exact;   /* fm and dm as they are (fchmod), not less the umask */
-    bool restamp; /* the version marker at the top dated now */
+    bool exact; /* fm and dm as they are (fchmod), not less the umask */
+    bool fill;  /* into a host's DIR: the top's version marker is not copied
+                   either (the fill writes it last, kc__bh_marker_put) */
     bool clone;
     /* For each file but the top's marker and lock, its path below the top
-     * and the copy's digest: false fails the copy (-EBADMSG); NULL: none.
-     * n counts the files it passed. */
+     * and its digest, before the file is made: false fails the copy
+     * (-EBADMSG) and the file is not made; NULL: none. n counts the files
+     * it passed. */
     bool (*check)(void *arg, const char *rel, const kc_digest *d);
     void *arg;
     uint32_t n;
 };
-/* Copies the tree below sdir into ddir (both taken: closed here). 0 or a
- * negative errno (-EINVAL: something neither a file nor a directory). */
+/* Copies the tree below sdir into ddir (both taken: closed here), making
+ * every file and directory (O_EXCL, mkdirat: nothing in ddir is replaced;
+ * one there already fails the copy, -EEXIST). 0 or a negative errno
+ * (-EINVAL: something neither a file nor a directory). */
 int kc__tree_copy(int sdir, int ddir, struct kc__tree_copy *c);
-/* Copies the file `name` of sdir into ddir as kc__tree_copy does (restamp:
- * it is the version marker); *d the copy's digest. */
-int kc__bh_file_copy(int sdir, int ddir, const char *name, struct kc__tree_copy *c, bool restamp,
-                     kc_digest *d);
+/* Writes the version marker of sdir into ddir as NVRTC's install makes it
+ * (0666 less the umask), its install time now; never over one there
+ * (-EEXIST). 0 or a negative errno (-ENOENT: sdir has none). */
+int kc__bh_marker_put(int sdir, int ddir);
 /* DIR/bundled, checked private (made when `create`): an fd, or -errno. */
 int kc__bundled_dir(const char *store, bool create);
 /* "<hex>.<kind>.<umask>[.<tag>]" (tag NULL: none; "" ends in the dot). */

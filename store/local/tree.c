@@ -54,7 +54,8 @@ bool kc__bh_extra(int depth, const char *name)
     return depth == 0 && (strcmp(name, KC__BH_MARKER) == 0 || strcmp(name, KC__BH_LOCK) == 0);
 }
 
-void kc__tree_clear(int dfd, int depth)
+/* Removes everything below the directory dfd (not closed here). */
+static void tree_clear(int dfd, int depth)
 {
     DIR *d = kc__dir_read(dfd);
     if (d == NULL) {
@@ -70,7 +71,7 @@ void kc__tree_clear(int dfd, int depth)
                      ? openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                      : -1;
         if (fd >= 0) {
-            kc__tree_clear(fd, depth + 1);
+            tree_clear(fd, depth + 1);
             close(fd);
         }
         unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
@@ -82,7 +83,7 @@ void kc__tree_remove(int parent, const char *name)
 {
     int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) {
-        kc__tree_clear(fd, 0);
+        tree_clear(fd, 0);
         close(fd);
     }
     unlinkat(parent, name, AT_REMOVEDIR);
@@ -132,8 +133,33 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-int kc__bh_file_copy(int sdir, int ddir, const char *name, struct kc__tree_copy *c, bool restamp,
-                     kc_digest *d)
+/* The bytes of the regular file in (st: its fstat), at most MAX_FILE, in
+ * *out (malloc'd). 0 or a negative errno. */
+static int read_whole(int in, const struct stat *st, char **out)
+{
+    size_t n = (size_t)st->st_size, got = 0;
+    char *buf = malloc(n ? n : 1);
+    if (buf == NULL)
+        return -ENOMEM;
+    while (got < n) {
+        ssize_t r = read(in, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            free(buf);
+            return r < 0 ? -errno : -ESTALE;
+        }
+        got += (size_t)r;
+    }
+    *out = buf;
+    return 0;
+}
+
+/* Copies the file `name` of sdir (rel: its path below the top) into ddir as
+ * kc__tree_copy does. The copy's bytes are checked (c->check) before the
+ * file is made: a file that fails is never made (-EBADMSG). */
+static int file_copy(int sdir, int ddir, const char *name, const char *rel, bool extra,
+                     struct kc__tree_copy *c)
 {
     int in = openat(sdir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (in < 0)
@@ -141,10 +167,23 @@ int kc__bh_file_copy(int sdir, int ddir, const char *name, struct kc__tree_copy 
     struct stat st;
     int rc = 0, out = -1;
     char *buf = NULL;
+    bool check = c->check != NULL && !extra, clone = false;
+    kc_digest d;
     if (fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MAX_FILE) {
         rc = -EINVAL;
         goto done;
     }
+    clone = c->clone && st.st_size > 0;
+    /* The bytes first: a reflink's are the source's (read with pread, the
+     * offset stays at 0), a copy's those read. */
+    if (clone)
+        rc = check ? kc__digest_fd(in, &st, &d) : 0;
+    else if ((rc = read_whole(in, &st, &buf)) == 0 && check)
+        d = kc_digest_of(buf, (size_t)st.st_size);
+    if (rc == 0 && check && !c->check(c->arg, rel, &d))
+        rc = -EBADMSG;
+    if (rc != 0)
+        goto done;
     out = openat(ddir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, c->fm);
     if (out < 0) {
         rc = -errno;
@@ -154,46 +193,49 @@ int kc__bh_file_copy(int sdir, int ddir, const char *name, struct kc__tree_copy 
         rc = -errno;
         goto done;
     }
-    if (c->clone && !restamp && st.st_size > 0) {
-        if (ioctl(out, FICLONE, in) == 0) {
-            rc = kc__digest_fd(out, &st, d);
+    if (clone) {
+        if (ioctl(out, FICLONE, in) == 0)
             goto done;
-        }
         c->clone = false; /* not on this filesystem (or across two): copies from now on */
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    buf = malloc(n ? n : 1);
-    if (buf == NULL) {
-        rc = -ENOMEM;
-        goto done;
-    }
-    while (got < n) {
-        ssize_t r = read(in, buf + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = r < 0 ? -errno : -ESTALE;
+        if ((rc = read_whole(in, &st, &buf)) != 0)
             goto done;
-        }
-        got += (size_t)r;
     }
-    if (restamp) {
-        char *o = malloc(n + 256);
-        if (o == NULL) {
-            rc = -ENOMEM;
-            goto done;
-        }
-        n = marker_restamp(buf, n, o, n + 256);
-        free(buf);
-        buf = o;
-    }
-    *d = kc_digest_of(buf, n);
-    rc = write_all(out, buf, n);
+    rc = write_all(out, buf, (size_t)st.st_size);
 done:
     free(buf);
     if (out >= 0 && close(out) != 0 && rc == 0)
         rc = -errno;
     close(in);
+    if (rc == 0 && check)
+        c->n++;
+    return rc;
+}
+
+int kc__bh_marker_put(int sdir, int ddir)
+{
+    int in = openat(sdir, KC__BH_MARKER, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (in < 0)
+        return -errno;
+    struct stat st;
+    char *buf = NULL, *o = NULL;
+    int rc = fstat(in, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 65536
+                 ? -EINVAL
+                 : read_whole(in, &st, &buf);
+    close(in);
+    size_t n = rc == 0 ? (size_t)st.st_size : 0;
+    if (rc == 0 && (o = malloc(n + 256)) == NULL)
+        rc = -ENOMEM;
+    if (rc == 0) {
+        n = marker_restamp(buf, n, o, n + 256);
+        /* As NVRTC's install makes it (0666 less the umask), never over one. */
+        int out =
+            openat(ddir, KC__BH_MARKER, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        rc = out < 0 ? -errno : write_all(out, o, n);
+        if (out >= 0 && close(out) != 0 && rc == 0)
+            rc = -errno;
+    }
+    free(buf);
+    free(o);
     return rc;
 }
 
@@ -231,6 +273,10 @@ static int copy_entry(void *arg, int sdir, const char *name, char *rel, size_t p
     struct copy_at *a = arg;
     struct kc__tree_copy *c = a->c;
     bool extra = kc__bh_extra(depth, name);
+    /* The install's lock is no part of a copy; a fill writes the marker
+     * itself, last. */
+    if (extra && (c->fill || strcmp(name, KC__BH_LOCK) == 0))
+        return 0;
     struct stat st;
     if (fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
         return -errno;
@@ -254,15 +300,7 @@ static int copy_entry(void *arg, int sdir, const char *name, char *rel, size_t p
     }
     if (!S_ISREG(st.st_mode))
         return -EINVAL;
-    kc_digest got;
-    int rc = kc__bh_file_copy(sdir, a->ddir, name, c,
-                              c->restamp && extra && strcmp(name, KC__BH_MARKER) == 0, &got);
-    if (rc == 0 && c->check != NULL && !extra) {
-        if (!c->check(c->arg, rel, &got))
-            return -EBADMSG;
-        c->n++;
-    }
-    return rc;
+    return file_copy(sdir, a->ddir, name, rel, extra, c);
 }
 
 static int copy_below(int sdir, int ddir, char *rel, size_t rl, int depth, struct kc__tree_copy *c)

@@ -10,6 +10,10 @@ own (prefilled). `other` compiles another program (the same headers);
 `again*` compile a fresh DIR twice (see below). Writes
 to OUT the compile's result, the PTX's and the log's digests (DIR written
 as <DIR>) and removes DIR.
+
+KC_TEST_DIR: DIR is that directory, shared with other processes (not
+removed); KC_TEST_START: the compile starts at that time (time.time()), so
+processes started together compile at the same moment.
 """
 import ctypes
 import hashlib
@@ -30,7 +34,9 @@ extern "C" __global__ void k(float *x) {
 extern "C" __global__ void k(int *x) { x[0] = cuda::std::numeric_limits<int>::max(); }
 """}
 
-d = tempfile.mkdtemp(prefix="nvrtc_bundled_headers_", dir=os.environ.get("TMPDIR", "/tmp"))
+shared = os.environ.get("KC_TEST_DIR")
+d = shared or tempfile.mkdtemp(prefix="nvrtc_bundled_headers_",
+                               dir=os.environ.get("TMPDIR", "/tmp"))
 if mode == "edited":
     err = ctypes.c_char_p()
     assert lib.nvrtcInstallBundledHeaders(d.encode(), 0, ctypes.byref(err)) == 0
@@ -69,6 +75,7 @@ def compile_once():
     return out
 
 
+time.sleep(max(0.0, float(os.environ.get("KC_TEST_START", "0")) - time.time()))
 res = compile_once()
 if mode.startswith("again"):
     # The same compile again in the same DIR, as a process's later one:
@@ -110,6 +117,7 @@ if os.environ.get("KC_TEST_MODIFY"):
     with open(os.path.join(d, "cuda_fp16.h"), "ab") as f:
         f.write(b"// the host's edit\n")
     os.unlink(os.path.join(d, "cuComplex.h"))
-shutil.rmtree(d)
+if not shared:
+    shutil.rmtree(d)
 with open(sys.argv[2], "w") as f:
     f.write("\n".join(res) + "\n")

@@ -45,6 +45,11 @@ Usage: test_versions.py TEST
            NVRTC's install: what NVRTC's install writes (paths, modes under
            the umask, bytes, the marker dated now); the host's edits never
            reach the store's copy; a corrupt copy is dropped and made again
+  fill_race  one fresh bundled-headers DIR shared by processes compiling
+           at once, four under kcache (a warm store: each may fill DIR, from
+           a ready copy or the store's copy, on the store's filesystem and on
+           tmpfs) and two of NVRTC alone, several rounds: every compile
+           succeeds with NVRTC's output, DIR ends as NVRTC's install
   bundled  NVRTC 13.5's --use-bundled-headers=DIR, a fresh DIR per compile
            (bundled_client.py): without kcache, cold and warm the same
            outputs and the same DIR; warm serves the compiles no output of
@@ -56,6 +61,7 @@ Environment (tests/versions/meson.build): KCACHE_SHIM, KCACHE_SRC,
 KCACHE_TEST_CC, KCACHE_TEST_CLIENT_SRC, KCACHE_TEST_TOOLKIT.
 """
 import fcntl
+import hashlib
 import filecmp
 import json
 import os
@@ -638,6 +644,21 @@ def t_pristine(tmp):
         check(len(c) >= 2 and c[1][2] >= 1, "%s: the later compile reads (%s)" % (what, c))
 
 
+def owner_settle(store):
+    """The owner run to its end in the foreground, once an owner a run
+    started has ended (its lock free): the ready copies made."""
+    lock = os.path.join(store, "owner.lock")
+    if os.path.exists(lock):
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    p = subprocess.run([TOOL, "owner", "--idle-ms", "0"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+                       | {"KCACHE_DIR": store}, timeout=300)
+    check(p.returncode == 0 and "another owner" not in p.stderr,
+          "kcache owner: exit %d %s" % (p.returncode, p.stderr[-500:]))
+
+
 def t_fill(tmp):
     """A hit (or a miss) whose bundled-headers DIR is empty fills it from the
     store's copy of NVRTC's install, not NVRTC's install: the DIR then holds
@@ -679,18 +700,7 @@ def t_fill(tmp):
                 else None)
 
     def settle():
-        """The owner run to its end in the foreground, once an owner a run
-        started has ended (its lock free): the ready copies made."""
-        lock = os.path.join(store, "owner.lock")
-        if os.path.exists(lock):
-            with open(lock) as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                fcntl.flock(f, fcntl.LOCK_UN)
-        p = subprocess.run([TOOL, "owner", "--idle-ms", "0"], capture_output=True, text=True,
-                           env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
-                           | {"KCACHE_DIR": store}, timeout=300)
-        check(p.returncode == 0 and "another owner" not in p.stderr,
-              "kcache owner: exit %d %s" % (p.returncode, p.stderr[-500:]))
+        owner_settle(store)
 
     def tree():
         t = [x for x in os.listdir(os.path.join(store, "bundled")) if x.endswith(".tree")]
@@ -705,18 +715,27 @@ def t_fill(tmp):
         return root, files
 
     ref = go("fresh", shim=False)[0]
-    ref027 = go("fresh", shim=False, umask=0o027)[0]
+    # NVRTC's modes under each umask: directories 0755, files and the
+    # marker 0666, its lock 0644, each less the umask.
+    UMASKS = (0o022, 0o027, 0o000, 0o002, 0o077)
+    refs = {um: go("fresh", shim=False, umask=um)[0] for um in UMASKS}
+    ref027 = refs[0o027]
     refo = go("other", shim=False)[0]
     check("marker-age-ok True" in ref and ref.count("\nfile ") > 2000,
           "NVRTC's install: %d files, its marker dated now" % ref.count("\nfile "))
-    check(ref != ref027, "the umask decides NVRTC's modes")
+    check(len(set(refs.values())) == len(UMASKS) and refs[0o022] == ref,
+          "the umask decides NVRTC's modes")
+    check("dir cccl 755" in refs[0o000] and "dir cccl 755" in refs[0o002] and
+          "file .nvrtc_install.lock 644 " in refs[0o002] and "dir cccl 700" in refs[0o077],
+          "NVRTC's install: directories 0755 and its lock 0644, less the umask")
     out, hm, filled = go("fresh")
     check(out == ref and hm == (0, 1) and not filled,
           "cold: NVRTC installs (%s, filled %s), DIR as NVRTC's" % (hm, filled))
     root, files = tree()
     check(root is not None and os.stat(root).st_mode & 0o777 == 0o700 and len(files) > 2000,
           "the store keeps one private copy of the install (%s)" % (root,))
-    for label, mode, um, want in (("warm", "fresh", 0o022, ref), ("warm, umask 027", "fresh", 0o027, ref027)):
+    for label, mode, um, want in [("warm", "fresh", 0o022, ref)] + [
+            ("warm, umask %03o" % u, "fresh", u, refs[u]) for u in UMASKS[1:]]:
         out, hm, filled = go(mode, umask=um)
         check(hm == (1, 0) and filled, "%s: a hit, DIR filled from the store's copy (%s, %s)"
               % (label, hm, filled))
@@ -765,23 +784,24 @@ def t_fill(tmp):
     check(os.path.exists(os.path.join(bdir, hexid + ".want.022")) and
           os.path.exists(os.path.join(bdir, hexid + ".want.027")),
           "a want for each umask a hit filled a DIR with (%s)" % sorted(os.listdir(bdir)))
-    for um in (0o022, 0o027):
+    for um in UMASKS:
         r = ready(um)
         check(len(r) == 2, "umask %03o: two ready copies (%s; %s)" % (um, r, sorted(os.listdir(bdir))))
         modes = set()
         for root, ds, fs in os.walk(r[0]):
             modes |= {("d", os.lstat(os.path.join(root, x)).st_mode & 0o7777) for x in ds}
             modes |= {("f", os.lstat(os.path.join(root, x)).st_mode & 0o7777) for x in fs}
-        check(modes == {("d", 0o777 & ~um), ("f", 0o666 & ~um)},
+        check(modes == {("d", 0o755 & ~um), ("f", 0o666 & ~um)},
               "umask %03o: a ready copy has that umask's modes (%s)" % (um, modes))
         for x in r:
             backdate(x)
         out, hm, filled = go("fresh", umask=um, owner=False)
         check(hm == (1, 0) and filled == "ready" and len(ready(um)) == 1,
               "umask %03o: a hit moves a ready copy in (%s, %s)" % (um, hm, filled))
-        check(out == (ref if um == 0o022 else ref027) and "entries-dated-now True" in out,
+        check(out == refs[um] and "entries-dated-now True" in out,
               "umask %03o: DIR from a ready copy holds what NVRTC's install writes, "
-              "every entry dated now" % um)
+              "every entry dated now%s" % (um, "" if out == refs[um] else "\n" + "\n".join(
+                  sorted(set(out.splitlines()) ^ set(refs[um].splitlines())))[:1500]))
     left = [x for x in os.listdir(bdir) if ".claim." in x or ".prep." in x]
     check(not left, "no claimed or half-made copy is left (%s)" % left)
     # A ready copy that is not NVRTC's (a byte, a mode, an extra file) is
@@ -848,10 +868,106 @@ def t_fill(tmp):
           "no store copy or map: no ready copy or want is left (%s)" % sorted(os.listdir(bdir)))
 
 
+def t_fill_race(tmp):
+    """One fresh bundled-headers DIR shared by processes that compile at the
+    same moment, four under kcache with a warm store (each may fill DIR:
+    from a ready copy on the store's filesystem, from the store's copy on
+    tmpfs) and two of NVRTC alone: every compile succeeds with NVRTC's own
+    output, and DIR ends as NVRTC's install leaves it. A fill only adds to
+    DIR under NVRTC's install lock; it never removes or replaces a file
+    another process may be reading."""
+    lib = os.path.join(nvrtc_of("13.5")[1], nvrtc_of("13.5")[2])
+    need(lib, "NVRTC 13.5")
+    client = os.path.join(SRC, "tests", "versions", "pristine_client.py")
+    store = os.path.join(tmp, "store")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("KCACHE_") and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+
+    def listing(d):
+        """What DIR holds: each entry's path, type and mode, a file's bytes
+        (the version marker's without its install time)."""
+        rows = []
+        for root, ds, fs in os.walk(d):
+            for name in ds + fs:
+                f = os.path.join(root, name)
+                st = os.lstat(f)
+                row = "%s %s %o" % (os.path.relpath(f, d), "d" if name in ds else "f",
+                                    st.st_mode & 0o7777)
+                if name in fs:
+                    data = open(f, "rb").read()
+                    if name == ".nvrtc_headers_version":
+                        data = b"".join(x for x in data.splitlines(True)
+                                        if not x.startswith(b"timestamp"))
+                    row += " " + hashlib.sha256(data).hexdigest()[:16]
+                rows.append(row)
+        return sorted(rows)
+
+    ref = os.path.join(tmp, "ref.txt")
+    d = tempfile.mkdtemp(prefix="kc_race_", dir=tmp)
+    run([sys.executable, client, lib, ref, "fresh"], env={"KC_TEST_DIR": d})
+    ref, want = open(ref).read(), listing(d)
+    shutil.rmtree(d)
+    # Warm: the entry and the store's copy (cold), then a hit that fills a
+    # DIR and asks for ready copies.
+    for i in range(2):
+        run([sys.executable, client, lib, os.path.join(tmp, "warm%d.txt" % i), "fresh"], store)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    where = [("the store's filesystem", tmp)] + ([("tmpfs", shm)] if shm else [])
+    if shm is None:
+        print("skipped: tmpfs rounds (no writable /dev/shm)", flush=True)
+    rounds = int(os.environ.get("KC_TEST_ROUNDS", "4"))
+    filled = {label: 0 for label, _ in where}
+    for label, parent in where:
+        for r in range(rounds):
+            if parent == tmp:
+                owner_settle(store)  # two ready copies
+            d = tempfile.mkdtemp(prefix="kc_race_", dir=parent)
+            start = time.time() + 2.0
+            procs = []
+            try:
+                for i in range(6):
+                    o = os.path.join(tmp, "race-%d.txt" % i)
+                    if os.path.exists(o):
+                        os.unlink(o)
+                    e = dict(base, KC_TEST_DIR=d, KC_TEST_START="%.6f" % start)
+                    if i < 4:
+                        e.update(KCACHE_DIR=store, KCACHE_STATS="1", LD_PRELOAD=SHIM,
+                                 KCACHE_TOOL="/bin/true", KCACHE_LOG="debug")
+                    procs.append((i, o, subprocess.Popen([sys.executable, client, lib, o, "fresh"],
+                                                         env=e, stderr=subprocess.PIPE, text=True)))
+                bad, fills = [], 0
+                for i, o, p in procs:
+                    err = p.communicate(timeout=280)[1]
+                    who = "kcache" if i < 4 else "NVRTC alone"
+                    got = open(o).read() if os.path.exists(o) else ""
+                    if p.returncode != 0 or got != ref:
+                        bad.append("%d (%s): exit %d, %r %s"
+                                   % (i, who, p.returncode, got[:40], err[-400:]))
+                    elif i < 4 and stats(err, "nvrtc")[:2] + stats(err, "nvrtc")[4:] != (1, 0, 0):
+                        bad.append("%d (%s): not one hit, no error: %s" % (i, who, err[-400:]))
+                    fills += "nvrtc: bundled headers in %s from " % d in err
+                filled[label] += fills
+                check(not bad, "%s, round %d: 4 kcache and 2 plain processes in one fresh DIR, "
+                      "each with NVRTC's output (%d filled it)%s"
+                      % (label, r, fills, "".join("\n  " + b for b in bad)))
+                got = listing(d)
+                check(got == want, "%s, round %d: DIR holds what NVRTC's install writes%s"
+                      % (label, r, "" if got == want else "\n" + "\n".join(
+                          sorted(set(got) ^ set(want)))[:1500]))
+            finally:
+                for _, _, p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                shutil.rmtree(d, ignore_errors=True)
+        check(filled[label] >= 1, "%s: a kcache process filled DIR in %d of %d rounds"
+              % (label, filled[label], rounds))
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] not in ("nvrtc", "link", "future", "future_libs", "flight",
                                                  "bundled", "nvrtc_cache", "nvmath",
-                                                 "pristine", "fill"):
+                                                 "pristine", "fill", "fill_race"):
         print(__doc__, file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="kcache-versions-")
