@@ -256,9 +256,12 @@ static void print_remote(const struct kc_remote_counters *r)
            r->lock_untrusted, r->polls);
 }
 
-/* `kcache stats --openmetrics`: the same numbers in the OpenMetrics text
- * format (a node exporter's textfile collector reads it): gauges for the
- * store, counters per backend and for the remote. */
+/* `kcache stats --openmetrics`: the same numbers in the text format a node
+ * exporter's textfile collector and Prometheus read (and OpenMetrics' `#
+ * EOF` at the end): gauges for the store, counters per backend and for the
+ * remote. Every family has its HELP and TYPE, named as its samples are
+ * (a counter's name ends in _total), in base units: a time counted in
+ * nanoseconds (a field ending in _ns) is written in seconds. */
 static bool stats_openmetrics;
 
 static void om_label(const char *v)
@@ -273,66 +276,96 @@ static void om_label(const char *v)
     }
 }
 
+/* A family's sample name: "kcache_" prefix, the field (its "_ns" unit
+ * written "_seconds"), and "_total" for a counter. */
+static const char *om_name(const char *prefix, const char *field, bool counter, char *buf,
+                           size_t len)
+{
+    size_t fl = strlen(field);
+    bool ns = fl > 3 && strcmp(field + fl - 3, "_ns") == 0;
+    snprintf(buf, len, "kcache_%s%.*s%s%s", prefix, (int)(ns ? fl - 3 : fl), field,
+             ns ? "_seconds" : "", counter ? "_total" : "");
+    return buf;
+}
+
+/* The family's HELP and TYPE lines; the help is a static text (no
+ * backslash or newline to escape). */
+static void om_family(const char *name, const char *type, const char *help)
+{
+    printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One sample's start: `name{dir="DIR"`; the caller adds labels and ends
+ * it with om_value. */
+static void om_sample(const struct ctx *c, const char *name)
+{
+    printf("%s{dir=\"", name);
+    om_label(c->dir);
+    putchar('"');
+}
+
+/* A sample's end: `} VALUE`, a field ending in _ns in seconds. */
+static void om_value(const char *field, uint64_t v)
+{
+    size_t fl = strlen(field);
+    if (fl > 3 && strcmp(field + fl - 3, "_ns") == 0)
+        printf("} %.9f\n", (double)v / 1e9);
+    else
+        printf("} %" PRIu64 "\n", v);
+}
+
 static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *v,
                               const struct kc_store_stats *s, const char *const *names, size_t nb,
                               uint64_t max_size, const struct kc_remote_counters *rc,
                               bool show_remote)
 {
-    printf("# TYPE kcache_entries gauge\n# HELP kcache_entries entries in the store\n");
-    printf("kcache_entries{dir=\"");
-    om_label(c->dir);
-    printf("\"} %" PRIu64 "\n", v->entries);
-    static const struct {
-        const char *name, *help;
-        size_t off;
+    const struct {
+        const char *field, *help;
+        uint64_t value;
     } gauges[] = {
-        {"kcache_disk_bytes", "bytes the store takes on disk",
-         offsetof(struct kc_store_stats, disk_bytes)},
-        {"kcache_raw_bytes", "artifact bytes before dedup",
-         offsetof(struct kc_store_stats, raw_bytes)},
-        {"kcache_unique_bytes", "artifact bytes after dedup",
-         offsetof(struct kc_store_stats, unique_bytes)},
+        {"entries", "records in the store: artifacts and manifests (kcache ls counts both)",
+         v->entries},
+        {"disk_bytes", "bytes the store takes on disk", v->disk_bytes},
+        {"raw_bytes", "artifact bytes before dedup", v->raw_bytes},
+        {"unique_bytes", "artifact bytes after dedup", v->unique_bytes},
+        {"max_bytes", "the store's size limit", max_size},
     };
+    char nm[128];
     for (size_t g = 0; g < sizeof gauges / sizeof *gauges; g++) {
-        printf("# TYPE %s gauge\n# HELP %s %s\n%s{dir=\"", gauges[g].name, gauges[g].name,
-               gauges[g].help, gauges[g].name);
-        om_label(c->dir);
-        printf("\"} %" PRIu64 "\n", *(const uint64_t *)((const char *)v + gauges[g].off));
+        om_name("", gauges[g].field, false, nm, sizeof nm);
+        om_family(nm, "gauge", gauges[g].help);
+        om_sample(c, nm);
+        om_value(gauges[g].field, gauges[g].value);
     }
-    printf("# TYPE kcache_max_bytes gauge\n# HELP kcache_max_bytes the store's size limit\n"
-           "kcache_max_bytes{dir=\"");
-    om_label(c->dir);
-    printf("\"} %" PRIu64 "\n", max_size);
 #define KC__OM_BACKEND(field, what)                                                                \
-    printf("# TYPE kcache_" #field " counter\n# HELP kcache_" #field " %s\n", what);               \
+    om_name("", #field, true, nm, sizeof nm);                                                      \
+    om_family(nm, "counter", what);                                                                \
     for (size_t i = 0; i < nb; i++) {                                                              \
         const struct kc_backend_stats *b = find_backend(s, names[i]);                              \
-        printf("kcache_" #field "_total{dir=\"");                                                  \
-        om_label(c->dir);                                                                          \
-        printf("\",backend=\"");                                                                   \
+        om_sample(c, nm);                                                                          \
+        printf(",backend=\"");                                                                     \
         om_label(names[i]);                                                                        \
-        printf("\"} %" PRIu64 "\n", b != NULL ? b->c.field : 0);                                   \
+        putchar('"');                                                                              \
+        om_value(#field, b != NULL ? b->c.field : 0);                                              \
     }
     KC_COUNTERS(KC__OM_BACKEND)
 #undef KC__OM_BACKEND
-    printf("# TYPE kcache_passthrough_reason counter\n# HELP kcache_passthrough_reason "
-           "requests that bypassed the cache, by why\n");
+    om_family("kcache_passthrough_reason_total", "counter",
+              "requests that bypassed the cache, by why");
     for (size_t i = 0; i < nb; i++)
         for (int r = 0; r < KC_N_PASS_REASONS; r++) {
-            printf("kcache_passthrough_reason_total{dir=\"");
-            om_label(c->dir);
-            printf("\",backend=\"");
+            om_sample(c, "kcache_passthrough_reason_total");
+            printf(",backend=\"");
             om_label(names[i]);
-            printf("\",reason=\"%s\"} %" PRIu64 "\n", kc_pass_reason_name(r),
-                   pass_count(s, names[i], r));
+            printf("\",reason=\"%s\"", kc_pass_reason_name(r));
+            om_value("", pass_count(s, names[i], r));
         }
     if (show_remote) {
 #define KC__OM_REMOTE(field, what)                                                                 \
-    printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"         \
-           "kcache_remote_" #field "_total{dir=\"",                                                \
-           what);                                                                                  \
-    om_label(c->dir);                                                                              \
-    printf("\"} %" PRIu64 "\n", rc->field);
+    om_name("remote_", #field, true, nm, sizeof nm);                                               \
+    om_family(nm, "counter", what);                                                                \
+    om_sample(c, nm);                                                                              \
+    om_value(#field, rc->field);
         KC_REMOTE_COUNTERS(KC__OM_REMOTE)
 #undef KC__OM_REMOTE
     }
