@@ -61,15 +61,18 @@ static const struct cmd_doc docs[] = {
     {"remote",
      "kcache remote ping\n"
      "kcache remote stats [--json]\n"
-     "kcache remote prune --build ID | --namespace NS [--quiet]",
+     "kcache remote prune --build ID | --namespace NS | --manifests [--quiet]",
      "reach the remote (KCACHE_REMOTE): ping, stats, prune",
      "ping: reach every KCACHE_REMOTE server: latency, version, role, and a\n"
      "signed entry written, read back and deleted.\n"
      "stats: the remote's entries and bytes per namespace and kcache build, over\n"
-     "every server.\n"
+     "every server (this kcache's build is marked, as `kcache --version` names\n"
+     "it; the row \"manifests\" is every build's manifests).\n"
      "prune: delete the remote's entries of one kcache build (after an upgrade)\n"
      "or of one namespace, with a progress bar on standard error when it is a\n"
-     "terminal (--quiet: none).\n"},
+     "terminal (--quiet: none). --manifests deletes the manifests, which every\n"
+     "build shares (every node then compiles each kernel again); --build 0 is\n"
+     "refused.\n"},
     {"push", "kcache push [--namespace NS] [--quiet]", "upload what this node compiled (backfill)",
      "Upload to KCACHE_REMOTE the entries this node compiled itself, signed with\n"
      "KCACHE_REMOTE_SIGNING_KEY: a backfill after the remote was set up, or was\n"

@@ -9,6 +9,7 @@
  * status 2 for usage errors and 1 for runtime errors.
  */
 #include "../common/config.h"
+#include "../common/identity.h"
 #include "../common/served.h"
 #include "../common/log.h"
 #include "../store/remote/remote.h"
@@ -20,6 +21,8 @@
 #include "why.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <libgen.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -468,6 +471,10 @@ static int cmd_stats(struct ctx *c, bool json)
         char b1[32], b2[32], b3[32], b4[32];
         printf("Cache directory:      %s%s\n", c->dir, o == 1 ? "" : " (does not exist yet)");
         printf("Entries:              %" PRIu64, v->entries);
+        /* A compile that read header files keeps two: say so, or 6 kernels
+         * read as 12. */
+        if (v->entries > 0)
+            printf(" (artifacts and manifests: `kcache ls` shows each one's kind)");
         if (v->spool_entries)
             printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
         printf("\n");
@@ -806,6 +813,64 @@ static int cmd_config_markdown(void)
     return kc_tool_flush(stdout);
 }
 
+/*
+ * This kcache's build id: the one every key its shim derives carries (the
+ * shim's kc__self_build: the low half of libkcache.so's identity), and
+ * what `kcache remote stats` and `remote prune --build` name. Read from
+ * the libkcache.so installed with this tool: beside the store library it
+ * runs with (an installed tree, the wheel), else the build tree's
+ * ../shim/ of this program. Returns the id, with the file in path; 0 when
+ * no such file is found or readable (path empty).
+ */
+static uint64_t tool_self_build(char *path, size_t len)
+{
+    char dirs[2][PATH_MAX] = {"", ""};
+    Dl_info di;
+    if (dladdr((const void *)kc_store_api, &di) != 0 && di.dli_fname != NULL &&
+        realpath(di.dli_fname, dirs[0]) != NULL)
+        dirname(dirs[0]);
+    else
+        dirs[0][0] = '\0';
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        snprintf(dirs[1], sizeof dirs[1], "%s/../shim", dirname(exe));
+    }
+    for (int i = 0; i < 2; i++) {
+        if (dirs[i][0] == '\0')
+            continue;
+        if ((size_t)snprintf(path, len, "%s/libkcache.so", dirs[i]) >= len)
+            continue;
+        kc_digest d;
+        if (access(path, R_OK) == 0 && kc__file_identity(path, &d) == 0)
+            return d.lo != 0 ? d.lo : 1;
+    }
+    path[0] = '\0';
+    return 0;
+}
+
+/* `kcache config`'s line naming this build. */
+static void config_build(void)
+{
+    char path[2 * PATH_MAX + 32];
+    uint64_t b = tool_self_build(path, sizeof path);
+    if (b != 0) {
+        printf("kcache build: %016" PRIx64 " (", b);
+        kc_tool_put_printable(stdout, path);
+        printf("; `kcache remote stats` names entries by it)\n");
+    } else {
+        printf("kcache build: unknown (no libkcache.so beside this tool)\n");
+    }
+}
+
+/* kc_remote_options.warn of `kcache config`: a warning line of its own. */
+static void config_remote_warn(const char *msg, void *arg)
+{
+    (void)arg;
+    printf("warning: %s\n", msg);
+}
+
 /* The libraries the shim last served with this store (common/served.h:
  * each process that used one records it at exit), and whether each is
  * still there. */
@@ -878,6 +943,7 @@ static int cmd_config(struct ctx *c, bool markdown)
         heading = true;
         printf("%-*s %-12s %s\n", w, kc_config_vars[i].name, "environment", raw);
     }
+    config_build();
     config_libraries(c);
     for (int i = 0; i < c->cfg.n_warnings; i++)
         printf("warning: %s\n", c->cfg.warnings[i]);
@@ -886,10 +952,21 @@ static int cmd_config(struct ctx *c, bool markdown)
     struct kc_remote_config rc;
     char why[400];
     kc_remote_settings_from_config(&c->cfg, &rs);
-    if (kc_remote_config_parse(&rs, &rc, why, sizeof why) != 0)
+    if (kc_remote_config_parse(&rs, &rc, why, sizeof why) != 0) {
         printf("warning: %s; the remote is off\n", why);
-    for (int i = 0; i < rc.n_warnings; i++)
-        printf("warning: %s\n", rc.warnings[i]);
+    } else {
+        for (int i = 0; i < rc.n_warnings; i++)
+            printf("warning: %s\n", rc.warnings[i]);
+        /* The files it names (password, keys) read as a host's first
+         * remote operation reads them, each refused one warned about as
+         * there; nothing is connected to. */
+        struct kc_remote *r = NULL;
+        if (rc.mode != KC_REMOTE_NONE &&
+            kc_remote_open(&rc, &(struct kc_remote_options){.warn = config_remote_warn}, &r) == 0) {
+            kc_remote_load(r);
+            kc_remote_close(r);
+        }
+    }
     kc_remote_config_free(&rc);
     return kc_tool_flush(stdout);
 }
@@ -1084,29 +1161,44 @@ static int cmd_remote_stats(struct ctx *c, bool json)
         entries += a.v[i].entries;
         bytes += a.v[i].bytes;
     }
-    char b1[32];
+    char b1[32], self_path[2 * PATH_MAX + 32];
+    /* Build 0 is no build: the manifests (shared by every build) are
+     * kept under it. This tool's own build is marked. */
+    uint64_t self = tool_self_build(self_path, sizeof self_path);
     if (json) {
-        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"complete\": %s, "
-               "\"namespaces\": [",
-               entries, bytes, sr.cut ? "false" : "true");
+        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"complete\": %s, ", entries,
+               bytes, sr.cut ? "false" : "true");
+        if (self != 0)
+            printf("\"this_build\": \"%016" PRIx64 "\", ", self);
+        printf("\"namespaces\": [");
         for (size_t i = 0; i < a.n; i++) {
             printf("%s{\"name\": ", i ? ", " : "");
             kc_tool_json_str(stdout, a.v[i].ns);
-            printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64
-                   "}",
-                   a.v[i].build, a.v[i].entries, a.v[i].bytes);
+            printf(", \"build\": \"%016" PRIx64 "\", \"manifests\": %s, \"entries\": %" PRIu64
+                   ", \"bytes\": %" PRIu64 "}",
+                   a.v[i].build, a.v[i].build == 0 ? "true" : "false", a.v[i].entries,
+                   a.v[i].bytes);
         }
         printf("]}\n");
     } else {
         printf("Remote entries:       %" PRIu64 " (%s)\n", entries,
                kc_tool_human_size(bytes, b1, sizeof b1));
+        if (self != 0)
+            printf("This kcache's build:  %016" PRIx64 "\n", self);
         if (a.n > 0)
             printf("  %-40s %-16s %8s  %s\n", "NAMESPACE", "BUILD", "ENTRIES", "BYTES");
         for (size_t i = 0; i < a.n; i++) {
-            char nm[KC_TOOL_PRINTABLE_MAX];
-            printf("  %-40s %016" PRIx64 " %8" PRIu64 "  %s\n",
-                   kc_tool_printable(a.v[i].ns, nm, sizeof nm), a.v[i].build, a.v[i].entries,
-                   kc_tool_human_size(a.v[i].bytes, b1, sizeof b1));
+            char nm[KC_TOOL_PRINTABLE_MAX], bd[20];
+            if (a.v[i].build == 0)
+                snprintf(bd, sizeof bd, "manifests");
+            else
+                snprintf(bd, sizeof bd, "%016" PRIx64, a.v[i].build);
+            printf("  %-40s %-16s %8" PRIu64 "  %s%s\n",
+                   kc_tool_printable(a.v[i].ns, nm, sizeof nm), bd, a.v[i].entries,
+                   kc_tool_human_size(a.v[i].bytes, b1, sizeof b1),
+                   a.v[i].build == 0      ? "  (every build's: headers read, not artifacts)"
+                   : a.v[i].build == self ? "  (this build)"
+                                          : "");
         }
     }
     free(a.v);
@@ -1145,11 +1237,12 @@ static int prune_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg
 /* `kcache remote prune --build ID | --namespace NS`: deletes the remote's
  * entries of one kcache build (after an upgrade) or one namespace. Needs a
  * node that writes (a signing key). */
-static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
+static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s, bool manifests)
 {
-    if ((ns == NULL) == (build_s == NULL))
-        return kc_tool_usage_error("remote prune needs --build ID or --namespace NS (one)");
-    struct rstat_acc a = {.ns = ns, .by_build = build_s != NULL};
+    if ((ns != NULL) + (build_s != NULL) + manifests != 1)
+        return kc_tool_usage_error(
+            "remote prune needs --build ID, --namespace NS or --manifests (one)");
+    struct rstat_acc a = {.ns = ns, .by_build = ns == NULL};
     if (build_s != NULL) {
         char *end;
         errno = 0;
@@ -1157,6 +1250,13 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
         if (errno != 0 || *end != '\0' || end == build_s || strlen(build_s) > 16)
             return kc_tool_usage_error("--build needs a build id: up to 16 hex digits, as "
                                        "`kcache remote stats` prints it");
+        /* Build 0 holds every build's manifests: removing them makes every
+         * node compile every kernel again. Only when asked for by name. */
+        if (a.build == 0)
+            return kc_tool_usage_error(
+                "build 0000000000000000 is no build: the remote keeps every build's manifests "
+                "under it, and without them every node compiles each kernel again; to remove "
+                "them anyway, use --manifests");
     }
     struct kc_remote *r = tool_remote(c);
     if (r == NULL)
@@ -1487,7 +1587,7 @@ int main(int argc, char **argv)
     const char *cmd = NULL;
     const char *pos[4] = {NULL};
     int npos = 0;
-    bool json = false, markdown = false;
+    bool json = false, markdown = false, manifests = false;
     const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL, *build_s = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -1523,8 +1623,11 @@ int main(int argc, char **argv)
             return kc_tool_flush(stdout) != 0 ? KC_EXIT_RUNTIME : 0;
         }
         if ((strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) && cmd == NULL) {
-            printf("kcache %s (store ABI %d, record format %d)\n", KC_VERSION, KC_STORE_ABI,
+            char path[2 * PATH_MAX + 32];
+            uint64_t b = tool_self_build(path, sizeof path);
+            printf("kcache %s (store ABI %d, record format %d, build ", KC_VERSION, KC_STORE_ABI,
                    KC_FORMAT_VERSION);
+            printf(b != 0 ? "%016" PRIx64 ")\n" : "unknown)\n", b);
             return 0;
         }
         if (cmd != NULL && (strcmp(cmd, "stats") == 0 || strcmp(cmd, "remote") == 0) &&
@@ -1545,6 +1648,10 @@ int main(int argc, char **argv)
         }
         if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--openmetrics") == 0) {
             stats_openmetrics = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "remote") == 0 && strcmp(a, "--manifests") == 0) {
+            manifests = true;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "remote") == 0 &&
@@ -1627,7 +1734,7 @@ int main(int argc, char **argv)
         if (npos == 1 && strcmp(pos[0], "stats") == 0)
             return cmd_remote_stats(&c, json);
         if (npos == 1 && strcmp(pos[0], "prune") == 0)
-            return cmd_remote_prune(&c, ns, build_s);
+            return cmd_remote_prune(&c, ns, build_s, manifests);
         return kc_tool_usage_error("remote needs a subcommand: ping, stats or prune");
     }
     if (c.dir[0] == '\0') {
