@@ -1,9 +1,9 @@
 /*
  * why.c: `kcache why`: for a recent miss, the input that made it one. The
  * shim writes a record of each miss's inputs (common/why.h); this compares
- * a miss with the nearest earlier record of the same library (fewest
- * inputs differing, the same program name first, the latest first) and
- * names what differs.
+ * a miss with the nearest earlier record of the same library and program
+ * name (fewest inputs differing, the latest first) and names what
+ * differs; another program's record is no explanation of a miss.
  */
 #include "why.h"
 
@@ -220,8 +220,8 @@ static size_t differ(const struct idx *xe, const struct idx *xm, struct diff *v,
     return n;
 }
 
-/* The nearest earlier record of x[at]'s library (fewest differences, the
- * same program name, the latest), or NULL. The latest are compared first
+/* The nearest earlier record of x[at]'s library and program name (fewest
+ * differences, the latest), or NULL. The latest are compared first
  * and each comparison stops once it cannot win, so a store of many
  * similar records costs little more than one comparison per record. */
 static const struct idx *nearest(const struct idx *x, size_t at)
@@ -231,15 +231,16 @@ static const struct idx *nearest(const struct idx *x, size_t at)
     size_t best_score = (size_t)-1;
     for (size_t i = at; i-- > 0 && best_score > 0;) {
         const struct kc_why_rec *e = x[i].r;
-        if (strcmp(e->backend, m->backend) != 0 || e->time > m->time)
+        if (strcmp(e->backend, m->backend) != 0 || strcmp(e->name, m->name) != 0 ||
+            e->time > m->time)
             continue;
-        /* A score of 2 per difference: one that cannot beat the best
-         * (score < best_score) stops being counted. */
-        size_t stop = best_score == (size_t)-1 ? (size_t)-1 : (best_score + 1) / 2;
+        /* One that cannot beat the best (nd < best_score) stops being
+         * counted. */
+        size_t stop = best_score;
         size_t nd = differ(&x[i], &x[at], NULL, stop);
         if (nd >= stop)
             continue;
-        size_t score = nd * 2 + (strcmp(e->name, m->name) != 0);
+        size_t score = nd;
         if (score < best_score) /* (strictly: the latest wins a tie) */
             best = &x[i], best_score = score;
     }
@@ -370,9 +371,9 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
                 (unsigned long long)m->remote_refused);
     if (e == NULL) {
         fprintf(f,
-                "  its first compile: no earlier %s compile is recorded in this store (the "
-                "last %d misses are kept)\n",
-                be, KC_WHY_KEEP);
+                "  its first compile: no earlier %s compile of \"%s\" is recorded in this "
+                "store (the last %d misses are kept)\n",
+                be, nm, KC_WHY_KEEP);
         return;
     }
     snprintf(st, sizeof st, "%.16s", e->key);
