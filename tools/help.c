@@ -100,11 +100,12 @@ static const struct cmd_doc docs[] = {
      "A bundle's header: namespaces, counts, sizes, signer.\n"},
     {"why", "kcache why [--json] [--last N] [NAME | KEY]", "why a recent miss compiled",
      "For a recent miss (the last one, the last N, a program's NAME or 4 or more\n"
-     "hex digits of its KEY): the nearest earlier compile of the same library and\n"
-     "which input differs: a header file's content, a header now found or gone,\n"
-     "an in-memory header, an option, the NVRTC, nvJitLink or libNVVM library,\n"
-     "kcache's build, the working directory of a cwd-keyed compile; or no earlier\n"
-     "compile, or the same inputs whose entry has left the store; and entries the\n"
+     "hex digits of its KEY): the nearest earlier compile of the same program and\n"
+     "library and which input differs: a header file's content, a header now\n"
+     "found or gone, an in-memory header, an option, the NVRTC, nvJitLink or\n"
+     "libNVVM library, kcache's build, the working directory of a cwd-keyed\n"
+     "compile; or no earlier compile of it, or the same inputs whose entry has\n"
+     "left the store (or is still there, not served to that call); and entries the\n"
      "remote offered that were refused (KCACHE_REMOTE_TRUSTED_KEYS). The shim\n"
      "records each miss in KCACHE_DIR/why/ (the last 1000). --json for programs.\n"},
     {"help", "kcache help [COMMAND]", "this help, or one command's",

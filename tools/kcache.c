@@ -192,6 +192,64 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
     return 1;
 }
 
+/* ---- why's look into the store ----------------------------------------- */
+
+/* The store's keys, as miss records name them (32 hex digits, '-', the
+ * build's 16), read once, sorted, for `kcache why`. */
+struct why_store {
+    struct ctx *c;
+    int state; /* 0 unread, 1 read, -1 unreadable */
+    char (*keys)[50];
+    size_t n, cap;
+};
+
+static int why_key_cb(const struct kc_entry *e, void *arg)
+{
+    struct why_store *w = arg;
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 256;
+        char(*k)[50] = realloc(w->keys, cap * sizeof *k);
+        if (k == NULL)
+            return -ENOMEM;
+        w->keys = k;
+        w->cap = cap;
+    }
+    char hex[33];
+    key_hex(&e->key, hex);
+    snprintf(w->keys[w->n++], sizeof w->keys[0], "%s-%016" PRIx64, hex, e->key.build);
+    return 0;
+}
+
+static int why_key_cmp(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+/* kc_tool_in_store_fn: reads the store's keys on first use. */
+static int why_in_store(const char *key, void *arg)
+{
+    struct why_store *w = arg;
+    if (w->state == 0) {
+        w->state = -1;
+        struct ctx *c = w->c;
+        c->api = kc_store_api();
+        c->adm = kc_store_admin();
+        struct kc_store *st = NULL;
+        if (c->api != NULL && c->api->abi == KC_STORE_ABI && c->adm != NULL &&
+            c->adm->abi == KC_STORE_ABI && c->adm->foreach != NULL &&
+            open_store(c, true, &st) == 1) {
+            if (c->adm->foreach (st, NULL, why_key_cb, w) == 0) {
+                qsort(w->keys, w->n, sizeof *w->keys, why_key_cmp);
+                w->state = 1;
+            }
+            c->api->ops->close(st);
+        }
+    }
+    if (w->state < 0)
+        return -1;
+    return bsearch(key, w->keys, w->n, sizeof *w->keys, why_key_cmp) != NULL;
+}
+
 /* ---- stats ------------------------------------------------------------- */
 
 static const struct kc_backend_stats *find_backend(const struct kc_store_stats *s, const char *name)
@@ -1613,7 +1671,10 @@ int main(int argc, char **argv)
         if (cmd == NULL && strcmp(a, "why") == 0) {
             for (int w = 0; w < c.cfg.n_warnings; w++)
                 kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[w]);
-            return kc_tool_why(c.dir, argc - i, argv + i);
+            struct why_store ws = {.c = &c};
+            int wrc = kc_tool_why(c.dir, argc - i, argv + i, why_in_store, &ws);
+            free(ws.keys);
+            return wrc;
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             /* `kcache CMD --help`: that command's; else the overview. */

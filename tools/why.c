@@ -300,21 +300,24 @@ static void say(FILE *f, const struct diff *d)
         fprintf(f, "    %s%s%s: %s then, %s now\n", kind, sep, nm, a, b);
 }
 
-static const char *cause_of(const struct kc_why_rec *e, size_t nd)
+/* `in` is whether e's entry is still in the store (kc_tool_in_store_fn). */
+static const char *cause_of(const struct kc_why_rec *e, size_t nd, int in)
 {
     if (e == NULL)
         return "first";
     if (nd > 0)
         return "differs";
-    return strcmp(e->stored, "1") == 0 ? "left-the-store" : "not-stored";
+    if (strcmp(e->stored, "1") != 0)
+        return "not-stored";
+    return in == 1 ? "in-the-store" : "left-the-store";
 }
 
 static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec *e,
-                   const struct diff *d, size_t nd, bool json, bool first)
+                   const struct diff *d, size_t nd, bool json, bool first, int in)
 {
     char t[64], nm[KC_TOOL_PRINTABLE_MAX], st[KC_TOOL_PRINTABLE_MAX];
     char be[KC_TOOL_PRINTABLE_MAX], key[KC_TOOL_PRINTABLE_MAX];
-    const char *cause = cause_of(e, nd);
+    const char *cause = cause_of(e, nd, in);
     if (json) {
         fprintf(f, "%s\n  {\"backend\": ", first ? "" : ",");
         kc_tool_json_str(f, m->backend);
@@ -381,9 +384,16 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
             kc_tool_printable(e->name, nm, sizeof nm), when(e->time, t, sizeof t), e->pid,
             kc_tool_printable(st, key, sizeof key));
     if (nd == 0) {
-        if (strcmp(e->stored, "1") == 0)
-            fprintf(f, "  the same inputs: its entry has left the store since (evicted past "
-                       "KCACHE_MAXSIZE, kcache gc or kcache clear)\n");
+        if (strcmp(e->stored, "1") == 0 && in == 1)
+            fprintf(f,
+                    "  the same inputs, and its entry is still in the store (kcache show %s): "
+                    "it was not served to this call\n",
+                    kc_tool_printable(st, key, sizeof key));
+        else if (strcmp(e->stored, "1") == 0)
+            fprintf(f,
+                    "  the same inputs: its entry has left the store since (evicted past "
+                    "KCACHE_MAXSIZE, kcache gc or kcache clear)%s\n",
+                    in < 0 ? " (the store could not be read to check)" : "");
         else
             fprintf(f, "  the same inputs: it was not stored (%s)\n",
                     kc_tool_printable(e->stored, st, sizeof st));
@@ -414,7 +424,7 @@ static bool hexprefix(const char *s)
     return true;
 }
 
-int kc_tool_why(const char *dir, int argc, char **argv)
+int kc_tool_why(const char *dir, int argc, char **argv, kc_tool_in_store_fn in_store, void *arg)
 {
     bool json = false;
     long last = -1;
@@ -505,7 +515,11 @@ int kc_tool_why(const char *dir, int argc, char **argv)
         /* (each input makes one difference at most, and each list an order) */
         struct diff *d = xe != NULL ? calloc(e->n + xm->r->n + 2, sizeof *d) : NULL;
         size_t nd = d != NULL ? differ(xe, xm, d, (size_t)-1) : 0;
-        report(stdout, xm->r, e, d, nd, json, k == np - 1);
+        /* An entry said to have left the store is looked for there first. */
+        int in = e != NULL && nd == 0 && strcmp(e->stored, "1") == 0 && in_store != NULL
+                     ? in_store(e->key, arg)
+                     : 0;
+        report(stdout, xm->r, e, d, nd, json, k == np - 1, in);
         free(d);
     }
     if (json)

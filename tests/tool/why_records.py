@@ -2,7 +2,7 @@
 """`kcache why` over miss records written straight into DIR/why/ (issue 45,
 findings 9 and 10), no compiler needed.
 
-    why_records.py MODE
+    why_records.py MODE [KC-POPULATE]
 
 MODE:
   escape   backend, key, kind and every other field a record holds reach
@@ -14,10 +14,14 @@ MODE:
            quadratic in the inputs: minutes, or never)
   related  a miss is compared only with earlier records of its own program
            (name and library): a program with none is its first compile,
-           never another program's inputs "added" (issue 47, finding 9)
+           never another program's inputs "added"; and an earlier compile
+           of the same inputs whose entry is still in the store (kc-populate
+           put it there) is said to be there, not evicted (issue 47,
+           finding 9)
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -173,6 +177,25 @@ def related(tmp):
           'scale.cu\'s report names no header of axpy.cu: %s' % out)
     check('no earlier nvrtc compile of "scale.cu"' in out,
           'scale.cu: no earlier compile of it is recorded: %s' % out)
+
+    # The same inputs twice, the first's entry in the store (a verify of
+    # libNVVM, say, whose entry was there but not served): not "evicted".
+    d = os.path.join(tmp, 'kc2')
+    p = subprocess.run([sys.argv[2], d, '1', '--drain'], capture_output=True, text=True)
+    check(p.returncode == 0, 'kc-populate (%r)' % p.stderr)
+    hexkey = p.stdout.split()[0]
+    show = kc(d, 'show', hexkey).stdout.decode()
+    build = re.search(r'^Build: +([0-9a-f]{16})$', show, re.M).group(1)
+    ins = [('option', '', 'f' * 32, '-O3')]
+    write(d, 4000, record('nvvm', 'verify', hexkey + '-' + build, 4000, ins))
+    write(d, 5000, record('nvvm', 'verify', '9' * 32 + '-' + build, 5000, ins))
+    r = kc(d, 'why', '--last', '1', timeout=60)
+    out = r.stdout.decode()
+    check(r.returncode == 0 and 'still in the store' in out and 'evicted' not in out,
+          'an entry still in the store is said to be there, not evicted: %s' % out)
+    r = kc(d, 'why', '--last', '1', '--json', timeout=60)
+    check(json.loads(r.stdout)[0]['cause'] == 'in-the-store',
+          'why --json: cause in-the-store (%s)' % r.stdout[:300])
 
 
 def main():
