@@ -195,11 +195,17 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
 /* ---- why's look into the store ----------------------------------------- */
 
 /* The store's keys, as miss records name them (32 hex digits, '-', the
- * build's 16), read once, sorted, for `kcache why`. */
+ * build's 16), with when each was created, read once, sorted, for
+ * `kcache why`. */
+struct why_key {
+    char key[50];
+    uint64_t created; /* unix seconds */
+};
+
 struct why_store {
     struct ctx *c;
     int state; /* 0 unread, 1 read, -1 unreadable */
-    char (*keys)[50];
+    struct why_key *keys;
     size_t n, cap;
 };
 
@@ -208,7 +214,7 @@ static int why_key_cb(const struct kc_entry *e, void *arg)
     struct why_store *w = arg;
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 256;
-        char(*k)[50] = realloc(w->keys, cap * sizeof *k);
+        struct why_key *k = realloc(w->keys, cap * sizeof *k);
         if (k == NULL)
             return -ENOMEM;
         w->keys = k;
@@ -216,17 +222,19 @@ static int why_key_cb(const struct kc_entry *e, void *arg)
     }
     char hex[33];
     key_hex(&e->key, hex);
-    snprintf(w->keys[w->n++], sizeof w->keys[0], "%s-%016" PRIx64, hex, e->key.build);
+    struct why_key *k = &w->keys[w->n++];
+    snprintf(k->key, sizeof k->key, "%s-%016" PRIx64, hex, e->key.build);
+    k->created = e->info.created;
     return 0;
 }
 
 static int why_key_cmp(const void *a, const void *b)
 {
-    return strcmp(a, b);
+    return strcmp(((const struct why_key *)a)->key, ((const struct why_key *)b)->key);
 }
 
 /* kc_tool_in_store_fn: reads the store's keys on first use. */
-static int why_in_store(const char *key, void *arg)
+static int why_in_store(const char *key, uint64_t before, void *arg)
 {
     struct why_store *w = arg;
     if (w->state == 0) {
@@ -247,7 +255,12 @@ static int why_in_store(const char *key, void *arg)
     }
     if (w->state < 0)
         return -1;
-    return bsearch(key, w->keys, w->n, sizeof *w->keys, why_key_cmp) != NULL;
+    struct why_key probe;
+    snprintf(probe.key, sizeof probe.key, "%s", key);
+    const struct why_key *k = bsearch(&probe, w->keys, w->n, sizeof *w->keys, why_key_cmp);
+    /* (a second's margin: the miss's own put, made just before its record
+     * was written, may fall in the second before the record's) */
+    return k != NULL && k->created + 1 < before;
 }
 
 /* ---- stats ------------------------------------------------------------- */

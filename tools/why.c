@@ -515,9 +515,11 @@ int kc_tool_why(const char *dir, int argc, char **argv, kc_tool_in_store_fn in_s
         /* (each input makes one difference at most, and each list an order) */
         struct diff *d = xe != NULL ? calloc(e->n + xm->r->n + 2, sizeof *d) : NULL;
         size_t nd = d != NULL ? differ(xe, xm, d, (size_t)-1) : 0;
-        /* An entry said to have left the store is looked for there first. */
+        /* An entry said to have left the store is looked for there first:
+         * one created before this miss was there when it missed (one this
+         * miss stored again is not). */
         int in = e != NULL && nd == 0 && strcmp(e->stored, "1") == 0 && in_store != NULL
-                     ? in_store(e->key, arg)
+                     ? in_store(e->key, xm->r->time / 1000000000u, arg)
                      : 0;
         report(stdout, xm->r, e, d, nd, json, k == np - 1, in);
         free(d);

@@ -187,8 +187,11 @@ def related(tmp):
     show = kc(d, 'show', hexkey).stdout.decode()
     build = re.search(r'^Build: +([0-9a-f]{16})$', show, re.M).group(1)
     ins = [('option', '', 'f' * 32, '-O3')]
-    write(d, 4000, record('nvvm', 'verify', hexkey + '-' + build, 4000, ins))
-    write(d, 5000, record('nvvm', 'verify', '9' * 32 + '-' + build, 5000, ins))
+    # (the later miss a few seconds after the entry was made: it was there)
+    t1 = time.time_ns()
+    t2 = t1 + 5 * 10 ** 9
+    write(d, t1, record('nvvm', 'verify', hexkey + '-' + build, t1, ins))
+    write(d, t2, record('nvvm', 'verify', '9' * 32 + '-' + build, t2, ins))
     r = kc(d, 'why', '--last', '1', timeout=60)
     out = r.stdout.decode()
     check(r.returncode == 0 and 'still in the store' in out and 'evicted' not in out,
