@@ -510,9 +510,16 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case KC_VAR_REMOTE_TTL:
         snprintf(buf, len, "%s", cfg->remote_ttl[0] ? cfg->remote_ttl : "0");
         break;
-    case KC_VAR_REMOTE_MAX_ENTRY:
-        snprintf(buf, len, "%s", cfg->remote_max_entry[0] ? cfg->remote_max_entry : "64M");
+    case KC_VAR_REMOTE_MAX_ENTRY: {
+        /* In bytes, as every size here; a value the remote module will
+         * refuse (it warns) is shown as given. */
+        uint64_t v = 64ull << 20;
+        if (cfg->remote_max_entry[0] != '\0' && kc_parse_size(cfg->remote_max_entry, &v) != 0)
+            snprintf(buf, len, "%s", cfg->remote_max_entry);
+        else
+            snprintf(buf, len, "%llu", (unsigned long long)v);
         break;
+    }
     case KC_VAR_REMOTE_SIGNING_KEY:
         snprintf(buf, len, "%s", cfg->remote_signing_key[0] ? cfg->remote_signing_key : "(none)");
         break;

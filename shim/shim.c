@@ -387,6 +387,10 @@ __attribute__((destructor)) static void shim_fini(void)
 {
     if (tool_child)
         return;
+    /* Whether this process reached kcache: a hook ran or the dlsym
+     * interposer handed out a wrapper (both read the configuration, which
+     * is read on first use), before stats_wanted reads it itself. */
+    bool reached = __atomic_load_n(&config_loaded, __ATOMIC_ACQUIRE);
     bool want_stats = stats_wanted();
     bool passed = false;
     for (int i = 0; i < N_BACKENDS; i++)
@@ -464,7 +468,13 @@ __attribute__((destructor)) static void shim_fini(void)
                    KC_SERVED_FILE, strerror(-src));
     }
 
-    if (want_stats) {
+    /* One line per process that reached kcache (a hook, a wrapper handed
+     * out, a counter): a job's shells, launchers and shims, which load
+     * kcache and never reach it, print none. */
+    bool counted = any_pass || rem != NULL;
+    for (int i = 0; i < N_BACKENDS; i++)
+        counted |= memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) != 0;
+    if (want_stats && (reached || counted)) {
         char line[2048];
         int n = snprintf(line, sizeof line, "kcache: stats:");
         for (int i = 0; i < N_BACKENDS && n > 0 && (size_t)n < sizeof line; i++) {

@@ -61,15 +61,18 @@ static const struct cmd_doc docs[] = {
     {"remote",
      "kcache remote ping\n"
      "kcache remote stats [--json]\n"
-     "kcache remote prune --build ID | --namespace NS [--quiet]",
+     "kcache remote prune --build ID | --namespace NS | --manifests [--quiet]",
      "reach the remote (KCACHE_REMOTE): ping, stats, prune",
      "ping: reach every KCACHE_REMOTE server: latency, version, role, and a\n"
      "signed entry written, read back and deleted.\n"
      "stats: the remote's entries and bytes per namespace and kcache build, over\n"
-     "every server.\n"
+     "every server (this kcache's build is marked, as `kcache --version` names\n"
+     "it; the row \"manifests\" is every build's manifests).\n"
      "prune: delete the remote's entries of one kcache build (after an upgrade)\n"
      "or of one namespace, with a progress bar on standard error when it is a\n"
-     "terminal (--quiet: none).\n"},
+     "terminal (--quiet: none). --manifests deletes the manifests, which every\n"
+     "build shares (every node then compiles each kernel again); --build 0 is\n"
+     "refused.\n"},
     {"push", "kcache push [--namespace NS] [--quiet]", "upload what this node compiled (backfill)",
      "Upload to KCACHE_REMOTE the entries this node compiled itself, signed with\n"
      "KCACHE_REMOTE_SIGNING_KEY: a backfill after the remote was set up, or was\n"
@@ -97,11 +100,12 @@ static const struct cmd_doc docs[] = {
      "A bundle's header: namespaces, counts, sizes, signer.\n"},
     {"why", "kcache why [--json] [--last N] [NAME | KEY]", "why a recent miss compiled",
      "For a recent miss (the last one, the last N, a program's NAME or 4 or more\n"
-     "hex digits of its KEY): the nearest earlier compile of the same library and\n"
-     "which input differs: a header file's content, a header now found or gone,\n"
-     "an in-memory header, an option, the NVRTC, nvJitLink or libNVVM library,\n"
-     "kcache's build, the working directory of a cwd-keyed compile; or no earlier\n"
-     "compile, or the same inputs whose entry has left the store; and entries the\n"
+     "hex digits of its KEY): the nearest earlier compile of the same program and\n"
+     "library and which input differs: a header file's content, a header now\n"
+     "found or gone, an in-memory header, an option, the NVRTC, nvJitLink or\n"
+     "libNVVM library, kcache's build, the working directory of a cwd-keyed\n"
+     "compile; or no earlier compile of it, or the same inputs whose entry has\n"
+     "left the store (or is still there, not served to that call); and entries the\n"
      "remote offered that were refused (KCACHE_REMOTE_TRUSTED_KEYS). The shim\n"
      "records each miss in KCACHE_DIR/why/ (the last 1000). --json for programs.\n"},
     {"help", "kcache help [COMMAND]", "this help, or one command's",

@@ -9,6 +9,7 @@
  * status 2 for usage errors and 1 for runtime errors.
  */
 #include "../common/config.h"
+#include "../common/identity.h"
 #include "../common/served.h"
 #include "../common/log.h"
 #include "../store/remote/remote.h"
@@ -20,6 +21,8 @@
 #include "why.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <libgen.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -189,6 +192,77 @@ static int open_store(struct ctx *c, bool readonly, struct kc_store **st)
     return 1;
 }
 
+/* ---- why's look into the store ----------------------------------------- */
+
+/* The store's keys, as miss records name them (32 hex digits, '-', the
+ * build's 16), with when each was created, read once, sorted, for
+ * `kcache why`. */
+struct why_key {
+    char key[50];
+    uint64_t created; /* unix seconds */
+};
+
+struct why_store {
+    struct ctx *c;
+    int state; /* 0 unread, 1 read, -1 unreadable */
+    struct why_key *keys;
+    size_t n, cap;
+};
+
+static int why_key_cb(const struct kc_entry *e, void *arg)
+{
+    struct why_store *w = arg;
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 256;
+        struct why_key *k = realloc(w->keys, cap * sizeof *k);
+        if (k == NULL)
+            return -ENOMEM;
+        w->keys = k;
+        w->cap = cap;
+    }
+    char hex[33];
+    key_hex(&e->key, hex);
+    struct why_key *k = &w->keys[w->n++];
+    snprintf(k->key, sizeof k->key, "%s-%016" PRIx64, hex, e->key.build);
+    k->created = e->info.created;
+    return 0;
+}
+
+static int why_key_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct why_key *)a)->key, ((const struct why_key *)b)->key);
+}
+
+/* kc_tool_in_store_fn: reads the store's keys on first use. */
+static int why_in_store(const char *key, uint64_t before, void *arg)
+{
+    struct why_store *w = arg;
+    if (w->state == 0) {
+        w->state = -1;
+        struct ctx *c = w->c;
+        c->api = kc_store_api();
+        c->adm = kc_store_admin();
+        struct kc_store *st = NULL;
+        if (c->api != NULL && c->api->abi == KC_STORE_ABI && c->adm != NULL &&
+            c->adm->abi == KC_STORE_ABI && c->adm->foreach != NULL &&
+            open_store(c, true, &st) == 1) {
+            if (c->adm->foreach (st, NULL, why_key_cb, w) == 0) {
+                qsort(w->keys, w->n, sizeof *w->keys, why_key_cmp);
+                w->state = 1;
+            }
+            c->api->ops->close(st);
+        }
+    }
+    if (w->state < 0)
+        return -1;
+    struct why_key probe;
+    snprintf(probe.key, sizeof probe.key, "%s", key);
+    const struct why_key *k = bsearch(&probe, w->keys, w->n, sizeof *w->keys, why_key_cmp);
+    /* (a second's margin: the miss's own put, made just before its record
+     * was written, may fall in the second before the record's) */
+    return k != NULL && k->created + 1 < before;
+}
+
 /* ---- stats ------------------------------------------------------------- */
 
 static const struct kc_backend_stats *find_backend(const struct kc_store_stats *s, const char *name)
@@ -256,9 +330,12 @@ static void print_remote(const struct kc_remote_counters *r)
            r->lock_untrusted, r->polls);
 }
 
-/* `kcache stats --openmetrics`: the same numbers in the OpenMetrics text
- * format (a node exporter's textfile collector reads it): gauges for the
- * store, counters per backend and for the remote. */
+/* `kcache stats --openmetrics`: the same numbers in the text format a node
+ * exporter's textfile collector and Prometheus read (and OpenMetrics' `#
+ * EOF` at the end): gauges for the store, counters per backend and for the
+ * remote. Every family has its HELP and TYPE, named as its samples are
+ * (a counter's name ends in _total), in base units: a time counted in
+ * nanoseconds (a field ending in _ns) is written in seconds. */
 static bool stats_openmetrics;
 
 static void om_label(const char *v)
@@ -273,66 +350,96 @@ static void om_label(const char *v)
     }
 }
 
+/* A family's sample name: "kcache_" prefix, the field (its "_ns" unit
+ * written "_seconds"), and "_total" for a counter. */
+static const char *om_name(const char *prefix, const char *field, bool counter, char *buf,
+                           size_t len)
+{
+    size_t fl = strlen(field);
+    bool ns = fl > 3 && strcmp(field + fl - 3, "_ns") == 0;
+    snprintf(buf, len, "kcache_%s%.*s%s%s", prefix, (int)(ns ? fl - 3 : fl), field,
+             ns ? "_seconds" : "", counter ? "_total" : "");
+    return buf;
+}
+
+/* The family's HELP and TYPE lines; the help is a static text (no
+ * backslash or newline to escape). */
+static void om_family(const char *name, const char *type, const char *help)
+{
+    printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One sample's start: `name{dir="DIR"`; the caller adds labels and ends
+ * it with om_value. */
+static void om_sample(const struct ctx *c, const char *name)
+{
+    printf("%s{dir=\"", name);
+    om_label(c->dir);
+    putchar('"');
+}
+
+/* A sample's end: `} VALUE`, a field ending in _ns in seconds. */
+static void om_value(const char *field, uint64_t v)
+{
+    size_t fl = strlen(field);
+    if (fl > 3 && strcmp(field + fl - 3, "_ns") == 0)
+        printf("} %.9f\n", (double)v / 1e9);
+    else
+        printf("} %" PRIu64 "\n", v);
+}
+
 static void print_openmetrics(const struct ctx *c, const struct kc_store_stats *v,
                               const struct kc_store_stats *s, const char *const *names, size_t nb,
                               uint64_t max_size, const struct kc_remote_counters *rc,
                               bool show_remote)
 {
-    printf("# TYPE kcache_entries gauge\n# HELP kcache_entries entries in the store\n");
-    printf("kcache_entries{dir=\"");
-    om_label(c->dir);
-    printf("\"} %" PRIu64 "\n", v->entries);
-    static const struct {
-        const char *name, *help;
-        size_t off;
+    const struct {
+        const char *field, *help;
+        uint64_t value;
     } gauges[] = {
-        {"kcache_disk_bytes", "bytes the store takes on disk",
-         offsetof(struct kc_store_stats, disk_bytes)},
-        {"kcache_raw_bytes", "artifact bytes before dedup",
-         offsetof(struct kc_store_stats, raw_bytes)},
-        {"kcache_unique_bytes", "artifact bytes after dedup",
-         offsetof(struct kc_store_stats, unique_bytes)},
+        {"entries", "records in the store: artifacts and manifests (kcache ls counts both)",
+         v->entries},
+        {"disk_bytes", "bytes the store takes on disk", v->disk_bytes},
+        {"raw_bytes", "artifact bytes before dedup", v->raw_bytes},
+        {"unique_bytes", "artifact bytes after dedup", v->unique_bytes},
+        {"max_bytes", "the store's size limit", max_size},
     };
+    char nm[128];
     for (size_t g = 0; g < sizeof gauges / sizeof *gauges; g++) {
-        printf("# TYPE %s gauge\n# HELP %s %s\n%s{dir=\"", gauges[g].name, gauges[g].name,
-               gauges[g].help, gauges[g].name);
-        om_label(c->dir);
-        printf("\"} %" PRIu64 "\n", *(const uint64_t *)((const char *)v + gauges[g].off));
+        om_name("", gauges[g].field, false, nm, sizeof nm);
+        om_family(nm, "gauge", gauges[g].help);
+        om_sample(c, nm);
+        om_value(gauges[g].field, gauges[g].value);
     }
-    printf("# TYPE kcache_max_bytes gauge\n# HELP kcache_max_bytes the store's size limit\n"
-           "kcache_max_bytes{dir=\"");
-    om_label(c->dir);
-    printf("\"} %" PRIu64 "\n", max_size);
 #define KC__OM_BACKEND(field, what)                                                                \
-    printf("# TYPE kcache_" #field " counter\n# HELP kcache_" #field " %s\n", what);               \
+    om_name("", #field, true, nm, sizeof nm);                                                      \
+    om_family(nm, "counter", what);                                                                \
     for (size_t i = 0; i < nb; i++) {                                                              \
         const struct kc_backend_stats *b = find_backend(s, names[i]);                              \
-        printf("kcache_" #field "_total{dir=\"");                                                  \
-        om_label(c->dir);                                                                          \
-        printf("\",backend=\"");                                                                   \
+        om_sample(c, nm);                                                                          \
+        printf(",backend=\"");                                                                     \
         om_label(names[i]);                                                                        \
-        printf("\"} %" PRIu64 "\n", b != NULL ? b->c.field : 0);                                   \
+        putchar('"');                                                                              \
+        om_value(#field, b != NULL ? b->c.field : 0);                                              \
     }
     KC_COUNTERS(KC__OM_BACKEND)
 #undef KC__OM_BACKEND
-    printf("# TYPE kcache_passthrough_reason counter\n# HELP kcache_passthrough_reason "
-           "requests that bypassed the cache, by why\n");
+    om_family("kcache_passthrough_reason_total", "counter",
+              "requests that bypassed the cache, by why");
     for (size_t i = 0; i < nb; i++)
         for (int r = 0; r < KC_N_PASS_REASONS; r++) {
-            printf("kcache_passthrough_reason_total{dir=\"");
-            om_label(c->dir);
-            printf("\",backend=\"");
+            om_sample(c, "kcache_passthrough_reason_total");
+            printf(",backend=\"");
             om_label(names[i]);
-            printf("\",reason=\"%s\"} %" PRIu64 "\n", kc_pass_reason_name(r),
-                   pass_count(s, names[i], r));
+            printf("\",reason=\"%s\"", kc_pass_reason_name(r));
+            om_value("", pass_count(s, names[i], r));
         }
     if (show_remote) {
 #define KC__OM_REMOTE(field, what)                                                                 \
-    printf("# TYPE kcache_remote_" #field " counter\n# HELP kcache_remote_" #field " %s\n"         \
-           "kcache_remote_" #field "_total{dir=\"",                                                \
-           what);                                                                                  \
-    om_label(c->dir);                                                                              \
-    printf("\"} %" PRIu64 "\n", rc->field);
+    om_name("remote_", #field, true, nm, sizeof nm);                                               \
+    om_family(nm, "counter", what);                                                                \
+    om_sample(c, nm);                                                                              \
+    om_value(#field, rc->field);
         KC_REMOTE_COUNTERS(KC__OM_REMOTE)
 #undef KC__OM_REMOTE
     }
@@ -435,6 +542,10 @@ static int cmd_stats(struct ctx *c, bool json)
         char b1[32], b2[32], b3[32], b4[32];
         printf("Cache directory:      %s%s\n", c->dir, o == 1 ? "" : " (does not exist yet)");
         printf("Entries:              %" PRIu64, v->entries);
+        /* A compile that read header files keeps two: say so, or 6 kernels
+         * read as 12. */
+        if (v->entries > 0)
+            printf(" (artifacts and manifests: `kcache ls` shows each one's kind)");
         if (v->spool_entries)
             printf(" (%" PRIu64 " pending in the spool)", v->spool_entries);
         printf("\n");
@@ -773,6 +884,64 @@ static int cmd_config_markdown(void)
     return kc_tool_flush(stdout);
 }
 
+/*
+ * This kcache's build id: the one every key its shim derives carries (the
+ * shim's kc__self_build: the low half of libkcache.so's identity), and
+ * what `kcache remote stats` and `remote prune --build` name. Read from
+ * the libkcache.so installed with this tool: beside the store library it
+ * runs with (an installed tree, the wheel), else the build tree's
+ * ../shim/ of this program. Returns the id, with the file in path; 0 when
+ * no such file is found or readable (path empty).
+ */
+static uint64_t tool_self_build(char *path, size_t len)
+{
+    char dirs[2][PATH_MAX] = {"", ""};
+    Dl_info di;
+    if (dladdr((const void *)kc_store_api, &di) != 0 && di.dli_fname != NULL &&
+        realpath(di.dli_fname, dirs[0]) != NULL)
+        dirname(dirs[0]);
+    else
+        dirs[0][0] = '\0';
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        snprintf(dirs[1], sizeof dirs[1], "%s/../shim", dirname(exe));
+    }
+    for (int i = 0; i < 2; i++) {
+        if (dirs[i][0] == '\0')
+            continue;
+        if ((size_t)snprintf(path, len, "%s/libkcache.so", dirs[i]) >= len)
+            continue;
+        kc_digest d;
+        if (access(path, R_OK) == 0 && kc__file_identity(path, &d) == 0)
+            return d.lo != 0 ? d.lo : 1;
+    }
+    path[0] = '\0';
+    return 0;
+}
+
+/* `kcache config`'s line naming this build. */
+static void config_build(void)
+{
+    char path[2 * PATH_MAX + 32];
+    uint64_t b = tool_self_build(path, sizeof path);
+    if (b != 0) {
+        printf("kcache build: %016" PRIx64 " (", b);
+        kc_tool_put_printable(stdout, path);
+        printf("; `kcache remote stats` names entries by it)\n");
+    } else {
+        printf("kcache build: unknown (no libkcache.so beside this tool)\n");
+    }
+}
+
+/* kc_remote_options.warn of `kcache config`: a warning line of its own. */
+static void config_remote_warn(const char *msg, void *arg)
+{
+    (void)arg;
+    printf("warning: %s\n", msg);
+}
+
 /* The libraries the shim last served with this store (common/served.h:
  * each process that used one records it at exit), and whether each is
  * still there. */
@@ -845,6 +1014,7 @@ static int cmd_config(struct ctx *c, bool markdown)
         heading = true;
         printf("%-*s %-12s %s\n", w, kc_config_vars[i].name, "environment", raw);
     }
+    config_build();
     config_libraries(c);
     for (int i = 0; i < c->cfg.n_warnings; i++)
         printf("warning: %s\n", c->cfg.warnings[i]);
@@ -853,10 +1023,21 @@ static int cmd_config(struct ctx *c, bool markdown)
     struct kc_remote_config rc;
     char why[400];
     kc_remote_settings_from_config(&c->cfg, &rs);
-    if (kc_remote_config_parse(&rs, &rc, why, sizeof why) != 0)
+    if (kc_remote_config_parse(&rs, &rc, why, sizeof why) != 0) {
         printf("warning: %s; the remote is off\n", why);
-    for (int i = 0; i < rc.n_warnings; i++)
-        printf("warning: %s\n", rc.warnings[i]);
+    } else {
+        for (int i = 0; i < rc.n_warnings; i++)
+            printf("warning: %s\n", rc.warnings[i]);
+        /* The files it names (password, keys) read as a host's first
+         * remote operation reads them, each refused one warned about as
+         * there; nothing is connected to. */
+        struct kc_remote *r = NULL;
+        if (rc.mode != KC_REMOTE_NONE &&
+            kc_remote_open(&rc, &(struct kc_remote_options){.warn = config_remote_warn}, &r) == 0) {
+            kc_remote_load(r);
+            kc_remote_close(r);
+        }
+    }
     kc_remote_config_free(&rc);
     return kc_tool_flush(stdout);
 }
@@ -1051,29 +1232,44 @@ static int cmd_remote_stats(struct ctx *c, bool json)
         entries += a.v[i].entries;
         bytes += a.v[i].bytes;
     }
-    char b1[32];
+    char b1[32], self_path[2 * PATH_MAX + 32];
+    /* Build 0 is no build: the manifests (shared by every build) are
+     * kept under it. This tool's own build is marked. */
+    uint64_t self = tool_self_build(self_path, sizeof self_path);
     if (json) {
-        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"complete\": %s, "
-               "\"namespaces\": [",
-               entries, bytes, sr.cut ? "false" : "true");
+        printf("{\"entries\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"complete\": %s, ", entries,
+               bytes, sr.cut ? "false" : "true");
+        if (self != 0)
+            printf("\"this_build\": \"%016" PRIx64 "\", ", self);
+        printf("\"namespaces\": [");
         for (size_t i = 0; i < a.n; i++) {
             printf("%s{\"name\": ", i ? ", " : "");
             kc_tool_json_str(stdout, a.v[i].ns);
-            printf(", \"build\": \"%016" PRIx64 "\", \"entries\": %" PRIu64 ", \"bytes\": %" PRIu64
-                   "}",
-                   a.v[i].build, a.v[i].entries, a.v[i].bytes);
+            printf(", \"build\": \"%016" PRIx64 "\", \"manifests\": %s, \"entries\": %" PRIu64
+                   ", \"bytes\": %" PRIu64 "}",
+                   a.v[i].build, a.v[i].build == 0 ? "true" : "false", a.v[i].entries,
+                   a.v[i].bytes);
         }
         printf("]}\n");
     } else {
         printf("Remote entries:       %" PRIu64 " (%s)\n", entries,
                kc_tool_human_size(bytes, b1, sizeof b1));
+        if (self != 0)
+            printf("This kcache's build:  %016" PRIx64 "\n", self);
         if (a.n > 0)
             printf("  %-40s %-16s %8s  %s\n", "NAMESPACE", "BUILD", "ENTRIES", "BYTES");
         for (size_t i = 0; i < a.n; i++) {
-            char nm[KC_TOOL_PRINTABLE_MAX];
-            printf("  %-40s %016" PRIx64 " %8" PRIu64 "  %s\n",
-                   kc_tool_printable(a.v[i].ns, nm, sizeof nm), a.v[i].build, a.v[i].entries,
-                   kc_tool_human_size(a.v[i].bytes, b1, sizeof b1));
+            char nm[KC_TOOL_PRINTABLE_MAX], bd[20];
+            if (a.v[i].build == 0)
+                snprintf(bd, sizeof bd, "manifests");
+            else
+                snprintf(bd, sizeof bd, "%016" PRIx64, a.v[i].build);
+            printf("  %-40s %-16s %8" PRIu64 "  %s%s\n",
+                   kc_tool_printable(a.v[i].ns, nm, sizeof nm), bd, a.v[i].entries,
+                   kc_tool_human_size(a.v[i].bytes, b1, sizeof b1),
+                   a.v[i].build == 0      ? "  (every build's: headers read, not artifacts)"
+                   : a.v[i].build == self ? "  (this build)"
+                                          : "");
         }
     }
     free(a.v);
@@ -1112,11 +1308,12 @@ static int prune_cb(const char *ns, const kc_key *key, uint64_t bytes, void *arg
 /* `kcache remote prune --build ID | --namespace NS`: deletes the remote's
  * entries of one kcache build (after an upgrade) or one namespace. Needs a
  * node that writes (a signing key). */
-static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
+static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s, bool manifests)
 {
-    if ((ns == NULL) == (build_s == NULL))
-        return kc_tool_usage_error("remote prune needs --build ID or --namespace NS (one)");
-    struct rstat_acc a = {.ns = ns, .by_build = build_s != NULL};
+    if ((ns != NULL) + (build_s != NULL) + manifests != 1)
+        return kc_tool_usage_error(
+            "remote prune needs --build ID, --namespace NS or --manifests (one)");
+    struct rstat_acc a = {.ns = ns, .by_build = ns == NULL};
     if (build_s != NULL) {
         char *end;
         errno = 0;
@@ -1124,6 +1321,13 @@ static int cmd_remote_prune(struct ctx *c, const char *ns, const char *build_s)
         if (errno != 0 || *end != '\0' || end == build_s || strlen(build_s) > 16)
             return kc_tool_usage_error("--build needs a build id: up to 16 hex digits, as "
                                        "`kcache remote stats` prints it");
+        /* Build 0 holds every build's manifests: removing them makes every
+         * node compile every kernel again. Only when asked for by name. */
+        if (a.build == 0)
+            return kc_tool_usage_error(
+                "build 0000000000000000 is no build: the remote keeps every build's manifests "
+                "under it, and without them every node compiles each kernel again; to remove "
+                "them anyway, use --manifests");
     }
     struct kc_remote *r = tool_remote(c);
     if (r == NULL)
@@ -1454,7 +1658,7 @@ int main(int argc, char **argv)
     const char *cmd = NULL;
     const char *pos[4] = {NULL};
     int npos = 0;
-    bool json = false, markdown = false;
+    bool json = false, markdown = false, manifests = false;
     const char *ns = NULL, *max_size_s = NULL, *idle_s = NULL, *build_s = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -1480,7 +1684,10 @@ int main(int argc, char **argv)
         if (cmd == NULL && strcmp(a, "why") == 0) {
             for (int w = 0; w < c.cfg.n_warnings; w++)
                 kc_log(KC_LOG_WARN, "%s", c.cfg.warnings[w]);
-            return kc_tool_why(c.dir, argc - i, argv + i);
+            struct why_store ws = {.c = &c};
+            int wrc = kc_tool_why(c.dir, argc - i, argv + i, why_in_store, &ws);
+            free(ws.keys);
+            return wrc;
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             /* `kcache CMD --help`: that command's; else the overview. */
@@ -1490,8 +1697,11 @@ int main(int argc, char **argv)
             return kc_tool_flush(stdout) != 0 ? KC_EXIT_RUNTIME : 0;
         }
         if ((strcmp(a, "-V") == 0 || strcmp(a, "--version") == 0) && cmd == NULL) {
-            printf("kcache %s (store ABI %d, record format %d)\n", KC_VERSION, KC_STORE_ABI,
+            char path[2 * PATH_MAX + 32];
+            uint64_t b = tool_self_build(path, sizeof path);
+            printf("kcache %s (store ABI %d, record format %d, build ", KC_VERSION, KC_STORE_ABI,
                    KC_FORMAT_VERSION);
+            printf(b != 0 ? "%016" PRIx64 ")\n" : "unknown)\n", b);
             return 0;
         }
         if (cmd != NULL && (strcmp(cmd, "stats") == 0 || strcmp(cmd, "remote") == 0) &&
@@ -1512,6 +1722,10 @@ int main(int argc, char **argv)
         }
         if (cmd != NULL && strcmp(cmd, "stats") == 0 && strcmp(a, "--openmetrics") == 0) {
             stats_openmetrics = true;
+            continue;
+        }
+        if (cmd != NULL && strcmp(cmd, "remote") == 0 && strcmp(a, "--manifests") == 0) {
+            manifests = true;
             continue;
         }
         if (cmd != NULL && strcmp(cmd, "remote") == 0 &&
@@ -1594,7 +1808,7 @@ int main(int argc, char **argv)
         if (npos == 1 && strcmp(pos[0], "stats") == 0)
             return cmd_remote_stats(&c, json);
         if (npos == 1 && strcmp(pos[0], "prune") == 0)
-            return cmd_remote_prune(&c, ns, build_s);
+            return cmd_remote_prune(&c, ns, build_s, manifests);
         return kc_tool_usage_error("remote needs a subcommand: ping, stats or prune");
     }
     if (c.dir[0] == '\0') {

@@ -74,7 +74,27 @@ static double rate_of(const struct kc_tool_progress *p, uint64_t now, bool last)
     return 0.0;
 }
 
-/* Draws the line; `last`: the stage's work is done. */
+/* Cuts s to at most max bytes at a word's end (a space), never inside a
+ * word: what is left of a line too wide for the terminal. */
+static size_t cut_words(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t n = max;
+    while (n > 0 && s[n] != ' ')
+        n--;
+    while (n > 0 && s[n - 1] == ' ')
+        n--;
+    return n;
+}
+
+/* Draws the line; `last`: the stage ended (its work done and written). A
+ * count that reached its total before the stage ended says "--:-- left":
+ * the work is counted but not finished (an export's last bytes still
+ * going to a slow reader). The line fits the terminal: the parts that
+ * matter least (the bar, the rate, the time left, the count) are left out
+ * in that order until it does, and what still does not fit is cut at a
+ * word's end. */
 static void draw(struct kc_tool_progress *p, uint64_t now, bool last)
 {
     char line[512], d[32], t[32], rate[48], left[32] = "";
@@ -90,21 +110,23 @@ static void draw(struct kc_tool_progress *p, uint64_t now, bool last)
     char head[160];
     snprintf(head, sizeof head, "%s%s%s: ", p->what, p->stage ? " " : "", p->stage ? p->stage : "");
     int n;
+    size_t max = p->cols > 1 ? (size_t)p->cols - 1 : sizeof line - 1;
     if (p->total == 0) {
         /* A stage that cannot know its total: the count and the rate. */
         n = snprintf(line, sizeof line, "%s%s %s  %s", head, count(p, p->done, d, sizeof d),
                      p->bytes ? "" : unit, rate);
+        if (n > 0 && (size_t)n > max)
+            n = snprintf(line, sizeof line, "%s%s %s", head, count(p, p->done, d, sizeof d),
+                         p->bytes ? "" : unit);
     } else {
         uint64_t done = p->done < p->total ? p->done : p->total;
         int pct = (int)(done * 100 / p->total);
-        if (done == p->total)
+        if (done == p->total && last)
             duration(0, left, sizeof left);
-        else if (r > 0.0)
+        else if (done < p->total && r > 0.0)
             duration((double)(p->total - done) / r, left, sizeof left);
         else
             snprintf(left, sizeof left, "--:--");
-        char tail[160];
-        snprintf(tail, sizeof tail, " %3d%%  %s  %s left", pct, rate, left);
         /* done as wide as total, and room for the widest tail: the bar
          * keeps its width from one line to the next. */
         char dt[80];
@@ -123,13 +145,20 @@ static void draw(struct kc_tool_progress *p, uint64_t now, bool last)
             bar[2 + bw] = ']';
             bar[3 + bw] = '\0';
         }
-        n = snprintf(line, sizeof line, "%s%s%s%s", head, dt, bar[0] ? bar : "", tail);
+        /* The full line, then with less, until one fits. */
+        n = snprintf(line, sizeof line, "%s%s%s %3d%%  %s  %s left", head, dt, bar, pct, rate,
+                     left);
+        if (n > 0 && (size_t)n > max)
+            n = snprintf(line, sizeof line, "%s%s %3d%%  %s left", head, dt, pct, left);
+        if (n > 0 && (size_t)n > max)
+            n = snprintf(line, sizeof line, "%s%s %3d%%", head, dt, pct);
+        if (n > 0 && (size_t)n > max)
+            n = snprintf(line, sizeof line, "%s%3d%%", head, pct);
     }
     if (n < 0)
         return;
     size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    if (p->cols > 1 && len > (size_t)p->cols - 1)
-        len = (size_t)p->cols - 1; /* one line: \r returns to its start */
+    len = cut_words(line, len, max); /* one line: \r returns to its start */
     /* One write: \r, the line, blanks over what a longer one left. */
     char out[sizeof line + 512];
     size_t o = 0;
@@ -167,7 +196,7 @@ void kc_tool_progress(uint64_t done, uint64_t total, void *arg)
     bool finished = total > 0 && done >= total;
     bool now_full = finished && !p->full_drawn;
     if (!p->shown || now - p->drawn_at >= REDRAW_NS || now_full) {
-        draw(p, now, finished);
+        draw(p, now, false);
         p->full_drawn = p->full_drawn || finished;
     }
 }
@@ -177,8 +206,8 @@ static void finish(struct kc_tool_progress *p)
 {
     if (!p->on || !p->recorded)
         return;
-    if (p->dirty || !p->shown)
-        draw(p, kc_mono_ns(), true);
+    /* The stage's end: its last line says so (0:00 left at its total). */
+    draw(p, kc_mono_ns(), true);
     fputc('\n', stderr);
     fflush(stderr);
     p->shown = false;

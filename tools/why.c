@@ -1,9 +1,9 @@
 /*
  * why.c: `kcache why`: for a recent miss, the input that made it one. The
  * shim writes a record of each miss's inputs (common/why.h); this compares
- * a miss with the nearest earlier record of the same library (fewest
- * inputs differing, the same program name first, the latest first) and
- * names what differs.
+ * a miss with the nearest earlier record of the same library and program
+ * name (fewest inputs differing, the latest first) and names what
+ * differs; another program's record is no explanation of a miss.
  */
 #include "why.h"
 
@@ -220,8 +220,8 @@ static size_t differ(const struct idx *xe, const struct idx *xm, struct diff *v,
     return n;
 }
 
-/* The nearest earlier record of x[at]'s library (fewest differences, the
- * same program name, the latest), or NULL. The latest are compared first
+/* The nearest earlier record of x[at]'s library and program name (fewest
+ * differences, the latest), or NULL. The latest are compared first
  * and each comparison stops once it cannot win, so a store of many
  * similar records costs little more than one comparison per record. */
 static const struct idx *nearest(const struct idx *x, size_t at)
@@ -231,15 +231,16 @@ static const struct idx *nearest(const struct idx *x, size_t at)
     size_t best_score = (size_t)-1;
     for (size_t i = at; i-- > 0 && best_score > 0;) {
         const struct kc_why_rec *e = x[i].r;
-        if (strcmp(e->backend, m->backend) != 0 || e->time > m->time)
+        if (strcmp(e->backend, m->backend) != 0 || strcmp(e->name, m->name) != 0 ||
+            e->time > m->time)
             continue;
-        /* A score of 2 per difference: one that cannot beat the best
-         * (score < best_score) stops being counted. */
-        size_t stop = best_score == (size_t)-1 ? (size_t)-1 : (best_score + 1) / 2;
+        /* One that cannot beat the best (nd < best_score) stops being
+         * counted. */
+        size_t stop = best_score;
         size_t nd = differ(&x[i], &x[at], NULL, stop);
         if (nd >= stop)
             continue;
-        size_t score = nd * 2 + (strcmp(e->name, m->name) != 0);
+        size_t score = nd;
         if (score < best_score) /* (strictly: the latest wins a tie) */
             best = &x[i], best_score = score;
     }
@@ -299,21 +300,24 @@ static void say(FILE *f, const struct diff *d)
         fprintf(f, "    %s%s%s: %s then, %s now\n", kind, sep, nm, a, b);
 }
 
-static const char *cause_of(const struct kc_why_rec *e, size_t nd)
+/* `in` is whether e's entry is still in the store (kc_tool_in_store_fn). */
+static const char *cause_of(const struct kc_why_rec *e, size_t nd, int in)
 {
     if (e == NULL)
         return "first";
     if (nd > 0)
         return "differs";
-    return strcmp(e->stored, "1") == 0 ? "left-the-store" : "not-stored";
+    if (strcmp(e->stored, "1") != 0)
+        return "not-stored";
+    return in == 1 ? "in-the-store" : "left-the-store";
 }
 
 static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec *e,
-                   const struct diff *d, size_t nd, bool json, bool first)
+                   const struct diff *d, size_t nd, bool json, bool first, int in)
 {
     char t[64], nm[KC_TOOL_PRINTABLE_MAX], st[KC_TOOL_PRINTABLE_MAX];
     char be[KC_TOOL_PRINTABLE_MAX], key[KC_TOOL_PRINTABLE_MAX];
-    const char *cause = cause_of(e, nd);
+    const char *cause = cause_of(e, nd, in);
     if (json) {
         fprintf(f, "%s\n  {\"backend\": ", first ? "" : ",");
         kc_tool_json_str(f, m->backend);
@@ -370,9 +374,9 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
                 (unsigned long long)m->remote_refused);
     if (e == NULL) {
         fprintf(f,
-                "  its first compile: no earlier %s compile is recorded in this store (the "
-                "last %d misses are kept)\n",
-                be, KC_WHY_KEEP);
+                "  its first compile: no earlier %s compile of \"%s\" is recorded in this "
+                "store (the last %d misses are kept)\n",
+                be, nm, KC_WHY_KEEP);
         return;
     }
     snprintf(st, sizeof st, "%.16s", e->key);
@@ -380,9 +384,16 @@ static void report(FILE *f, const struct kc_why_rec *m, const struct kc_why_rec 
             kc_tool_printable(e->name, nm, sizeof nm), when(e->time, t, sizeof t), e->pid,
             kc_tool_printable(st, key, sizeof key));
     if (nd == 0) {
-        if (strcmp(e->stored, "1") == 0)
-            fprintf(f, "  the same inputs: its entry has left the store since (evicted past "
-                       "KCACHE_MAXSIZE, kcache gc or kcache clear)\n");
+        if (strcmp(e->stored, "1") == 0 && in == 1)
+            fprintf(f,
+                    "  the same inputs, and its entry is still in the store (kcache show %s): "
+                    "it was not served to this call\n",
+                    kc_tool_printable(st, key, sizeof key));
+        else if (strcmp(e->stored, "1") == 0)
+            fprintf(f,
+                    "  the same inputs: its entry has left the store since (evicted past "
+                    "KCACHE_MAXSIZE, kcache gc or kcache clear)%s\n",
+                    in < 0 ? " (the store could not be read to check)" : "");
         else
             fprintf(f, "  the same inputs: it was not stored (%s)\n",
                     kc_tool_printable(e->stored, st, sizeof st));
@@ -413,7 +424,7 @@ static bool hexprefix(const char *s)
     return true;
 }
 
-int kc_tool_why(const char *dir, int argc, char **argv)
+int kc_tool_why(const char *dir, int argc, char **argv, kc_tool_in_store_fn in_store, void *arg)
 {
     bool json = false;
     long last = -1;
@@ -504,7 +515,13 @@ int kc_tool_why(const char *dir, int argc, char **argv)
         /* (each input makes one difference at most, and each list an order) */
         struct diff *d = xe != NULL ? calloc(e->n + xm->r->n + 2, sizeof *d) : NULL;
         size_t nd = d != NULL ? differ(xe, xm, d, (size_t)-1) : 0;
-        report(stdout, xm->r, e, d, nd, json, k == np - 1);
+        /* An entry said to have left the store is looked for there first:
+         * one created before this miss was there when it missed (one this
+         * miss stored again is not). */
+        int in = e != NULL && nd == 0 && strcmp(e->stored, "1") == 0 && in_store != NULL
+                     ? in_store(e->key, xm->r->time / 1000000000u, arg)
+                     : 0;
+        report(stdout, xm->r, e, d, nd, json, k == np - 1, in);
         free(d);
     }
     if (json)

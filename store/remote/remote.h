@@ -193,6 +193,10 @@ struct kc_remote_options {
      * a descriptor of kcache's between its calls, and none it closed or
      * reused is ever written to. */
     bool transient;
+    /* Where the warnings of loading the remote (kc_remote_load: the
+     * password file, the keys) go; NULL: logged (kc_log). */
+    void (*warn)(const char *msg, void *arg);
+    void *warn_arg;
 };
 
 /* Opens the remote described by cfg (copied; mode must not be
@@ -201,6 +205,13 @@ struct kc_remote_options {
  * -ENOMEM. */
 int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_options *opt,
                    struct kc_remote **out);
+
+/* Loads what the remote needs, as its first operation would: libhiredis,
+ * libsodium, the password file and the keys; connects to nothing. Each
+ * file refused or unusable is one warning (options.warn, else logged), as
+ * the first operation of a host or the owner gives. 0, or -ENETDOWN: the
+ * remote is off (a warning said why). */
+int kc_remote_load(struct kc_remote *r);
 
 /* tier.h's get: 0 with *body (malloc'd, caller frees), *len and *info (may
  * be NULL; hits and last_hit are 0) for an entry that verified: its

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,8 @@ struct kc_remote {
     bool transient;  /* options.transient: no connection outlives an operation */
     char node[96];   /* options.node, or empty */
     char token[160]; /* this process's lock value: node:pid:random */
+    void (*warn)(const char *msg, void *arg); /* options.warn, or NULL */
+    void *warn_arg;
     bool activated;
     int act_rc;       /* 0, or -ENETDOWN: the remote is unusable */
     bool warned;      /* the one failure warning was logged */
@@ -124,12 +127,30 @@ int kc_remote_open(const struct kc_remote_config *cfg, const struct kc_remote_op
         r->transient = opt->transient;
         if (opt->node != NULL)
             snprintf(r->node, sizeof r->node, "%s", opt->node);
+        r->warn = opt->warn;
+        r->warn_arg = opt->warn_arg;
     }
     if (r->retry_ms == 0)
         r->retry_ms = 1000; /* a circuit breaker for hosts too */
     make_token(r);
     *out = r;
     return 0;
+}
+
+/* A warning of loading the remote: to options.warn when the opener gave
+ * one (`kcache config` prints it with its own), else logged. */
+__attribute__((format(printf, 2, 3))) static void load_warn(const struct kc_remote *r,
+                                                            const char *fmt, ...)
+{
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (r->warn != NULL)
+        r->warn(msg, r->warn_arg);
+    else
+        kc_log(KC_LOG_WARN, "%s", msg);
 }
 
 /* Loads what the remote needs, once: libhiredis, and libsodium with the
@@ -158,11 +179,11 @@ static int activate(struct kc_remote *r)
         char pw[sizeof r->cfg.ep[0].password];
         int prc = kc__read_password_file(r->cfg.password_file, pw, sizeof pw);
         if (prc != 0) {
-            kc_log(KC_LOG_WARN,
-                   "remote: KCACHE_REMOTE_PASSWORD_FILE %s refused (%s%s); the "
-                   "remote is off",
-                   r->cfg.password_file, prc == -EBADMSG ? "empty or too long" : strerror(-prc),
-                   prc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
+            load_warn(r,
+                      "remote: KCACHE_REMOTE_PASSWORD_FILE %s refused (%s%s); the "
+                      "remote is off",
+                      r->cfg.password_file, prc == -EBADMSG ? "empty or too long" : strerror(-prc),
+                      prc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
             return r->act_rc;
         }
         for (int i = 0; i < r->cfg.n; i++)
@@ -203,28 +224,36 @@ static int activate(struct kc_remote *r)
     if (r->na != NULL && r->cfg.signing_key[0] != '\0') {
         int rc = kc__keys_load_secret(r->na, r->cfg.signing_key, &r->keys);
         if (rc != 0)
-            kc_log(KC_LOG_WARN,
-                   "remote: KCACHE_REMOTE_SIGNING_KEY %s refused (%s%s); this node uploads "
-                   "nothing",
-                   r->cfg.signing_key, strerror(-rc),
-                   rc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
+            load_warn(r,
+                      "remote: KCACHE_REMOTE_SIGNING_KEY %s refused (%s%s); this node uploads "
+                      "nothing",
+                      r->cfg.signing_key, strerror(-rc),
+                      rc == -EPERM ? ": it must be a regular file of yours, mode 0600" : "");
     }
     if (r->na != NULL && r->cfg.trusted_keys[0] != '\0') {
         int rc = kc__keys_load_trusted(r->na, r->cfg.trusted_keys, &r->keys);
         if (rc != 0)
-            kc_log(KC_LOG_WARN,
-                   "remote: KCACHE_REMOTE_TRUSTED_KEYS %s unusable (%s%s); no key of it is "
-                   "trusted",
-                   r->cfg.trusted_keys, strerror(-rc),
-                   rc == -EPERM ? ": others may not write it" : "");
+            load_warn(r,
+                      "remote: KCACHE_REMOTE_TRUSTED_KEYS %s unusable (%s%s); no key of it is "
+                      "trusted",
+                      r->cfg.trusted_keys, strerror(-rc),
+                      rc == -EPERM ? ": others may not write it" : "");
     }
     if (!r->cfg.trust_any && !r->keys.have_secret && r->keys.n_trusted == 0) {
-        kc_log(KC_LOG_WARN, "remote: no trusted key (KCACHE_REMOTE_TRUSTED_KEYS) and no "
-                            "signing key: every entry would be refused; the remote is off");
+        load_warn(r, "remote: no trusted key (KCACHE_REMOTE_TRUSTED_KEYS) and no "
+                     "signing key: every entry would be refused; the remote is off");
         return r->act_rc;
     }
     r->act_rc = 0;
     return 0;
+}
+
+int kc_remote_load(struct kc_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 static void drop_all(struct kc_remote *r)
@@ -617,6 +646,28 @@ static int may_write(struct kc_remote *r, const char *route)
     return 0;
 }
 
+/* A server's words for a warning: its first line, bytes outside printable
+ * ASCII as '?', cut at a word's end (with "...") past max bytes. */
+static const char *reply_excerpt(const char *s, char *out, size_t len, size_t max)
+{
+    size_t n = 0, cut = 0;
+    if (max + 4 > len)
+        max = len - 4;
+    for (; s[n] != '\0' && s[n] != '\r' && s[n] != '\n' && n < max; n++) {
+        out[n] = s[n] >= 0x20 && s[n] < 0x7f ? s[n] : '?';
+        if (s[n] == ' ')
+            cut = n;
+    }
+    if (s[n] != '\0' && s[n] != '\r' && s[n] != '\n') {
+        if (s[n] != ' ' && cut > 0)
+            n = cut;
+        memcpy(out + n, "...", 3);
+        n += 3;
+    }
+    out[n] = '\0';
+    return out;
+}
+
 /* An error reply to a write. Under mu; frees rep. */
 static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep)
 {
@@ -631,10 +682,10 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     nd->writes_off = true;
     if (!r->full_warned) {
         r->full_warned = true;
-        char shown[340];
+        char shown[340], said[208];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%.60s); nothing more is uploaded to it",
-               shown, s);
+        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%s); nothing more is uploaded to it", shown,
+               reply_excerpt(s, said, sizeof said, 200));
     }
     kc__reply_free(rep);
     return oom ? -ENOSPC : -EROFS;

@@ -14,13 +14,19 @@ Usage: test_man.py BUILD-DIR   (KCACHE_SRC, KCACHE_TOOL set)
   3. kcache-run(1)'s SYNOPSIS is `kcache-run --help`'s usage line and its
      OPTIONS are the options `kcache-run --help` lists.
   4. docs/configure.md's table names every setting and no other.
+  5. The manual kcache(1)'s SEE ALSO points to is installed: each page it
+     names is under share/doc/kcache of `meson install`'s tree (what the
+     tarball and the wheel carry), and no installed page tells its reader
+     to run the source tree's scripts/kcache-run.
 Exit status 0 on success, 1 on a failed check.
 """
 import os
 import re
+import json
 import shutil
 import subprocess
 import sys
+import tempfile
 
 failures = []
 
@@ -187,7 +193,38 @@ def test_kcache_run():
           % (sorted(want - got), sorted(got - want)))
 
 
+def test_installed_manual():
+    sec = sections(os.path.join(SRC, 'docs', 'man', 'kcache.1.scd'))
+    see = ' '.join(sec.get('SEE ALSO', []))
+    pages = re.findall(r'\b([a-z]+\.md)\b', see)
+    check('share/doc/kcache' in see and len(pages) >= 3,
+          'kcache(1) SEE ALSO points to the installed manual, share/doc/kcache (%r)' % see)
+    check(not re.search(r'\bdocs/', see), 'kcache(1) SEE ALSO names no source tree path (%r)' % see)
+    work = tempfile.mkdtemp(prefix='docs-man.')
+    try:
+        r = subprocess.run(['meson', 'install', '-C', BUILD, '--no-rebuild', '--quiet',
+                            '--destdir', work], capture_output=True, text=True)
+        if not check(r.returncode == 0, 'meson install into a staging directory (%s)'
+                     % r.stderr[-500:]):
+            return
+        opts = json.loads(subprocess.run(['meson', 'introspect', BUILD, '--buildoptions'],
+                                         capture_output=True, text=True).stdout)
+        get = {o['name']: o['value'] for o in opts}
+        doc = os.path.join(work + get['prefix'], get['datadir'], 'doc', 'kcache')
+        for p in pages:
+            check(os.path.isfile(os.path.join(doc, p)),
+                  'kcache(1) SEE ALSO names %s: installed in share/doc/kcache' % p)
+        for p in sorted(os.listdir(doc)) if os.path.isdir(doc) else []:
+            text = open(os.path.join(doc, p), encoding='utf-8').read()
+            check('scripts/kcache-run' not in text,
+                  'the installed %s names no scripts/kcache-run (the installed command is '
+                  'kcache-run)' % p)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
+    test_installed_manual()
     test_render()
     test_kcache()
     test_kcache_run()

@@ -23,6 +23,11 @@ static int n_opened;
 
 /* ---- a scripted fake server on a loopback port --------------------------- */
 
+/* What Redis 7 answers a write from a script when it is full. */
+#define OOM_LONG                                                                                   \
+    "OOM command not allowed when used memory > 'maxmemory'. script: "                             \
+    "3f2a9c1e0b7d4e5f6a7b8c9d0e1f2a3b4c5d6e7f, on @user_script:1."
+
 enum sfake_mode {
     SF_HUGE_ARRAY, /* every command: "*2147483647\r\n:1\r\n" */
     SF_NESTED,     /* every command: seven nested arrays of 2^31 - 1 */
@@ -31,6 +36,7 @@ enum sfake_mode {
     SF_ASK_LOOP,   /* cluster: GET answered ASK to itself */
     SF_MOVED_NEW,  /* cluster: GET answered MOVED to a new silent port */
     SF_SLOTS_40,   /* cluster: 16,384 ranges over 40 silent ports */
+    SF_OOM_LONG,   /* every command: a full server's OOM error, as a script gets it */
 };
 
 #define N_HOLES 48
@@ -95,6 +101,9 @@ static void sf_answer(struct sfake *f, int c, int argc, char **argv)
         return;
     case SF_ERROR:
         send_str(c, "-ERR no\r\n");
+        return;
+    case SF_OOM_LONG:
+        send_str(c, "-" OOM_LONG "\r\n");
         return;
     case SF_BIG_VALUE:
         if (get) {
@@ -458,6 +467,32 @@ Test(robust, oversized_values_turn_the_remote_off)
 Test(robust, error_replies_turn_the_remote_off)
 {
     repeated_failure(SF_ERROR, "redis");
+}
+
+/* A server that refuses writes is named with its words whole, or cut at a
+ * word's end: never mid-word (issue 47, finding 9). */
+Test(robust, refused_writes_warning_keeps_the_servers_words)
+{
+    make_keys();
+    sf_start(&sf, SF_OOM_LONG);
+    struct kc_remote *r = open_fake("redis", "");
+    char path[] = "/tmp/kc-robust-err.XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    unlink(path);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    kc_key k = key_n(1);
+    int rc = kc_remote_put(r, NS, &k, NULL, KC_KIND_NVRTC, "body", 4, 0);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char buf[2048] = "";
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    cr_assert_lt(rc, 0);
+    cr_assert(strstr(buf, "refuses writes (" OOM_LONG ")") != NULL,
+              "the warning cuts the server's words: %s", buf);
 }
 
 Test(robust, ask_ping_pong_turns_the_remote_off)

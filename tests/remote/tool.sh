@@ -64,6 +64,20 @@ KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
     run "$KC" remote ping
 expect_err_match 'SIGNING_KEY .* refused' "a 0644 signing key is refused"
 expect_out_match '^signed entry: not written' "a 0644 key signs nothing"
+# config warns of it as ping does, and of an unreadable trusted file and
+# password file (issue 47, finding 6): a job's user who cannot read them
+# learns it from `kcache config`.
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" config
+expect_out_match '^warning: remote: KCACHE_REMOTE_SIGNING_KEY .*key refused \(Operation not permitted' \
+    "config warns of a refused signing key"
+KCACHE_REMOTE_TRUSTED_KEYS="$T/no-such-trusted" run "$KC" config
+expect_out_match '^warning: remote: KCACHE_REMOTE_TRUSTED_KEYS .*no-such-trusted unusable' \
+    "config warns of an unusable trusted keys file"
+printf 'pw\n' >"$T/pw" && chmod 644 "$T/pw"
+KCACHE_REMOTE_PASSWORD_FILE="$T/pw" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" config
+expect_out_match '^warning: remote: KCACHE_REMOTE_PASSWORD_FILE .*pw refused' \
+    "config warns of a refused password file"
+rm -f "$T/pw"
 chmod 600 "$T/key"
 
 # config: the URL without its password; a malformed one is a warning.
@@ -122,12 +136,33 @@ KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
     run "$KC" remote prune --namespace nvrtc:13.0-a
 expect_out_match '^pruned 1 entries' "prune --namespace"
 [ "$(redis-cli -s "$sock" EXISTS someone:else)" = 1 ] && ok || fail "pruned a foreign key"
+
+# The manifests, kept under build 0 by every build (issue 47, finding 7):
+# labelled in remote stats, this tool's build marked, and prune --build 0
+# refused (the next run would compile everything) unless --manifests.
+m0=000000000000000000000000000000030000000000000000
+redis-cli -s "$sock" SET "kcache:nvrtc:13.0-a:$m0" 12 >/dev/null
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote stats
+expect_out_match '^  nvrtc:13.0-a +manifests +1  2 B  \(every build' "remote stats labels the manifests"
+expect_out_match '^This kcache.s build: +[0-9a-f]{16}$' "remote stats names this build"
+KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" run "$KC" remote stats --json
+[ "$(json_get "d['namespaces'][0]['manifests']")" = True ] && ok || fail "remote stats --json: manifests: $out"
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote prune --build 0000000000000000
+expect_rc 2 "prune --build 0 is refused"
+expect_one_line_error "kcache: error:" "prune --build 0"
+expect_err_match 'manifests.*--manifests' "prune --build 0 says what it would remove and how"
+[ "$(redis-cli -s "$sock" EXISTS "kcache:nvrtc:13.0-a:$m0")" = 1 ] && ok || fail "prune --build 0 removed the manifests"
+KCACHE_REMOTE_SIGNING_KEY="$T/key" KCACHE_REMOTE_TRUSTED_KEYS="$T/trusted" \
+    run "$KC" remote prune --manifests
+expect_rc 0 "prune --manifests"
+expect_out_match '^pruned 1 entries' "prune --manifests removes them"
 redis-cli -s "$sock" FLUSHALL >/dev/null
 
 # stats --openmetrics: gauges and counters a textfile collector reads.
 run "$KC" --dir "$T/om" stats --openmetrics
 expect_rc 0 "stats --openmetrics"
-expect_out_match '^# TYPE kcache_hits counter$' "openmetrics counter families"
+expect_out_match '^# TYPE kcache_hits_total counter$' "openmetrics counter families"
 expect_out_match '^kcache_hits_total\{dir="[^"]*/om",backend="nvrtc"\} 0$' "per-backend samples"
 expect_out_match '^kcache_remote_timeouts_total\{dir="[^"]*"\} 0$' "remote counters"
 expect_out_match '^kcache_entries\{dir="[^"]*"\} 0$' "store gauges"

@@ -47,4 +47,22 @@ expect_rc 0 "stats with a malformed variable"
 n=$(printf '%s\n' "$err" | grep -c 'KCACHE_MAXSIZE=banana')
 [ "$n" -eq 1 ] && ok || fail "stats should warn once about KCACHE_MAXSIZE, got $n: $err"
 
+# Sizes in one format, bytes (issue 47, finding 11): KCACHE_MAXSIZE,
+# KCACHE_ALLOC_POOL and KCACHE_REMOTE_MAX_ENTRY alike.
+KCACHE_REMOTE_MAX_ENTRY=16M run "$KC" config
+expect_out_match '^KCACHE_MAXSIZE +default +5368709120$' "MAXSIZE in bytes"
+expect_out_match '^KCACHE_ALLOC_POOL +default +268435456$' "ALLOC_POOL in bytes"
+expect_out_match '^KCACHE_REMOTE_MAX_ENTRY +environment +16777216$' "REMOTE_MAX_ENTRY in bytes"
+run "$KC" config
+expect_out_match '^KCACHE_REMOTE_MAX_ENTRY +default +67108864$' "REMOTE_MAX_ENTRY's default in bytes"
+
+# This kcache's build id, which every key its shim derives carries (issue
+# 47, finding 7): in config and --version, the same.
+run "$KC" config
+expect_out_match '^kcache build: [0-9a-f]{16} \(.*libkcache\.so' "config names this build and its shim"
+b=$(printf '%s\n' "$out" | sed -n 's/^kcache build: \([0-9a-f]*\) .*/\1/p')
+run "$KC" --version
+expect_out_match "^kcache [0-9.]+ \\(store ABI [0-9]+, record format [0-9]+, build $b\\)\$" \
+    "--version names the same build ($b)"
+
 finish

@@ -72,6 +72,7 @@ expect_one_line_error "kcache: error: no entry" "show with an unknown key"
 run "$KC" --dir "$D" stats
 expect_rc 0 "stats"
 expect_out_match '^Entries: +6' "stats counts 6 entries"
+expect_out_match '^Entries: +6 \(artifacts and manifests' "stats says entries count manifests too"
 expect_out_match '^  nvrtc-test +3 entries' "stats per namespace"
 expect_out_match '^  nvrtc +hits 3 +misses 2 +passthrough 1 +stores 2' "stats nvrtc counters"
 expect_out_match '^  jit +hits 5 +misses 1 +passthrough 0 +stores 1 +errors 1' "stats jit counters"

@@ -14,7 +14,11 @@ and remote prune, each run three ways on the same state:
   - stderr a pipe: no bar (no \\r, no frame);
   - stderr the terminal with --quiet: no bar;
 
-and the exit code and stdout are the same all three ways. push and remote
+and the exit code and stdout are the same all three ways. On a narrow
+terminal (40 and 30 columns) every frame fits and ends at a word's end
+(the parts that matter least left out: never a word cut); an export to a
+slow reader (a FIFO read in small pieces) says 0:00 left only once its
+writing ended, never while bytes are still going (issue 47, finding 10). push and remote
 prune run against a private redis-server on a unix socket in the test's
 temporary directory (skipped when redis-server, or libsodium for a key, is
 missing).
@@ -230,6 +234,94 @@ def three_ways(what, args, heads, last, env=None, before=None, norm=None):
     return t
 
 
+def run_timed(args, cols, before=None):
+    """Runs `kcache ARGS` with stderr a pseudo-terminal of `cols` columns:
+    (rc, [(seconds since the start, frame)]) with each frame as drawn."""
+    m, s = os.openpty()
+    tty.setraw(s)
+    fcntl.ioctl(s, termios.TIOCSWINSZ, struct.pack('HHHH', 30, cols, 0, 0))
+    t0 = time.monotonic()
+    p = subprocess.Popen([TOOL] + list(args), env=ENV, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=s)
+    os.close(s)
+    chunks = []
+
+    def reader():
+        while True:
+            try:
+                d = os.read(m, 65536)
+            except OSError:
+                break
+            if not d:
+                break
+            chunks.append((time.monotonic() - t0, d))
+    th = threading.Thread(target=reader)
+    th.start()
+    if before is not None:
+        before(t0)
+    p.wait(timeout=300)
+    th.join()
+    os.close(m)
+    frames, buf = [], ''
+    for t, d in chunks:
+        for c in re.split(r'([\r\n])', d.decode('utf-8', 'replace')):
+            if c in ('\r', '\n'):
+                if buf:
+                    frames.append((t, buf))
+                buf = ''
+            else:
+                buf += c
+    if buf:
+        frames.append((t, buf))
+    return p.returncode, frames
+
+
+def narrow_and_slow():
+    S = os.path.join(T, 's')
+    # A narrow terminal: each frame fits, and ends at a word's end.
+    whole = re.compile(r'(%|left|/s|entries|bodies|B|\]|[0-9]+/[0-9]+|[0-9]+)$')
+    for cols in (40, 30):
+        out = os.path.join(T, 'narrow-%d.kcb' % cols)
+        rc, frames = run_timed(['--dir', S, 'export', '-o', out], cols)
+        check(rc == 0 and len(frames) >= 2, 'export on %d columns: exit 0, frames drawn (%d)'
+              % (cols, len(frames)))
+        for _, f in frames:
+            g = f.rstrip()
+            check(len(f) <= cols - 1 and whole.search(g) is not None,
+                  'a frame on %d columns fits and ends at a word\'s end: %r' % (cols, f))
+        os.unlink(out)
+    # A slow reader: the export's last line says 0:00 left once it ended.
+    fifo = os.path.join(T, 'slow.fifo')
+    os.mkfifo(fifo, 0o600)
+    got = {}
+
+    def slow_reader(t0):
+        def read():
+            n = 0
+            with open(fifo, 'rb') as f:
+                while True:
+                    d = f.read(4096)
+                    if not d:
+                        break
+                    n += len(d)
+                    time.sleep(0.008)
+            got['eof'] = time.monotonic() - t0
+            got['bytes'] = n
+        th = threading.Thread(target=read)
+        th.start()
+        got['thread'] = th
+    rc, frames = run_timed(['--dir', S, 'export', '-o', fifo], COLS, before=slow_reader)
+    got['thread'].join()
+    check(rc == 0 and got.get('bytes', 0) > 0, 'export to a slow reader: exit 0 (%d bytes)'
+          % got.get('bytes', 0))
+    done = [t for t, f in frames if f.startswith('export entries') and ' 0:00 left' in f]
+    # (less what the pipe holds: 64 KiB, 0.13 s of this reader)
+    check(done and done[0] >= got['eof'] - 0.3,
+          'export to a slow reader: 0:00 left only once the writing ended (at %.2f s; the '
+          'reader had its last byte at %.2f s)' % (done[0] if done else -1, got['eof']))
+    os.unlink(fifo)
+
+
 def populate(d, n, first=0):
     p = subprocess.run([POP, d, str(n), '--drain', '--first', str(first)], env=ENV,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -424,6 +516,7 @@ def main():
         if not check(rc == 0, 'kc-populate %d entries (%r)' % (N, err)):
             return 1
         local_commands()
+        narrow_and_slow()
         remote_commands()
     finally:
         for _ in range(100):

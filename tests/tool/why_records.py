@@ -2,7 +2,7 @@
 """`kcache why` over miss records written straight into DIR/why/ (issue 45,
 findings 9 and 10), no compiler needed.
 
-    why_records.py MODE
+    why_records.py MODE [KC-POPULATE]
 
 MODE:
   escape   backend, key, kind and every other field a record holds reach
@@ -12,9 +12,16 @@ MODE:
            dozens of inputs, finishes within a generous bound and names a
            cause for each (the comparison with every earlier record was
            quadratic in the inputs: minutes, or never)
+  related  a miss is compared only with earlier records of its own program
+           (name and library): a program with none is its first compile,
+           never another program's inputs "added"; and an earlier compile
+           of the same inputs whose entry is still in the store (kc-populate
+           put it there) is said to be there, not evicted (issue 47,
+           finding 9)
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,7 +122,7 @@ def many(tmp):
         ins += [('file', '/inc/h%d.h' % j, '%032x' % (j * 1000 + (i % 5 if j == 3 else 0)),
                  'h%d' % j) for j in range(k // 2)]
         ins.append(('source', '', '%032x' % (i % 11), '%d bytes' % i))
-        write(d, 1000 + i, record('nvrtc', 'prog%d' % (i % 13), '%032x-%016x' % (i, 0), 1000 + i,
+        write(d, 1000 + i, record('nvrtc', 'prog%d' % (i % 7), '%032x-%016x' % (i, 0), 1000 + i,
                                   ins))
     t0 = time.monotonic()
     try:
@@ -132,20 +139,73 @@ def many(tmp):
         check(False, 'why --json is JSON: %s' % e)
         return
     check(len(doc) == n, 'one report per record (%d)' % len(doc))
-    check(doc[0]['cause'] == 'first', 'the oldest is a first compile')
-    check(all(x['cause'] in ('differs', 'left-the-store') for x in doc[1:]),
-          'every later one has a nearest earlier compile')
-    # A record with the same inputs as an earlier one (i and i - 385, 385 a
-    # multiple of 5, 7 and 11) is nearest to a record of no differences.
+    check(all(x['cause'] == 'first' for x in doc[:7]),
+          'the oldest of each of the 7 programs is a first compile')
+    check(all(x['cause'] in ('differs', 'left-the-store') for x in doc[7:]),
+          'every later one has a nearest earlier compile of its program')
+    # A record with the same inputs and program as an earlier one (i and
+    # i - 385, 385 a multiple of 5, 7 and 11) is nearest to a record of no
+    # differences.
     check(doc[-1]['cause'] == 'left-the-store' and doc[-1]['differences'] == [],
           'the last one: an earlier compile with the same inputs (%s)' % doc[-1]['cause'])
+
+
+def related(tmp):
+    d = os.path.join(tmp, 'kc')
+    os.makedirs(d, mode=0o700)
+    src = lambda n, dg: ('source', '', dg * 32, '%d bytes' % n)  # noqa: E731
+    write(d, 1000, record('nvrtc', 'axpy.cu', 'a' * 32, 1000,
+                          [src(10, 'a'), ('file', 'axpy.cuh', 'b' * 32, 'axpy.cuh')]))
+    write(d, 2000, record('nvrtc', 'scale.cu', 'c' * 32, 2000, [src(20, 'c')]))
+    write(d, 3000, record('nvrtc', 'axpy.cu', 'e' * 32, 3000,
+                          [src(11, 'e'), ('file', 'axpy.cuh', 'b' * 32, 'axpy.cuh')]))
+    r = kc(d, 'why', '--last', '3', '--json', timeout=60)
+    check(r.returncode == 0, 'why --last 3 --json: exit 0 (%r)' % r.stderr)
+    try:
+        doc = json.loads(r.stdout)
+    except ValueError as e:
+        check(False, 'why --json is JSON: %s' % e)
+        return
+    causes = [(x['name'], x['cause']) for x in doc]
+    check(causes == [('axpy.cu', 'first'), ('scale.cu', 'first'), ('axpy.cu', 'differs')],
+          'each program compared with its own records only: %s' % causes)
+    check([x['kind'] for x in doc[2]['differences']] == ['source'],
+          'axpy.cu: its source differs, and nothing of scale.cu (%s)' % doc[2]['differences'])
+    r = kc(d, 'why', '--last', '3', timeout=60)
+    out = r.stdout.decode()
+    check('axpy.cuh' not in out.split('nvrtc miss: "scale.cu"')[-1].split('nvrtc miss:')[0],
+          'scale.cu\'s report names no header of axpy.cu: %s' % out)
+    check('no earlier nvrtc compile of "scale.cu"' in out,
+          'scale.cu: no earlier compile of it is recorded: %s' % out)
+
+    # The same inputs twice, the first's entry in the store (a verify of
+    # libNVVM, say, whose entry was there but not served): not "evicted".
+    d = os.path.join(tmp, 'kc2')
+    p = subprocess.run([sys.argv[2], d, '1', '--drain'], capture_output=True, text=True)
+    check(p.returncode == 0, 'kc-populate (%r)' % p.stderr)
+    hexkey = p.stdout.split()[0]
+    show = kc(d, 'show', hexkey).stdout.decode()
+    build = re.search(r'^Build: +([0-9a-f]{16})$', show, re.M).group(1)
+    ins = [('option', '', 'f' * 32, '-O3')]
+    # (the later miss a few seconds after the entry was made: it was there)
+    t1 = time.time_ns()
+    t2 = t1 + 5 * 10 ** 9
+    write(d, t1, record('nvvm', 'verify', hexkey + '-' + build, t1, ins))
+    write(d, t2, record('nvvm', 'verify', '9' * 32 + '-' + build, t2, ins))
+    r = kc(d, 'why', '--last', '1', timeout=60)
+    out = r.stdout.decode()
+    check(r.returncode == 0 and 'still in the store' in out and 'evicted' not in out,
+          'an entry still in the store is said to be there, not evicted: %s' % out)
+    r = kc(d, 'why', '--last', '1', '--json', timeout=60)
+    check(json.loads(r.stdout)[0]['cause'] == 'in-the-store',
+          'why --json: cause in-the-store (%s)' % r.stdout[:300])
 
 
 def main():
     mode = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix='kcache-why-')
     try:
-        {'escape': escape, 'many': many}[mode](tmp)
+        {'escape': escape, 'many': many, 'related': related}[mode](tmp)
     finally:
         rm_settled(tmp)
     if failures:
