@@ -74,6 +74,16 @@ const struct kc_config_var kc_config_vars[] = {
                      .flag = "--no-nvvm"},
     [KC_VAR_TOOLS] = {"KCACHE_TOOLS", "cache compiler tools run as processes (ptxas)", .dflt = "1",
                       .flag = "--no-tools"},
+    [KC_VAR_REMOTE_CA_FILE] = {"KCACHE_REMOTE_CA_FILE",
+                               "CA certificates (PEM) rediss:// servers are verified with",
+                               .dflt = "(system)"},
+    [KC_VAR_REMOTE_CERT_FILE] = {"KCACHE_REMOTE_CERT_FILE",
+                                 "client certificate (PEM) for mutual TLS", .dflt = "(none)"},
+    [KC_VAR_REMOTE_KEY_FILE] = {"KCACHE_REMOTE_KEY_FILE", "its private key file (PEM, 0600)",
+                                .dflt = "(none)"},
+    [KC_VAR_REMOTE_TLS_VERIFY] = {"KCACHE_REMOTE_TLS_VERIFY",
+                                  "0: rediss:// servers' certificates are not verified (warns)",
+                                  .dflt = "1"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -424,6 +434,10 @@ void kc_config_load(struct kc_config *cfg)
     load_text(cfg, KC_VAR_REMOTE_TRUST, cfg->remote_trust, sizeof cfg->remote_trust);
     load_text(cfg, KC_VAR_REMOTE_PASSWORD_FILE, cfg->remote_password_file,
               sizeof cfg->remote_password_file);
+    load_text(cfg, KC_VAR_REMOTE_CA_FILE, cfg->remote_ca_file, sizeof cfg->remote_ca_file);
+    load_text(cfg, KC_VAR_REMOTE_CERT_FILE, cfg->remote_cert_file, sizeof cfg->remote_cert_file);
+    load_text(cfg, KC_VAR_REMOTE_KEY_FILE, cfg->remote_key_file, sizeof cfg->remote_key_file);
+    load_text(cfg, KC_VAR_REMOTE_TLS_VERIFY, cfg->remote_tls_verify, sizeof cfg->remote_tls_verify);
 
     /* A misspelt switch must not be silently ignored. */
     extern char **environ;
@@ -542,6 +556,22 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
     case KC_VAR_TOOLS:
         snprintf(buf, len, "%d", cfg->tools);
         break;
+    case KC_VAR_REMOTE_CA_FILE:
+        snprintf(buf, len, "%s", cfg->remote_ca_file[0] ? cfg->remote_ca_file : "(system)");
+        break;
+    case KC_VAR_REMOTE_CERT_FILE:
+        snprintf(buf, len, "%s", cfg->remote_cert_file[0] ? cfg->remote_cert_file : "(none)");
+        break;
+    case KC_VAR_REMOTE_KEY_FILE:
+        snprintf(buf, len, "%s", cfg->remote_key_file[0] ? cfg->remote_key_file : "(none)");
+        break;
+    case KC_VAR_REMOTE_TLS_VERIFY: {
+        bool on = true;
+        if (cfg->remote_tls_verify[0] != '\0' && kc_parse_bool(cfg->remote_tls_verify, &on) != 0)
+            on = true;
+        snprintf(buf, len, "%s", on ? "1" : "0 (certificates NOT verified)");
+        break;
+    }
     default:
         snprintf(buf, len, "?");
     }

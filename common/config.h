@@ -60,6 +60,10 @@ enum kc_var {
     KC_VAR_REMOTE_PASSWORD_FILE,
     KC_VAR_NVVM,
     KC_VAR_TOOLS,
+    KC_VAR_REMOTE_CA_FILE,
+    KC_VAR_REMOTE_CERT_FILE,
+    KC_VAR_REMOTE_KEY_FILE,
+    KC_VAR_REMOTE_TLS_VERIFY,
     KC_N_SETTINGS, /* the settings come first; internal variables follow */
     KC_VAR_TOOL = KC_N_SETTINGS,
     KC_VAR_STORE_LIB,
@@ -96,6 +100,10 @@ struct kc_config {
     char remote_trusted_keys[PATH_MAX];  /* KCACHE_REMOTE_TRUSTED_KEYS */
     char remote_trust[16];               /* KCACHE_REMOTE_TRUST */
     char remote_password_file[PATH_MAX]; /* KCACHE_REMOTE_PASSWORD_FILE */
+    char remote_ca_file[PATH_MAX];       /* KCACHE_REMOTE_CA_FILE */
+    char remote_cert_file[PATH_MAX];     /* KCACHE_REMOTE_CERT_FILE */
+    char remote_key_file[PATH_MAX];      /* KCACHE_REMOTE_KEY_FILE */
+    char remote_tls_verify[16];          /* KCACHE_REMOTE_TLS_VERIFY */
     bool link;                           /* KCACHE_LINK: nvJitLink and cuLink* links */
     bool nvvm;                           /* KCACHE_NVVM: libNVVM compiles */
     bool tools;                          /* KCACHE_TOOLS: compiler tools run as processes */

@@ -496,7 +496,8 @@ __attribute__((destructor)) static void shim_fini(void)
                 line + n, sizeof line - n,
                 "; remote hits=%llu misses=%llu errors=%llu timeouts=%llu bad=%llu "
                 "saved=%.3fs refusals=%llu auth=%llu protocol=%llu error_replies=%llu "
-                "oom=%llu bad_signatures=%llu lock_untrusted=%llu off=%llu polls=%llu",
+                "oom=%llu bad_signatures=%llu lock_untrusted=%llu off=%llu polls=%llu tls=%llu "
+                "write_refusals=%llu",
                 (unsigned long long)rsnap.hits, (unsigned long long)rsnap.misses,
                 (unsigned long long)rsnap.errors, (unsigned long long)rsnap.timeouts,
                 (unsigned long long)rsnap.bad, rsnap.saved_ns / 1e9,
@@ -504,7 +505,8 @@ __attribute__((destructor)) static void shim_fini(void)
                 (unsigned long long)rsnap.protocol_errors, (unsigned long long)rsnap.error_replies,
                 (unsigned long long)rsnap.oom, (unsigned long long)rsnap.bad_signatures,
                 (unsigned long long)rsnap.lock_untrusted, (unsigned long long)rsnap.breaker_opens,
-                (unsigned long long)rsnap.polls);
+                (unsigned long long)rsnap.polls, (unsigned long long)rsnap.tls_failures,
+                (unsigned long long)rsnap.write_refusals);
         /* Why requests passed through, only when some did: the line is
          * otherwise what it always was. */
         /* "; passthrough nvrtc option=1 writes=2, link input=1" */

@@ -84,12 +84,8 @@ int kc__hiredis_load(const struct kc__hiredis **out)
  * the reader fails the connection ("out of memory"), and the budget says
  * it was a bound.
  */
-static void *reply_object(const redisReadTask *task, int type, size_t cost)
+static void *reply_object(struct kc__reply_budget *b, int depth, int type, size_t cost)
 {
-    struct kc__reply_budget *b = task->privdata;
-    int depth = 0;
-    for (const redisReadTask *t = task->parent; t != NULL; t = t->parent)
-        depth++;
     if (b != NULL) {
         if (depth > KC__REPLY_MAX_DEPTH || b->objects >= KC__REPLY_MAX_ELEMENTS ||
             cost > b->bytes_left) {
@@ -106,19 +102,20 @@ static void *reply_object(const redisReadTask *task, int type, size_t cost)
     return r;
 }
 
-static void reply_link(const redisReadTask *task, redisReply *r)
+static void reply_link(void *parent_obj, int idx, redisReply *r)
 {
-    if (task->parent != NULL) {
-        redisReply *parent = task->parent->obj;
-        if (parent != NULL && parent->type == REDIS_REPLY_ARRAY && task->idx >= 0 &&
-            (size_t)task->idx < parent->elements)
-            parent->element[task->idx] = r;
-    }
+    redisReply *parent = parent_obj;
+    if (parent != NULL && parent->type == REDIS_REPLY_ARRAY && idx >= 0 &&
+        (size_t)idx < parent->elements)
+        parent->element[idx] = r;
 }
 
-static void *reply_string(const redisReadTask *task, char *str, size_t len)
+/* The builders every connection's reader calls (plain: through the
+ * hiredis 0.14 functions below; TLS: through the TLS object's). */
+static void *build_string(void *priv, void *parent, int idx, int depth, int type, const char *str,
+                          size_t len)
 {
-    redisReply *r = reply_object(task, task->type, len + 1);
+    redisReply *r = reply_object(priv, depth, type, len + 1);
     if (r == NULL)
         return NULL;
     r->str = malloc(len + 1);
@@ -129,19 +126,18 @@ static void *reply_string(const redisReadTask *task, char *str, size_t len)
     memcpy(r->str, str, len);
     r->str[len] = '\0';
     r->len = len;
-    reply_link(task, r);
+    reply_link(parent, idx, r);
     return r;
 }
 
-static void *reply_array(const redisReadTask *task, int elements)
+static void *build_array(void *priv, void *parent, int idx, int depth, size_t n)
 {
-    struct kc__reply_budget *b = task->privdata;
-    size_t n = elements > 0 ? (size_t)elements : 0;
+    struct kc__reply_budget *b = priv;
     if (b != NULL && n > KC__REPLY_MAX_ELEMENTS - b->objects) {
         b->refused = true;
         return NULL;
     }
-    redisReply *r = reply_object(task, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
+    redisReply *r = reply_object(b, depth, REDIS_REPLY_ARRAY, n * sizeof(redisReply *));
     if (r == NULL)
         return NULL;
     if (n > 0) {
@@ -152,26 +148,61 @@ static void *reply_array(const redisReadTask *task, int elements)
         }
     }
     r->elements = n;
-    reply_link(task, r);
+    reply_link(parent, idx, r);
     return r;
+}
+
+static void *build_integer(void *priv, void *parent, int idx, int depth, long long v)
+{
+    redisReply *r = reply_object(priv, depth, REDIS_REPLY_INTEGER, 0);
+    if (r == NULL)
+        return NULL;
+    r->integer = v;
+    reply_link(parent, idx, r);
+    return r;
+}
+
+static void *build_nil(void *priv, void *parent, int idx, int depth)
+{
+    redisReply *r = reply_object(priv, depth, REDIS_REPLY_NIL, 0);
+    if (r != NULL)
+        reply_link(parent, idx, r);
+    return r;
+}
+
+static int task_depth(const redisReadTask *task)
+{
+    int depth = 0;
+    for (const redisReadTask *t = task->parent; t != NULL; t = t->parent)
+        depth++;
+    return depth;
+}
+
+static void *task_parent(const redisReadTask *task)
+{
+    return task->parent != NULL ? task->parent->obj : NULL;
+}
+
+static void *reply_string(const redisReadTask *task, char *str, size_t len)
+{
+    return build_string(task->privdata, task_parent(task), task->idx, task_depth(task), task->type,
+                        str, len);
+}
+
+static void *reply_array(const redisReadTask *task, int elements)
+{
+    return build_array(task->privdata, task_parent(task), task->idx, task_depth(task),
+                       elements > 0 ? (size_t)elements : 0);
 }
 
 static void *reply_integer(const redisReadTask *task, long long v)
 {
-    redisReply *r = reply_object(task, REDIS_REPLY_INTEGER, 0);
-    if (r == NULL)
-        return NULL;
-    r->integer = v;
-    reply_link(task, r);
-    return r;
+    return build_integer(task->privdata, task_parent(task), task->idx, task_depth(task), v);
 }
 
 static void *reply_nil(const redisReadTask *task)
 {
-    redisReply *r = reply_object(task, REDIS_REPLY_NIL, 0);
-    if (r != NULL)
-        reply_link(task, r);
-    return r;
+    return build_nil(task->privdata, task_parent(task), task->idx, task_depth(task));
 }
 
 void kc__reply_free(void *p)
@@ -193,6 +224,14 @@ static redisReplyObjectFunctions reply_fns = {
     .createInteger = reply_integer,
     .createNil = reply_nil,
     .freeObject = kc__reply_free,
+};
+
+static const struct kc_tls_reply_fns tls_reply_fns = {
+    .string = build_string,
+    .array = build_array,
+    .integer = build_integer,
+    .nil = build_nil,
+    .free = kc__reply_free,
 };
 
 /* ---- the breaker -------------------------------------------------------- */
@@ -302,9 +341,136 @@ static int classify(const redisContext *c, int saved_errno)
     return -EHOSTUNREACH; /* REDIS_ERR_OTHER: the name did not resolve */
 }
 
-/* redisBufferWrite with SIGPIPE kept from the host: blocked in this
- * thread around the write; one the write raised is consumed. */
-static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, int *done, int *err)
+/* ---- a connection: plain (hiredis 0.14) or TLS (the TLS object) ------- */
+
+/*
+ * One connection's operations, whichever library carries it. A plain
+ * connection is blocking, each call bounded by the socket timeouts set to
+ * the time left; a TLS connection is non-blocking (every wait is exec_raw's
+ * poll). Each returns 0 or a negative errno, the connection unusable after
+ * one.
+ */
+struct kc__conn_ops {
+    int (*fd)(void *conn);
+    int (*append)(void *conn, int argc, const char **argv, const size_t *len);
+    int (*write)(void *conn, uint64_t deadline, int *done);
+    int (*read)(void *conn, uint64_t deadline, size_t *got);
+    int (*get_reply)(void *conn, void **reply);
+    size_t (*buffered)(void *conn);
+    void (*close)(void *conn);
+};
+
+static int plain_fd(void *conn)
+{
+    return ((redisContext *)conn)->fd;
+}
+
+static int plain_append(void *conn, int argc, const char **argv, const size_t *len)
+{
+    return hi.append_argv(conn, argc, argv, len) == REDIS_OK ? 0 : -ENOMEM;
+}
+
+static int plain_write(void *conn, uint64_t deadline, int *done)
+{
+    redisContext *c = conn;
+    hi.set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
+    errno = 0;
+    if (hi.buffer_write(c, done) != REDIS_OK)
+        return classify(c, errno);
+    return 0;
+}
+
+static int plain_read(void *conn, uint64_t deadline, size_t *got)
+{
+    redisContext *c = conn;
+    hi.set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
+    errno = 0;
+    if (hi.buffer_read(c) != REDIS_OK)
+        return classify(c, errno);
+    *got = 1; /* blocking: it read, or failed */
+    return 0;
+}
+
+static int plain_get_reply(void *conn, void **reply)
+{
+    return hi.get_reply(conn, reply) == REDIS_OK ? 0 : -EPROTO;
+}
+
+static size_t plain_buffered(void *conn)
+{
+    redisContext *c = conn;
+    return c->reader != NULL ? c->reader->len - c->reader->pos : 0;
+}
+
+static void plain_close(void *conn)
+{
+    hi.free_ctx(conn);
+}
+
+static const struct kc__conn_ops plain_ops = {
+    .fd = plain_fd,
+    .append = plain_append,
+    .write = plain_write,
+    .read = plain_read,
+    .get_reply = plain_get_reply,
+    .buffered = plain_buffered,
+    .close = plain_close,
+};
+
+/* The TLS object's table (rc->tls), the rctx the connection belongs to
+ * kept nowhere: one TLS object per process. */
+static const struct kc_tls_api *tls_api;
+
+static int tls_fd(void *conn)
+{
+    return tls_api->fd(conn);
+}
+
+static int tls_append(void *conn, int argc, const char **argv, const size_t *len)
+{
+    return tls_api->append(conn, argc, argv, len);
+}
+
+static int tls_write(void *conn, uint64_t deadline, int *done)
+{
+    (void)deadline;
+    return tls_api->write(conn, done);
+}
+
+static int tls_read(void *conn, uint64_t deadline, size_t *got)
+{
+    (void)deadline;
+    return tls_api->read(conn, got);
+}
+
+static int tls_get_reply(void *conn, void **reply)
+{
+    return tls_api->get_reply(conn, reply);
+}
+
+static size_t tls_buffered(void *conn)
+{
+    return tls_api->buffered(conn);
+}
+
+static void tls_close(void *conn)
+{
+    tls_api->close(conn);
+}
+
+static const struct kc__conn_ops tls_ops = {
+    .fd = tls_fd,
+    .append = tls_append,
+    .write = tls_write,
+    .read = tls_read,
+    .get_reply = tls_get_reply,
+    .buffered = tls_buffered,
+    .close = tls_close,
+};
+
+/* A write with SIGPIPE kept from the host: blocked in this thread around
+ * the write; one the write raised is consumed. */
+static int write_nosigpipe(const struct kc__conn_ops *ops, void *conn, uint64_t deadline, int *done)
 {
     sigset_t pipe_set, old, pending;
     sigemptyset(&pipe_set);
@@ -313,9 +479,7 @@ static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, 
     sigpending(&pending);
     bool was_pending = sigismember(&pending, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-    errno = 0;
-    int r = h->buffer_write(c, done);
-    *err = errno;
+    int r = ops->write(conn, deadline, done);
     if (!was_pending) {
         sigemptyset(&pending);
         sigpending(&pending);
@@ -329,7 +493,7 @@ static int buffer_write_nosigpipe(const struct kc__hiredis *h, redisContext *c, 
     return r;
 }
 
-static void free_replies(const struct kc__hiredis *h, int n, redisReply **r)
+static void free_replies(int n, redisReply **r)
 {
     for (int i = 0; i < n; i++) {
         if (r[i] != NULL)
@@ -343,47 +507,43 @@ static void free_replies(const struct kc__hiredis *h, int n, redisReply **r)
 static int exec_raw(struct kc__rctx *rc, struct kc__node *nd, int n, const struct kc__cmd *cmds,
                     redisReply **replies, uint64_t deadline)
 {
-    const struct kc__hiredis *h = rc->hi;
-    redisContext *c = nd->c;
+    const struct kc__conn_ops *ops = nd->ops;
+    void *c = nd->conn;
     for (int i = 0; i < n; i++)
         replies[i] = NULL;
     for (int i = 0; i < n; i++)
-        if (h->append_argv(c, cmds[i].argc, (const char **)cmds[i].argv, cmds[i].len) != REDIS_OK)
+        if (ops->append(c, cmds[i].argc, (const char **)cmds[i].argv, cmds[i].len) != 0)
             return -ENOMEM;
-    int done = 0, err = 0;
+    int done = 0;
     while (!done) {
-        int r = wait_fd(c->fd, POLLOUT, deadline);
+        int r = wait_fd(ops->fd(c), POLLOUT, deadline);
         if (r != 0)
             return r;
-        h->set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
-        if (buffer_write_nosigpipe(h, c, &done, &err) != REDIS_OK)
-            return classify(c, err);
+        r = write_nosigpipe(ops, c, deadline, &done);
+        if (r != 0)
+            return r;
     }
     for (int i = 0; i < n; i++) {
         void *rep = NULL;
         nd->budget = (struct kc__reply_budget){.bytes_left = rc->reply_cap};
         for (;;) {
-            if (h->get_reply(c, &rep) != REDIS_OK) {
-                free_replies(h, i, replies);
+            if (ops->get_reply(c, &rep) != 0) {
+                free_replies(i, replies);
                 return -EPROTO;
             }
             if (rep != NULL)
                 break;
-            if (c->reader != NULL && c->reader->len - c->reader->pos > rc->reply_cap) {
-                free_replies(h, i, replies);
+            if (ops->buffered(c) > rc->reply_cap) {
+                free_replies(i, replies);
                 return -EMSGSIZE;
             }
-            int r = wait_fd(c->fd, POLLIN, deadline);
+            int r = wait_fd(ops->fd(c), POLLIN, deadline);
+            size_t got = 0;
+            if (r == 0)
+                r = ops->read(c, deadline, &got);
             if (r != 0) {
-                free_replies(h, i, replies);
+                free_replies(i, replies);
                 return r;
-            }
-            h->set_timeout(c, tv_of_ns((int64_t)(deadline - kc_mono_ns())));
-            errno = 0;
-            if (h->buffer_read(c) != REDIS_OK) {
-                int e = errno;
-                free_replies(h, i, replies);
-                return classify(c, e);
             }
         }
         replies[i] = rep;
@@ -393,9 +553,10 @@ static int exec_raw(struct kc__rctx *rc, struct kc__node *nd, int n, const struc
 
 void kc__node_drop(struct kc__rctx *rc, struct kc__node *nd)
 {
-    if (nd->c != NULL && rc->hi != NULL)
-        rc->hi->free_ctx(nd->c);
-    nd->c = NULL;
+    (void)rc;
+    if (nd->conn != NULL)
+        nd->ops->close(nd->conn);
+    nd->conn = NULL;
     nd->proven = false;
 }
 
@@ -465,8 +626,48 @@ void kc__node_fail(struct kc__rctx *rc, struct kc__node *nd, int err, const char
     node_off(rc, nd, err, why);
 }
 
-/* Connects nd; 0 or a negative errno (nothing counted). */
-static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
+/* One connection attempt of nd within ns: 0 with nd->conn and nd->ops, or
+ * a negative errno and, when there is more to say than the errno, why. */
+static int connect_once(struct kc__rctx *rc, struct kc__node *nd, int64_t ns, char *why, size_t wl)
+{
+    if (nd->ep.tls) {
+        if (rc->tls == NULL || rc->tls_ctx == NULL)
+            return -ENOSYS; /* activate refused the remote already */
+        tls_api = rc->tls;
+        int ms = (int)((ns + 999999) / 1000000);
+        void *conn = NULL;
+        int r = rc->tls->connect(rc->tls_ctx, nd->ep.host, nd->ep.port, ms > 0 ? ms : 1,
+                                 &tls_reply_fns, &nd->budget, &conn, why, wl);
+        if (r != 0)
+            return r;
+        nd->conn = conn;
+        nd->ops = &tls_ops;
+        return 0;
+    }
+    struct timeval tv = tv_of_ns(ns);
+    errno = 0;
+    redisContext *c = nd->ep.transport == KC_REMOTE_UNIX
+                          ? rc->hi->connect_unix(nd->ep.path, tv)
+                          : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
+    int e = errno;
+    if (c == NULL)
+        return -ENOMEM;
+    if (c->err != 0) {
+        int r = classify(c, e);
+        rc->hi->free_ctx(c);
+        return r;
+    }
+    if (c->reader != NULL) {
+        c->reader->fn = &reply_fns;
+        c->reader->privdata = &nd->budget;
+    }
+    nd->conn = c;
+    nd->ops = &plain_ops;
+    return 0;
+}
+
+/* Connects nd; 0 or a negative errno (nothing counted), why as above. */
+static int node_connect(struct kc__rctx *rc, struct kc__node *nd, char *why, size_t wl)
 {
     int64_t ns = (int64_t)nd->ep.connect_timeout_ms * 1000000;
     if (rc->deadline_ns != 0) {
@@ -476,20 +677,12 @@ static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
         if ((int64_t)(rc->deadline_ns - now) < ns)
             ns = (int64_t)(rc->deadline_ns - now);
     }
-    struct timeval tv = tv_of_ns(ns);
     uint64_t until = kc_mono_ns() + (uint64_t)ns;
-    redisContext *c;
     for (;;) {
-        errno = 0;
-        c = nd->ep.transport == KC_REMOTE_UNIX ? rc->hi->connect_unix(nd->ep.path, tv)
-                                               : rc->hi->connect_tcp(nd->ep.host, nd->ep.port, tv);
-        int e = errno;
-        if (c == NULL)
-            return -ENOMEM;
-        if (c->err == 0)
+        why[0] = '\0';
+        int r = connect_once(rc, nd, ns, why, wl);
+        if (r == 0)
             break;
-        int r = classify(c, e);
-        rc->hi->free_ctx(c);
         /* A server that answered this process before and now refuses is
          * most likely restarting (a connection is made per operation in
          * the shim): it is asked again within the connect timeout before
@@ -498,12 +691,8 @@ static int node_connect(struct kc__rctx *rc, struct kc__node *nd)
             return r;
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
+        ns = (int64_t)(until - kc_mono_ns());
     }
-    if (c->reader != NULL) {
-        c->reader->fn = &reply_fns;
-        c->reader->privdata = &nd->budget;
-    }
-    nd->c = c;
     nd->proven = false;
     rc->ctr->connects++;
     return 0;
@@ -519,11 +708,20 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
     if (rc->deadline_ns != 0 && kc_mono_ns() >= rc->deadline_ns)
         return -ETIMEDOUT;
     for (int attempt = 0;; attempt++) {
-        bool fresh = nd->c == NULL;
+        bool fresh = nd->conn == NULL;
         if (fresh) {
-            int r = node_connect(rc, nd);
+            char why[200];
+            int r = node_connect(rc, nd, why, sizeof why);
             if (r < 0) {
-                node_off(rc, nd, r, r == -ETIMEDOUT ? "connection timed out" : "cannot connect");
+                /* A TLS session refused: its certificate, no TLS, a
+                 * handshake cut short. */
+                if (nd->ep.tls && (r == -EKEYREJECTED || r == -EPROTO || r == -ECONNRESET ||
+                                   (r == -ETIMEDOUT && why[0] != '\0')))
+                    rc->ctr->tls_failures++;
+                node_off(rc, nd, r,
+                         why[0] != '\0'    ? why
+                         : r == -ETIMEDOUT ? "connection timed out"
+                                           : "cannot connect");
                 return r;
             }
         }
@@ -556,15 +754,20 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
             for (int i = 0; i < pre; i++) {
                 bool ok = reps[i]->type == REDIS_REPLY_STATUS;
                 if (!ok) {
-                    free_replies(rc->hi, pre + n, reps);
-                    kc__node_fail(rc, nd, -EACCES,
-                                  i == 0 && nd->ep.password[0] != '\0'
-                                      ? "authentication refused"
-                                      : "database selection refused");
+                    /* What the server said of the credentials (WRONGPASS). */
+                    const char *auth =
+                        reps[i]->type == REDIS_REPLY_ERROR ? kc__auth_why(reps[i]->str) : NULL;
+                    char why[200];
+                    snprintf(why, sizeof why, "%s",
+                             i == 0 && nd->ep.password[0] != '\0'
+                                 ? (auth != NULL ? auth : "authentication refused")
+                                 : "database selection refused");
+                    free_replies(pre + n, reps);
+                    kc__node_fail(rc, nd, -EACCES, why);
                     return -EACCES;
                 }
             }
-            free_replies(rc->hi, pre, reps);
+            free_replies(pre, reps);
             for (int i = 0; i < n; i++)
                 replies[i] = reps[pre + i];
             nd->proven = true;
@@ -585,10 +788,20 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
          * timeout): one fresh try. */
         if (attempt == 0 && !fresh && was_proven && r == -ECONNRESET)
             continue;
+        /* A server that closes a fresh connection unanswered: most often
+         * a transport mismatch, said so. */
+        bool unanswered = fresh && !nd->answered && (r == -ECONNRESET || r == -EACCES);
+        if (unanswered && nd->ep.tls)
+            rc->ctr->tls_failures++;
         node_off(rc, nd, r,
-                 r == -ETIMEDOUT ? "no answer within the operation timeout"
-                 : r == -EPROTO  ? "answered garbage"
-                                 : "connection failed");
+                 unanswered && nd->ep.tls
+                     ? "closed the TLS session unanswered (does it want a client certificate? "
+                       "KCACHE_REMOTE_CERT_FILE, KCACHE_REMOTE_KEY_FILE)"
+                 : unanswered && nd->ep.transport == KC_REMOTE_TCP
+                     ? "closed the connection unanswered (a TLS port? use rediss://)"
+                 : r == -ETIMEDOUT ? "no answer within the operation timeout"
+                 : r == -EPROTO    ? "answered garbage"
+                                   : "connection failed");
         return r;
     }
 }

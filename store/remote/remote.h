@@ -67,6 +67,7 @@ enum kc_remote_transport {
 /* One server (a shard, or a cluster seed). */
 struct kc_remote_endpoint {
     int transport;            /* enum kc_remote_transport */
+    bool tls;                 /* rediss://: TCP over TLS */
     char host[256];           /* TCP: name or address (no brackets) */
     int port;                 /* TCP: 1..65535 */
     char path[108];           /* unix: the socket's absolute path */
@@ -91,6 +92,10 @@ struct kc_remote_config {
     char trusted_keys[4096];       /* KCACHE_REMOTE_TRUSTED_KEYS, may be empty */
     bool trust_any;                /* KCACHE_REMOTE_TRUST=any */
     char password_file[4096];      /* KCACHE_REMOTE_PASSWORD_FILE, may be empty */
+    char ca_file[4096];            /* KCACHE_REMOTE_CA_FILE, may be empty: the system's */
+    char cert_file[4096];          /* KCACHE_REMOTE_CERT_FILE, may be empty */
+    char key_file[4096];           /* KCACHE_REMOTE_KEY_FILE, may be empty */
+    bool tls_verify;               /* KCACHE_REMOTE_TLS_VERIFY (true unless 0) */
     int n_warnings;                /* non-fatal: a value kept its default */
     char warnings[4][200];
 };
@@ -104,6 +109,10 @@ struct kc_remote_settings {
     const char *trusted_keys;  /* KCACHE_REMOTE_TRUSTED_KEYS */
     const char *trust;         /* KCACHE_REMOTE_TRUST: signed|any */
     const char *password_file; /* KCACHE_REMOTE_PASSWORD_FILE */
+    const char *ca_file;       /* KCACHE_REMOTE_CA_FILE */
+    const char *cert_file;     /* KCACHE_REMOTE_CERT_FILE */
+    const char *key_file;      /* KCACHE_REMOTE_KEY_FILE */
+    const char *tls_verify;    /* KCACHE_REMOTE_TLS_VERIFY */
 };
 
 /* Fills *s from the configuration kc_config_load() read (empty strings
@@ -116,12 +125,16 @@ void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remot
  * kc_remote_config_free, also after a failure). KCACHE_REMOTE's grammar is
  * ccache's:
  *   redis://[[USER:]PASSWORD@]HOST[:PORT][/DB]
+ *   rediss://...                             (the same, over TLS)
  *   redis+unix:SOCKET[?db=N]                 (SOCKET absolute; also redis+unix:///SOCKET)
  *   redis-cluster://[[USER:]PASSWORD@]HOST[:PORT][,HOST[:PORT]...]
  * each optionally followed by |ATTR attributes: read-only,
  * connect-timeout=MS, operation-timeout=MS, shards=NAME[(WEIGHT)],... (the
  * URL's one '*' replaced by each NAME); several URLs separated by white
- * space are shards too. USER and PASSWORD may be %-encoded.
+ * space are shards too. USER and PASSWORD may be %-encoded. With
+ * KCACHE_REMOTE_PASSWORD_FILE set, a user info without ':' (USER@HOST)
+ * names the user (AUTH USER PASSWORD, the password the file's); without,
+ * it is the password, as ccache reads it.
  * 0: parsed (mode KC_REMOTE_NONE when KCACHE_REMOTE is unset or blank);
  * warnings for the other variables, each keeping its default, are in
  * out->warnings. -EINVAL: KCACHE_REMOTE is malformed; `err` (may be NULL)
@@ -170,7 +183,9 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(bad_signatures, "entries refused: unsigned, unknown key id or signature")                    \
     X(lock_untrusted, "locks not waited on: not taken by a trusted writer")                        \
     X(breaker_opens, "times the remote or a server was turned off")                                \
-    X(polls, "lookups of an entry another node was compiling")
+    X(polls, "lookups of an entry another node was compiling")                                     \
+    X(tls_failures, "TLS sessions refused: certificate, no TLS, client certificate wanted")        \
+    X(write_refusals, "writes the server refused this user (NOPERM): the node reads only")
 
 struct kc_remote_counters {
 #define KC__REMOTE_FIELD(name, what) uint64_t name;

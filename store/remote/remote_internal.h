@@ -6,6 +6,7 @@
 #define KCACHE_STORE_REMOTE_INTERNAL_H
 
 #include "remote.h"
+#include "tls_api.h"
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
@@ -37,6 +38,15 @@ struct kc__hiredis {
 /* Loads libhiredis once per process. 0 with *out, or -ENOSYS when the
  * library or one of its functions is missing (logged once). */
 int kc__hiredis_load(const struct kc__hiredis **out);
+
+/* ---- the TLS object, dlopen()ed (load.c) -------------------------------- */
+
+/* Loads libkcache-remote-tls.so once per process (tls_api.h): beside this
+ * object, in ../lib/ (the tool), or where a build tree keeps it, each only
+ * where no other user can replace it (kc_trusted_path). 0 with *out;
+ * -ENOSYS when there is none or it is of another ABI: why says which
+ * (for the one warning). */
+int kc__tls_load(const struct kc_tls_api **out, char *why, size_t whylen);
 
 /* ---- libsodium, dlopen()ed (sign.c) ------------------------------------- */
 
@@ -266,13 +276,14 @@ void kc__reply_free(void *reply);
 
 struct kc__node {
     struct kc_remote_endpoint ep;
-    char addr[300];       /* "host:port" or the socket path: its identity */
-    redisContext *c;      /* NULL: not connected */
-    bool proven;          /* the connection answered once: a later EOF is a
-                           * stale connection (server restarted, idle
-                           * timeout), retried once */
-    bool off;             /* failed: skipped until retry_at_ns */
-    uint64_t retry_at_ns; /* 0 with off: for the process */
+    char addr[300];                 /* "host:port" or the socket path: its identity */
+    void *conn;                     /* NULL: not connected */
+    const struct kc__conn_ops *ops; /* its operations: plain or TLS (redis.c) */
+    bool proven;                    /* the connection answered once: a later EOF is a
+                                     * stale connection (server restarted, idle
+                                     * timeout), retried once */
+    bool off;                       /* failed: skipped until retry_at_ns */
+    uint64_t retry_at_ns;           /* 0 with off: for the process */
     unsigned failures;
     bool writes_off;                /* refused writes (full, read-only replica) */
     bool answered;                  /* it answered once in this process */
@@ -280,8 +291,14 @@ struct kc__node {
 };
 
 /* State shared by a remote's connections. */
+struct kc__conn_ops;
+
 struct kc__rctx {
     const struct kc__hiredis *hi;
+    /* rediss:// servers: the TLS object and its client context, made at
+     * activation (tier.c); NULL without a rediss:// server. */
+    const struct kc_tls_api *tls;
+    void *tls_ctx;
     struct kc_remote_counters *ctr;
     int retry_ms;     /* a failed node's and the breaker's first backoff
                        * (0: a node stays off; the breaker then uses 1 s) */

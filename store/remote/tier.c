@@ -6,9 +6,11 @@
 #include "remote_internal.h"
 
 #include "../../common/clock.h"
+#include "../../common/config.h"
 #include "../../common/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -153,6 +155,85 @@ __attribute__((format(printf, 2, 3))) static void load_warn(const struct kc_remo
         kc_log(KC_LOG_WARN, "%s", msg);
 }
 
+/* Reads a configured TLS file by the one reader of configured files
+ * (kc_config_read_file) under `rule`: 0 with *buf (malloc'd) and *len. */
+static int tls_file(const char *name, const char *path, enum kc_file_rule rule, char **buf,
+                    size_t *len)
+{
+    int rc = kc_config_read_file(AT_FDCWD, path, rule, 1 << 20, buf, len);
+    if (rc != 0)
+        kc_log(KC_LOG_WARN, "remote: %s %s refused (%s%s); the remote is off", name, path,
+               strerror(-rc),
+               rc != -EPERM              ? ""
+               : rule == KC_FILE_PRIVATE ? ": it must be a regular file of yours, mode 0600"
+                                         : ": a regular file of yours or root's that others "
+                                           "cannot write");
+    return rc;
+}
+
+/* Verification turned off: said once per process. */
+static bool tls_unverified_warned;
+
+/* rediss:// servers: loads the TLS object and makes the client context
+ * from KCACHE_REMOTE_CA_FILE, _CERT_FILE, _KEY_FILE (each read by the one
+ * reader of configured files: the key only when private) and _TLS_VERIFY.
+ * Under mu, at activation. 0 (also without a rediss:// server), or
+ * -ENETDOWN: the remote stays off (one warning said why). */
+static int tls_activate(struct kc_remote *r)
+{
+    bool any = false;
+    for (int i = 0; i < r->cfg.n; i++)
+        any = any || r->cfg.ep[i].tls;
+    if (!any)
+        return 0;
+    char why[240] = "";
+    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
+        kc_log(KC_LOG_WARN, "remote: a Redis Cluster over TLS is not supported yet; the remote is "
+                            "off");
+        return -ENETDOWN;
+    }
+    if (kc__tls_load(&r->rctx.tls, why, sizeof why) != 0) {
+        kc_log(KC_LOG_WARN, "remote: rediss:// needs %s; the remote is off", why);
+        return -ENETDOWN;
+    }
+    struct kc_tls_settings ts = {.verify = r->cfg.tls_verify};
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    int rc = 0;
+    if (r->cfg.ca_file[0] != '\0')
+        rc = tls_file("KCACHE_REMOTE_CA_FILE", r->cfg.ca_file, KC_FILE_TRUSTED, &ca, &ts.ca_len);
+    if (rc == 0 && r->cfg.cert_file[0] != '\0')
+        rc = tls_file("KCACHE_REMOTE_CERT_FILE", r->cfg.cert_file, KC_FILE_TRUSTED, &cert,
+                      &ts.cert_len);
+    if (rc == 0 && r->cfg.key_file[0] != '\0')
+        rc =
+            tls_file("KCACHE_REMOTE_KEY_FILE", r->cfg.key_file, KC_FILE_PRIVATE, &key, &ts.key_len);
+    if (rc == 0 && (cert == NULL) != (key == NULL)) {
+        kc_log(KC_LOG_WARN, "remote: KCACHE_REMOTE_CERT_FILE and KCACHE_REMOTE_KEY_FILE go "
+                            "together; the remote is off");
+        rc = -EINVAL;
+    }
+    if (rc == 0) {
+        ts.ca_pem = ca;
+        ts.cert_pem = cert;
+        ts.key_pem = key;
+        rc = r->rctx.tls->ctx_new(&ts, &r->rctx.tls_ctx, why, sizeof why);
+        if (rc != 0)
+            kc_log(KC_LOG_WARN, "remote: TLS settings refused (%s); the remote is off",
+                   why[0] ? why : strerror(-rc));
+    }
+    if (key != NULL)
+        memset(key, 0, ts.key_len);
+    free(ca);
+    free(cert);
+    free(key);
+    if (rc != 0)
+        return -ENETDOWN;
+    if (!r->cfg.tls_verify && !__atomic_exchange_n(&tls_unverified_warned, true, __ATOMIC_RELAXED))
+        kc_log(KC_LOG_WARN, "remote: KCACHE_REMOTE_TLS_VERIFY=0: rediss:// servers' certificates "
+                            "are not verified (anyone on the path can pose as the server)");
+    return 0;
+}
+
 /* Loads what the remote needs, once: libhiredis, and libsodium with the
  * keys unless every entry is trusted and nothing is signed. Under mu.
  * 0, or -ENETDOWN: the remote stays off (one warning said why). */
@@ -191,6 +272,8 @@ static int activate(struct kc_remote *r)
                 memcpy(r->cfg.ep[i].password, pw, sizeof pw);
         memset(pw, 0, sizeof pw);
     }
+    if (tls_activate(r) != 0)
+        return r->act_rc;
     if (r->cfg.mode == KC_REMOTE_CLUSTER) {
         for (int i = 0; i < r->cfg.n; i++)
             if (kc__cluster_node(&r->cl, r->cfg.ep[i].host, r->cfg.ep[i].port, &r->cfg.ep[i]) ==
@@ -296,6 +379,8 @@ void kc_remote_close(struct kc_remote *r)
     }
     free(r->nodes);
     kc__cluster_free(&r->rctx, &r->cl);
+    if (r->rctx.tls != NULL && r->rctx.tls_ctx != NULL)
+        r->rctx.tls->ctx_free(r->rctx.tls_ctx);
     kc__keys_free(r->na, &r->keys);
     kc_remote_config_free(&r->cfg);
     pthread_mutex_unlock(&r->mu);
@@ -674,11 +759,16 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     const char *s = rep->str != NULL ? rep->str : "";
     bool oom = strncmp(s, "OOM", 3) == 0;
     bool ro = strncmp(s, "READONLY", 8) == 0;
-    if (!oom && !ro)
+    /* An ACL user refused writes (-@write): the node reads only. */
+    bool noperm = strncmp(s, "NOPERM", 6) == 0 ||
+                  strstr(s, "can't run this command") != NULL; /* from a script (the lock) */
+    if (!oom && !ro && !noperm)
         return error_reply(r, nd, rep);
     r->ctr.errors++;
     if (oom)
         r->ctr.oom++;
+    if (noperm)
+        r->ctr.write_refusals++;
     nd->writes_off = true;
     if (!r->full_warned) {
         r->full_warned = true;

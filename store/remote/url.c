@@ -24,6 +24,10 @@ void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remot
     s->trusted_keys = cfg->remote_trusted_keys;
     s->trust = cfg->remote_trust;
     s->password_file = cfg->remote_password_file;
+    s->ca_file = cfg->remote_ca_file;
+    s->cert_file = cfg->remote_cert_file;
+    s->key_file = cfg->remote_key_file;
+    s->tls_verify = cfg->remote_tls_verify;
 }
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -101,14 +105,19 @@ static int pct_decode(const char *s, size_t n, char *out, size_t cap)
     return 0;
 }
 
-/* The user info before the last '@' of an authority: [[USER:]PASSWORD]. */
-static int parse_userinfo(const char *s, size_t n, struct kc_remote_endpoint *e)
+/* The user info before the last '@' of an authority: [[USER:]PASSWORD];
+ * with a password file (user_only), a bare name is the USER. */
+static int parse_userinfo(const char *s, size_t n, struct kc_remote_endpoint *e, bool user_only)
 {
     const char *colon = memchr(s, ':', n);
     if (colon != NULL) {
         if (pct_decode(s, (size_t)(colon - s), e->user, sizeof e->user) != 0)
             return -1;
         return pct_decode(colon + 1, n - (size_t)(colon - s) - 1, e->password, sizeof e->password);
+    }
+    if (user_only) {
+        e->password[0] = '\0';
+        return pct_decode(s, n, e->user, sizeof e->user);
     }
     e->user[0] = '\0';
     return pct_decode(s, n, e->password, sizeof e->password);
@@ -235,17 +244,21 @@ static int parse_attrs(const char *s, size_t n, struct attrs *a, char *err, size
 static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int *mode,
                      struct kc_remote_config *cfg, const struct attrs *a, char *err, size_t errlen)
 {
-    static const char tcp[] = "redis://", unx[] = "redis+unix:", clu[] = "redis-cluster://";
-    if (n >= sizeof tcp - 1 && strncmp(s, tcp, sizeof tcp - 1) == 0) {
+    static const char tcp[] = "redis://", tls[] = "rediss://",
+                      unx[] = "redis+unix:", clu[] = "redis-cluster://";
+    bool user_only = cfg->password_file[0] != '\0';
+    bool is_tls = n >= sizeof tls - 1 && strncmp(s, tls, sizeof tls - 1) == 0;
+    if (is_tls || (n >= sizeof tcp - 1 && strncmp(s, tcp, sizeof tcp - 1) == 0)) {
         *mode = KC_REMOTE_SERVERS;
         e->transport = KC_REMOTE_TCP;
-        const char *p = s + sizeof tcp - 1, *end = s + n;
+        e->tls = is_tls;
+        const char *p = s + (is_tls ? sizeof tls : sizeof tcp) - 1, *end = s + n;
         const char *at = NULL;
         for (const char *q = p; q < end; q++)
             if (*q == '@')
                 at = q;
         if (at != NULL) {
-            if (parse_userinfo(p, (size_t)(at - p), e) != 0) {
+            if (parse_userinfo(p, (size_t)(at - p), e, user_only) != 0) {
                 set_err(err, errlen, "bad user or password (use %%XX escapes)");
                 return -1;
             }
@@ -313,7 +326,7 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
             return -1;
         }
         if (at != NULL) {
-            if (parse_userinfo(p, (size_t)(at - p), &proto) != 0) {
+            if (parse_userinfo(p, (size_t)(at - p), &proto, user_only) != 0) {
                 set_err(err, errlen, "bad user or password (use %%XX escapes)");
                 return -1;
             }
@@ -349,7 +362,7 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
         }
         return 1; /* appended */
     }
-    set_err(err, errlen, "unknown scheme (redis://, redis+unix:, redis-cluster://)");
+    set_err(err, errlen, "unknown scheme (redis://, rediss://, redis+unix:, redis-cluster://)");
     return -1;
 }
 
@@ -498,6 +511,9 @@ static void parse_others(const struct kc_remote_settings *s, struct kc_remote_co
         {"KCACHE_REMOTE_SIGNING_KEY", s->signing_key, c->signing_key},
         {"KCACHE_REMOTE_TRUSTED_KEYS", s->trusted_keys, c->trusted_keys},
         {"KCACHE_REMOTE_PASSWORD_FILE", s->password_file, c->password_file},
+        {"KCACHE_REMOTE_CA_FILE", s->ca_file, c->ca_file},
+        {"KCACHE_REMOTE_CERT_FILE", s->cert_file, c->cert_file},
+        {"KCACHE_REMOTE_KEY_FILE", s->key_file, c->key_file},
     };
     for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
         paths[i].dst[0] = '\0';
@@ -508,6 +524,13 @@ static void parse_others(const struct kc_remote_settings *s, struct kc_remote_co
             warn(c, "%s=%.60s is not an absolute path; ignored", paths[i].name, v);
         else
             snprintf(paths[i].dst, sizeof c->signing_key, "%s", v);
+    }
+    c->tls_verify = true;
+    if (s->tls_verify != NULL && s->tls_verify[0] != '\0' &&
+        kc_parse_bool(s->tls_verify, &c->tls_verify) != 0) {
+        warn(c, "KCACHE_REMOTE_TLS_VERIFY=%.60s is not a boolean; certificates are verified",
+             s->tls_verify);
+        c->tls_verify = true;
     }
     c->trust_any = false;
     if (s->trust != NULL && s->trust[0] != '\0') {
@@ -626,8 +649,10 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     char db[16] = "";
     if (e->db != 0)
         snprintf(db, sizeof db, "/%d", e->db);
-    snprintf(out, len, "redis://%s%s%s%s:%d%s", auth, v6 ? "[" : "", e->host, v6 ? "]" : "",
-             e->port, db);
+    if (e->password[0] == '\0' && e->user[0] != '\0')
+        snprintf(auth, sizeof auth, "%s@", e->user);
+    snprintf(out, len, "%s://%s%s%s%s:%d%s", e->tls ? "rediss" : "redis", auth, v6 ? "[" : "",
+             e->host, v6 ? "]" : "", e->port, db);
 }
 
 /* ---- the upload descriptor ------------------------------------------------ */
@@ -641,13 +666,18 @@ static const char *const desc_names[] = {
     "KCACHE_REMOTE_TRUSTED_KEYS",
     "KCACHE_REMOTE_TRUST",
     "KCACHE_REMOTE_PASSWORD_FILE",
+    "KCACHE_REMOTE_CA_FILE",
+    "KCACHE_REMOTE_CERT_FILE",
+    "KCACHE_REMOTE_KEY_FILE",
+    "KCACHE_REMOTE_TLS_VERIFY",
 };
 #define DESC_N (sizeof desc_names / sizeof *desc_names)
 
 static const char **desc_field(struct kc_remote_settings *s, size_t i)
 {
-    const char **f[DESC_N] = {&s->remote,       &s->ttl,   &s->max_entry,    &s->signing_key,
-                              &s->trusted_keys, &s->trust, &s->password_file};
+    const char **f[DESC_N] = {&s->remote,       &s->ttl,      &s->max_entry,     &s->signing_key,
+                              &s->trusted_keys, &s->trust,    &s->password_file, &s->ca_file,
+                              &s->cert_file,    &s->key_file, &s->tls_verify};
     return f[i];
 }
 

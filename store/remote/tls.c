@@ -1,0 +1,506 @@
+/*
+ * libkcache-remote-tls.so: the remote's connections over TLS (tls_api.h).
+ * hiredis 1.2 and hiredis_ssl, linked in statically, over the system's
+ * OpenSSL. The TCP connect is hiredis' (bounded by the timeout); the
+ * handshake is driven here, non-blocking, against the same deadline, so a
+ * server that never answers it costs at most the connect timeout and a
+ * refusal says why (a certificate that does not verify, no TLS at all);
+ * the established session is then handed to hiredis_ssl
+ * (redisInitiateSSL), whose reads and writes the module drives as it
+ * drives a plain connection's.
+ */
+#include "tls_api.h"
+
+#include <hiredis/hiredis.h>
+#include <hiredis/hiredis_ssl.h>
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KC__STR_(x) #x
+#define KC__STR(x) KC__STR_(x)
+
+struct tls_conn {
+    redisContext *c;
+    const struct kc_tls_reply_fns *fns;
+    void *priv;
+};
+
+static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t len, const char *fmt, ...)
+{
+    if (why == NULL || len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- replies: hiredis 1.2's reader, the caller's objects ---------------- */
+
+static int depth_of(const redisReadTask *t)
+{
+    int d = 0;
+    for (const redisReadTask *p = t->parent; p != NULL; p = p->parent)
+        d++;
+    return d;
+}
+
+static void *parent_of(const redisReadTask *t)
+{
+    return t->parent != NULL ? t->parent->obj : NULL;
+}
+
+static void *r_string(const redisReadTask *t, char *s, size_t len)
+{
+    struct tls_conn *k = t->privdata;
+    if (t->type != REDIS_REPLY_STRING && t->type != REDIS_REPLY_STATUS &&
+        t->type != REDIS_REPLY_ERROR)
+        return NULL; /* RESP3 only: refused */
+    return k->fns->string(k->priv, parent_of(t), t->idx, depth_of(t), t->type, s, len);
+}
+
+static void *r_array(const redisReadTask *t, size_t n)
+{
+    struct tls_conn *k = t->privdata;
+    if (t->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    return k->fns->array(k->priv, parent_of(t), t->idx, depth_of(t), n);
+}
+
+static void *r_integer(const redisReadTask *t, long long v)
+{
+    struct tls_conn *k = t->privdata;
+    return k->fns->integer(k->priv, parent_of(t), t->idx, depth_of(t), v);
+}
+
+static void *r_nil(const redisReadTask *t)
+{
+    struct tls_conn *k = t->privdata;
+    return k->fns->nil(k->priv, parent_of(t), t->idx, depth_of(t));
+}
+
+static void *r_double(const redisReadTask *t, double d, char *s, size_t len)
+{
+    (void)t, (void)d, (void)s, (void)len;
+    return NULL;
+}
+
+static void *r_bool(const redisReadTask *t, int b)
+{
+    (void)t, (void)b;
+    return NULL;
+}
+
+/* The reader frees a partial reply through this: the caller's free. The
+ * functions are per connection (the caller's free is not global). */
+static __thread const struct kc_tls_reply_fns *freeing;
+static void r_free(void *obj)
+{
+    if (freeing != NULL)
+        freeing->free(obj);
+}
+
+static redisReplyObjectFunctions reply_fns = {
+    .createString = r_string,
+    .createArray = r_array,
+    .createInteger = r_integer,
+    .createDouble = r_double,
+    .createNil = r_nil,
+    .createBool = r_bool,
+    .freeObject = r_free,
+};
+
+/* ---- the client context ------------------------------------------------- */
+
+/* The system's trust store, as the distributions lay it out: Debian,
+ * Ubuntu and Alpine; RHEL, Rocky, Fedora; SUSE; then OpenSSL's own
+ * default (its OPENSSLDIR, and SSL_CERT_FILE / SSL_CERT_DIR). */
+static const char *const ca_files[] = {
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/var/lib/ca-certificates/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+};
+
+static int load_pem_cas(SSL_CTX *ctx, const char *pem, size_t len)
+{
+    BIO *b = BIO_new_mem_buf(pem, (int)len);
+    if (b == NULL)
+        return -ENOMEM;
+    X509_STORE *st = SSL_CTX_get_cert_store(ctx);
+    int n = 0;
+    X509 *x;
+    while ((x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL) {
+        if (X509_STORE_add_cert(st, x) == 1)
+            n++;
+        X509_free(x);
+    }
+    ERR_clear_error();
+    BIO_free(b);
+    return n > 0 ? 0 : -EINVAL;
+}
+
+static int load_client_cert(SSL_CTX *ctx, const struct kc_tls_settings *s, char *why, size_t wl)
+{
+    BIO *b = BIO_new_mem_buf(s->cert_pem, (int)s->cert_len);
+    if (b == NULL)
+        return -ENOMEM;
+    X509 *x = PEM_read_bio_X509(b, NULL, NULL, NULL);
+    int rc = 0;
+    if (x == NULL || SSL_CTX_use_certificate(ctx, x) != 1) {
+        say(why, wl, "KCACHE_REMOTE_CERT_FILE holds no usable PEM certificate");
+        rc = -EINVAL;
+    }
+    X509_free(x);
+    /* The rest of the file: its chain. */
+    while (rc == 0 && (x = PEM_read_bio_X509(b, NULL, NULL, NULL)) != NULL)
+        if (SSL_CTX_add0_chain_cert(ctx, x) != 1)
+            X509_free(x);
+    BIO_free(b);
+    ERR_clear_error();
+    if (rc != 0)
+        return rc;
+    b = BIO_new_mem_buf(s->key_pem, (int)s->key_len);
+    if (b == NULL)
+        return -ENOMEM;
+    EVP_PKEY *k = PEM_read_bio_PrivateKey(b, NULL, NULL, NULL);
+    BIO_free(b);
+    if (k == NULL || SSL_CTX_use_PrivateKey(ctx, k) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+        say(why, wl,
+            "KCACHE_REMOTE_KEY_FILE holds no PEM private key (unencrypted) of the "
+            "certificate's");
+        rc = -EINVAL;
+    }
+    EVP_PKEY_free(k);
+    ERR_clear_error();
+    return rc;
+}
+
+static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_t wl)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL)
+        return -ENOMEM;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    int rc = 0;
+    if (s->verify) {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+        if (s->ca_pem != NULL) {
+            rc = load_pem_cas(ctx, s->ca_pem, s->ca_len);
+            if (rc != 0)
+                say(why, wl, "KCACHE_REMOTE_CA_FILE holds no PEM certificate");
+        } else {
+            bool found = false;
+            for (size_t i = 0; i < sizeof ca_files / sizeof *ca_files && !found; i++)
+                if (access(ca_files[i], R_OK) == 0 &&
+                    SSL_CTX_load_verify_locations(ctx, ca_files[i], NULL) == 1)
+                    found = true;
+            if (!found)
+                SSL_CTX_set_default_verify_paths(ctx);
+            ERR_clear_error();
+        }
+    } else {
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+    }
+    if (rc == 0 && s->cert_pem != NULL) {
+        if (s->key_pem == NULL) {
+            say(why, wl, "KCACHE_REMOTE_CERT_FILE needs KCACHE_REMOTE_KEY_FILE");
+            rc = -EINVAL;
+        } else {
+            rc = load_client_cert(ctx, s, why, wl);
+        }
+    }
+    if (rc != 0) {
+        SSL_CTX_free(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return 0;
+}
+
+static void ctx_free(void *ctx)
+{
+    SSL_CTX_free(ctx);
+}
+
+/* ---- connecting --------------------------------------------------------- */
+
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = now_ns();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = ev};
+        int ms = (int)((deadline - now + 999999) / 1000000);
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return -EIO;
+    }
+}
+
+/* A handshake's failure as an errno and a sentence. */
+static int handshake_error(SSL *ssl, int sslerr, int saved_errno, char *why, size_t wl)
+{
+    long v = SSL_get_verify_result(ssl);
+    unsigned long e = ERR_peek_last_error();
+    int reason = ERR_GET_REASON(e);
+    if (sslerr == SSL_ERROR_SSL && v != X509_V_OK) {
+        say(why, wl, "its TLS certificate did not verify: %s (KCACHE_REMOTE_CA_FILE names the CA)",
+            X509_verify_cert_error_string(v));
+        return -EKEYREJECTED;
+    }
+    if (sslerr == SSL_ERROR_SSL &&
+        (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
+         reason == SSL_R_HTTP_REQUEST || reason == SSL_R_UNEXPECTED_RECORD)) {
+        say(why, wl, "answered no TLS (a plain Redis port on a rediss:// URL?)");
+        return -EPROTO;
+    }
+    if (sslerr == SSL_ERROR_SSL) {
+        say(why, wl, "refused the TLS handshake (%s)",
+            e != 0 ? ERR_reason_error_string(e) : "no reason given");
+        return -EPROTO;
+    }
+    if (sslerr == SSL_ERROR_ZERO_RETURN || (sslerr == SSL_ERROR_SYSCALL && saved_errno == 0)) {
+        say(why, wl, "closed the connection during the TLS handshake");
+        return -ECONNRESET;
+    }
+    say(why, wl, "TLS handshake failed (%s)", strerror(saved_errno ? saved_errno : EIO));
+    return saved_errno == ECONNRESET || saved_errno == EPIPE ? -ECONNRESET : -EIO;
+}
+
+static bool is_ip(const char *host)
+{
+    unsigned char a[16];
+    return inet_pton(AF_INET, host, a) == 1 || inet_pton(AF_INET6, host, a) == 1;
+}
+
+static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
+                       const struct kc_tls_reply_fns *fns, void *priv, void **out, char *why,
+                       size_t wl)
+{
+    SSL_CTX *ctx = ctxp;
+    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000;
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    errno = 0;
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    int e = errno;
+    if (c == NULL)
+        return -ENOMEM;
+    if (c->err != 0) {
+        int rc;
+        if (c->err == REDIS_ERR_IO && (e == ETIMEDOUT || e == EINPROGRESS || e == EAGAIN))
+            rc = -ETIMEDOUT;
+        else if (c->err == REDIS_ERR_IO && e == ECONNREFUSED)
+            rc = -ECONNREFUSED;
+        else if (strstr(c->errstr, "timed out") != NULL)
+            rc = -ETIMEDOUT;
+        else if (c->err == REDIS_ERR_IO && e > 0)
+            rc = -e;
+        else
+            rc = -EHOSTUNREACH;
+        say(why, wl, "%s", c->errstr);
+        redisFree(c);
+        return rc;
+    }
+    /* Non-blocking from now on: every wait is a poll on the deadline. */
+    int fl = fcntl(c->fd, F_GETFL);
+    fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
+    c->flags &= ~REDIS_BLOCK;
+
+    SSL *ssl = SSL_new(ctx);
+    if (ssl == NULL) {
+        redisFree(c);
+        return -ENOMEM;
+    }
+    bool ip = is_ip(host);
+    if (!ip)
+        SSL_set_tlsext_host_name(ssl, host);
+    if (SSL_CTX_get_verify_mode(ctx) & SSL_VERIFY_PEER) {
+        if (ip)
+            X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+        else
+            SSL_set1_host(ssl, host);
+    }
+    /* hiredis_ssl takes the session now (its first SSL_connect, which a
+     * non-blocking context lets return before the handshake is done; it
+     * must not be given one already established: it would start it over),
+     * and owns ssl from here; the handshake is driven on below. */
+    ERR_clear_error();
+    if (redisInitiateSSL(c, ssl) != REDIS_OK) {
+        int rc = -EIO;
+        if (ERR_peek_last_error() != 0 || SSL_get_verify_result(ssl) != X509_V_OK)
+            rc = handshake_error(ssl, SSL_ERROR_SSL, errno, why, wl);
+        else
+            say(why, wl, "TLS session refused (%s)", c->errstr);
+        if (c->privctx == NULL)
+            SSL_free(ssl);
+        redisFree(c);
+        ERR_clear_error();
+        return rc;
+    }
+    int rc = 0;
+    for (;;) {
+        ERR_clear_error();
+        errno = 0;
+        int r = SSL_connect(ssl);
+        if (r == 1)
+            break;
+        int se = SSL_get_error(ssl, r), saved = errno;
+        if (se == SSL_ERROR_WANT_READ || se == SSL_ERROR_WANT_WRITE) {
+            rc = wait_fd(c->fd, se == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+            if (rc == -ETIMEDOUT) {
+                say(why, wl,
+                    "no TLS handshake within the connect timeout (a plain Redis port on a "
+                    "rediss:// URL, or a slow server?)");
+                break;
+            }
+            if (rc != 0)
+                break;
+            continue;
+        }
+        rc = handshake_error(ssl, se, saved, why, wl);
+        break;
+    }
+    ERR_clear_error();
+    if (rc != 0) {
+        redisFree(c);
+        return rc;
+    }
+    struct tls_conn *k = calloc(1, sizeof *k);
+    if (k == NULL) {
+        redisFree(c);
+        return -ENOMEM;
+    }
+    k->c = c;
+    k->fns = fns;
+    k->priv = priv;
+    c->reader->fn = &reply_fns;
+    c->reader->privdata = k;
+    *out = k;
+    return 0;
+}
+
+/* ---- the stream --------------------------------------------------------- */
+
+static int tls_fd(void *conn)
+{
+    return ((struct tls_conn *)conn)->c->fd;
+}
+
+static int tls_append(void *conn, int argc, const char **argv, const size_t *len)
+{
+    struct tls_conn *k = conn;
+    return redisAppendCommandArgv(k->c, argc, argv, len) == REDIS_OK ? 0 : -ENOMEM;
+}
+
+/* An I/O failure of the session: the peer's alert when it sent one. */
+static int io_error(struct tls_conn *k)
+{
+    unsigned long e = ERR_peek_last_error();
+    int reason = ERR_GET_REASON(e);
+    ERR_clear_error();
+    if (reason == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED ||
+        reason == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE ||
+        reason == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || reason == SSL_R_TLSV1_ALERT_UNKNOWN_CA ||
+        reason == SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED ||
+        reason == SSL_R_TLSV1_ALERT_ACCESS_DENIED)
+        return -EACCES;
+    if (k->c->err == REDIS_ERR_EOF)
+        return -ECONNRESET;
+    if (errno == ECONNRESET || errno == EPIPE)
+        return -ECONNRESET;
+    return -EIO;
+}
+
+static int tls_write(void *conn, int *done)
+{
+    struct tls_conn *k = conn;
+    ERR_clear_error();
+    if (redisBufferWrite(k->c, done) != REDIS_OK)
+        return io_error(k);
+    return 0;
+}
+
+static int tls_read(void *conn, size_t *got)
+{
+    struct tls_conn *k = conn;
+    size_t before = k->c->reader->len;
+    ERR_clear_error();
+    if (redisBufferRead(k->c) != REDIS_OK)
+        return io_error(k);
+    *got = k->c->reader->len - before;
+    return 0;
+}
+
+static int tls_get_reply(void *conn, void **reply)
+{
+    struct tls_conn *k = conn;
+    *reply = NULL;
+    freeing = k->fns;
+    int r = redisGetReplyFromReader(k->c, reply);
+    freeing = NULL;
+    return r == REDIS_OK ? 0 : -EPROTO;
+}
+
+static size_t tls_buffered(void *conn)
+{
+    struct tls_conn *k = conn;
+    return k->c->reader != NULL ? k->c->reader->len - k->c->reader->pos : 0;
+}
+
+static void tls_close(void *conn)
+{
+    struct tls_conn *k = conn;
+    if (k == NULL)
+        return;
+    /* A partial reply the reader holds is the caller's object. */
+    freeing = k->fns;
+    redisFree(k->c);
+    freeing = NULL;
+    free(k);
+}
+
+__attribute__((visibility("default"))) const struct kc_tls_api kc_remote_tls = {
+    .abi = KC_TLS_ABI,
+    .version = "hiredis " KC__STR(HIREDIS_MAJOR) "." KC__STR(HIREDIS_MINOR) "." KC__STR(
+        HIREDIS_PATCH) ", " OPENSSL_VERSION_TEXT,
+    .ctx_new = ctx_new,
+    .ctx_free = ctx_free,
+    .connect = tls_connect,
+    .fd = tls_fd,
+    .append = tls_append,
+    .write = tls_write,
+    .read = tls_read,
+    .get_reply = tls_get_reply,
+    .buffered = tls_buffered,
+    .close = tls_close,
+};
