@@ -643,18 +643,12 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
                      bool rheld, struct kc_counters *c)
 {
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
-    if (pipe2(outp, O_CLOEXEC) != 0 || (!merged && pipe2(errp, O_CLOEXEC) != 0) ||
-        pipe2(rep, O_CLOEXEC) != 0) {
-        int e = errno;
-        int all[] = {outp[0], outp[1], errp[0], errp[1], rep[0], rep[1]};
-        for (int i = 0; i < 6; i++)
-            if (all[i] >= 0)
-                close(all[i]);
-        return -e;
+    pid_t parent = getpid(), pid = -1;
+    if (pipe2(outp, O_CLOEXEC) == 0 && (merged || pipe2(errp, O_CLOEXEC) == 0) &&
+        pipe2(rep, O_CLOEXEC) == 0) {
+        fflush(NULL);
+        pid = fork();
     }
-    fflush(NULL);
-    pid_t parent = getpid();
-    pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
         int all[] = {outp[0], outp[1], errp[0], errp[1], rep[0], rep[1]};
