@@ -206,13 +206,11 @@ def readme_conf():
     `redis.conf`"), comments dropped."""
     text = open(os.path.join(os.environ['KCACHE_SRC'], 'docs', 'sharing.md')).read()
     i = text.index('A minimal `redis.conf`')
-    lines = []
-    for line in text[i:].split('\n')[1:]:
-        if line.startswith('    '):
-            lines.append(line.strip().split('#')[0].strip())
-        elif lines:
-            break
-    return [l for l in lines if l]
+    # Its first fenced block (docs-test: redis.conf; docs-configs loads it).
+    i = text.index('```conf\n', i) + len('```conf\n')
+    block = text[i:text.index('```', i)]
+    lines = [ln.strip() for ln in block.split('\n')]
+    return [ln for ln in lines if ln and not ln.startswith('#')]
 
 
 def persist(ctx):
