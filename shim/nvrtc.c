@@ -311,6 +311,58 @@ static bool nvrtc_enabled(void)
     return !cfg->disable && cfg->nvrtc;
 }
 
+/* The getters capture() calls, with the variables that hold them. */
+#define NVRTC_GETTERS(X)                                                                           \
+    X(real_ptx_size, "nvrtcGetPTXSize")                                                            \
+    X(real_ptx, "nvrtcGetPTX")                                                                     \
+    X(real_cubin_size, "nvrtcGetCUBINSize")                                                        \
+    X(real_cubin, "nvrtcGetCUBIN")                                                                 \
+    X(real_ltoir_size, "nvrtcGetLTOIRSize")                                                        \
+    X(real_ltoir, "nvrtcGetLTOIR")                                                                 \
+    X(real_optix_size, "nvrtcGetOptiXIRSize")                                                      \
+    X(real_optix, "nvrtcGetOptiXIR")                                                               \
+    X(real_nvvm_size, "nvrtcGetNVVMSize")                                                          \
+    X(real_nvvm, "nvrtcGetNVVM")                                                                   \
+    X(real_tileir_size, "nvrtcGetTileIRSize")                                                      \
+    X(real_tileir, "nvrtcGetTileIR")                                                               \
+    X(real_log_size, "nvrtcGetProgramLogSize")                                                     \
+    X(real_log, "nvrtcGetProgramLog")                                                              \
+    X(real_lowered, "nvrtcGetLoweredName")                                                         \
+    X(real_add_name, "nvrtcAddNameExpression")                                                     \
+    X(real_pch_status, "nvrtcGetPCHCreateStatus")                                                  \
+    X(real_pch_required, "nvrtcGetPCHHeapSizeRequired")
+
+enum {
+#define X(var, name) G_##var,
+    NVRTC_GETTERS(X)
+#undef X
+        N_GETTERS
+};
+_Static_assert(N_GETTERS <= 32, "one bit per getter");
+
+/* The getters a program kcache keeps needs NVRTC to have. */
+#define GETTERS_NEEDED                                                                             \
+    (1u << G_real_ptx_size | 1u << G_real_ptx | 1u << G_real_log_size | 1u << G_real_log |         \
+     1u << G_real_lowered | 1u << G_real_add_name)
+
+/* Where each getter's real function is kept (its hook's `real`). */
+static void **const getter_slots[N_GETTERS] = {
+#define X(var, name) (void **)&var,
+    NVRTC_GETTERS(X)
+#undef X
+};
+
+/* kc__unknown_export's callback: the getters among the hooked exports
+ * (complete unless an unknown export stopped the walk, and then no
+ * program is kept or keyed). */
+static void getter_exported(const struct kc__hook *h, void *arg)
+{
+    uint32_t *bits = arg;
+    for (int i = 0; i < N_GETTERS; i++)
+        if (h->real == getter_slots[i])
+            *bits |= 1u << i;
+}
+
 /* ---- NVRTC's identity ----------------------------------------------------------- */
 
 struct identity {
@@ -319,6 +371,7 @@ struct identity {
     kc_digest digest;
     char ns[96];
     char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
+    uint32_t getters;  /* the getters it exports (getters_exported) */
 };
 
 /* Exports of NVRTC that are not hooks and touch no program's outputs. */
@@ -360,8 +413,9 @@ static const struct identity *nvrtc_identity(void)
          * getter a record could not answer. */
         char what[32];
         snprintf(what, sizeof what, "NVRTC %d.%d", major, minor);
+        ident.getters = 0;
         kc__unknown_export((const void *)real_compile, KC_LIB_NVRTC, nvrtc_inert, what,
-                           ident.unknown);
+                           ident.unknown, getter_exported, &ident.getters);
         ident.major = major;
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
@@ -1031,31 +1085,39 @@ static void *sibling(const char *name)
     return p;
 }
 
-/* Resolves every real getter capture() needs. */
+/* Which getters (1 << G_*) the loaded NVRTC exports: read once, with its
+ * identity, from its dynamic symbol table, so that a hit asks the loader
+ * for none of them and a name this release lacks (nvrtcGetNVVM in 13,
+ * nvrtcGetTileIR before 13.3) is not looked for in every loaded object at
+ * every compile. */
+static uint32_t getters_exported(void)
+{
+    const struct identity *id = nvrtc_identity();
+    return id != NULL ? id->getters : 0;
+}
+
+static bool getters_present(void)
+{
+    return (getters_exported() & GETTERS_NEEDED) == GETTERS_NEEDED;
+}
+
+/* Resolves every real getter capture() needs (a miss; a hit needs none),
+ * each one the loaded NVRTC exports, once. */
 static bool resolve_getters(void)
 {
-#define R(var, name)                                                                               \
-    if (var == NULL)                                                                               \
+    static int done;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+        uint32_t have = getters_exported();
+        pthread_mutex_lock(&lock);
+#define X(var, name)                                                                               \
+    if (var == NULL && (have & 1u << G_##var) != 0)                                                \
         var = (__typeof__(var))sibling(name);
-    R(real_ptx_size, "nvrtcGetPTXSize");
-    R(real_ptx, "nvrtcGetPTX");
-    R(real_cubin_size, "nvrtcGetCUBINSize");
-    R(real_cubin, "nvrtcGetCUBIN");
-    R(real_ltoir_size, "nvrtcGetLTOIRSize");
-    R(real_ltoir, "nvrtcGetLTOIR");
-    R(real_optix_size, "nvrtcGetOptiXIRSize");
-    R(real_optix, "nvrtcGetOptiXIR");
-    R(real_nvvm_size, "nvrtcGetNVVMSize");
-    R(real_nvvm, "nvrtcGetNVVM");
-    R(real_tileir_size, "nvrtcGetTileIRSize");
-    R(real_tileir, "nvrtcGetTileIR");
-    R(real_log_size, "nvrtcGetProgramLogSize");
-    R(real_log, "nvrtcGetProgramLog");
-    R(real_lowered, "nvrtcGetLoweredName");
-    R(real_add_name, "nvrtcAddNameExpression");
-    R(real_pch_status, "nvrtcGetPCHCreateStatus");
-    R(real_pch_required, "nvrtcGetPCHHeapSizeRequired");
-#undef R
+        NVRTC_GETTERS(X)
+#undef X
+        __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&lock);
+    }
     return real_ptx_size && real_ptx && real_log_size && real_log && real_lowered && real_add_name;
 }
 
@@ -1076,7 +1138,7 @@ static bool own_ok(void)
     H(real_compile, "nvrtcCompileProgram");
     H(real_destroy, "nvrtcDestroyProgram");
 #undef H
-    if (real_compile == NULL || real_destroy == NULL || !resolve_getters())
+    if (real_compile == NULL || real_destroy == NULL || !getters_present())
         return false;
     const struct identity *id = nvrtc_identity();
     return id != NULL && id->unknown[0] == '\0';
@@ -1280,10 +1342,10 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
 /* The outputs (1 << OUT_*) whose getters the loaded NVRTC has. */
 static uint32_t nvrtc_outputs(void)
 {
-    uint32_t m = (1u << N_OUT_V3) - 1;
-    if (real_nvvm_size != NULL || real_nvvm != NULL)
+    uint32_t m = (1u << N_OUT_V3) - 1, have = getters_exported();
+    if ((have & (1u << G_real_nvvm_size | 1u << G_real_nvvm)) != 0)
         m |= 1u << OUT_NVVM;
-    if (real_tileir_size != NULL || real_tileir != NULL)
+    if ((have & (1u << G_real_tileir_size | 1u << G_real_tileir)) != 0)
         m |= 1u << OUT_TILEIR;
     return m;
 }
@@ -1494,7 +1556,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
      * private before this install holds only what it wrote. */
     struct stat dir_st;
     bool fresh_dir = keyed && bh.dir != NULL && kc__bundled_empty(bh.dir, &dir_st);
-    if (keyed && !resolve_getters())
+    if (keyed && !getters_present())
         keyed = false;
     /* An empty DIR is filled from the store's copy of the install, when it
      * has one: a copy or reflink per file, not NVRTC's own install. */
@@ -1563,7 +1625,9 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         }
     }
 
-    /* Miss: compile for real, then capture and store. */
+    /* Miss: compile for real, then capture and store (with the real
+     * getters, looked up now: a hit needs none). */
+    bool getters = resolve_getters();
     pthread_mutex_lock(&progs_lock);
     p = find_locked(prog);
     if (p != NULL)
@@ -1619,7 +1683,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);
-            struct kc__replay *r = p ? capture(p, rc) : NULL;
+            struct kc__replay *r = p != NULL && getters ? capture(p, rc) : NULL;
             /* The witness's copy, made only now: a hit never needs it
              * (libmathdx's programs hold 120 MB of headers). Without it
              * (out of memory) the record is kept under base1. */
