@@ -362,9 +362,14 @@ int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t 
 
 /* ---- the directory (spool.c) ------------------------------------------ */
 
+/* The paths of DIR's parts, each NUL-terminated in buf one after the
+ * other (DIR cut at 4095 bytes, each other at 4199, as fixed arrays were):
+ * a process touches the one page they take, not eight (each a page fault
+ * on the first hit of a fresh process). kc__paths_init sets the pointers
+ * into the struct's own buf: never copy one. */
 struct kc__paths {
-    char dir[4096], db[4200], spool[4200], sec[4200], lock[4200], gen[4200], hot[4200],
-        filter[4200];
+    char *dir, *db, *spool, *sec, *lock, *gen, *hot, *filter;
+    char buf[4096 + 7 * 4200];
 };
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
