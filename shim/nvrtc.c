@@ -1350,6 +1350,18 @@ static uint32_t nvrtc_outputs(void)
     return m;
 }
 
+/* KCACHE_LOG=debug only: when each step of the last lookup of this thread
+ * ended (kc_mono_ns), for the "nvrtc hit split" line (scripts/bench's
+ * split of a fresh process's first hit). */
+enum { STEP_MANIFEST, STEP_RECORD, STEP_DECODE, N_STEPS };
+static __thread uint64_t step_at[N_STEPS];
+
+static void step_mark(int step)
+{
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        step_at[step] = kc_mono_ns();
+}
+
 /* Looks the request up; on a hit marks the program served, sets *rc to the
  * compile's recorded result and counts the hit. Returns whether it hit;
  * *stale (may be NULL): on a miss, whether a manifest was found that lists
@@ -1361,6 +1373,7 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     const struct kc_config *cfg = kc__config();
     kc_digest result;
     int lrc = lookup_result(st, api, ns, base, bundled, &result);
+    step_mark(STEP_MANIFEST);
     if (stale != NULL)
         *stale = lrc == -ESTALE;
     if (lrc != 0)
@@ -1382,8 +1395,10 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     }
     if (grc != 0)
         return false;
+    step_mark(STEP_RECORD);
     struct kc__replay *r = kc__replay_decode(body, len);
     api->free(body);
+    step_mark(STEP_DECODE);
     if (r != NULL && (r->missing & nvrtc_outputs()) != 0) {
         /* An earlier layout's record, without a getter this NVRTC has: a
          * miss, and the compile replaces it. */
@@ -1496,6 +1511,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         return real_compile(h, numOptions, options);
     }
     uint64_t t_enter = kc_mono_ns();
+    uint64_t t_key = 0, t_store = 0; /* KCACHE_LOG=debug: the hit split */
     nvrtcResult herr = NVRTC_SUCCESS;
     nvrtcProgram h;
 
@@ -1581,11 +1597,13 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         goto out;
     }
 
+    t_key = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     const struct identity *id = nvrtc_identity();
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
+    t_store = t_key != 0 ? kc_mono_ns() : 0;
     if (st != NULL && fresh_dir && !filled && kc__bundled_same(bh.dir, &dir_st)) {
         bh.pristine = kc__pristine_get(cfg->dir, &id->digest, bh.dir, cfg->readonly);
         if (bh.pristine != NULL && !cfg->readonly)
@@ -1748,7 +1766,18 @@ out:
         opts_free(numOptions, copy);
     }
     prog_free(bh.copy);
+    uint64_t t_count = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     kc__count(BACKEND, &c);
+    if (c.hits != 0 && t_count != 0 && t_key != 0 && t_store != 0)
+        /* The first hit of a process by step (scripts/bench section 1). */
+        kc_log(KC_LOG_DEBUG,
+               "nvrtc hit split: key %.1f us, store %.1f us, manifest %.1f us, record %.1f us, "
+               "decode %.1f us, served %.1f us, count %.1f us",
+               (t_key - t_enter) / 1e3, (t_store - t_key) / 1e3,
+               (step_at[STEP_MANIFEST] - t_store) / 1e3,
+               (step_at[STEP_RECORD] - step_at[STEP_MANIFEST]) / 1e3,
+               (step_at[STEP_DECODE] - step_at[STEP_RECORD]) / 1e3,
+               (t_count - step_at[STEP_DECODE]) / 1e3, (kc_mono_ns() - t_count) / 1e3);
     if (bh.checked != 0 && kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG,
                "nvrtc: headers below the bundled headers directory: %llu checked, %llu by "
