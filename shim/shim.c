@@ -30,7 +30,7 @@ static bool config_loaded; /* config_init ran (shim_fini reads it) */
 
 static void config_init(void)
 {
-    kc_config_load(&config);
+    kc_config_load_zeroed(&config); /* static, loaded once: all zero */
     __atomic_store_n(&config_loaded, true, __ATOMIC_RELEASE);
     kc__log_set_level(config.log_level);
     for (int i = 0; i < config.n_warnings; i++)
@@ -913,6 +913,24 @@ static void lib_range_setup(int lib)
     __atomic_store_n(&lib_range_state[lib], state, __ATOMIC_RELEASE);
 }
 
+/* This shim's own range: a host resolving a hooked name with RTLD_DEFAULT
+ * or a handle whose scope holds the preload finds our export first. */
+static struct range_scan self_range;
+static pthread_once_t self_range_once = PTHREAD_ONCE_INIT;
+
+static void self_range_init(void)
+{
+    struct range_scan r = {.addr = (uintptr_t)self_range_init};
+    if (dl_iterate_phdr(range_one, &r) == 1)
+        self_range = r;
+}
+
+static bool self_range_has(const void *fn)
+{
+    pthread_once(&self_range_once, self_range_init);
+    return (uintptr_t)fn >= self_range.lo && (uintptr_t)fn < self_range.hi;
+}
+
 /* dladdr's answer, less the symbol, for fn in an adopted library's range;
  * false when fn lies in none (then dladdr decides). */
 static bool lib_range_find(const void *fn, Dl_info *info)
@@ -1094,9 +1112,10 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
      * none for a function of a library already adopted (the name asked is
      * the symbol dlsym found). */
     Dl_info info;
-    if (!lib_range_find(r, &info) && dladdr(r, &info) == 0)
+    bool own = self_range_has(r);
+    if (!own && !lib_range_find(r, &info) && dladdr(r, &info) == 0)
         return r;
-    if (info.dli_fbase == self_base()) {
+    if (own || info.dli_fbase == self_base()) {
         /* RTLD_DEFAULT found our own export. It exists for the host only if
          * the real library is loaded too. */
         const struct kc__hook *h = kc__hook_find(name, 0);
