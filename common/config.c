@@ -307,6 +307,11 @@ void kc_config_pin_cwd(void)
 void kc_config_load(struct kc_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
+    kc_config_load_zeroed(cfg);
+}
+
+void kc_config_load_zeroed(struct kc_config *cfg)
+{
     cfg->max_size = 5ull << 30;
     cfg->log_level = KC_LOG_WARN;
     cfg->nvrtc = cfg->jit = cfg->memo = cfg->alloc = true;

@@ -155,6 +155,11 @@ const char *kc_config_get(enum kc_var var);
  * secure-execution process (AT_SECURE) no variable is read and `disable`
  * is set. */
 void kc_config_load(struct kc_config *cfg);
+/* kc_config_load for a cfg whose bytes are all zero (static storage never
+ * loaded): it is not cleared first, so the pages of its large fields
+ * nobody sets are never touched (~6 page faults in the shim's first
+ * hook). */
+void kc_config_load_zeroed(struct kc_config *cfg);
 
 /* Records the working directory now when KCACHE_DIR is relative, so that a
  * later kc_config_load() resolves it against the directory the process

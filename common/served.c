@@ -79,12 +79,48 @@ int kc_served_read(const char *dir, char path[KC_SERVED_N][PATH_MAX])
     return rc;
 }
 
+/* Whether the file's text `buf` already records every path[i] given (the
+ * last line of each name is exactly it, as read_at would take it): the
+ * usual exit, decided without read_at's 16 KB of paths (a malloc that size
+ * is where a Python process's heap consolidates: ~580k instructions). */
+static bool records_all(const char *buf, const char *const path[KC_SERVED_N])
+{
+    const char *last[KC_SERVED_N] = {NULL};
+    size_t last_len[KC_SERVED_N] = {0};
+    for (const char *line = buf; *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl != NULL ? (size_t)(nl - line) : strlen(line);
+        for (int i = 0; i < KC_SERVED_N; i++) {
+            size_t k = strlen(kc_served_names[i]);
+            if (n > k && strncmp(line, kc_served_names[i], k) == 0 && line[k] == ' ') {
+                last[i] = line + k + 1;
+                last_len[i] = n - k - 1;
+            }
+        }
+        line += nl != NULL ? n + 1 : n;
+    }
+    for (int i = 0; i < KC_SERVED_N; i++)
+        if (path_ok(path[i]) && (last[i] == NULL || last_len[i] != strlen(path[i]) ||
+                                 memcmp(last[i], path[i], last_len[i]) != 0))
+            return false;
+    return true;
+}
+
 int kc_served_update(const char *dir, const char *const path[KC_SERVED_N])
 {
     int saved_errno = errno;
     int dfd = served_dir(dir);
     if (dfd < 0)
         return dfd;
+    char *cur = NULL;
+    if (kc_config_read_file(dfd, KC_SERVED_FILE, KC_FILE_MINE, SERVED_MAX, &cur, NULL) == 0 &&
+        records_all(cur, path)) {
+        free(cur);
+        close(dfd);
+        errno = saved_errno;
+        return 0;
+    }
+    free(cur);
     char(*have)[PATH_MAX] = malloc(KC_SERVED_N * sizeof *have);
     int rc = have != NULL ? read_at(dfd, have) : -ENOMEM;
     if (rc != 0 && rc != -ENOENT) {

@@ -897,19 +897,34 @@ void kc__dirs_close(struct kc__dirs *ds)
     memset(ds, 0, sizeof *ds);
 }
 
+/* A slot's fd before its directory is opened: it was asked for once. */
+#define DIR_SEEN (INT_MIN + 1)
+
 /* The handle of the directory `path[0, len)`: an fd, -ENOENT or -ENOTDIR
  * when the directory is not there (every name in it is then absent, as
- * stat would say), or INT_MIN when it is not kept (full, out of fds). */
+ * stat would say), or INT_MIN when it is not kept (full, out of fds, or
+ * asked for the first time: a directory one name is checked in costs an
+ * open, a getrlimit and a close more than the stat it would save, as the
+ * working directory and the probes of a header-free kernel's manifest
+ * are). */
 static int dir_handle(struct kc__dirs *ds, const char *path, size_t len)
 {
     uint64_t h = XXH3_64bits(path, len);
     size_t i = h % KC__DIRS_SLOTS;
     for (size_t probe = 0; probe < KC__DIRS_SLOTS; probe++, i = (i + 1) % KC__DIRS_SLOTS) {
         struct kc__dir_slot *e = &ds->slot[i];
-        if (e->len == len && e->hash == h && memcmp(e->dir, path, len) == 0)
+        bool match = e->len == len && e->hash == h && memcmp(e->dir, path, len) == 0;
+        if (match && e->fd != DIR_SEEN)
             return e->fd;
-        if (e->len != 0)
+        if (e->len != 0 && !match)
             continue;
+        if (!match) {
+            e->dir = path;
+            e->len = len;
+            e->hash = h;
+            e->fd = DIR_SEEN;
+            return INT_MIN;
+        }
         if (ds->open >= KC__DIRS_OPEN || len >= PATH_MAX)
             return INT_MIN;
         char dir[PATH_MAX];

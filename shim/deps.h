@@ -112,7 +112,7 @@ struct kc__dirs {
         const char *dir; /* not NUL-terminated: len bytes */
         size_t len;      /* 0: free */
         uint64_t hash;
-        int fd; /* or -ENOENT / -ENOTDIR */
+        int fd; /* or -ENOENT / -ENOTDIR, or not opened yet (deps.c) */
     } slot[KC__DIRS_SLOTS];
     int open, fd_limit;
     const char *bundled; /* the bundled headers directory of the lookup, or NULL */

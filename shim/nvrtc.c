@@ -312,6 +312,58 @@ static bool nvrtc_enabled(void)
     return !cfg->disable && cfg->nvrtc;
 }
 
+/* The getters capture() calls, with the variables that hold them. */
+#define NVRTC_GETTERS(X)                                                                           \
+    X(real_ptx_size, "nvrtcGetPTXSize")                                                            \
+    X(real_ptx, "nvrtcGetPTX")                                                                     \
+    X(real_cubin_size, "nvrtcGetCUBINSize")                                                        \
+    X(real_cubin, "nvrtcGetCUBIN")                                                                 \
+    X(real_ltoir_size, "nvrtcGetLTOIRSize")                                                        \
+    X(real_ltoir, "nvrtcGetLTOIR")                                                                 \
+    X(real_optix_size, "nvrtcGetOptiXIRSize")                                                      \
+    X(real_optix, "nvrtcGetOptiXIR")                                                               \
+    X(real_nvvm_size, "nvrtcGetNVVMSize")                                                          \
+    X(real_nvvm, "nvrtcGetNVVM")                                                                   \
+    X(real_tileir_size, "nvrtcGetTileIRSize")                                                      \
+    X(real_tileir, "nvrtcGetTileIR")                                                               \
+    X(real_log_size, "nvrtcGetProgramLogSize")                                                     \
+    X(real_log, "nvrtcGetProgramLog")                                                              \
+    X(real_lowered, "nvrtcGetLoweredName")                                                         \
+    X(real_add_name, "nvrtcAddNameExpression")                                                     \
+    X(real_pch_status, "nvrtcGetPCHCreateStatus")                                                  \
+    X(real_pch_required, "nvrtcGetPCHHeapSizeRequired")
+
+enum {
+#define X(var, name) G_##var,
+    NVRTC_GETTERS(X)
+#undef X
+        N_GETTERS
+};
+_Static_assert(N_GETTERS <= 32, "one bit per getter");
+
+/* The getters a program kcache keeps needs NVRTC to have. */
+#define GETTERS_NEEDED                                                                             \
+    (1u << G_real_ptx_size | 1u << G_real_ptx | 1u << G_real_log_size | 1u << G_real_log |         \
+     1u << G_real_lowered | 1u << G_real_add_name)
+
+/* Where each getter's real function is kept (its hook's `real`). */
+static void **const getter_slots[N_GETTERS] = {
+#define X(var, name) (void **)&var,
+    NVRTC_GETTERS(X)
+#undef X
+};
+
+/* kc__unknown_export's callback: the getters among the hooked exports
+ * (complete unless an unknown export stopped the walk, and then no
+ * program is kept or keyed). */
+static void getter_exported(const struct kc__hook *h, void *arg)
+{
+    uint32_t *bits = arg;
+    for (int i = 0; i < N_GETTERS; i++)
+        if (h->real == getter_slots[i])
+            *bits |= 1u << i;
+}
+
 /* ---- NVRTC's identity ----------------------------------------------------------- */
 
 struct identity {
@@ -320,6 +372,7 @@ struct identity {
     kc_digest digest;
     char ns[96];
     char unknown[128]; /* an entry point it exports that kcache does not know, or "" */
+    uint32_t getters;  /* the getters it exports (getters_exported) */
 };
 
 /* Exports of NVRTC that are not hooks and touch no program's outputs. */
@@ -361,8 +414,9 @@ static const struct identity *nvrtc_identity(void)
          * getter a record could not answer. */
         char what[32];
         snprintf(what, sizeof what, "NVRTC %d.%d", major, minor);
+        ident.getters = 0;
         kc__unknown_export((const void *)real_compile, KC_LIB_NVRTC, nvrtc_inert, what,
-                           ident.unknown);
+                           ident.unknown, getter_exported, &ident.getters);
         ident.major = major;
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
@@ -1032,31 +1086,39 @@ static void *sibling(const char *name)
     return p;
 }
 
-/* Resolves every real getter capture() needs. */
+/* Which getters (1 << G_*) the loaded NVRTC exports: read once, with its
+ * identity, from its dynamic symbol table, so that a hit asks the loader
+ * for none of them and a name this release lacks (nvrtcGetNVVM in 13,
+ * nvrtcGetTileIR before 13.3) is not looked for in every loaded object at
+ * every compile. */
+static uint32_t getters_exported(void)
+{
+    const struct identity *id = nvrtc_identity();
+    return id != NULL ? id->getters : 0;
+}
+
+static bool getters_present(void)
+{
+    return (getters_exported() & GETTERS_NEEDED) == GETTERS_NEEDED;
+}
+
+/* Resolves every real getter capture() needs (a miss; a hit needs none),
+ * each one the loaded NVRTC exports, once. */
 static bool resolve_getters(void)
 {
-#define R(var, name)                                                                               \
-    if (var == NULL)                                                                               \
+    static int done;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+        uint32_t have = getters_exported();
+        pthread_mutex_lock(&lock);
+#define X(var, name)                                                                               \
+    if (var == NULL && (have & 1u << G_##var) != 0)                                                \
         var = (__typeof__(var))sibling(name);
-    R(real_ptx_size, "nvrtcGetPTXSize");
-    R(real_ptx, "nvrtcGetPTX");
-    R(real_cubin_size, "nvrtcGetCUBINSize");
-    R(real_cubin, "nvrtcGetCUBIN");
-    R(real_ltoir_size, "nvrtcGetLTOIRSize");
-    R(real_ltoir, "nvrtcGetLTOIR");
-    R(real_optix_size, "nvrtcGetOptiXIRSize");
-    R(real_optix, "nvrtcGetOptiXIR");
-    R(real_nvvm_size, "nvrtcGetNVVMSize");
-    R(real_nvvm, "nvrtcGetNVVM");
-    R(real_tileir_size, "nvrtcGetTileIRSize");
-    R(real_tileir, "nvrtcGetTileIR");
-    R(real_log_size, "nvrtcGetProgramLogSize");
-    R(real_log, "nvrtcGetProgramLog");
-    R(real_lowered, "nvrtcGetLoweredName");
-    R(real_add_name, "nvrtcAddNameExpression");
-    R(real_pch_status, "nvrtcGetPCHCreateStatus");
-    R(real_pch_required, "nvrtcGetPCHHeapSizeRequired");
-#undef R
+        NVRTC_GETTERS(X)
+#undef X
+        __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&lock);
+    }
     return real_ptx_size && real_ptx && real_log_size && real_log && real_lowered && real_add_name;
 }
 
@@ -1077,7 +1139,7 @@ static bool own_ok(void)
     H(real_compile, "nvrtcCompileProgram");
     H(real_destroy, "nvrtcDestroyProgram");
 #undef H
-    if (real_compile == NULL || real_destroy == NULL || !resolve_getters())
+    if (real_compile == NULL || real_destroy == NULL || !getters_present())
         return false;
     const struct identity *id = nvrtc_identity();
     return id != NULL && id->unknown[0] == '\0';
@@ -1088,10 +1150,15 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
                                          const char *const *includeNames)
 {
     REAL_OR_FAIL(real_create, "nvrtcCreateProgram");
-    /* KCACHE_LOG=debug: the hook's own time (scripts/bench's nvmath rows). */
-    uint64_t t0 = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
+    /* KCACHE_LOG=debug: the hook's own time (scripts/bench's nvmath rows
+     * and split of the first hit, which includes reading the
+     * configuration: the clock is read before the level is known). */
+    uint64_t t0 = kc_mono_ns();
     if (kc__guard_held() || !nvrtc_enabled())
         return real_create(prog, src, name, numHeaders, headers, includeNames);
+    if (!kc__log_enabled(KC_LOG_DEBUG))
+        t0 = 0;
+    uint64_t t_cfg = t0 != 0 ? kc_mono_ns() : 0, t_nvrtc = 0;
     /* A program NVRTC would accept is kept here and NVRTC creates it only
      * when a call needs it (a hit never does); anything else gets NVRTC's
      * own answer. So does every program while the loaded NVRTC exports an
@@ -1101,13 +1168,14 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
                (numHeaders == 0 || (headers != NULL && includeNames != NULL)) && own_ok();
     for (int i = 0; own && i < numHeaders; i++)
         own = headers[i] != NULL && includeNames[i] != NULL;
+    uint64_t t_own = t0 != 0 ? kc_mono_ns() : 0;
     nvrtcResult rc = NVRTC_SUCCESS;
     if (!own) {
         rc = real_create(prog, src, name, numHeaders, headers, includeNames);
         if (rc != NVRTC_SUCCESS || *prog == NULL)
             return rc;
+        t_nvrtc = t0 != 0 ? kc_mono_ns() - t_own : 0;
     }
-    uint64_t t1 = t0 != 0 ? kc_mono_ns() : 0;
     struct prog *p = calloc(1, sizeof *p);
     int failed = p == NULL;
     if (!failed) {
@@ -1151,14 +1219,14 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     prog_free(stale);
     /* NVRTC's own create ran only when kcache did not keep the program;
      * a kept one's is timed when a miss makes NVRTC create it. */
-    if (t0 != 0 && !own)
-        kc_log(KC_LOG_DEBUG, "nvrtc create: %.3f ms in the hook, %.3f ms of it NVRTC's",
-               (kc_mono_ns() - t0) / 1e6, (t1 - t0) / 1e6);
-    else if (t0 != 0)
+    char nv[64] = "NVRTC's create deferred to a miss (none on a hit)";
+    if (!own)
+        snprintf(nv, sizeof nv, "%.3f ms of it NVRTC's", t_nvrtc / 1e6);
+    if (t0 != 0)
         kc_log(KC_LOG_DEBUG,
-               "nvrtc create: %.3f ms in the hook; NVRTC's create deferred to a miss (none on a "
-               "hit)",
-               (kc_mono_ns() - t0) / 1e6);
+               "nvrtc create: %.3f ms in the hook, %s (configuration %.1f us, NVRTC's identity "
+               "and entry points %.1f us)",
+               (kc_mono_ns() - t0) / 1e6, nv, (t_cfg - t0) / 1e3, (t_own - t_cfg) / 1e3);
     return rc;
 }
 
@@ -1294,12 +1362,24 @@ static nvrtcResult compile_tracked(nvrtcProgram prog, int n, const char *const *
 /* The outputs (1 << OUT_*) whose getters the loaded NVRTC has. */
 static uint32_t nvrtc_outputs(void)
 {
-    uint32_t m = (1u << N_OUT_V3) - 1;
-    if (real_nvvm_size != NULL || real_nvvm != NULL)
+    uint32_t m = (1u << N_OUT_V3) - 1, have = getters_exported();
+    if ((have & (1u << G_real_nvvm_size | 1u << G_real_nvvm)) != 0)
         m |= 1u << OUT_NVVM;
-    if (real_tileir_size != NULL || real_tileir != NULL)
+    if ((have & (1u << G_real_tileir_size | 1u << G_real_tileir)) != 0)
         m |= 1u << OUT_TILEIR;
     return m;
+}
+
+/* KCACHE_LOG=debug only: when each step of the last lookup of this thread
+ * ended (kc_mono_ns), for the "nvrtc hit split" line (scripts/bench's
+ * split of a fresh process's first hit). */
+enum { STEP_MANIFEST, STEP_RECORD, STEP_DECODE, N_STEPS };
+static __thread uint64_t step_at[N_STEPS];
+
+static void step_mark(int step)
+{
+    if (kc__log_enabled(KC_LOG_DEBUG))
+        step_at[step] = kc_mono_ns();
 }
 
 /* Looks the request up; on a hit marks the program served, sets *rc to the
@@ -1313,6 +1393,7 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     const struct kc_config *cfg = kc__config();
     kc_digest result;
     int lrc = lookup_result(st, api, ns, base, bundled, &result);
+    step_mark(STEP_MANIFEST);
     if (stale != NULL)
         *stale = lrc == -ESTALE;
     if (lrc != 0)
@@ -1334,8 +1415,10 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     }
     if (grc != 0)
         return false;
+    step_mark(STEP_RECORD);
     struct kc__replay *r = kc__replay_decode(body, len);
     api->free(body);
+    step_mark(STEP_DECODE);
     if (r != NULL && (r->missing & nvrtc_outputs()) != 0) {
         /* An earlier layout's record, without a getter this NVRTC has: a
          * miss, and the compile replaces it. */
@@ -1448,6 +1531,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         return real_compile(h, numOptions, options);
     }
     uint64_t t_enter = kc_mono_ns();
+    uint64_t t_key = 0, t_store = 0; /* KCACHE_LOG=debug: the hit split */
     nvrtcResult herr = NVRTC_SUCCESS;
     nvrtcProgram h;
 
@@ -1508,7 +1592,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
      * private before this install holds only what it wrote. */
     struct stat dir_st;
     bool fresh_dir = keyed && bh.dir != NULL && kc__bundled_empty(bh.dir, &dir_st);
-    if (keyed && !resolve_getters())
+    if (keyed && !getters_present())
         keyed = false;
     /* An empty DIR is filled from the store's copy of the install, when it
      * has one: a copy or reflink per file, not NVRTC's own install. One
@@ -1539,11 +1623,13 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         goto out;
     }
 
+    t_key = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     const struct identity *id = nvrtc_identity();
     const char *ns = id->ns;
     uint64_t build = kc__self_build();
+    t_store = t_key != 0 ? kc_mono_ns() : 0;
     if (st != NULL && fresh_dir && !filled && kc__bundled_same(bh.dir, &dir_st)) {
         bh.pristine = kc__pristine_get(cfg->dir, &id->digest, bh.dir, cfg->readonly);
         if (bh.pristine != NULL && !cfg->readonly)
@@ -1583,7 +1669,9 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         }
     }
 
-    /* Miss: compile for real, then capture and store. */
+    /* Miss: compile for real, then capture and store (with the real
+     * getters, looked up now: a hit needs none). */
+    bool getters = resolve_getters();
     pthread_mutex_lock(&progs_lock);
     p = find_locked(prog);
     if (p != NULL)
@@ -1639,7 +1727,7 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
         } else {
             pthread_mutex_lock(&progs_lock);
             p = find_locked(prog);
-            struct kc__replay *r = p ? capture(p, rc) : NULL;
+            struct kc__replay *r = p != NULL && getters ? capture(p, rc) : NULL;
             /* The witness's copy, made only now: a hit never needs it
              * (libmathdx's programs hold 120 MB of headers). Without it
              * (out of memory) the record is kept under base1. */
@@ -1704,7 +1792,18 @@ out:
         opts_free(numOptions, copy);
     }
     prog_free(bh.copy);
+    uint64_t t_count = kc__log_enabled(KC_LOG_DEBUG) ? kc_mono_ns() : 0;
     kc__count(BACKEND, &c);
+    if (c.hits != 0 && t_count != 0 && t_key != 0 && t_store != 0)
+        /* The first hit of a process by step (scripts/bench section 1). */
+        kc_log(KC_LOG_DEBUG,
+               "nvrtc hit split: key %.1f us, store %.1f us, manifest %.1f us, record %.1f us, "
+               "decode %.1f us, served %.1f us, count %.1f us",
+               (t_key - t_enter) / 1e3, (t_store - t_key) / 1e3,
+               (step_at[STEP_MANIFEST] - t_store) / 1e3,
+               (step_at[STEP_RECORD] - step_at[STEP_MANIFEST]) / 1e3,
+               (step_at[STEP_DECODE] - step_at[STEP_RECORD]) / 1e3,
+               (t_count - step_at[STEP_DECODE]) / 1e3, (kc_mono_ns() - t_count) / 1e3);
     if (bh.checked != 0 && kc__log_enabled(KC_LOG_DEBUG))
         kc_log(KC_LOG_DEBUG,
                "nvrtc: headers below the bundled headers directory: %llu checked, %llu by "

@@ -172,8 +172,8 @@ static const struct identity *nvvm_identity(void)
          * getter of an output a record could not answer. */
         char what[32];
         snprintf(what, sizeof what, "libNVVM %d.%d", major, minor);
-        kc__unknown_export((const void *)real_compile, KC_LIB_NVVM, nvvm_inert, what,
-                           ident.unknown);
+        kc__unknown_export((const void *)real_compile, KC_LIB_NVVM, nvvm_inert, what, ident.unknown,
+                           NULL, NULL);
         __atomic_store_n(&ident.ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&ident_lock);

@@ -30,7 +30,7 @@ static bool config_loaded; /* config_init ran (shim_fini reads it) */
 
 static void config_init(void)
 {
-    kc_config_load(&config);
+    kc_config_load_zeroed(&config); /* static, loaded once: all zero */
     __atomic_store_n(&config_loaded, true, __ATOMIC_RELEASE);
     kc__log_set_level(config.log_level);
     for (int i = 0; i < config.n_warnings; i++)
@@ -452,7 +452,11 @@ __attribute__((destructor)) static void shim_fini(void)
     for (int i = 0; i < N_BACKENDS; i++) {
         if (used[i].fn == NULL || memcmp(&snap[i], &(struct kc_counters){0}, sizeof snap[i]) == 0)
             continue;
-        void *fn = kc__lib_real(used[i].lib, used[i].fn);
+        /* The hook's real function when it has one (no lookup at exit). */
+        const struct kc__hook *h = kc__hook_find(used[i].fn, used[i].lib);
+        void *fn = h != NULL ? __atomic_load_n(h->real, __ATOMIC_ACQUIRE) : NULL;
+        if (fn == NULL)
+            fn = kc__lib_real(used[i].lib, used[i].fn);
         Dl_info di;
         if (fn == NULL || dladdr(fn, &di) == 0 || di.dli_fname == NULL)
             continue;
@@ -639,7 +643,7 @@ struct family {
     const char *name;
     size_t len;
 };
-enum { MAX_FAMILIES = 512 };
+enum { MAX_FAMILIES = 1024 }; /* hooks, before duplicates are dropped */
 static struct family families[MAX_FAMILIES];
 static int n_families = -1; /* -1: the table overflowed, every name may be ours */
 static pthread_once_t families_once = PTHREAD_ONCE_INIT;
@@ -650,6 +654,15 @@ static int family_cmp(const char *a, size_t alen, const struct family *b)
     return c != 0 ? c : (alen > b->len) - (alen < b->len);
 }
 
+static int family_sort_cmp(const void *a, const void *b)
+{
+    const struct family *x = a;
+    return family_cmp(x->name, x->len, b);
+}
+
+/* Every hook table's families, sorted and without duplicates: one qsort
+ * (an insertion per name cost ~1M instructions, in every process that
+ * calls dlsym once). */
 static void families_init(void)
 {
     const struct kc__hook *tables[] = {kc__nvrtc_hooks, kc__driver_hooks, kc__link_hooks,
@@ -657,19 +670,16 @@ static void families_init(void)
     int n = 0;
     for (int t = 0; t < 5; t++)
         for (const struct kc__hook *h = tables[t]; h->name != NULL; h++) {
-            size_t len = family_len(h->name);
-            int i = 0;
-            while (i < n && family_cmp(h->name, len, &families[i]) > 0)
-                i++;
-            if (i < n && family_cmp(h->name, len, &families[i]) == 0)
-                continue;
             if (n == MAX_FAMILIES)
                 return; /* n_families stays -1 */
-            memmove(&families[i + 1], &families[i], (size_t)(n - i) * sizeof *families);
-            families[i] = (struct family){h->name, len};
-            n++;
+            families[n++] = (struct family){h->name, family_len(h->name)};
         }
-    n_families = n;
+    qsort(families, (size_t)n, sizeof *families, family_sort_cmp);
+    int u = 0;
+    for (int i = 0; i < n; i++)
+        if (u == 0 || family_cmp(families[i].name, families[i].len, &families[u - 1]) != 0)
+            families[u++] = families[i];
+    n_families = u;
 }
 
 /* Hooks by pattern, for names no table lists ({library, prefix, finder}):
@@ -741,6 +751,8 @@ struct export_check {
     int lib;
     const char *const *inert;
     char *unknown;
+    void (*hooked)(const struct kc__hook *h, void *arg);
+    void *arg;
 };
 
 /* kc__loaded_exports' callback: stops at the first export that is neither
@@ -748,8 +760,12 @@ struct export_check {
 static int export_known(const char *name, void *arg)
 {
     const struct export_check *x = arg;
-    if (kc__hook_find(name, x->lib) != NULL)
+    const struct kc__hook *h = kc__hook_find(name, x->lib);
+    if (h != NULL) {
+        if (x->hooked != NULL)
+            x->hooked(h, x->arg);
         return 0;
+    }
     for (const char *const *i = x->inert; *i != NULL; i++)
         if (strcmp(*i, name) == 0)
             return 0;
@@ -758,9 +774,10 @@ static int export_known(const char *name, void *arg)
 }
 
 void kc__unknown_export(const void *known, int lib, const char *const *inert, const char *what,
-                        char unknown[128])
+                        char unknown[128], void (*hooked)(const struct kc__hook *h, void *arg),
+                        void *arg)
 {
-    struct export_check x = {lib, inert, unknown};
+    struct export_check x = {lib, inert, unknown, hooked, arg};
     unknown[0] = '\0';
     if (kc__loaded_exports(known, export_known, &x) < 0)
         snprintf(unknown, 128, "(its symbol table)");
@@ -845,6 +862,108 @@ static void *lib_open(int lib)
 
 static int classify_info(const Dl_info *info);
 static void *self_base(void);
+
+/* Per library kind, once its object is adopted and pinned (lib_open): the
+ * object's address range and what dladdr says of it. A function the host
+ * asks dlsym for that lies in that range is the library's without a
+ * dladdr, which walks the object's symbol table (~10k instructions on
+ * libnvrtc; cuda.bindings resolves its 22 hooked names inside the first
+ * compile of a process). The handle keeps the range the object's. */
+struct lib_range {
+    uintptr_t lo, hi;
+    Dl_info info; /* dli_fname, dli_fbase; no symbol */
+};
+static struct lib_range lib_ranges[KC_LIB_KINDS];
+static int lib_range_state[KC_LIB_KINDS]; /* 0 not set up, 1 set, -1 none */
+static pthread_mutex_t lib_range_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct range_scan {
+    uintptr_t addr, lo, hi;
+};
+
+/* dl_iterate_phdr callback: the span of the PT_LOAD segments of the
+ * object holding r->addr. */
+static int range_one(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct range_scan *r = arg;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    bool mine = false;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD)
+            continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr, b = a + ph->p_memsz;
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+        mine |= r->addr >= a && r->addr < b;
+    }
+    if (!mine)
+        return 0;
+    r->lo = lo;
+    r->hi = hi;
+    return 1;
+}
+
+static void *lib_open(int lib);
+
+/* Sets up kind lib's range (lib_range_lock held). */
+static void lib_range_setup(int lib)
+{
+    void *any = __atomic_load_n(&lib_any[lib], __ATOMIC_ACQUIRE);
+    struct range_scan r = {.addr = (uintptr_t)any};
+    struct lib_range *lr = &lib_ranges[lib];
+    int state = -1;
+    if (any != NULL && lib_open(lib) != NULL && dladdr(any, &lr->info) != 0 &&
+        lr->info.dli_fname != NULL && lr->info.dli_fbase == lib_base[lib] &&
+        dl_iterate_phdr(range_one, &r) == 1) {
+        lr->lo = r.lo;
+        lr->hi = r.hi;
+        lr->info.dli_sname = NULL;
+        lr->info.dli_saddr = NULL;
+        state = 1;
+    }
+    __atomic_store_n(&lib_range_state[lib], state, __ATOMIC_RELEASE);
+}
+
+/* This shim's own range: a host resolving a hooked name with RTLD_DEFAULT
+ * or a handle whose scope holds the preload finds our export first. */
+static struct range_scan self_range;
+static pthread_once_t self_range_once = PTHREAD_ONCE_INIT;
+
+static void self_range_init(void)
+{
+    struct range_scan r = {.addr = (uintptr_t)self_range_init};
+    if (dl_iterate_phdr(range_one, &r) == 1)
+        self_range = r;
+}
+
+static bool self_range_has(const void *fn)
+{
+    pthread_once(&self_range_once, self_range_init);
+    return (uintptr_t)fn >= self_range.lo && (uintptr_t)fn < self_range.hi;
+}
+
+/* dladdr's answer, less the symbol, for fn in an adopted library's range;
+ * false when fn lies in none (then dladdr decides). */
+static bool lib_range_find(const void *fn, Dl_info *info)
+{
+    for (int lib = 1; lib < KC_LIB_KINDS; lib++) {
+        int state = __atomic_load_n(&lib_range_state[lib], __ATOMIC_ACQUIRE);
+        if (state == 0 && __atomic_load_n(&lib_base[lib], __ATOMIC_ACQUIRE) != NULL) {
+            pthread_mutex_lock(&lib_range_lock);
+            if (lib_range_state[lib] == 0)
+                lib_range_setup(lib);
+            pthread_mutex_unlock(&lib_range_lock);
+            state = __atomic_load_n(&lib_range_state[lib], __ATOMIC_ACQUIRE);
+        }
+        const struct lib_range *lr = &lib_ranges[lib];
+        if (state == 1 && (uintptr_t)fn >= lr->lo && (uintptr_t)fn < lr->hi) {
+            *info = lr->info;
+            return true;
+        }
+    }
+    return false;
+}
 
 /* Loaded objects of one kind, by path, in load order (dl_iterate_phdr
  * holds the loader's list lock; nothing is opened inside it). */
@@ -1001,11 +1120,14 @@ __attribute__((visibility("hidden"))) void *kc__dlsym_impl(void *handle, const c
         return r;
     if (!kc__may_be_hooked(name))
         return r;
-    /* One dladdr serves both questions: whose export this is, and which. */
+    /* One dladdr serves both questions: whose export this is, and which;
+     * none for a function of a library already adopted (the name asked is
+     * the symbol dlsym found). */
     Dl_info info;
-    if (dladdr(r, &info) == 0)
+    bool own = self_range_has(r);
+    if (!own && !lib_range_find(r, &info) && dladdr(r, &info) == 0)
         return r;
-    if (info.dli_fbase == self_base()) {
+    if (own || info.dli_fbase == self_base()) {
         /* RTLD_DEFAULT found our own export. It exists for the host only if
          * the real library is loaded too. */
         const struct kc__hook *h = kc__hook_find(name, 0);

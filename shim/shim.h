@@ -48,9 +48,13 @@ void kc__pass_reason(const char *backend, enum kc_pass_reason r);
  * function `known` lies in that is neither a hook of `lib` nor named in
  * `inert` (NULL-terminated), copied to `unknown` (128 bytes; "" when none,
  * "(its symbol table)" when it cannot be read). Logs one info line naming
- * it, for `what` ("NVRTC 13.0"). */
+ * it, for `what` ("NVRTC 13.0"). `hooked` (may be NULL) is called with
+ * `arg` for each export that is one of the hooks, in the same walk of the
+ * library's symbol table, up to the first unknown one. */
+struct kc__hook;
 void kc__unknown_export(const void *known, int lib, const char *const *inert, const char *what,
-                        char unknown[128]);
+                        char unknown[128], void (*hooked)(const struct kc__hook *h, void *arg),
+                        void *arg);
 
 /* libkcache.so's absolute path, found before main; NULL when unknown. */
 const char *kc__self_path(void);

@@ -282,6 +282,12 @@ static int apply_items_file(struct kc__owner *o, const char *name, int want)
         struct kc__sp_item *items = NULL;
         size_t ni = 0, cap = 0;
         while ((r = kc__spool_item_next(type, &p, end, &it)) > 0) {
+            /* A hit the log carries beside the counters (KC__SPI_HIT). */
+            if (it.flags & KC__SPI_HIT) {
+                if ((rc = kc__apply_hit(o, &it)) != 0)
+                    break;
+                continue;
+            }
             if ((rc = kc_grow(&items, &cap, ni, sizeof *items, 8)) != 0)
                 break;
             items[ni++] = it;

@@ -410,9 +410,10 @@ static void spool_logs_read(struct kc__dbt *st, struct spool_logs *l)
             struct kc__sp_item it;
             const unsigned char *end = p + pl;
             size_t icap = 0;
-            while (kc__spool_item_next(type, &p, end, &it) > 0 &&
-                   kc_grow(&lg->items, &icap, lg->n, sizeof *lg->items, 8) == 0)
-                lg->items[lg->n++] = it;
+            while (kc__spool_item_next(type, &p, end, &it) > 0)
+                if ((it.flags & KC__SPI_HIT) == 0 &&
+                    kc_grow(&lg->items, &icap, lg->n, sizeof *lg->items, 8) == 0)
+                    lg->items[lg->n++] = it; /* (hits it carries are not counters) */
         }
         free(buf);
     }

@@ -54,6 +54,10 @@ struct kc__local {
      * counted, this process's puts since, when; whether it was full. */
     uint64_t spool_seen, spool_added, spool_count_ns;
     bool spool_full, spool_warned;
+    /* What the last count found besides bytes, and whether this process
+     * wrote a put or purge request since (kc__local_kick_logs). */
+    uint64_t spool_work, spool_logs;
+    bool wrote_work;
     uint64_t last_created; /* creation times are unique in the process */
     /* The upload descriptor this process's own puts carry (KC__PUT_UPLOAD):
      * kc__chain_set_upload's; NULL: they are never uploaded. */
@@ -75,6 +79,14 @@ void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, c
 int kc__local_log(struct kc__local *l, int type, struct kc__buf *b, size_t n);
 /* Starts the owner unless one holds its lock. Never waits for it. */
 void kc__local_kick(struct kc__local *l);
+/* After a log only (hits, counters): kc__local_kick when the spool, as this
+ * process last counted it, holds work for the owner (a put, a purge) or
+ * KC__LOGS_KICK_AT logs or more, when it was full, or when this process
+ * wrote work itself since; else nothing. A
+ * process that only hit neither takes the owner's lock nor starts it: its
+ * log waits for the next owner (`kcache stats` counts it meanwhile). */
+void kc__local_kick_logs(struct kc__local *l);
+#define KC__LOGS_KICK_AT 64
 /* The local tier's put (a spool put file, then the owner is started) with
  * put flags: KC__PUT_FROM_REMOTE marks an entry the remote tier served, so
  * the owner does not upload it again. 0, -EROFS, -EDQUOT (the spool is

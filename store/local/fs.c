@@ -500,19 +500,34 @@ void kc__locks_prune(const char *dir)
     closedir(d);
 }
 
-uint64_t kc__spool_bytes(const char *spool, uint64_t stop)
+void kc__spool_scan(const char *spool, uint64_t stop, struct kc__spool_seen *out)
 {
-    DIR *d = opendir(spool);
-    if (d == NULL)
-        return 0;
-    uint64_t total = 0;
-    struct dirent *e;
-    while (total <= stop && (e = readdir(d)) != NULL) {
-        struct stat sb;
-        if (e->d_name[0] != '.' && fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISREG(sb.st_mode))
-            total += (uint64_t)sb.st_size;
+    memset(out, 0, sizeof *out);
+    int dfd = open(spool, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    /* 8-byte aligned, as struct dirent64 is. */
+    uint64_t buf[1024];
+    for (;;) {
+        ssize_t n = getdents64(dfd, buf, sizeof buf);
+        if (n <= 0)
+            break;
+        for (ssize_t off = 0; off < n && out->bytes <= stop;) {
+            const struct dirent64 *e = (const struct dirent64 *)((const char *)buf + off);
+            off += e->d_reclen;
+            const char *name = e->d_name;
+            struct stat sb;
+            if (name[0] == '.' || fstatat(dfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(sb.st_mode))
+                continue;
+            out->bytes += (uint64_t)sb.st_size;
+            if (name[1] == '-' && strchr("pdxs", name[0]) != NULL)
+                out->work++;
+            else if (name[1] == '-' && (name[0] == 'h' || name[0] == 'c'))
+                out->logs++;
+        }
+        if (out->bytes > stop)
+            break;
     }
-    closedir(d);
-    return total;
+    close(dfd);
 }

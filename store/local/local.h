@@ -13,7 +13,8 @@
  *   DIR/db/          the RocksDB database; only the owner opens it read-write
  *   DIR/spool/       pending writes: p-<hash> puts, d-<hash> puts being
  *                    drained, x-* purge requests, h-* hit logs, c-* counter
- *                    logs, s-* stop requests, t-* temp files being written
+ *                    logs (which may carry hits too: KC__SPI_HIT), s-* stop
+ *                    requests, t-* temp files being written
  *   DIR/hot/<hash>   drained puts kept as files (the same put file format),
  *                    so a hit needs no RocksDB; written only by the owner,
  *                    bounded (hot_limit), oldest mtime evicted first
@@ -210,6 +211,13 @@ int kc__spool_put_pack(struct kc_buf *b, const struct kc__sp_put *sp, const void
  * unpacking to its header's body size and checksum) or -ENOMEM. */
 int kc__put_decode_any(unsigned char **file, size_t *len, struct kc__sp_put *out);
 
+/* A counter log's item that is a hit, not a backend's counters: ns is the
+ * namespace, key the key, a the hits and b the last one's wall time, as a
+ * hit log's item (a process's exit writes one log, its counters and hits
+ * together). An owner older than this flag adds such an item as a
+ * backend of zero counts. */
+enum { KC__SPI_HIT = 1 };
+
 /* One purge, hit or counter item, as iterated over a spool file's payload. */
 struct kc__sp_item {
     char ns[KC__NS_MAX + 1]; /* namespace, or backend name for counters */
@@ -269,9 +277,16 @@ void kc__dir_sweep(const char *parent, const char *prefix);
  * removed one is retried), so no lock is ever taken on a file nobody else
  * can find. Nothing when dir/locks is not a private directory of ours. */
 void kc__locks_prune(const char *dir);
-/* Bytes in the regular files of the spool, counted until past `stop`
- * (a readdir and an fstatat per file). */
-uint64_t kc__spool_bytes(const char *spool, uint64_t stop);
+/* What a look at the spool found: the bytes of its regular files
+ * (counted until past the `stop` given), how many of them are work the
+ * owner is started for at once (puts, puts being drained, purge requests,
+ * stop requests) and how many are logs (hits, counters). */
+struct kc__spool_seen {
+    uint64_t bytes, work, logs;
+};
+/* Looks at the spool (getdents into a buffer on the stack: no allocation,
+ * and an fstatat per file). Nothing found when it cannot be read. */
+void kc__spool_scan(const char *spool, uint64_t stop, struct kc__spool_seen *out);
 /* Whether no process with the pid at the start of name runs (ESRCH). */
 bool kc__pid_gone(const char *name);
 void kc__hex(const void *p, size_t n, char *out);
@@ -352,9 +367,14 @@ int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t 
 
 /* ---- the directory (spool.c) ------------------------------------------ */
 
+/* The paths of DIR's parts, each NUL-terminated in buf one after the
+ * other (DIR cut at 4095 bytes, each other at 4199, as fixed arrays were):
+ * a process touches the one page they take, not eight (each a page fault
+ * on the first hit of a fresh process). kc__paths_init sets the pointers
+ * into the struct's own buf: never copy one. */
 struct kc__paths {
-    char dir[4096], db[4200], spool[4200], sec[4200], lock[4200], gen[4200], hot[4200],
-        filter[4200];
+    char *dir, *db, *spool, *sec, *lock, *gen, *hot, *filter;
+    char buf[4096 + 7 * 4200];
 };
 void kc__paths_init(struct kc__paths *p, const char *dir);
 
@@ -462,8 +482,9 @@ void kc__pending_after_fork_child(struct kc__pending *pd);
 void kc__pending_hit(struct kc__pending *pd, const char *ns, const kc_key *key);
 /* Adds to a backend's counters (names of 32 bytes or more are dropped). */
 void kc__pending_count(struct kc__pending *pd, const char *backend, const struct kc_counters *c);
-/* Writes the hit and counter logs (read-only: drops them) and starts the
- * owner if it wrote any. 0 or negative errno. */
+/* Writes the counters and the noted hits as one counter log (hits alone:
+ * a hit log; read-only: drops them), then kc__local_kick_logs. 0 or
+ * negative errno. */
 int kc__pending_flush(struct kc__pending *pd);
 /* After a put of key (and source, may be NULL): what this process just
  * wrote wins over what it purged before (their tombstones are lifted), and

@@ -45,6 +45,15 @@ void kc__local_kick(struct kc__local *l)
     pthread_mutex_unlock(&l->mu);
 }
 
+void kc__local_kick_logs(struct kc__local *l)
+{
+    pthread_mutex_lock(&l->mu);
+    if (l->spool_count_ns == 0 || l->spool_work != 0 || l->spool_logs + 1 >= KC__LOGS_KICK_AT ||
+        l->spool_full || l->wrote_work)
+        kick_locked(l);
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* ---- spool logs ------------------------------------------------------------ */
 
 static bool spool_room(struct kc__local *l, size_t n);
@@ -92,7 +101,10 @@ void kc__local_request(struct kc__local *l, const char *ns, const kc_key *key, c
     kc__spool_item_add(&b, KC__SP_PURGE, &it);
     kc__local_log(l, KC__SP_PURGE, &b, 1);
     kc__buf_free(&b);
-    kc__local_kick(l);
+    pthread_mutex_lock(&l->mu);
+    l->wrote_work = true;
+    kick_locked(l);
+    pthread_mutex_unlock(&l->mu);
 }
 
 /* ---- get --------------------------------------------------------------------- */
@@ -158,7 +170,11 @@ static bool spool_room(struct kc__local *l, size_t n)
     uint64_t now = kc_mono_ns() | 1;
     if (l->spool_count_ns == 0 || (l->spool_seen + l->spool_added + n > limit &&
                                    (!l->spool_full || now - l->spool_count_ns >= 1000000000ull))) {
-        l->spool_seen = kc__spool_bytes(l->p->spool, limit);
+        struct kc__spool_seen seen;
+        kc__spool_scan(l->p->spool, limit, &seen);
+        l->spool_seen = seen.bytes;
+        l->spool_work = seen.work;
+        l->spool_logs = seen.logs;
         l->spool_added = 0;
         l->spool_count_ns = now;
     }
@@ -238,7 +254,10 @@ int kc__local_put(struct kc__local *l, const char *ns, const kc_key *key, const 
     kc__buf_free(&b);
     if (rc < 0)
         return rc;
-    kc__local_kick(l);
+    pthread_mutex_lock(&l->mu);
+    l->wrote_work = true;
+    kick_locked(l);
+    pthread_mutex_unlock(&l->mu);
     return 0;
 }
 

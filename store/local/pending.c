@@ -174,13 +174,10 @@ void kc__pending_after_fork_child(struct kc__pending *pd)
 
 /* ---- spool files -------------------------------------------------------- */
 
-/* Writes the hit log; mu held. */
-static int flush_hits_locked(struct kc__pending *pd)
+/* Adds the noted hits to b as items of a log of `type`: a hit log's, or a
+ * counter log's marked KC__SPI_HIT. Returns how many; mu held. */
+static size_t hits_add_locked(struct kc__pending *pd, struct kc__buf *b, int type)
 {
-    if (pd->n_hits == 0)
-        return 0;
-    struct kc__buf b = {0};
-    kc__spool_begin(&b, KC__SP_HITS);
     size_t n = 0;
     for (size_t i = 0; i < pd->m.cap; i++) {
         struct kc__pment *e = &pd->m.e[i];
@@ -189,19 +186,38 @@ static int flush_hits_locked(struct kc__pending *pd)
         struct kc__sp_item it = {0};
         snprintf(it.ns, sizeof it.ns, "%s", pd->nss[e->ns]);
         kc__key_decode(e->k, &it.key);
+        it.flags = type == KC__SP_COUNT ? KC__SPI_HIT : 0;
         it.a = e->a;
         it.b = e->b;
-        kc__spool_item_add(&b, KC__SP_HITS, &it);
+        kc__spool_item_add(b, type, &it);
         n++;
     }
-    /* A spool with no room keeps them for the next flush, up to the
-     * bound (then they are dropped: no buffer rebuilt at every hit). */
-    int rc = kc__local_log(pd->log, KC__SP_HITS, &b, n);
-    kc__buf_free(&b);
+    return n;
+}
+
+/* After a log holding the noted hits was written (rc): they are dropped,
+ * unless the spool had no room, which keeps them for the next flush, up to
+ * the bound (then they are dropped: no buffer rebuilt at every hit). mu
+ * held. */
+static void hits_written_locked(struct kc__pending *pd, int rc, size_t n)
+{
     if (rc != -EDQUOT || n >= HITS_FLUSH_AT) {
         map_del_type(&pd->m, M_HIT);
         pd->n_hits = 0;
     }
+}
+
+/* Writes the hit log; mu held. */
+static int flush_hits_locked(struct kc__pending *pd)
+{
+    if (pd->n_hits == 0)
+        return 0;
+    struct kc__buf b = {0};
+    kc__spool_begin(&b, KC__SP_HITS);
+    size_t n = hits_add_locked(pd, &b, KC__SP_HITS);
+    int rc = kc__local_log(pd->log, KC__SP_HITS, &b, n);
+    kc__buf_free(&b);
+    hits_written_locked(pd, rc, n);
     return rc;
 }
 
@@ -254,9 +270,11 @@ void kc__pending_count(struct kc__pending *pd, const char *backend, const struct
 int kc__pending_flush(struct kc__pending *pd)
 {
     pthread_mutex_lock(&pd->mu);
-    bool wrote = pd->n_hits > 0;
-    int rc = flush_hits_locked(pd);
+    bool wrote = pd->n_hits > 0 || pd->n_ctr > 0;
+    int rc = 0;
     if (pd->n_ctr > 0) {
+        /* One log: the counters and the hits noted since the last one (a
+         * process that only hit writes this one file at exit). */
         struct kc__buf b = {0};
         kc__spool_begin(&b, KC__SP_COUNT);
         size_t n = 0;
@@ -269,17 +287,18 @@ int kc__pending_flush(struct kc__pending *pd)
                 n++;
             }
         }
-        int r = kc__local_log(pd->log, KC__SP_COUNT, &b, n);
+        size_t nh = hits_add_locked(pd, &b, KC__SP_COUNT);
+        rc = kc__local_log(pd->log, KC__SP_COUNT, &b, n + nh);
         kc__buf_free(&b);
-        if (r < 0 && rc == 0)
-            rc = r;
-        if (r != -EDQUOT)
+        if (rc != -EDQUOT)
             pd->n_ctr = 0; /* (a full spool: they add up to the next) */
-        wrote = true;
+        hits_written_locked(pd, rc, nh);
+    } else {
+        rc = flush_hits_locked(pd);
     }
     pthread_mutex_unlock(&pd->mu);
     if (wrote && !pd->readonly)
-        kc__local_kick(pd->log);
+        kc__local_kick_logs(pd->log);
     return rc;
 }
 

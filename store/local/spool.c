@@ -15,14 +15,16 @@
 
 void kc__paths_init(struct kc__paths *p, const char *dir)
 {
-    snprintf(p->dir, sizeof p->dir, "%s", dir);
-    snprintf(p->db, sizeof p->db, "%s/db", dir);
-    snprintf(p->spool, sizeof p->spool, "%s/spool", dir);
-    snprintf(p->sec, sizeof p->sec, "%s/sec", dir);
-    snprintf(p->lock, sizeof p->lock, "%s/owner.lock", dir);
-    snprintf(p->gen, sizeof p->gen, "%s/gen", dir);
-    snprintf(p->hot, sizeof p->hot, "%s/hot", dir);
-    snprintf(p->filter, sizeof p->filter, "%s/filter", dir);
+    char **field[] = {&p->dir, &p->db, &p->spool, &p->sec, &p->lock, &p->gen, &p->hot, &p->filter};
+    static const char *const part[] = {"",     "/db",  "/spool", "/sec", "/owner.lock",
+                                       "/gen", "/hot", "/filter"};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof field / sizeof *field; i++) {
+        size_t cap = i == 0 ? 4096 : 4200;
+        int n = snprintf(p->buf + off, cap, "%s%s", dir, part[i]);
+        *field[i] = p->buf + off;
+        off += n < 0 ? 1 : (size_t)n < cap ? (size_t)n + 1 : cap;
+    }
 }
 
 void kc__spool_name(const char *ns, const kc_key *key, char prefix, char out[40])

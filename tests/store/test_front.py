@@ -6,6 +6,9 @@ their own. Whether a process loaded RocksDB is read from the debug line the
 front prints when it loads the store ("store loaded"). Checked:
   - a miss on an empty store, a hit after the owner drained (hot files), a
     miss on a store with a filter: none loads RocksDB;
+  - a process that only hit writes one spool log (counters and hits) and
+    starts no owner; `kcache stats` counts it, the next owner applies its
+    hit;
   - hot files gone: the hit comes from RocksDB, with the same output, and
     the owner writes the hot files again from the hit log;
   - corrupted hot files: still a hit with the same output (from RocksDB);
@@ -79,6 +82,26 @@ def drain(d):
     raise SystemExit("the spool did not drain")
 
 
+def owner_gone(d, timeout=60):
+    """Waits until no owner holds DIR/owner.lock (one a miss started)."""
+    import fcntl
+    path = os.path.join(d, "c", "owner.lock")
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            time.sleep(0.1)
+        finally:
+            os.close(fd)
+    raise SystemExit("an owner still runs")
+
+
 def hot_files(d):
     h = os.path.join(d, "c", "hot")
     return sorted(os.listdir(h)) if os.path.isdir(h) else []
@@ -108,10 +131,30 @@ def main():
         check(len(hot_files(d)) >= 1, "drained puts became hot files (%d)" % len(hot_files(d)))
         check(os.path.exists(os.path.join(d, "c", "filter")), "the owner wrote DIR/filter")
 
+        owner_gone(d)
+        before = set(os.listdir(os.path.join(d, "c", "spool")))
         s, loaded, ptx, _ = run(d, "x", "x1")
         check(s is not None and s[0] == 1 and s[1] == 0, "fresh process: a hit (%s)" % (s,))
         check(not loaded, "fresh process: the hit loads no RocksDB")
         check(ptx == ptx_x, "the hit's PTX is the compile's")
+        # A process that only hit leaves one spool log (its counters and
+        # its hit together) and starts no owner: the log waits.
+        new = sorted(set(os.listdir(os.path.join(d, "c", "spool"))) - before)
+        check(len(new) == 1 and new[0].startswith("c-"),
+              "a process that only hit wrote one log (%s)" % new)
+        time.sleep(1.0)
+        check(set(new) <= set(os.listdir(os.path.join(d, "c", "spool"))),
+              "a process that only hit started no owner (its log is still there)")
+        st = subprocess.run([TOOL, "--dir", os.path.join(d, "c"), "stats"],
+                            capture_output=True, text=True).stdout
+        m = re.search(r"nvrtc\s+hits (\d+)\s+misses (\d+)", st)
+        check(m is not None and m.groups() == ("1", "1"),
+              "kcache stats counts the waiting log: %s" % (m.group(0) if m else st))
+        drain(d)
+        ls = subprocess.run([TOOL, "--dir", os.path.join(d, "c"), "ls"],
+                            capture_output=True, text=True).stdout.split("\n")
+        hits = [l.split()[5] for l in ls if len(l.split()) > 5 and l.split()[2] == "nvrtc"]
+        check(hits == ["1"], "the owner took the hit from the log for recency (%s)" % hits)
 
         s, loaded, _, _ = run(d, "y", "y0")
         check(s is not None and s[1] == 1, "a new kernel: a miss (%s)" % (s,))
