@@ -356,11 +356,13 @@ def t_clients(tmp):
 
 
 def settle(store, timeout=60):
-    """Waits until the store's owner has drained (and uploaded) everything."""
+    """Waits until the store's owner has drained (and uploaded) everything
+    but counter logs (a process that only hit leaves one and starts no
+    owner)."""
     spool, lock = os.path.join(store, "spool"), os.path.join(store, "owner.lock")
     deadline = time.monotonic() + timeout
     while True:
-        busy = os.path.isdir(spool) and any(n[:2] in ("p-", "d-", "c-", "h-", "x-")
+        busy = os.path.isdir(spool) and any(n[:2] in ("p-", "d-", "h-", "x-")
                                             for n in os.listdir(spool))
         if not busy and os.path.exists(lock):
             with open(lock) as f:

@@ -272,12 +272,15 @@ class Node:
 
     def settle(self, timeout=60):
         """Waits until this node's owner has drained (and uploaded)
-        everything: nothing in the spool and its lock free."""
+        everything: no put, purge or hit file in the spool and its lock
+        free. Counter logs alone may stay: a process that only hit writes
+        one and starts no owner (the next owner folds it; kcache stats
+        reads the spool too)."""
         spool, lock = os.path.join(self.dir, 'spool'), os.path.join(self.dir, 'owner.lock')
         deadline = time.monotonic() + timeout
         while True:
             busy = os.path.isdir(spool) and any(
-                n[:2] in ('p-', 'd-', 'c-', 'h-', 'x-') for n in os.listdir(spool))
+                n[:2] in ('p-', 'd-', 'h-', 'x-') for n in os.listdir(spool))
             if not busy and os.path.exists(lock):
                 with open(lock) as f:
                     try:
