@@ -30,6 +30,7 @@
 #include "../common/identity.h"
 #include "../common/log.h"
 #include "../common/why.h"
+#include "../store/local/local.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -439,21 +440,6 @@ static int record_decode(const void *p, size_t n, struct record *x)
 
 /* ---- replay ------------------------------------------------------------------------------ */
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -errno;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* This process's umask, read without changing it (/proc), else by umask(2)
  * (no other thread runs before main). */
 static mode_t current_umask(void)
@@ -487,7 +473,7 @@ static int output_write(const char *path, const struct kc_buf *bytes)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return -errno;
-    int rc = write_all(fd, bytes->p, bytes->len);
+    int rc = kc__write_full(fd, bytes->p, bytes->len);
     if (rc == 0 && fchmod(fd, mode) != 0)
         rc = -errno;
     if (close(fd) != 0 && rc == 0)
@@ -539,8 +525,8 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
     }
     c->hits = 1;
     kc__count(BACKEND, c);
-    (void)write_all(STDOUT_FILENO, x->out.p, x->out.len);
-    (void)write_all(STDERR_FILENO, x->err.p, x->err.len);
+    (void)kc__write_full(STDOUT_FILENO, x->out.p, x->out.len);
+    (void)kc__write_full(STDERR_FILENO, x->err.p, x->err.len);
     kc__exit(x->status);
 }
 
@@ -570,7 +556,7 @@ static void child_report(void)
         kc_buf_add(&b, child_deps.v[i].path, strlen(child_deps.v[i].path));
     }
     if (!b.err)
-        (void)write_all(report_fd, b.p, b.len);
+        (void)kc__write_full(report_fd, b.p, b.len);
     kc_buf_free(&b);
     close(report_fd);
 }
@@ -727,7 +713,7 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
             }
             if (cp->to >= 0) {
                 bool *broken = cp->to == STDOUT_FILENO ? &out_broken : &err_broken;
-                int wrc = *broken ? 0 : write_all(cp->to, buf, (size_t)got);
+                int wrc = *broken ? 0 : kc__write_full(cp->to, buf, (size_t)got);
                 if (wrc != 0)
                     *broken = true;
                 /* The reader went away: the tool itself would have died

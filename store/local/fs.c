@@ -268,6 +268,21 @@ static int io_full(int fd, unsigned char *b, size_t n, bool wr, size_t *done)
     return 0;
 }
 
+int kc__write_full(int fd, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    while (n > 0) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable)
 {
     char tmp[PATH_MAX], dst[PATH_MAX];

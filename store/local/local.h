@@ -249,6 +249,9 @@ int kc__lz4_unpack(const void *src, size_t n, void *dst, size_t cap);
  * -ENOTDIR). */
 int kc__private_dir(const char *path, bool create);
 int kc__private_subdir(const char *path, bool create);
+/* Writes all n bytes at p to fd, retrying on EINTR and short writes. 0 or
+ * -errno (-EIO when write returns 0). */
+int kc__write_full(int fd, const void *p, size_t n);
 /* Writes `b` atomically as dir/name: temp file (O_EXCL|O_NOFOLLOW), optional
  * fsync, rename, optional directory fsync. */
 int kc__spool_write(const char *dir, const char *name, const void *p, size_t len, bool durable);
