@@ -187,11 +187,6 @@ static int tls_activate(struct kc_remote *r)
     if (!any)
         return 0;
     char why[240] = "";
-    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
-        kc_log(KC_LOG_WARN, "remote: a Redis Cluster over TLS is not supported yet; the remote is "
-                            "off");
-        return -ENETDOWN;
-    }
     if (kc__tls_load(&r->rctx.tls, why, sizeof why) != 0) {
         kc_log(KC_LOG_WARN, "remote: rediss:// needs %s; the remote is off", why);
         return -ENETDOWN;

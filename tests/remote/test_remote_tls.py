@@ -59,6 +59,11 @@ class Pki:
         self.untrusted = self.cert('untrusted', self.other_ca, 'DNS:localhost,IP:127.0.0.1')
         self.expired = self.cert('expired', self.ca, 'DNS:localhost,IP:127.0.0.1', old=True)
         self.client = self.cert('client', self.ca, 'DNS:client', client=True)
+        # A cluster node's: a server's, and a client's on the cluster bus
+        # and the replication link (tls-cluster, tls-replication).
+        self.node = self.cert('node', self.ca, 'DNS:localhost,IP:127.0.0.1', client=None)
+        # A relay's own, trusted by nobody kcache trusts.
+        self.mitm = self.cert('mitm', self.other_ca, 'DNS:localhost,IP:127.0.0.1')
 
     def p(self, name):
         return os.path.join(self.d, name)
@@ -77,7 +82,8 @@ class Pki:
         os.chmod(key, 0o600)
         with open(ext, 'w') as f:
             f.write('subjectAltName=%s\nextendedKeyUsage=%s\n'
-                    % (san, 'clientAuth' if client else 'serverAuth'))
+                    % (san, 'serverAuth,clientAuth' if client is None
+                       else 'clientAuth' if client else 'serverAuth'))
         env = None
         if old:  # valid for a day, twenty years ago
             env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME='@2005-01-01 00:00:00')
@@ -187,6 +193,60 @@ class Relay:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class E2eTls:
+    """test_remote_e2e.py's servers and nodes over TLS (its TLS switch):
+    TLS ports only, the cluster bus and replication over TLS, the default
+    user off and alice (the password file's) for clients, replicas and
+    redis-cli."""
+
+    def __init__(self, pki, pw):
+        self.pki, self.pw = pki, pw
+
+    def server_args(self, args, port):
+        i = args.index('--port')
+        args[i + 1] = '0'
+        return args + ['--tls-port', str(port), '--tls-cert-file', self.pki.p('node.crt'),
+                       '--tls-key-file', self.pki.p('node.key'), '--tls-ca-cert-file',
+                       self.pki.p('ca.crt'), '--tls-auth-clients', 'no', '--tls-cluster', 'yes',
+                       '--tls-replication', 'yes', '--user', 'default', 'off',
+                       '--user', 'alice', 'on', '>' + PASSWORD, '~*', '&*', '+@all',
+                       '--masteruser', 'alice', '--masterauth', PASSWORD]
+
+    # The TLS handshake is bounded by the connect timeout (100 ms by
+    # default); here 16 processes handshake at once with each server on a
+    # machine running other builds beside: a second, as docs/sharing.md
+    # says to set for a loaded or far server.
+    ATTRS = '|connect-timeout=1000'
+
+    def url(self, port):
+        return 'rediss://alice@127.0.0.1:%d%s' % (port, self.ATTRS)
+
+    def cluster_url(self, ports):
+        return 'rediss-cluster://alice@' + ','.join('127.0.0.1:%d' % p for p in ports) + \
+            self.ATTRS
+
+    def cmd(self, port, *args):
+        s = socket.create_connection(('127.0.0.1', port), timeout=10)
+        c = ssl.create_default_context(cafile=self.pki.p('ca.crt'))
+        with c.wrap_socket(s, server_hostname='127.0.0.1') as t:
+            parts = [('AUTH', 'alice', PASSWORD), args]
+            t.sendall(b''.join(
+                b'*%d\r\n' % len(a) + b''.join(
+                    b'$%d\r\n%s\r\n' % (len(x), x)
+                    for x in (y if isinstance(y, bytes) else str(y).encode() for y in a))
+                for a in parts))
+            with t.makefile('rb') as f:
+                e._reply(f)
+                return e._reply(f)
+
+    def cli_args(self):
+        return ['--tls', '--cacert', self.pki.p('ca.crt'), '--user', 'alice', '--pass', PASSWORD,
+                '--no-auth-warning']
+
+    def env(self):
+        return {'KCACHE_REMOTE_PASSWORD_FILE': self.pw, 'KCACHE_REMOTE_CA_FILE': self.pki.p('ca.crt')}
 
 
 def setup(ctx):
@@ -323,6 +383,67 @@ def refuse(ctx):
           '`kcache config` says verification is off')
 
 
+def over_tls(ctx):
+    """test_remote_e2e.py's servers and nodes over TLS from here on."""
+    pki, pw = setup(ctx)
+    if os.environ.get('KC_TLS_TEST_PLAIN') != '1':  # a comparison by hand
+        e.TLS = E2eTls(pki, pw)
+    return pki, pw
+
+
+def serve_all(ctx, nodes, url, entries, what):
+    """nodes x 4 processes, cold: one compile per kernel, NVRTC's own
+    bytes, both entries of each uploaded signed; a fresh read-only node
+    (it trusts the writers' key, verifies every entry) is served all."""
+    runs = e.cluster_run(ctx, nodes, 4)
+    e.check_outputs(runs, ctx.ref, what + ': %d nodes x 4 processes, cold' % len(nodes))
+    check(e.misses(runs) == K, what + ': %d compiles for %d kernels' % (e.misses(runs), K))
+    ws = [w for r in runs for w in warnings(r)]
+    check(not ws, what + ': no warning (%s)' % ws[:2])
+    st = [n.stats() for n in nodes]
+    check(all(x['remote'][f] == 0 for x in st for f in ('errors', 'timeouts', 'bad')),
+          what + ': no remote error, timeout or bad entry')
+    got = entries()
+    check(len(got) == 2 * K, what + ': the servers hold %d entries' % len(got))
+    fresh = ctx.node(url, writer=False)
+    r = fresh.start(KERNELS, ctx).wait()
+    e.check_outputs([r], ctx.ref, what + ': a fresh read-only node')
+    check(r.misses == 0 and r.remote is not None and r.remote['hits'] == 2 * K,
+          what + ': a fresh read-only node is served every signed entry (%d compiles, %s)'
+          % (r.misses, r.remote))
+    return runs
+
+
+def shards(ctx):
+    """Two TLS shards (rediss:// URLs), 4 nodes x 4 processes: the 4-node
+    trial over TLS."""
+    over_tls(ctx)
+    a, b = ctx.redis(), ctx.redis()
+    url = a.url + ' ' + b.url
+    nodes = [ctx.node(url) for _ in range(4)]
+    serve_all(ctx, nodes, url, lambda: a.entries() + b.entries(), 'TLS shards')
+    print('entries per shard (rendezvous): %d, %d' % (len(a.entries()), len(b.entries())))
+
+
+def cluster(ctx):
+    """A 3+3 Redis Cluster over TLS (rediss-cluster://): every node the
+    slot map names reached over TLS with the same CA and user."""
+    over_tls(ctx)
+    srv, url = e.make_cluster(ctx, 1)
+    nodes = [ctx.node(url) for _ in range(4)]
+    serve_all(ctx, nodes, url, lambda: sorted(k for s in e.primaries(srv) for k in s.entries()),
+              'TLS 3+3 Redis Cluster')
+    used = [s for s in e.primaries(srv) if s.entries()]
+    check(len(used) >= 2, 'TLS cluster: entries on %d primaries (nodes learned from the slot '
+          'map reached over TLS)' % len(used))
+
+
+def cluster_down(ctx):
+    """test_remote_e2e.py's cluster-down over TLS: unchanged."""
+    over_tls(ctx)
+    e.cluster_down(ctx)
+
+
 def main():
     if shutil.which('redis-server') is None or shutil.which('openssl') is None:
         print('redis-server or openssl is not installed (scripts/setup installs them)')
@@ -340,7 +461,8 @@ def main():
     ctx = None
     try:
         ctx = e.Ctx(root)
-        {'serve': serve, 'refuse': refuse}[MODE](ctx)
+        {'serve': serve, 'refuse': refuse, 'shards': shards, 'cluster': cluster,
+         'cluster-down': cluster_down}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()
