@@ -41,6 +41,8 @@ struct tls_conn {
     const struct kc_tls_reply_fns *fns;
     void *priv;
     bool resumed;
+    bool failed;           /* an I/O failure: its session is not kept */
+    SSL *ssl;              /* hiredis_ssl's */
     struct tls_peer *peer; /* the session callback's, until closed */
 };
 
@@ -461,6 +463,7 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
         return rc;
     }
     k->resumed = SSL_session_reused(ssl) == 1;
+    k->ssl = ssl;
     k->peer = peer;
     k->c = c;
     k->fns = fns;
@@ -487,6 +490,7 @@ static int tls_append(void *conn, int argc, const char **argv, const size_t *len
 /* An I/O failure of the session: the peer's alert when it sent one. */
 static int io_error(struct tls_conn *k)
 {
+    k->failed = true;
     unsigned long e = ERR_peek_last_error();
     int reason = ERR_GET_REASON(e);
     ERR_clear_error();
@@ -549,6 +553,12 @@ static void tls_close(void *conn)
     struct tls_conn *k = conn;
     if (k == NULL)
         return;
+    /* Closed between operations, the session sound: said so to OpenSSL
+     * (no close_notify is sent, nothing is written), which otherwise
+     * takes a session freed unshut for a bad one and makes it
+     * unresumable, the kept one with it. */
+    if (!k->failed && k->ssl != NULL)
+        SSL_set_shutdown(k->ssl, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
     /* A partial reply the reader holds is the caller's object. */
     freeing = k->fns;
     redisFree(k->c);

@@ -9,17 +9,29 @@ MODE:
   serve    rediss:// with KCACHE_REMOTE_CA_FILE and an ACL user
            (rediss://USER@host, the password from KCACHE_REMOTE_PASSWORD_FILE):
            a node compiles and its owner uploads over TLS; a fresh node is
-           served everything, NVRTC's own bytes; the password never crosses
-           the wire in the clear (a relay records the bytes; the same relay
-           sees it over redis://), nor shows in `kcache config`
+           served everything, NVRTC's own bytes, one full handshake in the
+           process and its other connections resuming the session; neither
+           the password nor a kernel's source or PTX crosses the wire in the
+           clear (a relay records the bytes, and tcpdump captures the
+           loopback when installed; both see them over redis://); the
+           password is in no log line (debug), `kcache config` output or
+           file of the nodes' stores and homes
   refuse   each failure costs the run nothing (NVRTC's own bytes), is
            counted, and says why in one warning: an untrusted CA, a wrong
-           host name, an expired certificate, a plain server on rediss://,
+           host name, a MITM relay presenting its own certificate (it gets
+           no byte; trusting its CA would give it the password), an expired
+           certificate, a plain server on rediss://,
            a TLS server on redis://, mutual TLS required without a client
            certificate (and with one: served), a wrong password, an ACL user
            denied writes (the node reads only: one warning, counted);
            KCACHE_REMOTE_TLS_VERIFY=0 connects to an unverifiable server,
            warns once, and `kcache config` says so
+  shards   two TLS shards, 4 nodes x 4 processes (the 4-node trial over
+           TLS): one compile per kernel, NVRTC's own bytes, a fresh
+           read-only node served every signed entry
+  cluster  the same against a 3+3 Redis Cluster over TLS
+           (rediss-cluster://; tls-cluster, tls-replication)
+  cluster-down  test_remote_e2e.py's cluster-down, every server over TLS
 """
 import os
 import re
@@ -249,6 +261,113 @@ class E2eTls:
         return {'KCACHE_REMOTE_PASSWORD_FILE': self.pw, 'KCACHE_REMOTE_CA_FILE': self.pki.p('ca.crt')}
 
 
+class Mitm:
+    """A relay on the path that ends TLS with its own certificate (its CA
+    one kcache does not trust, the server's names) and speaks TLS to the
+    real server: what the client sends it arrives in clear here, if the
+    client goes on."""
+
+    def __init__(self, pki, port):
+        self.to, self.got, self.handshakes = port, bytearray(), 0
+        self.pki = pki
+        self.srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.srv.load_cert_chain(pki.p('mitm.crt'), pki.p('mitm.key'))
+        self.s = socket.socket()
+        self.s.bind(('127.0.0.1', 0))
+        self.s.listen(16)
+        self.port = self.s.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                a, _ = self.s.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(a,), daemon=True).start()
+
+    def serve(self, a):
+        try:
+            a.settimeout(10)
+            t = self.srv.wrap_socket(a, server_side=True)
+            self.handshakes += 1
+            up = ssl.create_default_context(cafile=self.pki.p('ca.crt')).wrap_socket(
+                socket.create_connection(('127.0.0.1', self.to)), server_hostname='localhost')
+            threading.Thread(target=self.pump, args=(up, t, False), daemon=True).start()
+            self.pump(t, up, True)
+        except (OSError, ssl.SSLError):
+            a.close()
+
+    def pump(self, x, y, keep):
+        try:
+            while True:
+                d = x.recv(65536)
+                if not d:
+                    break
+                if keep:
+                    self.got += d
+                y.sendall(d)
+        except (OSError, ssl.SSLError):
+            pass
+
+
+class Capture:
+    """tcpdump on the loopback for some ports (pcap bytes), when tcpdump is
+    installed and may capture; else None (the Relay's bytes then stand
+    alone)."""
+
+    def __init__(self, root, ports):
+        self.p, self.path = None, os.path.join(root, 'lo-%d.pcap' % ports[0])
+        if shutil.which('tcpdump') is None:
+            print('tcpdump is not installed: the relay\'s record alone is checked')
+            return
+        flt = ' or '.join('tcp port %d' % p for p in ports)
+        self.p = subprocess.Popen(['tcpdump', '-i', 'lo', '-U', '-s', '0', '-w', self.path, flt],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  preexec_fn=e._die_with_us)
+        line = self.p.stderr.readline().decode(errors='replace')
+        if 'listening' not in line:
+            self.p.kill()
+            self.p.wait()
+            self.p = None
+            print('tcpdump cannot capture here (%s): the relay\'s record alone is checked'
+                  % line.strip())
+
+    def bytes(self):
+        if self.p is None:
+            return None
+        time.sleep(0.3)
+        self.p.terminate()
+        self.p.wait()
+        self.p.stderr.close()
+        with open(self.path, 'rb') as f:
+            return f.read()
+
+
+# What no byte on the wire of a TLS run may hold: the password, the
+# kernels' source and their PTX.
+def secrets():
+    out = [PASSWORD.encode(), b'.visible .entry']
+    out += [src.split('{')[-1].strip().encode()[:24] for src in e.K_SRC.values()]
+    return out
+
+
+def files_holding(root, needle):
+    """The files under root whose bytes hold needle."""
+    hits = []
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            p = os.path.join(d, f)
+            try:
+                if os.path.isfile(p) and not os.path.islink(p):
+                    with open(p, 'rb') as fh:
+                        if needle in fh.read():
+                            hits.append(p)
+            except OSError:
+                pass
+    return hits
+
+
 def setup(ctx):
     pki = Pki(ctx.root)
     pw = os.path.join(ctx.root, 'redis.pw')
@@ -272,38 +391,61 @@ def serve(ctx):
     pki, pw = setup(ctx)
     rs = TlsRedis(ctx, pki)
     relay = Relay(rs.port)
+    cap = Capture(ctx.root, [rs.port, relay.port])
     url = 'rediss://alice@localhost:%d' % relay.port
-    writer = ctx.node(url, extra=tls_env(pki, pw))
+    dbg = dict(tls_env(pki, pw), KCACHE_LOG='debug')
+    writer = ctx.node(url, extra=dbg)
     r = writer.start(KERNELS, ctx).wait()
+    logs = r.stderr
     e.check_outputs([r], ctx.ref, 'rediss:// writer')
     check(r.misses == K and not warnings(r), 'the writer compiled, no warning (%s)'
           % warnings(r))
     writer.settle()
     check(len(rs.entries()) == 2 * K, 'its owner uploaded over TLS (%d entries)'
           % len(rs.entries()))
-    reader = ctx.node(url, writer=False, extra=tls_env(pki, pw))
+    reader = ctx.node(url, writer=False, extra=dbg)
     r = reader.start(KERNELS, ctx).wait()
+    logs += r.stderr
     e.check_outputs([r], ctx.ref, 'rediss:// fresh node')
     check(r.misses == 0 and r.remote is not None and r.remote['hits'] >= K,
           'a fresh node is served everything over TLS (misses %d, %s)' % (r.misses, r.remote))
+    made = r.stderr.count('TLS session made')
+    resumed = r.stderr.count('TLS session resumed')
+    check(made == 1 and resumed >= 2 * K - 1,
+          'one full handshake per process and server, the next connections resume its '
+          'session (%d made, %d resumed)' % (made, resumed))
     time.sleep(0.2)
     with relay.lock:
         seen = bytes(relay.seen)
-    check(len(seen) > 1000 and PASSWORD.encode() not in seen and b'AUTH' not in seen,
-          'the password never crossed the wire in the clear (%d bytes relayed)' % len(seen))
-    # The relay would see it over redis:// (the check can fail).
+    wire = cap.bytes()
+    for what, got in (('relayed', seen), ('captured on lo by tcpdump', wire)):
+        if got is None:
+            continue
+        leaked = [x for x in secrets() if x in got]
+        check(len(got) > 1000 and not leaked and b'AUTH' not in got,
+              'neither the password nor a kernel\'s source or PTX crossed the wire in the '
+              'clear (%d bytes %s; %s)' % (len(got), what, leaked))
+    # The same captures see them over redis:// (the checks can fail).
     plain = TlsRedis(ctx, pki, tls=False)
     relay2 = Relay(plain.port)
-    n = ctx.node('redis://alice@127.0.0.1:%d' % relay2.port, writer=False,
-                 extra=tls_env(pki, pw))
+    cap2 = Capture(ctx.root, [plain.port])
+    n = ctx.node('redis://alice@127.0.0.1:%d' % relay2.port, extra=tls_env(pki, pw))
     n.start(KERNELS[:1], ctx).wait()
+    n.settle()
     time.sleep(0.2)
-    check(PASSWORD.encode() in bytes(relay2.seen),
-          'over redis:// the relay sees the password (the capture works)')
+    wire2 = cap2.bytes()
+    check(PASSWORD.encode() in bytes(relay2.seen) and
+          (wire2 is None or (PASSWORD.encode() in wire2 and b'.visible .entry' in wire2)),
+          'over redis:// the captures see the password and the PTX (they work)')
+    # Nowhere else either: no log line (debug), `kcache config`, no file
+    # of the nodes' stores and homes.
+    check(PASSWORD not in logs, 'the password is in no log line (KCACHE_LOG=debug)')
     out = subprocess.run([e.TOOL, 'config'], env=reader.environ(), capture_output=True,
-                         text=True, timeout=60).stdout
-    check(PASSWORD not in out and 'KCACHE_REMOTE_CA_FILE' in out,
+                         text=True, timeout=60)
+    check(PASSWORD not in out.stdout + out.stderr and 'KCACHE_REMOTE_CA_FILE' in out.stdout,
           '`kcache config` shows the TLS settings, never the password')
+    held = [p for nd in (writer, reader, n) for p in files_holding(nd.root, PASSWORD.encode())]
+    check(not held, 'no file of the nodes\' stores or homes holds the password (%s)' % held)
 
 
 def refuse(ctx):
@@ -327,6 +469,20 @@ def refuse(ctx):
          'hostname mismatch')
     case('a wrong IP', wrong.url(host='127.0.0.1'), env, r'did not verify: IP address mismatch',
          'the IP is not in the certificate')
+    mitm = Mitm(pki, good.port)
+    case('a relay presenting its own certificate (MITM)', 'rediss://alice@localhost:%d'
+         % mitm.port, env, r'did not verify', 'the certificate did not verify')
+    check(mitm.handshakes == 0 and PASSWORD.encode() not in bytes(mitm.got)
+          and not mitm.got, 'the MITM relay got no TLS session and no byte of the client\'s '
+          '(%d sessions, %d bytes)' % (mitm.handshakes, len(mitm.got)))
+    # The relay is a working MITM: a client that trusted its CA would give
+    # it the password (the check above can fail).
+    n = ctx.node('rediss://alice@localhost:%d' % mitm.port, writer=False,
+                 extra=tls_env(pki, pw, KCACHE_REMOTE_CA_FILE=pki.p('other-ca.crt')))
+    r = n.start(KERNELS[:1], ctx).wait()
+    check(mitm.handshakes >= 1 and PASSWORD.encode() in bytes(mitm.got),
+          'a client trusting the relay\'s CA gives it the password (the MITM works: %s)'
+          % warnings(r))
     expired = TlsRedis(ctx, pki, cert='expired')
     case('an expired certificate', expired.url(), env, r'certificate has expired', 'expired')
     plain = TlsRedis(ctx, pki, tls=False)
