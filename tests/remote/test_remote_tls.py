@@ -31,6 +31,8 @@ MODE:
            read-only node served every signed entry
   cluster  the same against a 3+3 Redis Cluster over TLS
            (rediss-cluster://; tls-cluster, tls-replication)
+  trial    test_remote_e2e.py's trial (4 nodes x 4 processes, header edits,
+           KCACHE_REMOTE unset), its server over TLS
   cluster-down  test_remote_e2e.py's cluster-down, every server over TLS
 """
 import os
@@ -594,6 +596,12 @@ def cluster(ctx):
           'map reached over TLS)' % len(used))
 
 
+def trial(ctx):
+    """test_remote_e2e.py's 4-node trial, every server over TLS."""
+    over_tls(ctx)
+    e.trial(ctx)
+
+
 def cluster_down(ctx):
     """test_remote_e2e.py's cluster-down over TLS: unchanged."""
     over_tls(ctx)
@@ -617,7 +625,7 @@ def main():
     ctx = None
     try:
         ctx = e.Ctx(root)
-        {'serve': serve, 'refuse': refuse, 'shards': shards, 'cluster': cluster,
+        {'serve': serve, 'refuse': refuse, 'shards': shards, 'cluster': cluster, 'trial': trial,
          'cluster-down': cluster_down}[MODE](ctx)
     finally:
         if ctx is not None:
