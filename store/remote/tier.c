@@ -238,7 +238,12 @@ static int activate(struct kc_remote *r)
         return r->act_rc;
     r->activated = true;
     r->act_rc = -ENETDOWN;
-    if (kc__hiredis_load(&r->hi) != 0)
+    /* libhiredis 0.14 carries the plain connections only: a process whose
+     * servers are all rediss:// never maps it (the TLS object has its own). */
+    bool plain = false;
+    for (int i = 0; i < r->cfg.n; i++)
+        plain = plain || !r->cfg.ep[i].tls;
+    if (plain && kc__hiredis_load(&r->hi) != 0)
         return r->act_rc;
     r->rctx = (struct kc__rctx){.hi = r->hi,
                                 .ctr = &r->ctr,

@@ -453,7 +453,9 @@ assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"p.cu", 0, None, None) ==
 opts = (ctypes.c_char_p * 2)(b"-arch=compute_80", sys.argv[3].encode())
 assert nv.nvrtcCompileProgram(prog, 2, opts) == 0
 maps = open("/proc/self/maps").read()
-print("hiredis" if "libhiredis" in maps else "no-hiredis",
+# hiredis: libhiredis (plain servers) or the TLS object, which links
+# hiredis 1.2 in (rediss:// servers only: libhiredis is not mapped then).
+print("hiredis" if "libhiredis" in maps or "libkcache-remote-tls" in maps else "no-hiredis",
       "sodium" if "libsodium" in maps else "no-sodium")
 '''
 
