@@ -594,6 +594,13 @@ def cluster(ctx):
     used = [s for s in e.primaries(srv) if s.entries()]
     check(len(used) >= 2, 'TLS cluster: entries on %d primaries (nodes learned from the slot '
           'map reached over TLS)' % len(used))
+    # The operator's commands reach it the same way.
+    for cmd in (['remote', 'ping'], ['remote', 'stats']):
+        out = subprocess.run([e.TOOL] + cmd, env=nodes[0].environ(), capture_output=True,
+                             text=True, timeout=120)
+        check(out.returncode == 0 and PASSWORD not in out.stdout + out.stderr,
+              'TLS cluster: `kcache %s` succeeds, the password unshown (%s)'
+              % (' '.join(cmd), (out.stdout + out.stderr)[-300:]))
 
 
 def trial(ctx):
