@@ -15,6 +15,8 @@
  */
 #include "remote_internal.h"
 
+#include "conn_wait.h"
+
 #include "../../common/clock.h"
 #include "../../common/digest.h"
 #include "../../common/log.h"
@@ -291,54 +293,17 @@ static struct timeval tv_of_ns(int64_t ns)
     return (struct timeval){.tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000};
 }
 
-static int poll_ms(int64_t ns)
-{
-    int64_t ms = (ns + 999999) / 1000000;
-    return ms > 60000 ? 60000 : (int)ms;
-}
-
-/* Waits until fd is ready for `ev` or the deadline: 0, -ETIMEDOUT, -EIO. */
+/* Waits until fd is ready for `ev` or the deadline: 0, -ETIMEDOUT, -EIO
+ * (conn_wait.h, as the TLS object waits). */
 static int wait_fd(int fd, short ev, uint64_t deadline)
 {
-    for (;;) {
-        uint64_t now = kc_mono_ns();
-        if (now >= deadline)
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = fd, .events = ev};
-        int r = poll(&p, 1, poll_ms((int64_t)(deadline - now)));
-        if (r > 0)
-            return 0; /* readable, writable, or an error the call will see */
-        if (r == 0)
-            continue; /* the deadline check above ends it */
-        if (errno != EINTR)
-            return -EIO;
-    }
+    return kc__conn_wait(fd, ev, deadline);
 }
 
 /* A transport failure of hiredis as a negative errno. */
 static int classify(const redisContext *c, int saved_errno)
 {
-    if (c->err == REDIS_ERR_EOF)
-        return -ECONNRESET;
-    if (c->err == REDIS_ERR_PROTOCOL)
-        return -EPROTO;
-    if (c->err == REDIS_ERR_OOM)
-        return -ENOMEM;
-    if (c->err == REDIS_ERR_IO) {
-        if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
-            saved_errno == EINPROGRESS)
-            return -ETIMEDOUT;
-        if (saved_errno == ENOENT || saved_errno == ECONNREFUSED)
-            return -ECONNREFUSED;
-        if (saved_errno == EPIPE || saved_errno == ECONNRESET)
-            return -ECONNRESET;
-        if (strstr(c->errstr, "timed out") != NULL)
-            return -ETIMEDOUT;
-        return saved_errno > 0 ? -saved_errno : -EIO;
-    }
-    if (strstr(c->errstr, "timed out") != NULL)
-        return -ETIMEDOUT;
-    return -EHOSTUNREACH; /* REDIS_ERR_OTHER: the name did not resolve */
+    return kc__conn_error(c->err, c->errstr, saved_errno);
 }
 
 /* ---- a connection: plain (hiredis 0.14) or TLS (the TLS object) ------- */
@@ -642,6 +607,8 @@ static int connect_once(struct kc__rctx *rc, struct kc__node *nd, int64_t ns, ch
             return r;
         nd->conn = conn;
         nd->ops = &tls_ops;
+        kc_log(KC_LOG_DEBUG, "remote: %s: TLS session %s", nd->addr,
+               rc->tls->resumed(conn) ? "resumed" : "made (full handshake)");
         return 0;
     }
     struct timeval tv = tv_of_ns(ns);

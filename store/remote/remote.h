@@ -128,6 +128,7 @@ void kc_remote_settings_from_config(const struct kc_config *cfg, struct kc_remot
  *   rediss://...                             (the same, over TLS)
  *   redis+unix:SOCKET[?db=N]                 (SOCKET absolute; also redis+unix:///SOCKET)
  *   redis-cluster://[[USER:]PASSWORD@]HOST[:PORT][,HOST[:PORT]...]
+ *   rediss-cluster://...                     (the same, every node over TLS)
  * each optionally followed by |ATTR attributes: read-only,
  * connect-timeout=MS, operation-timeout=MS, shards=NAME[(WEIGHT)],... (the
  * URL's one '*' replaced by each NAME); several URLs separated by white

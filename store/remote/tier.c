@@ -187,11 +187,6 @@ static int tls_activate(struct kc_remote *r)
     if (!any)
         return 0;
     char why[240] = "";
-    if (r->cfg.mode == KC_REMOTE_CLUSTER) {
-        kc_log(KC_LOG_WARN, "remote: a Redis Cluster over TLS is not supported yet; the remote is "
-                            "off");
-        return -ENETDOWN;
-    }
     if (kc__tls_load(&r->rctx.tls, why, sizeof why) != 0) {
         kc_log(KC_LOG_WARN, "remote: rediss:// needs %s; the remote is off", why);
         return -ENETDOWN;
@@ -243,7 +238,12 @@ static int activate(struct kc_remote *r)
         return r->act_rc;
     r->activated = true;
     r->act_rc = -ENETDOWN;
-    if (kc__hiredis_load(&r->hi) != 0)
+    /* libhiredis 0.14 carries the plain connections only: a process whose
+     * servers are all rediss:// never maps it (the TLS object has its own). */
+    bool plain = false;
+    for (int i = 0; i < r->cfg.n; i++)
+        plain = plain || !r->cfg.ep[i].tls;
+    if (plain && kc__hiredis_load(&r->hi) != 0)
         return r->act_rc;
     r->rctx = (struct kc__rctx){.hi = r->hi,
                                 .ctr = &r->ctr,

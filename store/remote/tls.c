@@ -14,12 +14,15 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/hiredis_ssl.h>
 
+#include "conn_wait.h"
+
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -38,7 +41,67 @@ struct tls_conn {
     redisContext *c;
     const struct kc_tls_reply_fns *fns;
     void *priv;
+    bool resumed;
+    bool failed;           /* an I/O failure: its session is not kept */
+    SSL *ssl;              /* hiredis_ssl's */
+    struct tls_peer *peer; /* the session callback's, until closed */
 };
+
+/*
+ * A client context, and the last session of each server it reached: a
+ * connection is made per operation (the shim keeps none between a host's
+ * calls), so the next one to that server resumes the session (TLS 1.3
+ * PSK, or a 1.2 ticket) instead of a full handshake: no certificate sent,
+ * verified or signed for. A session is kept only from a handshake that
+ * verified under this context's settings, for the host name (and port)
+ * it was verified for. The caller serializes a context's use (the
+ * remote's one lock), so the sessions need none of their own.
+ */
+#define KC__TLS_SESSIONS 16
+struct tls_ctx {
+    SSL_CTX *ssl;
+    struct {
+        char host[256];
+        int port;
+        SSL_SESSION *sess;
+    } kept[KC__TLS_SESSIONS];
+    unsigned next; /* the slot a new server takes, round robin */
+};
+
+/* What the new-session callback needs of the connection being made. */
+struct tls_peer {
+    struct tls_ctx *ctx;
+    char host[256];
+    int port;
+};
+
+static int session_slot(struct tls_ctx *x, const char *host, int port)
+{
+    for (int i = 0; i < KC__TLS_SESSIONS; i++)
+        if (x->kept[i].sess != NULL && x->kept[i].port == port &&
+            strcmp(x->kept[i].host, host) == 0)
+            return i;
+    return -1;
+}
+
+/* OpenSSL's new-session callback: keeps the session (1: the reference is
+ * ours), replacing the server's previous one. */
+static int session_new(SSL *ssl, SSL_SESSION *sess)
+{
+    struct tls_peer *p = SSL_get_app_data(ssl);
+    if (p == NULL || !SSL_SESSION_is_resumable(sess))
+        return 0;
+    struct tls_ctx *x = p->ctx;
+    int i = session_slot(x, p->host, p->port);
+    if (i < 0)
+        i = (int)(x->next++ % KC__TLS_SESSIONS);
+    if (x->kept[i].sess != NULL)
+        SSL_SESSION_free(x->kept[i].sess);
+    snprintf(x->kept[i].host, sizeof x->kept[i].host, "%s", p->host);
+    x->kept[i].port = p->port;
+    x->kept[i].sess = sess;
+    return 1;
+}
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void say(char *why, size_t len, const char *fmt, ...)
@@ -49,13 +112,6 @@ static void say(char *why, size_t len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, len, fmt, ap);
     va_end(ap);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- replies: hiredis 1.2's reader, the caller's objects ---------------- */
@@ -147,6 +203,33 @@ static const char *const ca_files[] = {
     "/etc/ssl/cert.pem",
 };
 
+/* The same stores as hashed directories (c_rehash, update-ca-certificates,
+ * update-ca-trust): Debian, Ubuntu, Alpine; RHEL 9, Fedora; SUSE. */
+static const char *const ca_dirs[] = {
+    "/etc/ssl/certs",
+    "/etc/pki/ca-trust/extracted/pem/directory-hash",
+    "/var/lib/ca-certificates/openssl",
+};
+
+/* Whether dir holds OpenSSL's hash links (HHHHHHHH.0). */
+static bool hashed_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return false;
+    bool yes = false;
+    struct dirent *e;
+    while (!yes && (e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        size_t i = 0;
+        while (i < 8 && ((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+            i++;
+        yes = i == 8 && n[8] == '.' && n[9] >= '0' && n[9] <= '9';
+    }
+    closedir(d);
+    return yes;
+}
+
 static int load_pem_cas(SSL_CTX *ctx, const char *pem, size_t len)
 {
     BIO *b = BIO_new_mem_buf(pem, (int)len);
@@ -203,9 +286,16 @@ static int load_client_cert(SSL_CTX *ctx, const struct kc_tls_settings *s, char 
 
 static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_t wl)
 {
-    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-    if (ctx == NULL)
+    struct tls_ctx *x = calloc(1, sizeof *x);
+    if (x == NULL)
         return -ENOMEM;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL) {
+        free(x);
+        return -ENOMEM;
+    }
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx, session_new);
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
     SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     int rc = 0;
@@ -216,7 +306,13 @@ static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_
             if (rc != 0)
                 say(why, wl, "KCACHE_REMOTE_CA_FILE holds no PEM certificate");
         } else {
+            /* A hashed directory first: certificates read as a chain needs
+             * them (the bundle parses every CA up front: 0.1 s a process). */
             bool found = false;
+            for (size_t i = 0; i < sizeof ca_dirs / sizeof *ca_dirs && !found; i++)
+                if (hashed_dir(ca_dirs[i]) &&
+                    SSL_CTX_load_verify_locations(ctx, NULL, ca_dirs[i]) == 1)
+                    found = true;
             for (size_t i = 0; i < sizeof ca_files / sizeof *ca_files && !found; i++)
                 if (access(ca_files[i], R_OK) == 0 &&
                     SSL_CTX_load_verify_locations(ctx, ca_files[i], NULL) == 1)
@@ -238,34 +334,27 @@ static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_
     }
     if (rc != 0) {
         SSL_CTX_free(ctx);
+        free(x);
         return rc;
     }
-    *out = ctx;
+    x->ssl = ctx;
+    *out = x;
     return 0;
 }
 
-static void ctx_free(void *ctx)
+static void ctx_free(void *ctxp)
 {
-    SSL_CTX_free(ctx);
+    struct tls_ctx *x = ctxp;
+    if (x == NULL)
+        return;
+    for (int i = 0; i < KC__TLS_SESSIONS; i++)
+        if (x->kept[i].sess != NULL)
+            SSL_SESSION_free(x->kept[i].sess);
+    SSL_CTX_free(x->ssl);
+    free(x);
 }
 
 /* ---- connecting --------------------------------------------------------- */
-
-static int wait_fd(int fd, short ev, uint64_t deadline)
-{
-    for (;;) {
-        uint64_t now = now_ns();
-        if (now >= deadline)
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = fd, .events = ev};
-        int ms = (int)((deadline - now + 999999) / 1000000);
-        int r = poll(&p, 1, ms);
-        if (r > 0)
-            return 0;
-        if (r < 0 && errno != EINTR)
-            return -EIO;
-    }
-}
 
 /* A handshake's failure as an errno and a sentence. */
 static int handshake_error(SSL *ssl, int sslerr, int saved_errno, char *why, size_t wl)
@@ -307,8 +396,9 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
                        const struct kc_tls_reply_fns *fns, void *priv, void **out, char *why,
                        size_t wl)
 {
-    SSL_CTX *ctx = ctxp;
-    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000;
+    struct tls_ctx *x = ctxp;
+    SSL_CTX *ctx = x->ssl;
+    uint64_t deadline = kc__conn_now_ns() + (uint64_t)timeout_ms * 1000000;
     struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
     errno = 0;
     redisContext *c = redisConnectWithTimeout(host, port, tv);
@@ -316,17 +406,7 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
     if (c == NULL)
         return -ENOMEM;
     if (c->err != 0) {
-        int rc;
-        if (c->err == REDIS_ERR_IO && (e == ETIMEDOUT || e == EINPROGRESS || e == EAGAIN))
-            rc = -ETIMEDOUT;
-        else if (c->err == REDIS_ERR_IO && e == ECONNREFUSED)
-            rc = -ECONNREFUSED;
-        else if (strstr(c->errstr, "timed out") != NULL)
-            rc = -ETIMEDOUT;
-        else if (c->err == REDIS_ERR_IO && e > 0)
-            rc = -e;
-        else
-            rc = -EHOSTUNREACH;
+        int rc = kc__conn_error(c->err, c->errstr, e);
         say(why, wl, "%s", c->errstr);
         redisFree(c);
         return rc;
@@ -341,6 +421,21 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
         redisFree(c);
         return -ENOMEM;
     }
+    struct tls_conn *k = calloc(1, sizeof *k);
+    struct tls_peer *peer = calloc(1, sizeof *peer);
+    if (k == NULL || peer == NULL) {
+        free(k);
+        free(peer);
+        SSL_free(ssl);
+        redisFree(c);
+        return -ENOMEM;
+    }
+    *peer = (struct tls_peer){.ctx = x, .port = port};
+    snprintf(peer->host, sizeof peer->host, "%s", host);
+    SSL_set_app_data(ssl, peer);
+    int slot = session_slot(x, host, port);
+    if (slot >= 0)
+        SSL_set_session(ssl, x->kept[slot].sess);
     bool ip = is_ip(host);
     if (!ip)
         SSL_set_tlsext_host_name(ssl, host);
@@ -364,6 +459,8 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
         if (c->privctx == NULL)
             SSL_free(ssl);
         redisFree(c);
+        free(k);
+        free(peer);
         ERR_clear_error();
         return rc;
     }
@@ -376,7 +473,7 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
             break;
         int se = SSL_get_error(ssl, r), saved = errno;
         if (se == SSL_ERROR_WANT_READ || se == SSL_ERROR_WANT_WRITE) {
-            rc = wait_fd(c->fd, se == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+            rc = kc__conn_wait(c->fd, se == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
             if (rc == -ETIMEDOUT) {
                 say(why, wl,
                     "no TLS handshake within the connect timeout (a plain Redis port on a "
@@ -392,14 +489,16 @@ static int tls_connect(void *ctxp, const char *host, int port, int timeout_ms,
     }
     ERR_clear_error();
     if (rc != 0) {
+        /* A session the failed server offered is not kept: nothing was. */
+        SSL_set_app_data(ssl, NULL);
         redisFree(c);
+        free(k);
+        free(peer);
         return rc;
     }
-    struct tls_conn *k = calloc(1, sizeof *k);
-    if (k == NULL) {
-        redisFree(c);
-        return -ENOMEM;
-    }
+    k->resumed = SSL_session_reused(ssl) == 1;
+    k->ssl = ssl;
+    k->peer = peer;
     k->c = c;
     k->fns = fns;
     k->priv = priv;
@@ -425,6 +524,7 @@ static int tls_append(void *conn, int argc, const char **argv, const size_t *len
 /* An I/O failure of the session: the peer's alert when it sent one. */
 static int io_error(struct tls_conn *k)
 {
+    k->failed = true;
     unsigned long e = ERR_peek_last_error();
     int reason = ERR_GET_REASON(e);
     ERR_clear_error();
@@ -477,15 +577,27 @@ static size_t tls_buffered(void *conn)
     return k->c->reader != NULL ? k->c->reader->len - k->c->reader->pos : 0;
 }
 
+static bool tls_resumed(void *conn)
+{
+    return ((struct tls_conn *)conn)->resumed;
+}
+
 static void tls_close(void *conn)
 {
     struct tls_conn *k = conn;
     if (k == NULL)
         return;
+    /* Closed between operations, the session sound: said so to OpenSSL
+     * (no close_notify is sent, nothing is written), which otherwise
+     * takes a session freed unshut for a bad one and makes it
+     * unresumable, the kept one with it. */
+    if (!k->failed && k->ssl != NULL)
+        SSL_set_shutdown(k->ssl, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
     /* A partial reply the reader holds is the caller's object. */
     freeing = k->fns;
     redisFree(k->c);
     freeing = NULL;
+    free(k->peer);
     free(k);
 }
 
@@ -503,4 +615,5 @@ __attribute__((visibility("default"))) const struct kc_tls_api kc_remote_tls = {
     .get_reply = tls_get_reply,
     .buffered = tls_buffered,
     .close = tls_close,
+    .resumed = tls_resumed,
 };

@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define KC_TLS_ABI 1
+#define KC_TLS_ABI 2
 #define KC_TLS_SYMBOL "kc_remote_tls"
 #define KC_TLS_SONAME "libkcache-remote-tls.so"
 
@@ -57,7 +57,8 @@ struct kc_tls_api {
     const char *version; /* "hiredis 1.2.0, OpenSSL 3.0.x ..." */
 
     /* A client context: TLS 1.2 or newer, the settings' trust and client
-     * certificate. 0 with *ctx; -EINVAL (a PEM that does not parse, a key
+     * certificate; it keeps each server's last session for the next
+     * connection to resume. 0 with *ctx; -EINVAL (a PEM that does not parse, a key
      * that does not match the certificate), -ENOMEM. */
     int (*ctx_new)(const struct kc_tls_settings *s, void **ctx, char *why, size_t whylen);
     void (*ctx_free)(void *ctx);
@@ -87,6 +88,10 @@ struct kc_tls_api {
     /* Bytes read and not yet consumed by replies. */
     size_t (*buffered)(void *conn);
     void (*close)(void *conn);
+    /* Whether the connection resumed a session of the context's (the
+     * last one each server gave: an abbreviated handshake, no certificate
+     * exchanged) rather than making a new one. */
+    bool (*resumed)(void *conn);
 };
 
 #endif

@@ -245,7 +245,8 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
                      struct kc_remote_config *cfg, const struct attrs *a, char *err, size_t errlen)
 {
     static const char tcp[] = "redis://", tls[] = "rediss://",
-                      unx[] = "redis+unix:", clu[] = "redis-cluster://";
+                      unx[] = "redis+unix:", clu[] = "redis-cluster://",
+                      clus[] = "rediss-cluster://";
     bool user_only = cfg->password_file[0] != '\0';
     bool is_tls = n >= sizeof tls - 1 && strncmp(s, tls, sizeof tls - 1) == 0;
     if (is_tls || (n >= sizeof tcp - 1 && strncmp(s, tcp, sizeof tcp - 1) == 0)) {
@@ -309,15 +310,18 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
         }
         return 0;
     }
-    if (n >= sizeof clu - 1 && strncmp(s, clu, sizeof clu - 1) == 0) {
+    bool clu_tls = n >= sizeof clus - 1 && strncmp(s, clus, sizeof clus - 1) == 0;
+    if (clu_tls || (n >= sizeof clu - 1 && strncmp(s, clu, sizeof clu - 1) == 0)) {
         *mode = KC_REMOTE_CLUSTER;
-        const char *p = s + sizeof clu - 1, *end = s + n;
+        const char *p = s + (clu_tls ? sizeof clus : sizeof clu) - 1, *end = s + n;
         const char *at = NULL;
         for (const char *q = p; q < end; q++)
             if (*q == '@')
                 at = q;
         struct kc_remote_endpoint proto;
         endpoint_defaults(&proto);
+        /* Every node, seeds and those the slot map names, over TLS. */
+        proto.tls = clu_tls;
         if (at != NULL && memchr(p, ',', (size_t)(at - p)) != NULL) {
             set_err(err, errlen,
                     "a ',' before the '@': credentials are given once, before the first seed "
@@ -362,7 +366,9 @@ static int parse_url(const char *s, size_t n, struct kc_remote_endpoint *e, int 
         }
         return 1; /* appended */
     }
-    set_err(err, errlen, "unknown scheme (redis://, rediss://, redis+unix:, redis-cluster://)");
+    set_err(err, errlen,
+            "unknown scheme (redis://, rediss://, redis+unix:, redis-cluster://, "
+            "rediss-cluster://)");
     return -1;
 }
 
@@ -451,11 +457,11 @@ static int parse_spec(const char *s, size_t n, struct kc_remote_config *cfg, cha
         if (rc < 0)
             return -1;
         if (cfg->mode != KC_REMOTE_NONE && (cfg->mode != mode || mode == KC_REMOTE_CLUSTER)) {
-            set_err(err, errlen, "redis-cluster:// must be the only URL");
+            set_err(err, errlen, "redis-cluster:// (rediss-cluster://) must be the only URL");
             return -1;
         }
         if (mode == KC_REMOTE_CLUSTER && a.shards != NULL) {
-            set_err(err, errlen, "redis-cluster:// takes no shards");
+            set_err(err, errlen, "redis-cluster:// (rediss-cluster://) takes no shards");
             return -1;
         }
         cfg->mode = mode;

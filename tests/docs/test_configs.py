@@ -7,7 +7,10 @@ A fenced block preceded by `<!-- docs-test: redis.conf -->` in README.md or
 docs/*.md is a Redis configuration: each is written to a file and
 redis-server started on it (the address, port and directory overridden on
 its command line, which Redis reads after the file), and it must answer
-PING. A block anywhere in those pages (fenced or indented) that holds a
+PING. A TLS configuration's certificate, key and CA files (named
+relative to its directory) are made with openssl first, its tls-port
+moved to a free port; an ACL user it enables pings when the default user
+is off. A block anywhere in those pages (fenced or indented) that holds a
 Redis directive without that marker fails the test too, so that a new
 configuration cannot escape it. Exit 0 on success, 1 on a failed check,
 77 (skip) without redis-server.
@@ -25,7 +28,8 @@ SRC = os.environ['KCACHE_SRC']
 MARK = '<!-- docs-test: redis.conf -->'
 # Directives only a Redis configuration holds (the docs' and the common).
 DIRECTIVE = re.compile(r'^\s*(maxmemory(-policy)?|appendonly|appendfsync|requirepass|'
-                       r'cluster-[a-z-]+|save \d+ \d+|protected-mode|masterauth)\b')
+                       r'cluster-[a-z-]+|save \d+ \d+|protected-mode|masterauth|tls-[a-z-]+|'
+                       r'user \S+ (on|off))\b')
 
 failures = []
 
@@ -66,6 +70,33 @@ def blocks(path):
     return out
 
 
+def tls_files(conf, work):
+    """The files a TLS configuration names, made in work (a CA, and a
+    certificate and key it signed); the extra command line (a free
+    tls-port)."""
+    named = {k: v for k, v in (l.split(None, 1) for l in conf if l.strip() and
+                               not l.lstrip().startswith('#') and len(l.split()) == 2)}
+    if 'tls-port' not in named:
+        return []
+
+    def sh(*a):
+        subprocess.run(list(a), check=True, capture_output=True, timeout=60, cwd=work)
+    ca, crt, key = (named.get(k) for k in ('tls-ca-cert-file', 'tls-cert-file', 'tls-key-file'))
+    ca = ca or 'ca.crt'
+    sh('openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2', '-subj',
+       '/CN=docs-test-ca', '-keyout', 'ca.key', '-out', ca)
+    if crt and key:
+        sh('openssl', 'req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost',
+           '-keyout', key, '-out', 'x.csr')
+        sh('openssl', 'x509', '-req', '-in', 'x.csr', '-CA', ca, '-CAkey', 'ca.key',
+           '-CAcreateserial', '-days', '2', '-out', crt)
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    return ['--tls-port', str(port)]
+
+
 def load(conf, work, where):
     """Starts redis-server on conf; True when it answers PING."""
     path = os.path.join(work, 'redis.conf')
@@ -73,17 +104,28 @@ def load(conf, work, where):
         f.write('\n'.join(conf) + '\n')
     sock = os.path.join(work, 'redis.sock')
     log = open(os.path.join(work, 'redis.log'), 'w+')
+    extra = tls_files(conf, work)
     p = subprocess.Popen(['redis-server', path, '--bind', '127.0.0.1', '--port', '0',
                           '--unixsocket', sock, '--dir', work, '--daemonize', 'no',
-                          '--logfile', ''], stdout=log, stderr=subprocess.STDOUT)
+                          '--logfile', ''] + extra, stdout=log, stderr=subprocess.STDOUT,
+                         cwd=work)
     pw = [l.split(None, 1)[1] for l in conf if l.startswith('requirepass ')]
     env = dict(os.environ, REDISCLI_AUTH=pw[-1]) if pw else os.environ
+    user = []
+    if any(re.match(r'\s*user default\b.*\boff\b', l) for l in conf):
+        # The default user off: ping as the first user the file enables.
+        for l in conf:
+            m = re.match(r'\s*user (\S+) on\b.*\s>(\S+)', l)
+            if m:
+                user = ['--user', m.group(1)]
+                env = dict(os.environ, REDISCLI_AUTH=m.group(2))
+                break
     ok = False
     try:
         deadline = time.time() + 10
         while time.time() < deadline and p.poll() is None:
-            r = subprocess.run(['redis-cli', '-s', sock, 'ping'], capture_output=True,
-                               text=True, env=env)
+            r = subprocess.run(['redis-cli', '-s', sock] + user + ['ping'],
+                               capture_output=True, text=True, env=env)
             if r.stdout.strip() == 'PONG':
                 ok = True
                 break

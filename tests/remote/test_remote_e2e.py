@@ -69,6 +69,12 @@ TOOL = os.environ['KCACHE_TOOL']
 MODE, BENCH, FORGE = sys.argv[1], sys.argv[2], sys.argv[3]
 
 RUN_TIMEOUT = 120  # a run that does not end within this fails the test
+# Set by test_remote_tls.py: every server this script starts listens on a
+# TLS port only (tls-cluster, tls-replication), ACL user and CA its; the
+# URLs are rediss:// and rediss-cluster://, and the nodes' environment
+# names the CA and the password file (an object with server_args(),
+# wrap(sock), cli_args(), auth() and env()).
+TLS = None
 K_SRC = {
     'ka': 'extern "C" __global__ void ka(float *x) { x[threadIdx.x] *= 2.0f; }\n',
     'kb': 'extern "C" __global__ void kb(float *x, int n)\n'
@@ -165,6 +171,7 @@ class Redis:
     def __init__(self, root, name, tcp=False, cluster=False, extra=()):
         self.dir = os.path.join(root, name)
         os.makedirs(self.dir, exist_ok=True)
+        tcp = tcp or TLS is not None
         self.tcp, self.cluster, self.extra = tcp or cluster, cluster, list(extra)
         self.port = free_port(cluster) if self.tcp else 0
         self.sock = None if self.tcp else os.path.join(self.dir, 's')
@@ -180,6 +187,8 @@ class Redis:
         if self.cluster:
             args += ['--cluster-enabled', 'yes', '--cluster-config-file',
                      os.path.join(self.dir, 'nodes.conf'), '--cluster-node-timeout', '2000']
+        if TLS is not None:
+            args = TLS.server_args(args, self.port)
         self.p = subprocess.Popen(args + self.extra, preexec_fn=_die_with_us,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(400):
@@ -197,9 +206,13 @@ class Redis:
 
     @property
     def url(self):
+        if TLS is not None:
+            return TLS.url(self.port)
         return 'redis+unix:' + self.sock if self.sock else 'redis://127.0.0.1:%d' % self.port
 
     def cmd(self, *args):
+        if TLS is not None:
+            return TLS.cmd(self.port, *args)
         return resp(self.addr, *args)
 
     def stop(self):
@@ -385,6 +398,8 @@ class Ctx:
 
     def node(self, url, writer=True, extra=None):
         env = {'KCACHE_REMOTE': url, 'KCACHE_REMOTE_TRUSTED_KEYS': self.trusted}
+        if TLS is not None:
+            env.update(TLS.env())
         if writer:
             env['KCACHE_REMOTE_SIGNING_KEY'] = self.key
         env.update(extra or {})
@@ -438,7 +453,9 @@ assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"p.cu", 0, None, None) ==
 opts = (ctypes.c_char_p * 2)(b"-arch=compute_80", sys.argv[3].encode())
 assert nv.nvrtcCompileProgram(prog, 2, opts) == 0
 maps = open("/proc/self/maps").read()
-print("hiredis" if "libhiredis" in maps else "no-hiredis",
+# hiredis: libhiredis (plain servers) or the TLS object, which links
+# hiredis 1.2 in (rediss:// servers only: libhiredis is not mapped then).
+print("hiredis" if "libhiredis" in maps or "libkcache-remote-tls" in maps else "no-hiredis",
       "sodium" if "libsodium" in maps else "no-sodium")
 '''
 
@@ -951,16 +968,27 @@ def faults(ctx):
 # ---- cluster ----------------------------------------------------------------
 
 
+def cli_args():
+    """redis-cli's connection options (TLS, the ACL user) for the servers."""
+    return TLS.cli_args() if TLS is not None else []
+
+
+def cluster_url(srv):
+    if TLS is not None:
+        return TLS.cluster_url([s.port for s in srv])
+    return 'redis-cluster://' + ','.join('127.0.0.1:%d' % s.port for s in srv)
+
+
 def cluster(ctx):
     prim = [ctx.redis(cluster=True) for _ in range(3)]
-    subprocess.run(['redis-cli', '--cluster', 'create'] +
+    subprocess.run(['redis-cli'] + cli_args() + ['--cluster', 'create'] +
                    ['127.0.0.1:%d' % s.port for s in prim] + ['--cluster-yes'],
                    check=True, capture_output=True, timeout=60, preexec_fn=_die_with_us)
     for _ in range(400):
         if all(b'cluster_state:ok' in s.cmd('CLUSTER', 'INFO') for s in prim):
             break
         time.sleep(0.05)
-    url = 'redis-cluster://' + ','.join('127.0.0.1:%d' % s.port for s in prim)
+    url = cluster_url(prim)
 
     def entries():
         return sorted(k for s in prim for k in s.entries())
@@ -1066,7 +1094,7 @@ def make_cluster(ctx, replicas):
     no; returns (servers, url) once the cluster is ok and replicas synced."""
     extra = ['--cluster-require-full-coverage', 'no']
     srv = [ctx.redis(cluster=True, extra=extra) for _ in range(3 * (1 + replicas))]
-    subprocess.run(['redis-cli', '--cluster', 'create'] +
+    subprocess.run(['redis-cli'] + cli_args() + ['--cluster', 'create'] +
                    ['127.0.0.1:%d' % s.port for s in srv] +
                    ['--cluster-replicas', str(replicas), '--cluster-yes'],
                    check=True, capture_output=True, timeout=60, preexec_fn=_die_with_us)
@@ -1084,7 +1112,7 @@ def make_cluster(ctx, replicas):
         if time.monotonic() > deadline:
             raise RuntimeError('the cluster did not become ready')
         time.sleep(0.1)
-    return srv, 'redis-cluster://' + ','.join('127.0.0.1:%d' % s.port for s in srv[:3])
+    return srv, cluster_url(srv[:3])
 
 
 def primaries(srv):

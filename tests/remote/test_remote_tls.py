@@ -9,17 +9,31 @@ MODE:
   serve    rediss:// with KCACHE_REMOTE_CA_FILE and an ACL user
            (rediss://USER@host, the password from KCACHE_REMOTE_PASSWORD_FILE):
            a node compiles and its owner uploads over TLS; a fresh node is
-           served everything, NVRTC's own bytes; the password never crosses
-           the wire in the clear (a relay records the bytes; the same relay
-           sees it over redis://), nor shows in `kcache config`
+           served everything, NVRTC's own bytes, one full handshake in the
+           process and its other connections resuming the session; neither
+           the password nor a kernel's source or PTX crosses the wire in the
+           clear (a relay records the bytes, and tcpdump captures the
+           loopback when installed; both see them over redis://); the
+           password is in no log line (debug), `kcache config` output or
+           file of the nodes' stores and homes
   refuse   each failure costs the run nothing (NVRTC's own bytes), is
            counted, and says why in one warning: an untrusted CA, a wrong
-           host name, an expired certificate, a plain server on rediss://,
+           host name, a MITM relay presenting its own certificate (it gets
+           no byte; trusting its CA would give it the password), an expired
+           certificate, a plain server on rediss://,
            a TLS server on redis://, mutual TLS required without a client
            certificate (and with one: served), a wrong password, an ACL user
            denied writes (the node reads only: one warning, counted);
            KCACHE_REMOTE_TLS_VERIFY=0 connects to an unverifiable server,
            warns once, and `kcache config` says so
+  shards   two TLS shards, 4 nodes x 4 processes (the 4-node trial over
+           TLS): one compile per kernel, NVRTC's own bytes, a fresh
+           read-only node served every signed entry
+  cluster  the same against a 3+3 Redis Cluster over TLS
+           (rediss-cluster://; tls-cluster, tls-replication)
+  trial    test_remote_e2e.py's trial (4 nodes x 4 processes, header edits,
+           KCACHE_REMOTE unset), its server over TLS
+  cluster-down  test_remote_e2e.py's cluster-down, every server over TLS
 """
 import os
 import re
@@ -59,6 +73,11 @@ class Pki:
         self.untrusted = self.cert('untrusted', self.other_ca, 'DNS:localhost,IP:127.0.0.1')
         self.expired = self.cert('expired', self.ca, 'DNS:localhost,IP:127.0.0.1', old=True)
         self.client = self.cert('client', self.ca, 'DNS:client', client=True)
+        # A cluster node's: a server's, and a client's on the cluster bus
+        # and the replication link (tls-cluster, tls-replication).
+        self.node = self.cert('node', self.ca, 'DNS:localhost,IP:127.0.0.1', client=None)
+        # A relay's own, trusted by nobody kcache trusts.
+        self.mitm = self.cert('mitm', self.other_ca, 'DNS:localhost,IP:127.0.0.1')
 
     def p(self, name):
         return os.path.join(self.d, name)
@@ -77,7 +96,8 @@ class Pki:
         os.chmod(key, 0o600)
         with open(ext, 'w') as f:
             f.write('subjectAltName=%s\nextendedKeyUsage=%s\n'
-                    % (san, 'clientAuth' if client else 'serverAuth'))
+                    % (san, 'serverAuth,clientAuth' if client is None
+                       else 'clientAuth' if client else 'serverAuth'))
         env = None
         if old:  # valid for a day, twenty years ago
             env = dict(os.environ, LD_PRELOAD=FAKETIME, FAKETIME='@2005-01-01 00:00:00')
@@ -189,6 +209,167 @@ class Relay:
                 pass
 
 
+class E2eTls:
+    """test_remote_e2e.py's servers and nodes over TLS (its TLS switch):
+    TLS ports only, the cluster bus and replication over TLS, the default
+    user off and alice (the password file's) for clients, replicas and
+    redis-cli."""
+
+    def __init__(self, pki, pw):
+        self.pki, self.pw = pki, pw
+
+    def server_args(self, args, port):
+        i = args.index('--port')
+        args[i + 1] = '0'
+        return args + ['--tls-port', str(port), '--tls-cert-file', self.pki.p('node.crt'),
+                       '--tls-key-file', self.pki.p('node.key'), '--tls-ca-cert-file',
+                       self.pki.p('ca.crt'), '--tls-auth-clients', 'no', '--tls-cluster', 'yes',
+                       '--tls-replication', 'yes', '--user', 'default', 'off',
+                       '--user', 'alice', 'on', '>' + PASSWORD, '~*', '&*', '+@all',
+                       '--masteruser', 'alice', '--masterauth', PASSWORD]
+
+    # The TLS handshake is bounded by the connect timeout (100 ms by
+    # default); here 16 processes handshake at once with each server on a
+    # machine running other builds beside: a second, as docs/sharing.md
+    # says to set for a loaded or far server.
+    ATTRS = '|connect-timeout=1000'
+
+    def url(self, port):
+        return 'rediss://alice@127.0.0.1:%d%s' % (port, self.ATTRS)
+
+    def cluster_url(self, ports):
+        return 'rediss-cluster://alice@' + ','.join('127.0.0.1:%d' % p for p in ports) + \
+            self.ATTRS
+
+    def cmd(self, port, *args):
+        s = socket.create_connection(('127.0.0.1', port), timeout=10)
+        c = ssl.create_default_context(cafile=self.pki.p('ca.crt'))
+        with c.wrap_socket(s, server_hostname='127.0.0.1') as t:
+            parts = [('AUTH', 'alice', PASSWORD), args]
+            t.sendall(b''.join(
+                b'*%d\r\n' % len(a) + b''.join(
+                    b'$%d\r\n%s\r\n' % (len(x), x)
+                    for x in (y if isinstance(y, bytes) else str(y).encode() for y in a))
+                for a in parts))
+            with t.makefile('rb') as f:
+                e._reply(f)
+                return e._reply(f)
+
+    def cli_args(self):
+        return ['--tls', '--cacert', self.pki.p('ca.crt'), '--user', 'alice', '--pass', PASSWORD,
+                '--no-auth-warning']
+
+    def env(self):
+        return {'KCACHE_REMOTE_PASSWORD_FILE': self.pw, 'KCACHE_REMOTE_CA_FILE': self.pki.p('ca.crt')}
+
+
+class Mitm:
+    """A relay on the path that ends TLS with its own certificate (its CA
+    one kcache does not trust, the server's names) and speaks TLS to the
+    real server: what the client sends it arrives in clear here, if the
+    client goes on."""
+
+    def __init__(self, pki, port):
+        self.to, self.got, self.handshakes = port, bytearray(), 0
+        self.pki = pki
+        self.srv = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.srv.load_cert_chain(pki.p('mitm.crt'), pki.p('mitm.key'))
+        self.s = socket.socket()
+        self.s.bind(('127.0.0.1', 0))
+        self.s.listen(16)
+        self.port = self.s.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                a, _ = self.s.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(a,), daemon=True).start()
+
+    def serve(self, a):
+        try:
+            a.settimeout(10)
+            t = self.srv.wrap_socket(a, server_side=True)
+            self.handshakes += 1
+            up = ssl.create_default_context(cafile=self.pki.p('ca.crt')).wrap_socket(
+                socket.create_connection(('127.0.0.1', self.to)), server_hostname='localhost')
+            threading.Thread(target=self.pump, args=(up, t, False), daemon=True).start()
+            self.pump(t, up, True)
+        except (OSError, ssl.SSLError):
+            a.close()
+
+    def pump(self, x, y, keep):
+        try:
+            while True:
+                d = x.recv(65536)
+                if not d:
+                    break
+                if keep:
+                    self.got += d
+                y.sendall(d)
+        except (OSError, ssl.SSLError):
+            pass
+
+
+class Capture:
+    """tcpdump on the loopback for some ports (pcap bytes), when tcpdump is
+    installed and may capture; else None (the Relay's bytes then stand
+    alone)."""
+
+    def __init__(self, root, ports):
+        self.p, self.path = None, os.path.join(root, 'lo-%d.pcap' % ports[0])
+        if shutil.which('tcpdump') is None:
+            print('tcpdump is not installed: the relay\'s record alone is checked')
+            return
+        flt = ' or '.join('tcp port %d' % p for p in ports)
+        self.p = subprocess.Popen(['tcpdump', '-i', 'lo', '-U', '-s', '0', '-w', self.path, flt],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  preexec_fn=e._die_with_us)
+        line = self.p.stderr.readline().decode(errors='replace')
+        if 'listening' not in line:
+            self.p.kill()
+            self.p.wait()
+            self.p = None
+            print('tcpdump cannot capture here (%s): the relay\'s record alone is checked'
+                  % line.strip())
+
+    def bytes(self):
+        if self.p is None:
+            return None
+        time.sleep(0.3)
+        self.p.terminate()
+        self.p.wait()
+        self.p.stderr.close()
+        with open(self.path, 'rb') as f:
+            return f.read()
+
+
+# What no byte on the wire of a TLS run may hold: the password, the
+# kernels' source and their PTX.
+def secrets():
+    out = [PASSWORD.encode(), b'.visible .entry']
+    out += [src.split('{')[-1].strip().encode()[:24] for src in e.K_SRC.values()]
+    return out
+
+
+def files_holding(root, needle):
+    """The files under root whose bytes hold needle."""
+    hits = []
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            p = os.path.join(d, f)
+            try:
+                if os.path.isfile(p) and not os.path.islink(p):
+                    with open(p, 'rb') as fh:
+                        if needle in fh.read():
+                            hits.append(p)
+            except OSError:
+                pass
+    return hits
+
+
 def setup(ctx):
     pki = Pki(ctx.root)
     pw = os.path.join(ctx.root, 'redis.pw')
@@ -212,38 +393,61 @@ def serve(ctx):
     pki, pw = setup(ctx)
     rs = TlsRedis(ctx, pki)
     relay = Relay(rs.port)
+    cap = Capture(ctx.root, [rs.port, relay.port])
     url = 'rediss://alice@localhost:%d' % relay.port
-    writer = ctx.node(url, extra=tls_env(pki, pw))
+    dbg = dict(tls_env(pki, pw), KCACHE_LOG='debug')
+    writer = ctx.node(url, extra=dbg)
     r = writer.start(KERNELS, ctx).wait()
+    logs = r.stderr
     e.check_outputs([r], ctx.ref, 'rediss:// writer')
     check(r.misses == K and not warnings(r), 'the writer compiled, no warning (%s)'
           % warnings(r))
     writer.settle()
     check(len(rs.entries()) == 2 * K, 'its owner uploaded over TLS (%d entries)'
           % len(rs.entries()))
-    reader = ctx.node(url, writer=False, extra=tls_env(pki, pw))
+    reader = ctx.node(url, writer=False, extra=dbg)
     r = reader.start(KERNELS, ctx).wait()
+    logs += r.stderr
     e.check_outputs([r], ctx.ref, 'rediss:// fresh node')
     check(r.misses == 0 and r.remote is not None and r.remote['hits'] >= K,
           'a fresh node is served everything over TLS (misses %d, %s)' % (r.misses, r.remote))
+    made = r.stderr.count('TLS session made')
+    resumed = r.stderr.count('TLS session resumed')
+    check(made == 1 and resumed >= 2 * K - 1,
+          'one full handshake per process and server, the next connections resume its '
+          'session (%d made, %d resumed)' % (made, resumed))
     time.sleep(0.2)
     with relay.lock:
         seen = bytes(relay.seen)
-    check(len(seen) > 1000 and PASSWORD.encode() not in seen and b'AUTH' not in seen,
-          'the password never crossed the wire in the clear (%d bytes relayed)' % len(seen))
-    # The relay would see it over redis:// (the check can fail).
+    wire = cap.bytes()
+    for what, got in (('relayed', seen), ('captured on lo by tcpdump', wire)):
+        if got is None:
+            continue
+        leaked = [x for x in secrets() if x in got]
+        check(len(got) > 1000 and not leaked and b'AUTH' not in got,
+              'neither the password nor a kernel\'s source or PTX crossed the wire in the '
+              'clear (%d bytes %s; %s)' % (len(got), what, leaked))
+    # The same captures see them over redis:// (the checks can fail).
     plain = TlsRedis(ctx, pki, tls=False)
     relay2 = Relay(plain.port)
-    n = ctx.node('redis://alice@127.0.0.1:%d' % relay2.port, writer=False,
-                 extra=tls_env(pki, pw))
+    cap2 = Capture(ctx.root, [plain.port])
+    n = ctx.node('redis://alice@127.0.0.1:%d' % relay2.port, extra=tls_env(pki, pw))
     n.start(KERNELS[:1], ctx).wait()
+    n.settle()
     time.sleep(0.2)
-    check(PASSWORD.encode() in bytes(relay2.seen),
-          'over redis:// the relay sees the password (the capture works)')
+    wire2 = cap2.bytes()
+    check(PASSWORD.encode() in bytes(relay2.seen) and
+          (wire2 is None or (PASSWORD.encode() in wire2 and b'.visible .entry' in wire2)),
+          'over redis:// the captures see the password and the PTX (they work)')
+    # Nowhere else either: no log line (debug), `kcache config`, no file
+    # of the nodes' stores and homes.
+    check(PASSWORD not in logs, 'the password is in no log line (KCACHE_LOG=debug)')
     out = subprocess.run([e.TOOL, 'config'], env=reader.environ(), capture_output=True,
-                         text=True, timeout=60).stdout
-    check(PASSWORD not in out and 'KCACHE_REMOTE_CA_FILE' in out,
+                         text=True, timeout=60)
+    check(PASSWORD not in out.stdout + out.stderr and 'KCACHE_REMOTE_CA_FILE' in out.stdout,
           '`kcache config` shows the TLS settings, never the password')
+    held = [p for nd in (writer, reader, n) for p in files_holding(nd.root, PASSWORD.encode())]
+    check(not held, 'no file of the nodes\' stores or homes holds the password (%s)' % held)
 
 
 def refuse(ctx):
@@ -267,6 +471,20 @@ def refuse(ctx):
          'hostname mismatch')
     case('a wrong IP', wrong.url(host='127.0.0.1'), env, r'did not verify: IP address mismatch',
          'the IP is not in the certificate')
+    mitm = Mitm(pki, good.port)
+    case('a relay presenting its own certificate (MITM)', 'rediss://alice@localhost:%d'
+         % mitm.port, env, r'did not verify', 'the certificate did not verify')
+    check(mitm.handshakes == 0 and PASSWORD.encode() not in bytes(mitm.got)
+          and not mitm.got, 'the MITM relay got no TLS session and no byte of the client\'s '
+          '(%d sessions, %d bytes)' % (mitm.handshakes, len(mitm.got)))
+    # The relay is a working MITM: a client that trusted its CA would give
+    # it the password (the check above can fail).
+    n = ctx.node('rediss://alice@localhost:%d' % mitm.port, writer=False,
+                 extra=tls_env(pki, pw, KCACHE_REMOTE_CA_FILE=pki.p('other-ca.crt')))
+    r = n.start(KERNELS[:1], ctx).wait()
+    check(mitm.handshakes >= 1 and PASSWORD.encode() in bytes(mitm.got),
+          'a client trusting the relay\'s CA gives it the password (the MITM works: %s)'
+          % warnings(r))
     expired = TlsRedis(ctx, pki, cert='expired')
     case('an expired certificate', expired.url(), env, r'certificate has expired', 'expired')
     plain = TlsRedis(ctx, pki, tls=False)
@@ -323,6 +541,80 @@ def refuse(ctx):
           '`kcache config` says verification is off')
 
 
+def over_tls(ctx):
+    """test_remote_e2e.py's servers and nodes over TLS from here on."""
+    pki, pw = setup(ctx)
+    if os.environ.get('KC_TLS_TEST_PLAIN') != '1':  # a comparison by hand
+        e.TLS = E2eTls(pki, pw)
+    return pki, pw
+
+
+def serve_all(ctx, nodes, url, entries, what):
+    """nodes x 4 processes, cold: one compile per kernel, NVRTC's own
+    bytes, both entries of each uploaded signed; a fresh read-only node
+    (it trusts the writers' key, verifies every entry) is served all."""
+    runs = e.cluster_run(ctx, nodes, 4)
+    e.check_outputs(runs, ctx.ref, what + ': %d nodes x 4 processes, cold' % len(nodes))
+    check(e.misses(runs) == K, what + ': %d compiles for %d kernels' % (e.misses(runs), K))
+    ws = [w for r in runs for w in warnings(r)]
+    check(not ws, what + ': no warning (%s)' % ws[:2])
+    st = [n.stats() for n in nodes]
+    check(all(x['remote'][f] == 0 for x in st for f in ('errors', 'timeouts', 'bad')),
+          what + ': no remote error, timeout or bad entry')
+    got = entries()
+    check(len(got) == 2 * K, what + ': the servers hold %d entries' % len(got))
+    fresh = ctx.node(url, writer=False)
+    r = fresh.start(KERNELS, ctx).wait()
+    e.check_outputs([r], ctx.ref, what + ': a fresh read-only node')
+    check(r.misses == 0 and r.remote is not None and r.remote['hits'] == 2 * K,
+          what + ': a fresh read-only node is served every signed entry (%d compiles, %s)'
+          % (r.misses, r.remote))
+    return runs
+
+
+def shards(ctx):
+    """Two TLS shards (rediss:// URLs), 4 nodes x 4 processes: the 4-node
+    trial over TLS."""
+    over_tls(ctx)
+    a, b = ctx.redis(), ctx.redis()
+    url = a.url + ' ' + b.url
+    nodes = [ctx.node(url) for _ in range(4)]
+    serve_all(ctx, nodes, url, lambda: a.entries() + b.entries(), 'TLS shards')
+    print('entries per shard (rendezvous): %d, %d' % (len(a.entries()), len(b.entries())))
+
+
+def cluster(ctx):
+    """A 3+3 Redis Cluster over TLS (rediss-cluster://): every node the
+    slot map names reached over TLS with the same CA and user."""
+    over_tls(ctx)
+    srv, url = e.make_cluster(ctx, 1)
+    nodes = [ctx.node(url) for _ in range(4)]
+    serve_all(ctx, nodes, url, lambda: sorted(k for s in e.primaries(srv) for k in s.entries()),
+              'TLS 3+3 Redis Cluster')
+    used = [s for s in e.primaries(srv) if s.entries()]
+    check(len(used) >= 2, 'TLS cluster: entries on %d primaries (nodes learned from the slot '
+          'map reached over TLS)' % len(used))
+    # The operator's commands reach it the same way.
+    for cmd in (['remote', 'ping'], ['remote', 'stats']):
+        out = subprocess.run([e.TOOL] + cmd, env=nodes[0].environ(), capture_output=True,
+                             text=True, timeout=120)
+        check(out.returncode == 0 and PASSWORD not in out.stdout + out.stderr,
+              'TLS cluster: `kcache %s` succeeds, the password unshown (%s)'
+              % (' '.join(cmd), (out.stdout + out.stderr)[-300:]))
+
+
+def trial(ctx):
+    """test_remote_e2e.py's 4-node trial, every server over TLS."""
+    over_tls(ctx)
+    e.trial(ctx)
+
+
+def cluster_down(ctx):
+    """test_remote_e2e.py's cluster-down over TLS: unchanged."""
+    over_tls(ctx)
+    e.cluster_down(ctx)
+
+
 def main():
     if shutil.which('redis-server') is None or shutil.which('openssl') is None:
         print('redis-server or openssl is not installed (scripts/setup installs them)')
@@ -340,7 +632,8 @@ def main():
     ctx = None
     try:
         ctx = e.Ctx(root)
-        {'serve': serve, 'refuse': refuse}[MODE](ctx)
+        {'serve': serve, 'refuse': refuse, 'shards': shards, 'cluster': cluster, 'trial': trial,
+         'cluster-down': cluster_down}[MODE](ctx)
     finally:
         if ctx is not None:
             ctx.close()

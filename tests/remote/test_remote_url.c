@@ -148,7 +148,15 @@ Test(url, cluster_seeds)
         cr_assert_str_eq(cfg.ep[i].user, "u");
         cr_assert_str_eq(cfg.ep[i].password, "p");
         cr_assert_eq(cfg.ep[i].connect_timeout_ms, 50);
+        cr_assert(!cfg.ep[i].tls);
     }
+    /* rediss-cluster://: every seed (and so every node learned) over TLS. */
+    cr_assert_eq(parse("rediss-cluster://kc@a.example:6380,b.example"), 0, "%s", err);
+    cr_assert_eq(cfg.mode, KC_REMOTE_CLUSTER);
+    cr_assert_eq(cfg.n, 2);
+    for (int i = 0; i < 2; i++)
+        cr_assert(cfg.ep[i].tls);
+    cr_assert_eq(cfg.ep[1].port, 6379);
 }
 
 Test(url, malformed_is_an_error_without_the_password)
