@@ -97,6 +97,10 @@ struct tool {
     int max_positional;              /* input files named alone */
     const char *const *inert_files;  /* files it reads that decide no output */
     const struct recorded *recorded; /* or NULL */
+    /* A flag that makes an input option name an output instead (cicc's
+     * --gen_module_id_file: --module_id_file_name is then written), or
+     * NULL. */
+    const char *gen_flag, *gen_opt;
 };
 
 /* ptxas 12.x and 13.x (`ptxas --help`). The cache-modifier options
@@ -211,7 +215,10 @@ static const char *const fatbinary_names[] = {"fatbinary", NULL};
  * the PTX (keyed). libdevice is inside cicc 13.0 (strace: no file of
  * nvvm/libdevice is opened), so the executable's content covers it. It
  * opens /etc/localtime (no output differs by the time of day or TZ: the
- * witnesses ran minutes apart) and a scratch file in TMPDIR it removes. */
+ * witnesses ran minutes apart) and a scratch file in TMPDIR it removes.
+ * With --gen_module_id_file (nvcc -cubin, -ptx) it writes the module id
+ * file instead of reading it: the same bytes at other names, paths and
+ * working directories (a witness). */
 static const struct opt cicc_opts[] = {
     {"--allow_managed", "--allow_managed", O_FLAG},
     {"--c++11", "--c++11", O_FLAG},
@@ -227,7 +234,7 @@ static const struct opt cicc_opts[] = {
     {"--gen_c_file_name", "--gen_c_file_name", O_OUT},
     {"--gen_device_file_name", "--gen_device_file_name", O_OUT},
     {"--gen_div_approx_ftz", "--gen_div_approx_ftz", O_FLAG},
-    {"--gen_module_id_file", "--gen_module_id_file", O_REFUSE},
+    {"--gen_module_id_file", "--gen_module_id_file", O_FLAG},
     {"--gnu_version", "--gnu_version", O_VAL},
     {"--include_file_name", "--include_file_name", O_VAL},
     {"--module_id_file_name", "--module_id_file_name", O_IN},
@@ -279,9 +286,11 @@ static const struct recorded cicc_recorded[] = {
 };
 
 static const struct tool tools[] = {
-    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts, 1, no_names, NULL},
-    {fatbinary_names, "fatbinary", no_names, no_names, fatbinary_opts, 0, no_names, NULL},
-    {cicc_names, "cicc", cicc_env, cicc_inert, cicc_opts, 1, cicc_files, cicc_recorded},
+    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts, 1, no_names, NULL, NULL, NULL},
+    {fatbinary_names, "fatbinary", no_names, no_names, fatbinary_opts, 0, no_names, NULL, NULL,
+     NULL},
+    {cicc_names, "cicc", cicc_env, cicc_inert, cicc_opts, 1, cicc_files, cicc_recorded,
+     "--gen_module_id_file", "--module_id_file_name"},
 };
 
 /* The tool this executable's file name names, or NULL: the whole cost of
@@ -373,6 +382,9 @@ static int parse(struct run *r)
     r->off = calloc((size_t)r->argc + 1, sizeof *r->off);
     if (r->role == NULL || r->off == NULL)
         return KC_PASS_internal;
+    bool gen = false;
+    for (int i = 1; i < r->argc && r->tool->gen_flag != NULL; i++)
+        gen |= strcmp(r->argv[i], r->tool->gen_flag) == 0;
     for (int i = 1; i < r->argc; i++) {
         const char *a = r->argv[i];
         if (a[0] != '-') {
@@ -412,7 +424,8 @@ static int parse(struct run *r)
             vi = i;
         }
         size_t at = (size_t)(v - r->argv[vi]);
-        if (o->kind == O_SPEC) {
+        enum opt_kind kind = gen && strcmp(o->lng, r->tool->gen_opt) == 0 ? O_OUT : o->kind;
+        if (kind == O_SPEC) {
             /* "kind=elf,sm=90,file=PATH": the file last (a path may hold
              * a comma; fatbinary would split it). */
             const char *f = strstr(v, "file=");
@@ -425,7 +438,7 @@ static int parse(struct run *r)
         }
         if (at > USHRT_MAX)
             return KC_PASS_option;
-        if (o->kind == O_IN || o->kind == O_SPEC) {
+        if (kind == O_IN || kind == O_SPEC) {
             if (r->n_inputs == MAX_IN || v[0] == '\0')
                 return KC_PASS_input;
             r->inputs[r->n_inputs++] = v;
@@ -433,7 +446,7 @@ static int parse(struct run *r)
             r->off[vi] = (unsigned short)at;
             continue;
         }
-        if (o->kind == O_OUT) {
+        if (kind == O_OUT) {
             if (r->n_outputs == MAX_OUT || v[0] == '\0')
                 return KC_PASS_option;
             for (int k = 0; k < r->n_outputs; k++)
@@ -454,7 +467,7 @@ static int parse(struct run *r)
                     r->role[vi] = R_NAMED;
                     r->off[vi] = (unsigned short)at;
                 }
-            } else if (o->kind == O_OUT) {
+            } else if (kind == O_OUT) {
                 r->role[vi] = R_KEPT; /* its path is keyed as written */
             }
         }
@@ -886,8 +899,13 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
 
 static pid_t child_pid = -1;
 
+/* Set once a signal was passed on to the tool: a tool that catches it
+ * (cicc exits 4 on SIGTERM) ends as a failure that is no compile's. */
+static volatile sig_atomic_t forwarded;
+
 static void forward(int sig)
 {
+    forwarded = 1;
     if (child_pid > 0)
         kill(child_pid, sig);
 }
@@ -987,8 +1005,11 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
             known = same_path(path, r->inputs[k]);
         for (const char *const *f = r->tool->inert_files; *f != NULL && !known; f++)
             known = strcmp(path, *f) == 0;
+        /* The working directory, and $PWD, which cicc looks at to find it
+         * (keyed where an output records it: O_CWD). */
+        const char *pwd = getenv("PWD");
         if (!known && kind == KC_DEP_DIR)
-            known = is_cwd(path);
+            known = is_cwd(path) || (pwd != NULL && strcmp(path, pwd) == 0);
         /* The executable itself (cicc finds its directory): its content
          * is the run's identity. */
         known = known || strcmp(path, "/proc/self/exe") == 0;
@@ -1130,14 +1151,23 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     int n_wrote = 0;
     if (!WIFEXITED(ws))
         why_not = "the tool was killed";
+    else if (forwarded)
+        why_not = "it was sent a signal";
     else if (cap[0].over || cap[1].over || x.out.err || x.err.err || report.err)
         why_not = "its output was too large to keep";
     else if (out_broken || err_broken)
         why_not = "its standard streams could not be written";
     else
         why_not = report_check(r, &report, wrote);
-    for (int k = 0; k < r->n_outputs; k++)
+    for (int k = 0; k < r->n_outputs; k++) {
+        /* An output opened and gone by the end (cicc removes its outputs
+         * when it fails) is none: a replay then finds none there, or
+         * leaves the run to the tool. */
+        struct stat ost;
+        if (wrote[k] && lstat(r->outputs[k], &ost) != 0 && errno == ENOENT)
+            wrote[k] = false;
         n_wrote += wrote[k];
+    }
     if (why_not == NULL) {
         x.status = WEXITSTATUS(ws);
         if (x.status == 0 && n_wrote < r->n_outputs)
