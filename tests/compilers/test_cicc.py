@@ -10,8 +10,9 @@ output and standard error. Cases:
 
 - ok: nvcc's own arguments (tmpxft names): warm is a hit, every output
   as plain's;
-- error: a source that does not compile: status, diagnostics, no outputs;
-  replayed warm;
+- error: a source that does not compile: status, diagnostics, no outputs
+  as plain; never stored (a failing cicc leaves its scratch file in
+  TMPDIR, which a replay would not), so warm runs cicc again;
 - edited: the .ii edited, then the module id file edited: each a miss,
   the outputs plain's;
 - tempnames: every input and output under other temporary names (and
@@ -40,6 +41,7 @@ output and standard error. Cases:
 
 Usage: test_cicc.py CICC NVCC
 """
+import glob
 import os
 import shutil
 import signal
@@ -114,10 +116,18 @@ def case_ok(R, nvcc):
 def case_error(R, nvcc):
     d, ii, mid = prepare(R, nvcc, "error", extra="int broken = ;\n")
     args, outs = cicc_args(d, ii, mid)
+    scratch = lambda: sorted(glob.glob(os.path.join(R.tmp, "*.lgenfe.bc")))
+    before = scratch()
     res = three(R, "error", args, outs)
+    left = scratch()
     check(res[0][0] != 0 and b"error" in res[0][2] and res[0][3] == (None,) * 4,
           "error: plain fails with diagnostics, no outputs (%d)" % res[0][0])
-    compare("error", res)
+    # A failing cicc leaves its scratch file in TMPDIR: a file kcache could
+    # not write on a replay, so such a run is never stored (it runs again).
+    check(len(left) == len(before) + 3,
+          "error: each failing cicc leaves a scratch file behind (%d)" % (len(left) - len(before)))
+    compare("error", res, hits=False, stored=False)
+    check(res[2][5].get("misses") == 1, "error warm: cicc runs again (%s)" % res[2][5])
 
 
 def case_edited(R, nvcc):
@@ -384,12 +394,18 @@ def main():
         return 1
     work = tempfile.mkdtemp(prefix="kc-cicc-")
     R = Runner(cicc, work)
+    # cicc's scratch files (and those a failing cicc leaves) go here.
+    R.tmp = os.path.join(work, "tmp")
+    os.makedirs(R.tmp)
+    R.base["TMPDIR"] = R.tmp
     try:
         for case in (case_ok, case_error, case_edited, case_tempnames, case_cwd, case_pass, case_genid,
                      case_killed, case_outputs, case_flight, case_version, case_env, case_nvcc):
             case(R, nvcc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for f in failures:
+        print("FAIL: " + f.splitlines()[0])
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
 

@@ -230,6 +230,8 @@ def main():
             case(R, nvcc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for f in failures:
+        print("FAIL: " + f.splitlines()[0])
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
 
