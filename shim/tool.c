@@ -65,6 +65,14 @@ enum opt_kind {
                   as written */
     O_CWD,     /* no value; the tool then records its working directory in
                   its output (a witness: cicc -g): it is keyed */
+    O_LIBDIR,  /* a value, a directory libraries are searched in (nvlink's
+                  -L): kept as written, the search keyed (lib_key) */
+    O_OUTNEW,  /* an output the tool may leave as it is when a file is
+                  there (nvlink's --register-link-binaries kept a file of
+                  junk in one witness, wrote over it in another): a run
+                  where something is there passes through */
+    O_LIB,     /* a value, a library searched for (nvlink's -lNAME): kept
+                  as written, what the search finds keyed (lib_key) */
 };
 
 struct opt {
@@ -101,6 +109,9 @@ struct tool {
      * --gen_module_id_file: --module_id_file_name is then written), or
      * NULL. */
     const char *gen_flag, *gen_opt;
+    /* The variable that adds directories to the library search (nvlink:
+     * LIBRARY_PATH), or NULL. */
+    const char *libpath_env;
 };
 
 /* ptxas 12.x and 13.x (`ptxas --help`). The cache-modifier options
@@ -285,12 +296,56 @@ static const struct recorded cicc_recorded[] = {
     {NULL, NULL, NULL, NULL},
 };
 
+/* nvlink 13.0 (`nvlink --help`, and what nvcc 13.0 passes for -rdc:
+ * -cpu-arch, --host-ccbin, which it does not run). It reads its inputs and
+ * the libraries -lNAME names, which it finds by looking for libNAME.so,
+ * then libNAME.a, in each -L directory and each of $LIBRARY_PATH (strace):
+ * every such place is keyed, found or not (lib_key). It writes the cubin
+ * (-o) and the registration file (--register-link-binaries: served only
+ * where no file is there, O_OUTNEW); no path reaches either (a witness: other names, directories,
+ * working directories). -g and -lto pass through (not witnessed). */
+static const struct opt nvlink_opts[] = {
+    {"--Ofast-compile", "-Ofc", O_VAL},
+    {"--arch", "-arch", O_VAL},
+    {"--cpu-arch", "-cpu-arch", O_VAL},
+    {"--debug", "-g", O_REFUSE},
+    {"--disable-infos", "-disable-infos", O_FLAG},
+    {"--disable-warnings", "-w", O_FLAG},
+    {"--dlto", "-dlto", O_REFUSE},
+    {"--extra-warnings", "-extrawarn", O_FLAG},
+    {"--help", "-h", O_REFUSE},
+    {"--host-ccbin", "--host-ccbin", O_VAL},
+    {"--library", "-l", O_LIB},
+    {"--library-path", "-L", O_LIBDIR},
+    {"--link-time-opt", "-lto", O_REFUSE},
+    {"--machine", "-m", O_VAL},
+    {"--maxrregcount", "-maxrregcount", O_VAL},
+    {"--options-file", "-optf", O_REFUSE},
+    {"--output-file", "-o", O_OUT},
+    {"--preserve-relocs", "-preserve-relocs", O_FLAG},
+    {"--register-link-binaries", "--register-link-binaries", O_OUTNEW},
+    {"--suppress-arch-warning", "-suppress-arch-warning", O_FLAG},
+    {"--suppress-debug-info", "-suppress-debug-info", O_FLAG},
+    {"--suppress-stack-size-warning", "-suppress-stack-size-warning", O_FLAG},
+    {"--verbose", "-v", O_FLAG},
+    {"--version", "-V", O_REFUSE},
+    {"--warning-as-error", "-Werror", O_FLAG},
+    {NULL, NULL, O_FLAG},
+};
+static const char *const nvlink_names[] = {"nvlink", NULL};
+/* nvlink 13.0's getenv calls (a trace): ptxas's finalizer knob, and the
+ * library search path (keyed). */
+static const char *const nvlink_env[] = {"CAN_FINALIZE_DEBUG", NULL};
+static const char *const nvlink_inert[] = {"LIBRARY_PATH", NULL};
+
 static const struct tool tools[] = {
-    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts, 1, no_names, NULL, NULL, NULL},
+    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts, 1, no_names, NULL, NULL, NULL, NULL},
     {fatbinary_names, "fatbinary", no_names, no_names, fatbinary_opts, 0, no_names, NULL, NULL,
-     NULL},
+     NULL, NULL},
     {cicc_names, "cicc", cicc_env, cicc_inert, cicc_opts, 1, cicc_files, cicc_recorded,
-     "--gen_module_id_file", "--module_id_file_name"},
+     "--gen_module_id_file", "--module_id_file_name", NULL},
+    {nvlink_names, "nvlink", nvlink_env, nvlink_inert, nvlink_opts, 32 /* MAX_IN */, no_names, NULL,
+     NULL, NULL, "LIBRARY_PATH"},
 };
 
 /* The tool this executable's file name names, or NULL: the whole cost of
@@ -312,6 +367,7 @@ static const struct tool *tool_named(const char *argv0)
 
 #define MAX_IN 32
 #define MAX_OUT 8
+#define MAX_LIB 8
 #define MAX_REC 4
 
 /* Per argument, what it is to the key. */
@@ -335,12 +391,17 @@ struct run {
     const char *outputs[MAX_OUT]; /* the output files, in argument order */
     const struct opt *out_opt[MAX_OUT];
     int n_outputs;
-    const char *named[MAX_REC]; /* per tool->recorded: the name cut out, or
-                                   NULL (absent, or keyed as written) */
-    bool records_args;          /* the output records the command line */
-    bool records_cwd;           /* the output records the working directory */
-    unsigned char *role;        /* per argument: enum role */
-    unsigned short *off;        /* per argument: where the path or name starts */
+    const char *named[MAX_REC];   /* per tool->recorded: the name cut out, or
+                                     NULL (absent, or keyed as written) */
+    bool records_args;            /* the output records the command line */
+    bool records_cwd;             /* the output records the working directory */
+    const char *libdirs[MAX_LIB]; /* -L, in order */
+    const char *libs[MAX_LIB];    /* -l, in order */
+    int n_libdirs, n_libs;
+    char **places; /* where the search looks for each library (lib_key) */
+    int n_places;
+    unsigned char *role; /* per argument: enum role */
+    unsigned short *off; /* per argument: where the path or name starts */
 };
 
 static const struct opt *opt_find(const struct opt *opts, const char *a, size_t n)
@@ -402,7 +463,8 @@ static int parse(struct run *r)
         if (o == NULL && a[1] != '-' && a[1] != '\0' && a[2] != '\0') {
             /* A one-letter option with its value attached: -O3, -m64. */
             o = opt_find(r->tool->opts, a, 2);
-            if (o != NULL && o->kind != O_VAL && o->kind != O_OUT && o->kind != O_IN)
+            if (o != NULL && o->kind != O_VAL && o->kind != O_OUT && o->kind != O_IN &&
+                o->kind != O_LIB && o->kind != O_LIBDIR)
                 o = NULL;
             v = a + 2;
         }
@@ -438,6 +500,18 @@ static int parse(struct run *r)
         }
         if (at > USHRT_MAX)
             return KC_PASS_option;
+        if (kind == O_LIBDIR || kind == O_LIB) {
+            /* One each (not a comma list); a library by its name alone. */
+            bool dir = kind == O_LIBDIR;
+            if (v[0] == '\0' || strchr(v, ',') != NULL || (!dir && strchr(v, '/') != NULL) ||
+                (dir ? r->n_libdirs : r->n_libs) == MAX_LIB)
+                return KC_PASS_option;
+            if (dir)
+                r->libdirs[r->n_libdirs++] = v;
+            else
+                r->libs[r->n_libs++] = v;
+            continue;
+        }
         if (kind == O_IN || kind == O_SPEC) {
             if (r->n_inputs == MAX_IN || v[0] == '\0')
                 return KC_PASS_input;
@@ -445,6 +519,12 @@ static int parse(struct run *r)
             r->role[vi] = R_IN;
             r->off[vi] = (unsigned short)at;
             continue;
+        }
+        if (kind == O_OUTNEW) {
+            struct stat st;
+            if (lstat(v, &st) == 0 || errno != ENOENT)
+                return KC_PASS_order; /* the tool would leave it as it is */
+            kind = O_OUT;
         }
         if (kind == O_OUT) {
             if (r->n_outputs == MAX_OUT || v[0] == '\0')
@@ -509,6 +589,74 @@ static bool same_stream(int a, int b)
     return oa == ob;
 }
 
+/* Adds the library search to the key: the search path variable as set,
+ * and for each library each place the tool looks (libNAME.so, then
+ * libNAME.a, in each -L directory, then each of the variable's), found (a
+ * regular file: its content) or not. Every place is keyed whether or not
+ * the tool would stop before it, so no order of search need be assumed;
+ * the places are kept for report_check. KC_PASS_* reason, or -1. */
+static int lib_key(struct run *r, struct kc__hasher *h)
+{
+    const char *env = r->tool->libpath_env != NULL ? getenv(r->tool->libpath_env) : NULL;
+    kc__hash_str(h, env);
+    if (r->n_libs == 0)
+        return -1;
+    const char *dirs[MAX_LIB + 16];
+    int nd = 0;
+    for (int i = 0; i < r->n_libdirs; i++)
+        dirs[nd++] = r->libdirs[i];
+    char envcopy[PATH_MAX];
+    if (env != NULL) {
+        if (strlen(env) >= sizeof envcopy)
+            return KC_PASS_option;
+        strcpy(envcopy, env);
+        for (char *p = envcopy, *e; p != NULL; p = e) {
+            e = strchr(p, ':');
+            if (e != NULL)
+                *e++ = '\0';
+            if (p[0] == '\0' || nd == (int)(sizeof dirs / sizeof dirs[0]))
+                return KC_PASS_option; /* the working directory, or too many */
+            dirs[nd++] = p;
+        }
+    }
+    r->places = calloc((size_t)(r->n_libs * nd * 2) + 1, sizeof *r->places);
+    if (r->places == NULL)
+        return KC_PASS_internal;
+    static const char *const ext[] = {".so", ".a"};
+    for (int l = 0; l < r->n_libs; l++)
+        for (int d = 0; d < nd; d++)
+            for (int x = 0; x < 2; x++) {
+                char path[PATH_MAX];
+                if ((size_t)snprintf(path, sizeof path, "%s/lib%s%s", dirs[d], r->libs[l],
+                                     ext[x]) >= sizeof path)
+                    return KC_PASS_input;
+                if ((r->places[r->n_places] = strdup(path)) == NULL)
+                    return KC_PASS_internal;
+                r->n_places++;
+                kc__hash_str(h, path);
+                kc_digest dg = {0};
+                int rc = file_digest(path, &dg);
+                if (rc == -ENOENT || rc == -ENOTDIR) {
+                    kc__hash_u64(h, 0);
+                    continue;
+                }
+                if (rc != 0)
+                    return KC_PASS_input; /* not a regular file, unreadable */
+                kc__hash_u64(h, 1);
+                kc__hash_bytes(h, &dg, sizeof dg);
+            }
+    return -1;
+}
+
+static void run_free(struct run *r)
+{
+    free(r->role);
+    free(r->off);
+    for (int i = 0; i < r->n_places; i++)
+        free(r->places[i]);
+    free(r->places);
+}
+
 /* The run's key: the tool's identity and name, every argument in order
  * (an input's path replaced by its content, an output's path and a name
  * an output records left out, unless the output records the command
@@ -559,6 +707,8 @@ static int run_key(struct run *r, const kc_digest *identity, bool merged, kc_dig
             kc__hash_bytes(h, &d, sizeof d);
         }
     }
+    if (why < 0)
+        why = lib_key(r, h);
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
     r->identity = *identity;
@@ -1005,6 +1155,8 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
             known = same_path(path, r->inputs[k]);
         for (const char *const *f = r->tool->inert_files; *f != NULL && !known; f++)
             known = strcmp(path, *f) == 0;
+        for (int k = 0; k < r->n_places && !known; k++)
+            known = strcmp(path, r->places[k]) == 0;
         /* The working directory, and $PWD, which cicc looks at to find it
          * (keyed where an output records it: O_CWD). */
         const char *pwd = getenv("PWD");
@@ -1380,8 +1532,7 @@ void kc__tool_start(int argc, char **argv)
     int why = parse(&r);
     if (why >= 0) {
         pass(&c, why);
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     /* The store first (its directory made, before the memo below goes
@@ -1389,24 +1540,21 @@ void kc__tool_start(int argc, char **argv)
     const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     if (st == NULL) {
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     /* The executable's identity: its build-id, else its contents. */
     kc_digest id;
     if (tool_identity(cfg, &id) != 0) {
         pass(&c, KC_PASS_internal);
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     /* A closed standard stream would be taken by the pipes of a watched
      * run: such a run is left to the tool. */
     if (fcntl(STDOUT_FILENO, F_GETFD) < 0 || fcntl(STDERR_FILENO, F_GETFD) < 0) {
         pass(&c, KC_PASS_input);
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     bool merged = same_stream(STDOUT_FILENO, STDERR_FILENO);
@@ -1414,8 +1562,7 @@ void kc__tool_start(int argc, char **argv)
     why = run_key(&r, &id, merged, &kd);
     if (why >= 0) {
         pass(&c, why);
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     char ns[96];
@@ -1445,8 +1592,7 @@ void kc__tool_start(int argc, char **argv)
         kc_log(KC_LOG_DEBUG, "a cached %s run cannot be replayed here (%s); running it", t->id,
                strerror(-rrc));
         pass(&c, rrc == -EEXIST ? KC_PASS_order : KC_PASS_input);
-        free(r.role);
-        free(r.off);
+        run_free(&r);
         return;
     }
     if (supervise(&r, merged, st, api, ns, &key, flight, rheld, &c) != 0) {
@@ -1455,6 +1601,5 @@ void kc__tool_start(int argc, char **argv)
         kc__flight_release(flight);
         pass(&c, KC_PASS_internal);
     }
-    free(r.role);
-    free(r.off);
+    run_free(&r);
 }
