@@ -75,10 +75,13 @@ void kc__deps_end_process(void)
 
 /* Something was opened for writing: a side effect; a tool's run names it
  * (its output, or not). */
-static void wrote(struct kc__deps *d, const char *path)
+static void wrote(struct kc__deps *d, const char *path, int flags)
 {
     d->writes = true;
-    if (d->process && kc__deps_push(d, path, KC_DEP_WRITTEN) == NULL)
+    /* O_CREAT|O_EXCL that succeeded: a file the run made, none there
+     * before (a scratch file when it is gone at the run's end). */
+    int kind = (flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL) ? KC_DEP_CREATED : KC_DEP_WRITTEN;
+    if (d->process && kc__deps_push(d, path, kind) == NULL)
         d->failed = true;
 }
 
@@ -444,7 +447,7 @@ static void record_open(const char *path, int fd, int flags, int err)
         if (below_bundled(d->bundled, path) != NULL)
             goto out;
         if (!kernel || !stated) {
-            wrote(d, path);
+            wrote(d, path, flags);
             goto out;
         }
         if ((flags & O_ACCMODE) == O_WRONLY)
@@ -496,7 +499,7 @@ static void record_openat(int dirfd, const char *path, int fd, int flags, int er
     }
     if (fd >= 0 && writing(flags)) {
         if (!named || below_bundled(d->bundled, full) == NULL)
-            wrote(d, named ? full : path);
+            wrote(d, named ? full : path, flags);
     } else if (fd >= 0 || err == ENOENT || err == ENOTDIR)
         unkeyable(d, path);
 }

@@ -31,6 +31,7 @@ enum kc__dep_kind {
                            compile named paths under it that may be absolute
                            as given (kc__deps_note_cwd) */
     KC_DEP_WRITTEN = 5, /* opened for writing (a tool's run only) */
+    KC_DEP_CREATED = 6, /* made by the open (O_CREAT|O_EXCL; a tool's run only) */
 };
 
 struct kc__dep {

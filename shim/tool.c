@@ -53,17 +53,43 @@
 enum opt_kind {
     O_FLAG,    /* no value: kept in the key as written */
     O_VAL,     /* a value: kept in the key as written */
-    O_OUT,     /* a value, the output file: its path is not in the key */
+    O_OUT,     /* a value, an output file: its path is not in the key */
+    O_IN,      /* a value, an input file: its content is in the key, not
+                  its path */
+    O_SPEC,    /* a value "key=v,...,file=PATH" (fatbinary's images): PATH
+                  an input file, the rest kept as written */
     O_REFUSE,  /* kcache leaves the run to the tool (help, an options file, a
                   form it does not parse) */
     O_RECORDS, /* no value; the tool then records its command line in its
                   output (a witness: ptxas -g), so every argument is kept
                   as written */
+    O_CWD,     /* no value; the tool then records its working directory in
+                  its output (a witness: cicc -g): it is keyed */
+    O_LIBDIR,  /* a value, a directory libraries are searched in (nvlink's
+                  -L): kept as written, the search keyed (lib_key) */
+    O_OUTNEW,  /* an output the tool may leave as it is when a file is
+                  there (nvlink's --register-link-binaries kept a file of
+                  junk in one witness, wrote over it in another): a run
+                  where something is there passes through */
+    O_LIB,     /* a value, a library searched for (nvlink's -lNAME): kept
+                  as written, what the search finds keyed (lib_key) */
 };
 
 struct opt {
     const char *lng, *shrt;
     enum opt_kind kind;
+};
+
+/* A name an output records as text, and nothing else of it (a witness:
+ * the tool run twice with other names, the outputs compared byte for
+ * byte). The output is kept with the name cut out of its one line
+ * `pre NAME post`, and a replay puts the run's own name there, so a
+ * temporary name (nvcc's tmpxft_...) makes no miss. A name with a
+ * character the tool might escape is keyed as written instead. */
+struct recorded {
+    const char *opt; /* the option whose value is the name (long spelling) */
+    const char *pre, *post;
+    const char *out; /* the output option whose file records it */
 };
 
 struct tool {
@@ -76,6 +102,16 @@ struct tool {
                                  (a test checks that every getenv call of
                                  the tool names one of the two lists) */
     const struct opt *opts;
+    int max_positional;              /* input files named alone */
+    const char *const *inert_files;  /* files it reads that decide no output */
+    const struct recorded *recorded; /* or NULL */
+    /* A flag that makes an input option name an output instead (cicc's
+     * --gen_module_id_file: --module_id_file_name is then written), or
+     * NULL. */
+    const char *gen_flag, *gen_opt;
+    /* The variable that adds directories to the library search (nvlink:
+     * LIBRARY_PATH), or NULL. */
+    const char *libpath_env;
 };
 
 /* ptxas 12.x and 13.x (`ptxas --help`). The cache-modifier options
@@ -146,9 +182,170 @@ static const char *const ptxas_env[] = {"CAN_FINALIZE_DEBUG", "DUMP_KNOBS_TO_FIL
 /* ptxas 13.4: make's jobserver (how many threads work, not what they
  * make) and OpenSSL's CPU dispatch. */
 static const char *const ptxas_inert[] = {"MAKEFLAGS", "OPENSSL_ia32cap", NULL};
+static const char *const no_names[] = {NULL};
+
+/* fatbinary 13.0 (`fatbinary --help`, and what nvcc 13.0 passes: -64,
+ * --cicc-cmdline, -link). It reads its images and writes the fatbinary
+ * (--create) and the C file that embeds it (--embedded-fatbin); no path
+ * reaches either (a witness: the same images at other paths and names
+ * give the same bytes); no variable read (a getenv trace). */
+static const struct opt fatbinary_opts[] = {
+    {"--32", "-32", O_FLAG},
+    {"--64", "-64", O_FLAG},
+    {"--cicc-cmdline", "-cicc-cmdline", O_VAL},
+    {"--cmdline", "-cmdline", O_VAL},
+    {"--compress", "-compress", O_VAL},
+    {"--compress-all", "-compress-all", O_FLAG},
+    {"--compress-mode", "-compress-mode", O_VAL},
+    {"--create", "-create", O_OUT},
+    {"--debug", "-g", O_FLAG},
+    {"--device-c", "-c", O_FLAG},
+    {"--embedded-fatbin", "-fatbin", O_OUT},
+    {"--help", "-h", O_REFUSE},
+    {"--ident", "-ident", O_VAL},
+    {"--image2", "-image2", O_SPEC},
+    {"--image3", "-image3", O_SPEC},
+    {"--link", "-link", O_FLAG},
+    {"--no-asm", "-no-asm", O_FLAG},
+    {"--options-file", "-optf", O_REFUSE},
+    {"--version", "-V", O_REFUSE},
+    {NULL, NULL, O_FLAG},
+};
+static const char *const fatbinary_names[] = {"fatbinary", NULL};
+
+/* cicc 13.0 (nvvm/bin/cicc): no --help; the options are those nvcc 13.0
+ * passes (`nvcc --dryrun` with -G, -lineinfo, --use_fast_math, -rdc,
+ * --extended-lambda, --expt-relaxed-constexpr, -std=c++NN, -maxrregcount,
+ * -Xcicc -O2, -ftz). It reads the preprocessed source and the module id
+ * file, and writes the PTX (-o), the host-side C file, the device file and
+ * the stub. Witnesses (the same run at other paths, names and working
+ * directories, outputs compared byte for byte): no input's path and no
+ * output's path reaches any output, except the stub, which records its own
+ * path and the --include_file_name on a line each (cut out and put back,
+ * see struct recorded), and -g, which records the working directory in
+ * the PTX (keyed). libdevice is inside cicc 13.0 (strace: no file of
+ * nvvm/libdevice is opened), so the executable's content covers it. It
+ * opens /etc/localtime (no output differs by the time of day or TZ: the
+ * witnesses ran minutes apart) and a scratch file in TMPDIR it removes.
+ * With --gen_module_id_file (nvcc -cubin, -ptx) it writes the module id
+ * file instead of reading it: the same bytes at other names, paths and
+ * working directories (a witness). */
+static const struct opt cicc_opts[] = {
+    {"--allow_managed", "--allow_managed", O_FLAG},
+    {"--c++11", "--c++11", O_FLAG},
+    {"--c++14", "--c++14", O_FLAG},
+    {"--c++17", "--c++17", O_FLAG},
+    {"--c++20", "--c++20", O_FLAG},
+    {"--c++23", "--c++23", O_FLAG},
+    {"--debug_mode", "--debug_mode", O_FLAG},
+    {"--device-c", "--device-c", O_FLAG},
+    {"--device-hidden-visibility", "--device-hidden-visibility", O_FLAG},
+    {"--display_error_number", "--display_error_number", O_FLAG},
+    {"--extended-lambda", "--extended-lambda", O_FLAG},
+    {"--gen_c_file_name", "--gen_c_file_name", O_OUT},
+    {"--gen_device_file_name", "--gen_device_file_name", O_OUT},
+    {"--gen_div_approx_ftz", "--gen_div_approx_ftz", O_FLAG},
+    {"--gen_module_id_file", "--gen_module_id_file", O_FLAG},
+    {"--gnu_version", "--gnu_version", O_VAL},
+    {"--include_file_name", "--include_file_name", O_VAL},
+    {"--module_id_file_name", "--module_id_file_name", O_IN},
+    {"--no-version-ident", "--no-version-ident", O_FLAG},
+    {"--orig_src_file_name", "--orig_src_file_name", O_VAL},
+    {"--orig_src_path_name", "--orig_src_path_name", O_VAL},
+    {"--relaxed_constexpr", "--relaxed_constexpr", O_FLAG},
+    {"--static-host-stub", "--static-host-stub", O_FLAG},
+    {"--stub_file_name", "--stub_file_name", O_OUT},
+    {"-O", "-O", O_VAL},
+    {"-arch", "-arch", O_VAL},
+    {"-fast-math", "-fast-math", O_FLAG},
+    {"-fmad", "-fmad", O_VAL},
+    {"-ftz", "-ftz", O_VAL},
+    {"-g", "-g", O_CWD},
+    {"-generate-line-info", "-generate-line-info", O_FLAG},
+    {"-m64", "-m64", O_FLAG},
+    {"-maxreg", "-maxreg", O_VAL},
+    {"-o", "-o", O_OUT},
+    {"-prec_div", "-prec_div", O_VAL},
+    {"-prec_sqrt", "-prec_sqrt", O_VAL},
+    {"-tused", "-tused", O_FLAG},
+    {NULL, NULL, O_FLAG},
+};
+static const char *const cicc_names[] = {"cicc", NULL};
+/* cicc 13.0's getenv calls (a trace): the EDG front end's and NVVM's
+ * knobs, and LLVM's producer string, change what it does; the rest are
+ * its allocator, where its scratch file goes, and $PWD (whose use, like
+ * the working directory's, a witness shows only under -g: keyed then). */
+static const char *const cicc_env[] = {"AS_SECURE_LOG_FILE",
+                                       "EDG_BASE",
+                                       "EDG_MODULES_PATH",
+                                       "LIBNVVM_DISABLE_CONCURRENT_API",
+                                       "LLVM_OVERRIDE_PRODUCER",
+                                       "NOCOLOR",
+                                       "NVVMCCWIZ",
+                                       "NVVM_IR_VER_CHK",
+                                       "NV_NVVM_VERSION",
+                                       "USR_INCLUDE",
+                                       "bar",
+                                       NULL};
+static const char *const cicc_inert[] = {"MALLOC_CONF", "PWD",    "TEMP", "TEMPDIR",
+                                         "TMP",         "TMPDIR", NULL};
+static const char *const cicc_files[] = {"/etc/localtime", NULL};
+static const struct recorded cicc_recorded[] = {
+    {"--stub_file_name", "\n# 1 \"", "\"\n", "--stub_file_name"},
+    {"--include_file_name", "\n#include \"", "\"\n", "--stub_file_name"},
+    {NULL, NULL, NULL, NULL},
+};
+
+/* nvlink 13.0 (`nvlink --help`, and what nvcc 13.0 passes for -rdc:
+ * -cpu-arch, --host-ccbin, which it does not run). It reads its inputs and
+ * the libraries -lNAME names, which it finds by looking for libNAME.so,
+ * then libNAME.a, in each -L directory and each of $LIBRARY_PATH (strace):
+ * every such place is keyed, found or not (lib_key). It writes the cubin
+ * (-o) and the registration file (--register-link-binaries: served only
+ * where no file is there, O_OUTNEW); no path reaches either (a witness: other names, directories,
+ * working directories). -g and -lto pass through (not witnessed). */
+static const struct opt nvlink_opts[] = {
+    {"--Ofast-compile", "-Ofc", O_VAL},
+    {"--arch", "-arch", O_VAL},
+    {"--cpu-arch", "-cpu-arch", O_VAL},
+    {"--debug", "-g", O_REFUSE},
+    {"--disable-infos", "-disable-infos", O_FLAG},
+    {"--disable-warnings", "-w", O_FLAG},
+    {"--dlto", "-dlto", O_REFUSE},
+    {"--extra-warnings", "-extrawarn", O_FLAG},
+    {"--help", "-h", O_REFUSE},
+    {"--host-ccbin", "--host-ccbin", O_VAL},
+    {"--library", "-l", O_LIB},
+    {"--library-path", "-L", O_LIBDIR},
+    {"--link-time-opt", "-lto", O_REFUSE},
+    {"--machine", "-m", O_VAL},
+    {"--maxrregcount", "-maxrregcount", O_VAL},
+    {"--options-file", "-optf", O_REFUSE},
+    {"--output-file", "-o", O_OUT},
+    {"--preserve-relocs", "-preserve-relocs", O_FLAG},
+    {"--register-link-binaries", "--register-link-binaries", O_OUTNEW},
+    {"--suppress-arch-warning", "-suppress-arch-warning", O_FLAG},
+    {"--suppress-debug-info", "-suppress-debug-info", O_FLAG},
+    {"--suppress-stack-size-warning", "-suppress-stack-size-warning", O_FLAG},
+    {"--verbose", "-v", O_FLAG},
+    {"--version", "-V", O_REFUSE},
+    {"--warning-as-error", "-Werror", O_FLAG},
+    {NULL, NULL, O_FLAG},
+};
+static const char *const nvlink_names[] = {"nvlink", NULL};
+/* nvlink 13.0's getenv calls (a trace): ptxas's finalizer knob, and the
+ * library search path (keyed). */
+static const char *const nvlink_env[] = {"CAN_FINALIZE_DEBUG", NULL};
+static const char *const nvlink_inert[] = {"LIBRARY_PATH", NULL};
 
 static const struct tool tools[] = {
-    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts},
+    {ptxas_names, "ptxas", ptxas_env, ptxas_inert, ptxas_opts, 1, no_names, NULL, NULL, NULL, NULL},
+    {fatbinary_names, "fatbinary", no_names, no_names, fatbinary_opts, 0, no_names, NULL, NULL,
+     NULL, NULL},
+    {cicc_names, "cicc", cicc_env, cicc_inert, cicc_opts, 1, cicc_files, cicc_recorded,
+     "--gen_module_id_file", "--module_id_file_name", NULL},
+    {nvlink_names, "nvlink", nvlink_env, nvlink_inert, nvlink_opts, 32 /* MAX_IN */, no_names, NULL,
+     NULL, NULL, "LIBRARY_PATH"},
 };
 
 /* The tool this executable's file name names, or NULL: the whole cost of
@@ -168,22 +365,43 @@ static const struct tool *tool_named(const char *argv0)
 
 /* ---- a run: its arguments parsed ------------------------------------------------------ */
 
-#define MAX_FILES 8
+#define MAX_IN 32
+#define MAX_OUT 8
+#define MAX_LIB 8
+#define MAX_REC 4
+
+/* Per argument, what it is to the key. */
+enum role {
+    R_KEPT = 0, /* kept as written */
+    R_IN,       /* an input's path (from off on): its content is keyed */
+    R_OUT,      /* an output's path (from off on): left out */
+    R_NAMED,    /* a name an output records (from off on): cut out of that
+                   output, put back on a replay; left out */
+};
 
 struct run {
     const struct tool *tool;
     int argc;
     char **argv;
-    const char *inputs[MAX_FILES];  /* positional arguments: files read */
-    kc_digest in_digest[MAX_FILES]; /* their contents (run_key) */
-    int n_inputs;
-    kc_digest identity; /* the executable's */
-    kc_digest base;     /* the run's key */
-    const char *output; /* the output file */
-    bool records_args;  /* the output records the command line */
-    /* Per argument: 0 kept as written, 1 an input's path, 2 the output's
-     * path (the whole argument, or the value after '='). */
-    unsigned char *role;
+    const char *inputs[MAX_IN];  /* files read, named by the arguments */
+    kc_digest in_digest[MAX_IN]; /* their contents (run_key) */
+    int n_inputs, n_positional;
+    kc_digest identity;           /* the executable's */
+    kc_digest base;               /* the run's key */
+    const char *outputs[MAX_OUT]; /* the output files, in argument order */
+    const struct opt *out_opt[MAX_OUT];
+    int n_outputs;
+    const char *named[MAX_REC];   /* per tool->recorded: the name cut out, or
+                                     NULL (absent, or keyed as written) */
+    bool records_args;            /* the output records the command line */
+    bool records_cwd;             /* the output records the working directory */
+    const char *libdirs[MAX_LIB]; /* -L, in order */
+    const char *libs[MAX_LIB];    /* -l, in order */
+    int n_libdirs, n_libs;
+    char **places; /* where the search looks for each library (lib_key) */
+    int n_places;
+    unsigned char *role; /* per argument: enum role */
+    unsigned short *off; /* per argument: where the path or name starts */
 };
 
 static const struct opt *opt_find(const struct opt *opts, const char *a, size_t n)
@@ -195,20 +413,47 @@ static const struct opt *opt_find(const struct opt *opts, const char *a, size_t 
     return NULL;
 }
 
+/* Whether a tool writes `name` into its output as it is: nothing a
+ * C-like quoting would escape, nothing a key could confuse. */
+static bool plain_name(const char *name)
+{
+    if (name[0] == '\0' || strlen(name) >= PATH_MAX)
+        return false;
+    for (const char *p = name; *p != '\0'; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr("._/+-", *p) != NULL))
+            return false;
+    return true;
+}
+
+/* The index in tool->recorded of what names option o's value, or -1. */
+static int recorded_of(const struct tool *t, const struct opt *o)
+{
+    for (int j = 0; t->recorded != NULL && t->recorded[j].opt != NULL && j < MAX_REC; j++)
+        if (strcmp(t->recorded[j].opt, o->lng) == 0)
+            return j;
+    return -1;
+}
+
 /* Parses the arguments. KC_PASS_* reason when the run is left to the tool,
  * or -1 when kcache can key it. */
 static int parse(struct run *r)
 {
     r->role = calloc((size_t)r->argc + 1, 1);
-    if (r->role == NULL)
+    r->off = calloc((size_t)r->argc + 1, sizeof *r->off);
+    if (r->role == NULL || r->off == NULL)
         return KC_PASS_internal;
+    bool gen = false;
+    for (int i = 1; i < r->argc && r->tool->gen_flag != NULL; i++)
+        gen |= strcmp(r->argv[i], r->tool->gen_flag) == 0;
     for (int i = 1; i < r->argc; i++) {
         const char *a = r->argv[i];
         if (a[0] != '-') {
-            if (r->n_inputs == MAX_FILES)
+            if (r->n_inputs == MAX_IN || r->n_positional == r->tool->max_positional)
                 return KC_PASS_input;
+            r->n_positional++;
             r->inputs[r->n_inputs++] = a;
-            r->role[i] = 1;
+            r->role[i] = R_IN;
             continue;
         }
         const char *eq = strchr(a, '=');
@@ -218,16 +463,18 @@ static int parse(struct run *r)
         if (o == NULL && a[1] != '-' && a[1] != '\0' && a[2] != '\0') {
             /* A one-letter option with its value attached: -O3, -m64. */
             o = opt_find(r->tool->opts, a, 2);
-            if (o != NULL && o->kind != O_VAL && o->kind != O_OUT)
+            if (o != NULL && o->kind != O_VAL && o->kind != O_OUT && o->kind != O_IN &&
+                o->kind != O_LIB && o->kind != O_LIBDIR)
                 o = NULL;
             v = a + 2;
         }
         if (o == NULL || o->kind == O_REFUSE)
             return KC_PASS_option;
-        if (o->kind == O_FLAG || o->kind == O_RECORDS) {
+        if (o->kind == O_FLAG || o->kind == O_RECORDS || o->kind == O_CWD) {
             if (eq != NULL)
                 return KC_PASS_option;
             r->records_args |= o->kind == O_RECORDS;
+            r->records_cwd |= o->kind == O_CWD;
             continue;
         }
         /* A value: after '=', attached, or the next argument. */
@@ -238,16 +485,75 @@ static int parse(struct run *r)
             v = r->argv[++i];
             vi = i;
         }
-        if (o->kind == O_OUT) {
-            if (r->output != NULL || v[0] == '\0')
+        size_t at = (size_t)(v - r->argv[vi]);
+        enum opt_kind kind = gen && strcmp(o->lng, r->tool->gen_opt) == 0 ? O_OUT : o->kind;
+        if (kind == O_SPEC) {
+            /* "kind=elf,sm=90,file=PATH": the file last (a path may hold
+             * a comma; fatbinary would split it). */
+            const char *f = strstr(v, "file=");
+            while (f != NULL && f != v && f[-1] != ',')
+                f = strstr(f + 1, "file=");
+            if (f == NULL || strchr(f, ',') != NULL || f[5] == '\0')
                 return KC_PASS_option;
-            r->output = v;
-            r->role[vi] = 2;
+            at = (size_t)(f + 5 - r->argv[vi]);
+            v = f + 5;
+        }
+        if (at > USHRT_MAX)
+            return KC_PASS_option;
+        if (kind == O_LIBDIR || kind == O_LIB) {
+            /* One each (not a comma list); a library by its name alone. */
+            bool dir = kind == O_LIBDIR;
+            if (v[0] == '\0' || strchr(v, ',') != NULL || (!dir && strchr(v, '/') != NULL) ||
+                (dir ? r->n_libdirs : r->n_libs) == MAX_LIB)
+                return KC_PASS_option;
+            if (dir)
+                r->libdirs[r->n_libdirs++] = v;
+            else
+                r->libs[r->n_libs++] = v;
+            continue;
+        }
+        if (kind == O_IN || kind == O_SPEC) {
+            if (r->n_inputs == MAX_IN || v[0] == '\0')
+                return KC_PASS_input;
+            r->inputs[r->n_inputs++] = v;
+            r->role[vi] = R_IN;
+            r->off[vi] = (unsigned short)at;
+            continue;
+        }
+        if (kind == O_OUTNEW) {
+            struct stat st;
+            if (lstat(v, &st) == 0 || errno != ENOENT)
+                return KC_PASS_order; /* the tool would leave it as it is */
+            kind = O_OUT;
+        }
+        if (kind == O_OUT) {
+            if (r->n_outputs == MAX_OUT || v[0] == '\0')
+                return KC_PASS_option;
+            for (int k = 0; k < r->n_outputs; k++)
+                if (r->out_opt[k] == o)
+                    return KC_PASS_option; /* which one the tool takes */
+            r->out_opt[r->n_outputs] = o;
+            r->outputs[r->n_outputs++] = v;
+            r->role[vi] = R_OUT;
+            r->off[vi] = (unsigned short)at;
+        }
+        int j = recorded_of(r->tool, o);
+        if (j >= 0) {
+            if (r->named[j] != NULL)
+                return KC_PASS_option;
+            if (plain_name(v)) {
+                r->named[j] = v;
+                if (o->kind == O_VAL) {
+                    r->role[vi] = R_NAMED;
+                    r->off[vi] = (unsigned short)at;
+                }
+            } else if (kind == O_OUT) {
+                r->role[vi] = R_KEPT; /* its path is keyed as written */
+            }
         }
     }
-    /* One output, named; one input file at most (or the PTX given as a
-     * string). */
-    if (r->output == NULL || r->n_inputs > 1)
+    /* An output, named; the inputs named (or the PTX given as a string). */
+    if (r->n_outputs == 0)
         return KC_PASS_input;
     return -1;
 }
@@ -283,11 +589,80 @@ static bool same_stream(int a, int b)
     return oa == ob;
 }
 
+/* Adds the library search to the key: the search path variable as set,
+ * and for each library each place the tool looks (libNAME.so, then
+ * libNAME.a, in each -L directory, then each of the variable's), found (a
+ * regular file: its content) or not. Every place is keyed whether or not
+ * the tool would stop before it, so no order of search need be assumed;
+ * the places are kept for report_check. KC_PASS_* reason, or -1. */
+static int lib_key(struct run *r, struct kc__hasher *h)
+{
+    const char *env = r->tool->libpath_env != NULL ? getenv(r->tool->libpath_env) : NULL;
+    kc__hash_str(h, env);
+    if (r->n_libs == 0)
+        return -1;
+    const char *dirs[MAX_LIB + 16];
+    int nd = 0;
+    for (int i = 0; i < r->n_libdirs; i++)
+        dirs[nd++] = r->libdirs[i];
+    char envcopy[PATH_MAX];
+    if (env != NULL) {
+        if (strlen(env) >= sizeof envcopy)
+            return KC_PASS_option;
+        strcpy(envcopy, env);
+        for (char *p = envcopy, *e; p != NULL; p = e) {
+            e = strchr(p, ':');
+            if (e != NULL)
+                *e++ = '\0';
+            if (p[0] == '\0' || nd == (int)(sizeof dirs / sizeof dirs[0]))
+                return KC_PASS_option; /* the working directory, or too many */
+            dirs[nd++] = p;
+        }
+    }
+    r->places = calloc((size_t)(r->n_libs * nd * 2) + 1, sizeof *r->places);
+    if (r->places == NULL)
+        return KC_PASS_internal;
+    static const char *const ext[] = {".so", ".a"};
+    for (int l = 0; l < r->n_libs; l++)
+        for (int d = 0; d < nd; d++)
+            for (int x = 0; x < 2; x++) {
+                char path[PATH_MAX];
+                if ((size_t)snprintf(path, sizeof path, "%s/lib%s%s", dirs[d], r->libs[l],
+                                     ext[x]) >= sizeof path)
+                    return KC_PASS_input;
+                if ((r->places[r->n_places] = strdup(path)) == NULL)
+                    return KC_PASS_internal;
+                r->n_places++;
+                kc__hash_str(h, path);
+                kc_digest dg = {0};
+                int rc = file_digest(path, &dg);
+                if (rc == -ENOENT || rc == -ENOTDIR) {
+                    kc__hash_u64(h, 0);
+                    continue;
+                }
+                if (rc != 0)
+                    return KC_PASS_input; /* not a regular file, unreadable */
+                kc__hash_u64(h, 1);
+                kc__hash_bytes(h, &dg, sizeof dg);
+            }
+    return -1;
+}
+
+static void run_free(struct run *r)
+{
+    free(r->role);
+    free(r->off);
+    for (int i = 0; i < r->n_places; i++)
+        free(r->places[i]);
+    free(r->places);
+}
+
 /* The run's key: the tool's identity and name, every argument in order
- * (an input's path replaced by its content, the output's path left out,
- * unless the output records the command line), the tool's variables, and
- * whether standard output and error are one stream. KC_PASS_* reason when
- * it cannot be keyed, or -1. */
+ * (an input's path replaced by its content, an output's path and a name
+ * an output records left out, unless the output records the command
+ * line), the working directory when the output records it, the tool's
+ * variables, and whether standard output and error are one stream.
+ * KC_PASS_* reason when it cannot be keyed, or -1. */
 static int run_key(struct run *r, const kc_digest *identity, bool merged, kc_digest *out)
 {
     for (const char *const *e = r->tool->env; *e != NULL; e++) {
@@ -298,36 +673,42 @@ static int run_key(struct run *r, const kc_digest *identity, bool merged, kc_dig
     struct kc__hasher *h = kc__hasher_new();
     if (h == NULL)
         return KC_PASS_internal;
-    kc__hash_str(h, "kcache tool run 1");
+    kc__hash_str(h, "kcache tool run 2");
     kc__hash_str(h, r->tool->id);
     kc__hash_bytes(h, identity, sizeof *identity);
     kc__hash_u64(h, (uint64_t)r->argc);
     kc__hash_u64(h, r->records_args);
     kc__hash_u64(h, merged);
     int why = -1, k = 0;
+    if (r->records_cwd) {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL)
+            why = KC_PASS_input;
+        kc__hash_str(h, why < 0 ? cwd : "");
+        kc__hash_str(h, getenv("PWD"));
+    }
     for (int i = 1; i < r->argc && why < 0; i++) {
         const char *a = r->argv[i];
-        if (r->role[i] == 1) {
+        /* Each argument tagged by its role: no spelling of one reads as
+         * another. The part before a path or name (the option's spelling,
+         * "kind=elf,sm=90,file=") is kept. */
+        kc__hash_u64(h, r->role[i]);
+        if (r->role[i] == R_KEPT || r->records_args) {
+            kc__hash_str(h, a);
+        } else {
+            kc__hash_bytes(h, a, r->off[i]);
+            kc__hash_u64(h, r->off[i]);
+        }
+        if (r->role[i] == R_IN) {
             kc_digest d = {0};
-            if (file_digest(a, &d) != 0)
+            if (file_digest(a + r->off[i], &d) != 0)
                 why = KC_PASS_input;
             r->in_digest[k++] = d;
-            kc__hash_str(h, "input");
             kc__hash_bytes(h, &d, sizeof d);
-            if (r->records_args)
-                kc__hash_str(h, a);
-        } else if (r->role[i] == 2) {
-            const char *eq = strchr(a, '=');
-            kc__hash_str(h, "output");
-            /* The option's spelling stays: "-o X" or "--output-file=X". */
-            if (eq != NULL && a[0] == '-')
-                kc__hash_bytes(h, a, (size_t)(eq - a));
-            if (r->records_args)
-                kc__hash_str(h, a);
-        } else {
-            kc__hash_str(h, a);
         }
     }
+    if (why < 0)
+        why = lib_key(r, h);
     *out = kc__hash_digest(h);
     kc__hasher_free(h);
     r->identity = *identity;
@@ -340,7 +721,7 @@ static int run_key(struct run *r, const kc_digest *identity, bool merged, kc_dig
 static void why_record(const struct run *r, const kc_key *key, const char *why_not, uint64_t took)
 {
     struct kc_why w = {0};
-    const char *name = r->n_inputs > 0 ? r->inputs[0] : r->output;
+    const char *name = r->n_inputs > 0 ? r->inputs[0] : r->outputs[0];
     kc_why_begin(&w, BACKEND, name, &r->base);
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -352,10 +733,12 @@ static void why_record(const struct run *r, const kc_key *key, const char *why_n
     snprintf(shown, sizeof shown, "build %016llx", (unsigned long long)b);
     kc_why_add(&w, "kcache", "", &bd, shown);
     for (int i = 1, k = 0; i < r->argc; i++) {
-        if (r->role[i] == 1)
+        if (r->role[i] == R_IN)
             kc_why_add(&w, "input", "", &r->in_digest[k++], r->argv[i]);
-        else if (r->role[i] == 2 && !r->records_args)
-            kc_why_add(&w, "option", "", NULL, "(the output)");
+        else if (r->role[i] == R_OUT && !r->records_args)
+            kc_why_add(&w, "option", "", NULL, "(an output)");
+        else if (r->role[i] == R_NAMED && !r->records_args)
+            kc_why_add(&w, "option", "", NULL, "(a name an output records)");
         else
             kc_why_add(&w, "option", "", NULL, r->argv[i]);
     }
@@ -365,24 +748,39 @@ static void why_record(const struct run *r, const kc_key *key, const char *why_n
 /* ---- records ---------------------------------------------------------------------------- */
 
 /* A run's record: u64 magic, i32 exit status, u8 merged, blob standard
- * output, blob standard error, u8 whether the output file was written,
- * blob its bytes. Little-endian. */
-#define TOOL_MAGIC 0x314c54434bull /* "KCTL" 1 */
+ * output, blob standard error, u32 the number of outputs, and per output
+ * (in argument order) u8 whether it was written, blob its bytes, u32 the
+ * number of names cut out of it and per name u64 where (in the bytes
+ * kept, ascending) and u32 which (the tool's recorded[]). Little-endian. */
+#define TOOL_MAGIC 0x324c54434bull /* "KCTL" 2 */
 #define MAX_STREAM (64u << 20)
+
+struct splice {
+    uint64_t at;
+    uint32_t which;
+};
+
+struct outfile {
+    int wrote;
+    struct kc_buf bytes;
+    struct splice cut[MAX_REC];
+    uint32_t n_cut;
+};
 
 struct record {
     int status;
     int merged;
     struct kc_buf out, err;
-    int wrote;
-    struct kc_buf file;
+    uint32_t n_files;
+    struct outfile file[MAX_OUT];
 };
 
 static void record_free(struct record *x)
 {
     kc_buf_free(&x->out);
     kc_buf_free(&x->err);
-    kc_buf_free(&x->file);
+    for (int k = 0; k < MAX_OUT; k++)
+        kc_buf_free(&x->file[k].bytes);
 }
 
 static void put_blob(struct kc_buf *b, const struct kc_buf *v)
@@ -398,8 +796,17 @@ static int record_encode(const struct record *x, struct kc_buf *b)
     kc_buf_put_u8(b, (uint8_t)x->merged);
     put_blob(b, &x->out);
     put_blob(b, &x->err);
-    kc_buf_put_u8(b, (uint8_t)x->wrote);
-    put_blob(b, &x->file);
+    kc_buf_put_u32(b, x->n_files);
+    for (uint32_t k = 0; k < x->n_files; k++) {
+        const struct outfile *f = &x->file[k];
+        kc_buf_put_u8(b, (uint8_t)f->wrote);
+        put_blob(b, &f->bytes);
+        kc_buf_put_u32(b, f->n_cut);
+        for (uint32_t j = 0; j < f->n_cut; j++) {
+            kc_buf_put_u64(b, f->cut[j].at);
+            kc_buf_put_u32(b, f->cut[j].which);
+        }
+    }
     return b->err ? -ENOMEM : 0;
 }
 
@@ -427,15 +834,112 @@ static int record_decode(const void *p, size_t n, struct record *x)
     int rc = get_blob(&r, &x->out);
     if (rc == 0)
         rc = get_blob(&r, &x->err);
-    x->wrote = kc_rd_get_u8(&r);
-    if (rc == 0)
-        rc = get_blob(&r, &x->file);
+    x->n_files = kc_rd_get_u32(&r);
+    if (rc == 0 && x->n_files > MAX_OUT)
+        rc = -EINVAL;
+    for (uint32_t k = 0; rc == 0 && k < x->n_files; k++) {
+        struct outfile *f = &x->file[k];
+        f->wrote = kc_rd_get_u8(&r);
+        rc = get_blob(&r, &f->bytes);
+        f->n_cut = kc_rd_get_u32(&r);
+        if (rc == 0 && (f->wrote > 1 || f->n_cut > MAX_REC))
+            rc = -EINVAL;
+        for (uint32_t j = 0; rc == 0 && j < f->n_cut; j++) {
+            f->cut[j].at = kc_rd_get_u64(&r);
+            f->cut[j].which = kc_rd_get_u32(&r);
+            if (f->cut[j].at > f->bytes.len || f->cut[j].which >= MAX_REC ||
+                (j > 0 && f->cut[j].at < f->cut[j - 1].at))
+                rc = -EINVAL;
+        }
+    }
     if (rc == 0 && (kc_rd_end(&r) != 0 || x->status < 0 || x->status > 255 || x->merged > 1 ||
-                    x->wrote > 1 || (x->merged && x->err.len != 0)))
+                    (x->merged && x->err.len != 0)))
         rc = -EINVAL;
     if (rc != 0)
         record_free(x);
     return rc;
+}
+
+/* Cuts the names the run's output k records out of its bytes (f->bytes,
+ * as the tool wrote them): each must stand once, on its line. NULL, or
+ * why the run is not stored. */
+static const char *cut_names(const struct run *r, int k, struct outfile *f)
+{
+    const struct recorded *rec = r->tool->recorded;
+    struct {
+        size_t pos, len;
+        uint32_t which;
+    } found[MAX_REC];
+    uint32_t n = 0;
+    for (uint32_t j = 0; rec != NULL && rec[j].opt != NULL && j < MAX_REC; j++) {
+        if (r->named[j] == NULL || strcmp(rec[j].out, r->out_opt[k]->lng) != 0)
+            continue;
+        char pat[PATH_MAX + 64];
+        int pn = snprintf(pat, sizeof pat, "%s%s%s", rec[j].pre, r->named[j], rec[j].post);
+        if (pn < 0 || (size_t)pn >= sizeof pat)
+            return "a name its output records is too long";
+        const char *hit = NULL;
+        size_t count = 0;
+        const char *p = (const char *)f->bytes.p, *end = p + f->bytes.len;
+        while (p < end) {
+            const char *q = memmem(p, (size_t)(end - p), pat, (size_t)pn);
+            if (q == NULL)
+                break;
+            hit = q;
+            count++;
+            p = q + 1;
+        }
+        if (count != 1)
+            return "its output records a name where kcache does not expect it";
+        found[n].pos = (size_t)(hit - (const char *)f->bytes.p) + strlen(rec[j].pre);
+        found[n].len = strlen(r->named[j]);
+        found[n].which = j;
+        n++;
+    }
+    if (n == 0)
+        return NULL;
+    /* In order of place (they do not overlap: each is on its own line). */
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && found[j].pos < found[j - 1].pos; j--) {
+            __typeof__(found[0]) t = found[j];
+            found[j] = found[j - 1];
+            found[j - 1] = t;
+        }
+    struct kc_buf kept = {0};
+    size_t from = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (found[i].pos < from)
+            return "its output records a name where kcache does not expect it";
+        kc_buf_add(&kept, f->bytes.p + from, found[i].pos - from);
+        f->cut[i] = (struct splice){kept.len, found[i].which};
+        from = found[i].pos + found[i].len;
+    }
+    kc_buf_add(&kept, f->bytes.p + from, f->bytes.len - from);
+    if (kept.err) {
+        kc_buf_free(&kept);
+        return "its output was too large to keep";
+    }
+    kc_buf_free(&f->bytes);
+    f->bytes = kept;
+    f->n_cut = n;
+    return NULL;
+}
+
+/* Output k's bytes for this run: the names put back. 0 or -ENOMEM / -EINVAL
+ * (a name the record cut that this run does not have). */
+static int put_names(const struct run *r, const struct outfile *f, struct kc_buf *b)
+{
+    size_t from = 0;
+    for (uint32_t j = 0; j < f->n_cut; j++) {
+        const char *name = r->named[f->cut[j].which];
+        if (name == NULL)
+            return -EINVAL;
+        kc_buf_add(b, f->bytes.p + from, (size_t)f->cut[j].at - from);
+        kc_buf_add(b, name, strlen(name));
+        from = (size_t)f->cut[j].at;
+    }
+    kc_buf_add(b, f->bytes.p + from, f->bytes.len - from);
+    return b->err ? -ENOMEM : 0;
 }
 
 /* ---- replay ------------------------------------------------------------------------------ */
@@ -503,25 +1007,36 @@ static bool output_dir_writable(const char *path)
     return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0;
 }
 
-/* Serves the run from x: its output file, its streams, its status. Returns
- * only when nothing was written yet and the tool must run (a negative
- * errno); otherwise exits. */
+/* Serves the run from x: its output files, its streams, its status.
+ * Returns only when the tool must run (a negative errno): nothing was
+ * written yet, or outputs the tool then writes again. Otherwise exits. */
 static int replay(const struct run *r, const struct record *x, struct kc_counters *c)
 {
-    if (x->wrote) {
-        int rc = output_write(r->output, &x->file);
-        if (rc != 0)
-            return rc;
-    } else {
+    if ((int)x->n_files != r->n_outputs)
+        return -EINVAL;
+    for (int k = 0; k < r->n_outputs; k++) {
+        if (x->file[k].wrote)
+            continue;
         /* The tool failed before writing: an output there now would be
          * the tool's to keep or remove, which the record does not say. */
         struct stat st;
-        if (lstat(r->output, &st) == 0)
+        if (lstat(r->outputs[k], &st) == 0)
             return -EEXIST;
         /* A failure is the input's only where the output could have been
          * written (stored so): else the tool's own error is another. */
-        if (!output_dir_writable(r->output))
+        if (!output_dir_writable(r->outputs[k]))
             return -EACCES;
+    }
+    for (int k = 0; k < r->n_outputs; k++) {
+        if (!x->file[k].wrote)
+            continue;
+        struct kc_buf b = {0};
+        int rc = put_names(r, &x->file[k], &b);
+        if (rc == 0)
+            rc = output_write(r->outputs[k], &b);
+        kc_buf_free(&b);
+        if (rc != 0)
+            return rc;
     }
     c->hits = 1;
     kc__count(BACKEND, c);
@@ -534,8 +1049,13 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
 
 static pid_t child_pid = -1;
 
+/* Set once a signal was passed on to the tool: a tool that catches it
+ * (cicc exits 4 on SIGTERM) ends as a failure that is no compile's. */
+static volatile sig_atomic_t forwarded;
+
 static void forward(int sig)
 {
+    forwarded = 1;
     if (child_pid > 0)
         kill(child_pid, sig);
 }
@@ -572,9 +1092,29 @@ static bool same_path(const char *a, const char *b)
            sa.st_ino == sb.st_ino;
 }
 
-/* Checks the child's report: it opened its inputs and its output, and
- * nothing else that decides an output. Returns NULL when it did, else what
- * it did (for the log). */
+/* Whether the run named `path` as output k's path (the same string, or
+ * the same inode); -1 when none. */
+static int output_index(const struct run *r, const char *path)
+{
+    for (int k = 0; k < r->n_outputs; k++)
+        if (same_path(path, r->outputs[k]))
+            return k;
+    return -1;
+}
+
+/* Whether `path` is the working directory. */
+static bool is_cwd(const char *path)
+{
+    struct stat a, b;
+    return stat(path, &a) == 0 && stat(".", &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* Checks the child's report: it opened its inputs and its outputs, and
+ * nothing else that decides an output (a file of the tool's inert list;
+ * the working directory looked at; a scratch file it made and removed).
+ * Returns NULL when it did, else what it did (for the log); wrote[k]: output
+ * k was opened for writing. */
 static const char *report_check(const struct run *r, const struct kc_buf *rep, bool *wrote)
 {
     struct kc_rd rd;
@@ -585,7 +1125,8 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
         return "the run could not be followed";
     uint64_t n = kc_rd_get_u64(&rd);
     const char *bad = NULL;
-    *wrote = false;
+    for (int k = 0; k < r->n_outputs; k++)
+        wrote[k] = false;
     for (uint64_t i = 0; i < n && bad == NULL; i++) {
         int kind = kc_rd_get_u8(&rd);
         uint64_t len = kc_rd_get_u64(&rd);
@@ -594,20 +1135,42 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
         char path[PATH_MAX];
         memcpy(path, kc_rd_take(&rd, (size_t)len), (size_t)len);
         path[len] = '\0';
-        if (kind == KC_DEP_WRITTEN) {
-            if (same_path(path, r->output))
-                *wrote = true;
-            else
-                bad = "it wrote a file other than its output";
+        if (kind == KC_DEP_WRITTEN || kind == KC_DEP_CREATED) {
+            int k = output_index(r, path);
+            struct stat st;
+            if (k >= 0)
+                wrote[k] = true;
+            else if (kind == KC_DEP_CREATED && lstat(path, &st) != 0 && errno == ENOENT)
+                continue; /* made by the run, gone by its end: scratch */
+            else {
+                bad = "it wrote a file other than its outputs";
+                kc_log(KC_LOG_DEBUG, "%s: %s (%s)", r->tool->id, bad, path);
+            }
             continue;
         }
-        bool known = strcmp(path, r->output) == 0;
+        bool known = false;
+        for (int k = 0; k < r->n_outputs && !known; k++)
+            known = strcmp(path, r->outputs[k]) == 0;
         for (int k = 0; k < r->n_inputs && !known; k++)
             known = same_path(path, r->inputs[k]);
+        for (const char *const *f = r->tool->inert_files; *f != NULL && !known; f++)
+            known = strcmp(path, *f) == 0;
+        for (int k = 0; k < r->n_places && !known; k++)
+            known = strcmp(path, r->places[k]) == 0;
+        /* The working directory, and $PWD, which cicc looks at to find it
+         * (keyed where an output records it: O_CWD). */
+        const char *pwd = getenv("PWD");
+        if (!known && kind == KC_DEP_DIR)
+            known = is_cwd(path) || (pwd != NULL && strcmp(path, pwd) == 0);
+        /* The executable itself (cicc finds its directory): its content
+         * is the run's identity. */
+        known = known || strcmp(path, "/proc/self/exe") == 0;
         if (!known && kind == KC_DEP_FILE)
             bad = "it read a file other than its inputs";
         else if (!known)
             bad = "it looked for a file other than its inputs";
+        if (bad != NULL)
+            kc_log(KC_LOG_DEBUG, "%s: %s (%s)", r->tool->id, bad, path);
     }
     if (bad == NULL && kc_rd_end(&rd) != 0)
         return "a bad report";
@@ -736,27 +1299,42 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     child_pid = -1;
 
     const char *why_not = NULL;
-    bool wrote = false;
+    bool wrote[MAX_OUT] = {false};
+    int n_wrote = 0;
     if (!WIFEXITED(ws))
         why_not = "the tool was killed";
+    else if (forwarded)
+        why_not = "it was sent a signal";
     else if (cap[0].over || cap[1].over || x.out.err || x.err.err || report.err)
         why_not = "its output was too large to keep";
     else if (out_broken || err_broken)
         why_not = "its standard streams could not be written";
     else
-        why_not = report_check(r, &report, &wrote);
+        why_not = report_check(r, &report, wrote);
+    for (int k = 0; k < r->n_outputs; k++) {
+        /* An output opened and gone by the end (cicc removes its outputs
+         * when it fails) is none: a replay then finds none there, or
+         * leaves the run to the tool. */
+        struct stat ost;
+        if (wrote[k] && lstat(r->outputs[k], &ost) != 0 && errno == ENOENT)
+            wrote[k] = false;
+        n_wrote += wrote[k];
+    }
     if (why_not == NULL) {
         x.status = WEXITSTATUS(ws);
-        if (x.status == 0 && !wrote)
-            why_not = "it exited without writing its output";
-        else if (x.status != 0 && wrote)
-            why_not = "it failed after writing its output";
-        else if (x.status != 0 && !output_dir_writable(r->output))
-            why_not = "it failed where its output could not be written";
+        if (x.status == 0 && n_wrote < r->n_outputs)
+            why_not = "it exited without writing its outputs";
+        else if (x.status != 0 && n_wrote > 0)
+            why_not = "it failed after writing an output";
+        for (int k = 0; k < r->n_outputs && why_not == NULL && x.status != 0; k++)
+            if (!output_dir_writable(r->outputs[k]))
+                why_not = "it failed where its output could not be written";
     }
-    if (why_not == NULL && wrote) {
-        x.wrote = 1;
-        int fd = open(r->output, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    x.n_files = (uint32_t)r->n_outputs;
+    for (int k = 0; k < r->n_outputs && why_not == NULL && n_wrote > 0; k++) {
+        struct outfile *f = &x.file[k];
+        f->wrote = 1;
+        int fd = open(r->outputs[k], O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
         struct stat fst;
         if (fd < 0 || fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode))
             why_not = "its output is not a regular file";
@@ -769,13 +1347,15 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
                     why_not = "its output could not be read";
                 if (got <= 0)
                     break;
-                kc_buf_add(&x.file, buf, (size_t)got);
+                kc_buf_add(&f->bytes, buf, (size_t)got);
             }
-            if (x.file.err)
+            if (f->bytes.err)
                 why_not = "its output was too large to keep";
         }
         if (fd >= 0)
             close(fd);
+        if (why_not == NULL)
+            why_not = cut_names(r, k, f);
     }
     c->misses = 1;
     c->compile_ns = took;
@@ -931,12 +1511,12 @@ static void pass(struct kc_counters *c, int why)
     kc__count(BACKEND, c);
 }
 
-/* The tool's namespace: "tool:<id>-<16 hex digits of its identity>-f1". */
+/* The tool's namespace: "tool:<id>-<16 hex digits of its identity>-f2". */
 static void tool_ns(const struct tool *t, const kc_digest *id, char *ns, size_t n)
 {
     char hex[33];
     kc__digest_hex(id, hex);
-    snprintf(ns, n, "tool:%s-%.16s-f1", t->id, hex);
+    snprintf(ns, n, "tool:%s-%.16s-f2", t->id, hex);
 }
 
 void kc__tool_start(int argc, char **argv)
@@ -952,7 +1532,7 @@ void kc__tool_start(int argc, char **argv)
     int why = parse(&r);
     if (why >= 0) {
         pass(&c, why);
-        free(r.role);
+        run_free(&r);
         return;
     }
     /* The store first (its directory made, before the memo below goes
@@ -960,21 +1540,21 @@ void kc__tool_start(int argc, char **argv)
     const struct kc_store_ops *api = NULL;
     struct kc_store *st = kc__store(&api);
     if (st == NULL) {
-        free(r.role);
+        run_free(&r);
         return;
     }
     /* The executable's identity: its build-id, else its contents. */
     kc_digest id;
     if (tool_identity(cfg, &id) != 0) {
         pass(&c, KC_PASS_internal);
-        free(r.role);
+        run_free(&r);
         return;
     }
     /* A closed standard stream would be taken by the pipes of a watched
      * run: such a run is left to the tool. */
     if (fcntl(STDOUT_FILENO, F_GETFD) < 0 || fcntl(STDERR_FILENO, F_GETFD) < 0) {
         pass(&c, KC_PASS_input);
-        free(r.role);
+        run_free(&r);
         return;
     }
     bool merged = same_stream(STDOUT_FILENO, STDERR_FILENO);
@@ -982,7 +1562,7 @@ void kc__tool_start(int argc, char **argv)
     why = run_key(&r, &id, merged, &kd);
     if (why >= 0) {
         pass(&c, why);
-        free(r.role);
+        run_free(&r);
         return;
     }
     char ns[96];
@@ -1012,7 +1592,7 @@ void kc__tool_start(int argc, char **argv)
         kc_log(KC_LOG_DEBUG, "a cached %s run cannot be replayed here (%s); running it", t->id,
                strerror(-rrc));
         pass(&c, rrc == -EEXIST ? KC_PASS_order : KC_PASS_input);
-        free(r.role);
+        run_free(&r);
         return;
     }
     if (supervise(&r, merged, st, api, ns, &key, flight, rheld, &c) != 0) {
@@ -1021,5 +1601,5 @@ void kc__tool_start(int argc, char **argv)
         kc__flight_release(flight);
         pass(&c, KC_PASS_internal);
     }
-    free(r.role);
+    run_free(&r);
 }

@@ -43,6 +43,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import toolrun  # noqa: E402
+from toolrun import (Runner, check, failures, getenv_names, mode, read, three,  # noqa: E402
+                     tool_counts)
+
 PTX_SRC = r'''
 .version {ver}
 .target sm_80
@@ -66,67 +71,11 @@ PTX_SRC = r'''
 '''
 BAD_PTX = PTX_SRC.replace("mul.f32 %f2", "mul.f32 %f99")
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 def norm(s):
     """A plain run's stream as the cold run's compares: no timing."""
     return re.sub(rb"Compile time = [0-9.]+ ms", b"Compile time = X ms", s)
-
-
-class Runner:
-    def __init__(self, ptxas, work):
-        self.ptxas = ptxas
-        self.work = work
-        self.shim = os.environ["KCACHE_SHIM"]
-        self.base = {k: v for k, v in os.environ.items()
-                     if not k.startswith("KCACHE_") and k != "LD_PRELOAD"}
-
-    def env(self, store, **kw):
-        e = dict(self.base, LD_PRELOAD=self.shim, KCACHE_DIR=store, KCACHE_STATS="1")
-        e.update(kw)
-        return e
-
-    def run(self, args, env=None, cwd=None, umask=None):
-        pre = (lambda: os.umask(umask)) if umask is not None else None
-        r = subprocess.run([self.ptxas] + args, env=env or self.base, cwd=cwd or self.work,
-                           capture_output=True, timeout=300, preexec_fn=pre)
-        err = r.stderr
-        stats = [ln for ln in err.splitlines() if ln.startswith(b"kcache: stats:")]
-        err = b"\n".join(ln for ln in err.splitlines(keepends=False)
-                         if not ln.startswith(b"kcache: stats:"))
-        if r.stderr.endswith(b"\n") and err:
-            err += b"\n"
-        tool = {}
-        if stats:
-            m = re.search(rb"tool hits=(\d+) misses=(\d+) passthrough=(\d+) stores=(\d+)", stats[-1])
-            if m:
-                tool = dict(zip(["hits", "misses", "passthrough", "stores"], map(int, m.groups())))
-            m = re.search(rb"passthrough tool((?: \w+=\d+)+)", stats[-1])
-            if m:
-                tool["reasons"] = m.group(1).decode().strip()
-        return r.returncode, r.stdout, err, tool, stats
-
-
-def read(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def mode(path):
-    try:
-        return oct(os.stat(path).st_mode & 0o7777)
-    except OSError:
-        return None
 
 
 def ptx(work, name, mul="2.0", ver="8.0", bad=False):
@@ -139,41 +88,8 @@ def ptx(work, name, mul="2.0", ver="8.0", bad=False):
     return path
 
 
-def three(R, case, args, out, prep=None, umask=None, same_store=None):
-    """plain, cold, warm of one run; each preceded by prep() and the output
-    removed. Returns the three results with the output's bytes and mode."""
-    store = same_store or os.path.join(R.work, "store-" + case)
-    res = []
-    for phase in ("plain", "cold", "warm"):
-        if os.path.lexists(out):
-            os.unlink(out)
-        if prep:
-            prep()
-        env = None if phase == "plain" else R.env(store)
-        rc, so, se, tool, _ = R.run(args, env=env, umask=umask)
-        res.append((rc, so, se, read(out), mode(out), tool))
-    return res
-
-
 def compare(case, res, hits=True):
-    (prc, pso, pse, pout, pmode, _), cold, warm = res
-    for phase, (rc, so, se, out, md, tool) in (("cold", cold), ("warm", warm)):
-        check(rc == prc and out == pout and md == pmode,
-              "%s %s: status %d, output %s bytes mode %s as plain (%d, %s, %s)"
-              % (case, phase, rc, None if out is None else len(out), md, prc,
-                 None if pout is None else len(pout), pmode))
-        check(norm(so) == norm(pso) and norm(se) == norm(pse),
-              "%s %s: streams as plain's%s" % (case, phase, "" if norm(so) == norm(pso) and
-                                               norm(se) == norm(pse) else
-                                               "\n--- plain\n%r\n%r\n--- kcache\n%r\n%r"
-                                               % (pso, pse, so, se)))
-    check(warm[1] == cold[1] and warm[2] == cold[2], "%s warm: the cold run's streams, byte for byte"
-          % case)
-    check(cold[5].get("misses") == 1 and cold[5].get("stores") == 1,
-          "%s cold: one miss, stored (%s)" % (case, cold[5]))
-    if hits:
-        check(warm[5].get("hits") == 1 and warm[5].get("misses", 0) == 0,
-              "%s warm: a hit (%s)" % (case, warm[5]))
+    toolrun.compare(case, res, hits, norm)
 
 
 def case_ok(R):
@@ -397,35 +313,14 @@ def case_flight(R):
 
 
 def case_env(R):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        check(False, "env: no C compiler to build the getenv logger")
-        return
-    logger = os.path.join(R.work, "getenv.c")
-    with open(logger, "w") as f:
-        f.write(r'''
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-static void say(const char *n) { char b[512]; int k = snprintf(b, sizeof b, "GETENV %s\n", n);
-  if (k > 0) write(2, b, (size_t)k); }
-char *getenv(const char *n) { static char *(*r)(const char *); if (!r) r = dlsym(RTLD_NEXT, "getenv");
-  say(n); return r(n); }
-char *secure_getenv(const char *n) { static char *(*r)(const char *);
-  if (!r) r = dlsym(RTLD_NEXT, "secure_getenv"); say(n); return r(n); }
-''')
-    so = os.path.join(R.work, "getenv.so")
-    subprocess.run([cc, "-shared", "-fPIC", "-o", so, logger, "-ldl"], check=True)
     src = ptx(R.work, "env/k.ptx")
-    r = subprocess.run([R.ptxas, "-v", "-lineinfo", "--gpu-name=sm_90", src, "-o", src + ".o"],
-                       env=dict(R.base, LD_PRELOAD=so), capture_output=True, cwd=R.work)
-    names = sorted({ln.split()[1] for ln in r.stderr.decode().splitlines()
-                    if ln.startswith("GETENV ")})
+    got = getenv_names(R, ["-v", "-lineinfo", "--gpu-name=sm_90", src, "-o", src + ".o"])
+    if got is None:
+        return
+    rc, names = got
     # tool.c's ptxas_env and ptxas_inert.
     listed = ["CAN_FINALIZE_DEBUG", "DUMP_KNOBS_TO_FILE", "MAKEFLAGS", "OPENSSL_ia32cap"]
-    check(r.returncode == 0 and set(names) <= set(listed),
+    check(rc == 0 and set(names) <= set(listed),
           "env: ptxas reads %s, all in kcache's list %s" % (names, listed))
 
 
@@ -447,12 +342,13 @@ def case_nvcc(R):
     for phase in ("cold", "warm"):
         os.unlink(os.path.join(d, "k.cubin"))
         r = subprocess.run(args, cwd=d, env=R.env(store), capture_output=True)
-        m = re.search(rb"tool hits=(\d+) misses=(\d+)", r.stderr)
-        tools.append(m.groups() if m else None)
+        t = tool_counts(r.stderr)
+        tools.append((t["hits"], t["misses"]) if t else None)
         check(r.returncode == 0 and read(os.path.join(d, "k.cubin")) == plain,
               "nvcc %s: nvcc's cubin" % phase)
-    check(tools == [(b"0", b"1"), (b"1", b"0")],
-          "nvcc: its ptxas compiles cold, is served warm (%s)" % tools)
+    # Its ptxas and cicc (served too): both compile cold, both served warm.
+    check(tools == [(0, 2), (2, 0)],
+          "nvcc: its cicc and ptxas compile cold, are served warm (%s)" % tools)
 
 
 def main():
