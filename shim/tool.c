@@ -22,6 +22,7 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "toolrun.h"
 #include "why.h"
 
 #include "../common/buf.h"
@@ -270,7 +271,7 @@ static int file_digest(const char *path, kc_digest *out)
 }
 
 /* Whether fds a and b are one open file description (`2>&1`). */
-static bool same_stream(int a, int b)
+bool kc__tool_same_stream(int a, int b)
 {
     struct stat sa, sb;
     if (fstat(a, &sa) != 0 || fstat(b, &sb) != 0)
@@ -442,7 +443,7 @@ static int record_decode(const void *p, size_t n, struct record *x)
 
 /* This process's umask, read without changing it (/proc), else by umask(2)
  * (no other thread runs before main). */
-static mode_t current_umask(void)
+mode_t kc__tool_umask(void)
 {
     mode_t m = umask(022);
     umask(m);
@@ -453,7 +454,7 @@ static mode_t current_umask(void)
  * renamed over it. Its mode is the one the tool's open(O_CREAT|O_TRUNC,
  * 0666) would leave: an existing file's own, else 0666 less the umask.
  * 0, or negative errno (nothing is left behind). */
-static int output_write(const char *path, const struct kc_buf *bytes)
+int kc__tool_output_write(const char *path, const struct kc_buf *bytes)
 {
     struct stat st;
     mode_t mode;
@@ -462,7 +463,7 @@ static int output_write(const char *path, const struct kc_buf *bytes)
             return -EINVAL; /* /dev/stdout, a FIFO: the tool's own writes */
         mode = st.st_mode & 07777;
     } else if (errno == ENOENT) {
-        mode = 0666 & ~current_umask();
+        mode = 0666 & ~kc__tool_umask();
     } else {
         return -errno;
     }
@@ -487,7 +488,7 @@ static int output_write(const char *path, const struct kc_buf *bytes)
 
 /* Whether the directory `path` would be created in exists and this
  * process may create files there. */
-static bool output_dir_writable(const char *path)
+bool kc__tool_output_dir_writable(const char *path)
 {
     char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
@@ -509,7 +510,7 @@ static bool output_dir_writable(const char *path)
 static int replay(const struct run *r, const struct record *x, struct kc_counters *c)
 {
     if (x->wrote) {
-        int rc = output_write(r->output, &x->file);
+        int rc = kc__tool_output_write(r->output, &x->file);
         if (rc != 0)
             return rc;
     } else {
@@ -520,7 +521,7 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
             return -EEXIST;
         /* A failure is the input's only where the output could have been
          * written (stored so): else the tool's own error is another. */
-        if (!output_dir_writable(r->output))
+        if (!kc__tool_output_dir_writable(r->output))
             return -EACCES;
     }
     c->hits = 1;
@@ -563,7 +564,7 @@ static void child_report(void)
 
 /* Whether the paths name one file as the tool would open them (the same
  * string, or the same inode). */
-static bool same_path(const char *a, const char *b)
+bool kc__tool_same_path(const char *a, const char *b)
 {
     if (strcmp(a, b) == 0)
         return true;
@@ -595,7 +596,7 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
         memcpy(path, kc_rd_take(&rd, (size_t)len), (size_t)len);
         path[len] = '\0';
         if (kind == KC_DEP_WRITTEN) {
-            if (same_path(path, r->output))
+            if (kc__tool_same_path(path, r->output))
                 *wrote = true;
             else
                 bad = "it wrote a file other than its output";
@@ -603,7 +604,7 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
         }
         bool known = strcmp(path, r->output) == 0;
         for (int k = 0; k < r->n_inputs && !known; k++)
-            known = same_path(path, r->inputs[k]);
+            known = kc__tool_same_path(path, r->inputs[k]);
         if (!known && kind == KC_DEP_FILE)
             bad = "it read a file other than its inputs";
         else if (!known)
@@ -614,12 +615,55 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
     return bad;
 }
 
-struct capture {
-    int fd; /* the pipe's read end, -1 at its end */
-    int to; /* where its bytes go on */
-    struct kc_buf *b;
-    bool over; /* more than MAX_STREAM: not kept */
-};
+/* Copies the watched child's pipes through (cap[i].to, -1: kept only)
+ * and keeps their bytes, until every pipe is closed. */
+void kc__tool_pump(pid_t pid, struct kc__capture *cap, int n, bool *out_broken, bool *err_broken)
+{
+    char buf[65536];
+    for (;;) {
+        struct pollfd pf[KC__PUMP_MAX];
+        int map[KC__PUMP_MAX], np = 0;
+        for (int i = 0; i < n; i++)
+            if (cap[i].fd >= 0) {
+                pf[np] = (struct pollfd){.fd = cap[i].fd, .events = POLLIN};
+                map[np++] = i;
+            }
+        if (np == 0)
+            break;
+        if (poll(pf, (nfds_t)np, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int k = 0; k < np; k++) {
+            if (pf[k].revents == 0)
+                continue;
+            struct kc__capture *cp = &cap[map[k]];
+            ssize_t got = read(cp->fd, buf, sizeof buf);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                close(cp->fd);
+                cp->fd = -1;
+                continue;
+            }
+            if (cp->to >= 0) {
+                bool *broken = cp->to == STDOUT_FILENO ? out_broken : err_broken;
+                int wrc = *broken ? 0 : kc__write_full(cp->to, buf, (size_t)got);
+                if (wrc != 0)
+                    *broken = true;
+                /* The reader went away: the tool itself would have died
+                 * of SIGPIPE writing there, so it does (and so do we). */
+                if (wrc == -EPIPE)
+                    kill(pid, SIGPIPE);
+            }
+            if (cp->b->len + (size_t)got > MAX_STREAM)
+                cp->over = true;
+            else
+                kc_buf_add(cp->b, buf, (size_t)got);
+        }
+    }
+}
 
 /* Runs the tool in a child and waits for it, copying its streams through.
  * Returns in the child (0: the tool's main runs next). In this process,
@@ -678,55 +722,13 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     signal(SIGPIPE, SIG_IGN);
     struct record x = {.merged = merged};
     struct kc_buf report = {0};
-    struct capture cap[3] = {{outp[0], STDOUT_FILENO, &x.out, false},
-                             {merged ? -1 : errp[0], STDERR_FILENO, &x.err, false},
-                             {rep[0], -1, &report, false}};
+    struct kc__capture cap[3] = {{outp[0], STDOUT_FILENO, &x.out, false},
+                                 {merged ? -1 : errp[0], STDERR_FILENO, &x.err, false},
+                                 {rep[0], -1, &report, false}};
     uint64_t t0 = kc_mono_ns();
     char buf[65536];
     bool out_broken = false, err_broken = false;
-    for (;;) {
-        struct pollfd pf[3];
-        int map[3], np = 0;
-        for (int i = 0; i < 3; i++)
-            if (cap[i].fd >= 0) {
-                pf[np] = (struct pollfd){.fd = cap[i].fd, .events = POLLIN};
-                map[np++] = i;
-            }
-        if (np == 0)
-            break;
-        if (poll(pf, (nfds_t)np, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        for (int k = 0; k < np; k++) {
-            if (pf[k].revents == 0)
-                continue;
-            struct capture *cp = &cap[map[k]];
-            ssize_t got = read(cp->fd, buf, sizeof buf);
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0) {
-                close(cp->fd);
-                cp->fd = -1;
-                continue;
-            }
-            if (cp->to >= 0) {
-                bool *broken = cp->to == STDOUT_FILENO ? &out_broken : &err_broken;
-                int wrc = *broken ? 0 : kc__write_full(cp->to, buf, (size_t)got);
-                if (wrc != 0)
-                    *broken = true;
-                /* The reader went away: the tool itself would have died
-                 * of SIGPIPE writing there, so it does (and so do we). */
-                if (wrc == -EPIPE)
-                    kill(pid, SIGPIPE);
-            }
-            if (cp->b->len + (size_t)got > MAX_STREAM)
-                cp->over = true;
-            else
-                kc_buf_add(cp->b, buf, (size_t)got);
-        }
-    }
+    kc__tool_pump(pid, cap, 3, &out_broken, &err_broken);
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
         ;
@@ -751,7 +753,7 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
             why_not = "it exited without writing its output";
         else if (x.status != 0 && wrote)
             why_not = "it failed after writing its output";
-        else if (x.status != 0 && !output_dir_writable(r->output))
+        else if (x.status != 0 && !kc__tool_output_dir_writable(r->output))
             why_not = "it failed where its output could not be written";
     }
     if (why_not == NULL && wrote) {
@@ -833,7 +835,7 @@ struct id_memo {
 };
 #define ID_MEMO_MAGIC 0x314449544b43ull /* "KCTID1" */
 
-static int tool_identity(const struct kc_config *cfg, kc_digest *out)
+int kc__tool_identity(const struct kc_config *cfg, kc_digest *out)
 {
     struct stat st;
     if (stat("/proc/self/exe", &st) != 0)
@@ -965,7 +967,7 @@ void kc__tool_start(int argc, char **argv)
     }
     /* The executable's identity: its build-id, else its contents. */
     kc_digest id;
-    if (tool_identity(cfg, &id) != 0) {
+    if (kc__tool_identity(cfg, &id) != 0) {
         pass(&c, KC_PASS_internal);
         free(r.role);
         return;
@@ -977,7 +979,7 @@ void kc__tool_start(int argc, char **argv)
         free(r.role);
         return;
     }
-    bool merged = same_stream(STDOUT_FILENO, STDERR_FILENO);
+    bool merged = kc__tool_same_stream(STDOUT_FILENO, STDERR_FILENO);
     kc_digest kd;
     why = run_key(&r, &id, merged, &kd);
     if (why >= 0) {
