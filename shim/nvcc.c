@@ -297,9 +297,11 @@ static int replay(const struct nvrun *r, const struct nvrec *x, struct kc_counte
 /* ---- a miss: nvcc runs as a child, its tree watched -------------------------------------- */
 
 static pid_t child_pid = -1;
+static volatile sig_atomic_t signalled; /* a signal was forwarded: never stored */
 
 static void forward(int sig)
 {
+    signalled = 1;
     if (child_pid > 0)
         kill(child_pid, sig);
 }
@@ -332,10 +334,13 @@ static const char *slurp(const char *path, struct kc_buf *b)
 
 /* What the tree did, checked: NULL when the run can be stored (x holds its
  * outputs), else why not. */
-static const char *tree_check(const struct nvrun *r, struct kc__ptree *t, struct nvrec *x)
+static const char *tree_check(const struct nvrun *r, struct kc__ptree *t, struct nvrec *x,
+                              int *reason)
 {
+    *reason = KC_PASS_unkeyable;
     if (t->why != NULL)
         return t->why;
+    *reason = KC_PASS_writes;
     for (size_t i = 0; i < t->n_written; i++) {
         const char *w = t->written[i];
         struct stat st;
@@ -347,6 +352,7 @@ static const char *tree_check(const struct nvrun *r, struct kc__ptree *t, struct
         if (k == r->n_outputs)
             return "it wrote a file its arguments do not name as an output";
     }
+    *reason = -1;
     /* The named outputs that exist now and were written: kept. */
     for (int k = 0; k < r->n_outputs; k++) {
         bool wrote = false;
@@ -463,9 +469,10 @@ static int supervise(const struct nvrun *r, bool merged, struct kc_store *st,
     child_pid = -1;
 
     const char *why_not = NULL;
+    int reason = -1; /* a tree kcache cannot account for: counted as passed through */
     struct kc__ptree t = {0};
-    if (!WIFEXITED(ws))
-        why_not = "nvcc was killed";
+    if (!WIFEXITED(ws) || signalled)
+        why_not = "nvcc was killed, or signalled";
     else if (cap[0].over || cap[1].over || x.out.err || x.err.err)
         why_not = "its output was too large to keep";
     else if (out_broken || err_broken)
@@ -474,10 +481,15 @@ static int supervise(const struct nvrun *r, bool merged, struct kc_store *st,
         why_not = "its tree's reports could not be read";
     if (why_not == NULL) {
         x.status = WEXITSTATUS(ws);
-        why_not = tree_check(r, &t, &x);
+        why_not = tree_check(r, &t, &x, &reason);
     }
     kc__ptree_remove(dir);
-    c->misses = 1;
+    if (why_not != NULL && reason >= 0) {
+        kc__pass_reason(BACKEND, (enum kc_pass_reason)reason);
+        c->passthrough = 1;
+    } else {
+        c->misses = 1;
+    }
     c->compile_ns = took;
     kc_key key = {.id = r->base, .build = kc__self_build()};
     if (why_not == NULL && !cfg->readonly) {

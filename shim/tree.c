@@ -244,13 +244,26 @@ static bool executable(const char *p, struct stat *st)
            syscall(SYS_faccessat, AT_FDCWD, p, X_OK) == 0;
 }
 
+/* Records a candidate that is not the program: absent, or not executable. */
+static void not_it(struct claim *c, const char *p)
+{
+    struct stat other;
+    if (sys_stat(p, &other) == 0)
+        claim_dep(c, KC_DEP_OTHER, p, &other);
+    else
+        claim_dep(c, KC_DEP_ABSENT, p, NULL);
+}
+
 /* Finds `file` as execvp does (on PATH unless it names a slash), recording
  * the candidates that were not it. */
 static bool resolve(const char *file, bool search, struct claim *c, char *out, struct stat *st)
 {
     if (!search || strchr(file, '/') != NULL) {
         snprintf(out, PATH_MAX, "%s", file);
-        return executable(out, st);
+        if (executable(out, st))
+            return true;
+        not_it(c, out);
+        return false;
     }
     const char *path = getenv("PATH");
     if (path == NULL)
@@ -263,11 +276,7 @@ static bool resolve(const char *file, bool search, struct claim *c, char *out, s
         if (w > 0 && w < PATH_MAX) {
             if (executable(out, st))
                 return true;
-            struct stat other;
-            if (sys_stat(out, &other) == 0)
-                claim_dep(c, KC_DEP_OTHER, out, &other);
-            else
-                claim_dep(c, KC_DEP_ABSENT, out, NULL);
+            not_it(c, out);
         }
         if (e == NULL)
             return false;
@@ -275,10 +284,11 @@ static bool resolve(const char *file, bool search, struct claim *c, char *out, s
     }
 }
 
-/* Announces the program `file` is about to run (search: found on PATH).
- * Writes the claim into `name` (PATH_MAX) and returns true, or false when
- * there is nothing to claim (the exec will fail) or it could not be written
- * (the tree is then not stored). */
+/* Announces the program `file` is about to run (search: found on PATH):
+ * a claim named `name` (PATH_MAX). True when it names a program (removed
+ * again if the call fails); false when there is none (the candidates
+ * probed are recorded: a program that appears there later is a miss), or
+ * the claim could not be written (the tree is then not stored). */
 static bool claim(const char *file, bool search, char *name)
 {
     if (file == NULL)
@@ -294,14 +304,14 @@ static bool claim(const char *file, bool search, char *name)
     claim_add(&c, &ino, 8);
     char path[PATH_MAX];
     struct stat st;
-    if (!resolve(file, search, &c, path, &st))
-        return false;
-    claim_dep(&c, KC_DEP_FILE, path, &st);
+    bool found = resolve(file, search, &c, path, &st);
     struct stat run = st;
+    if (found)
+        claim_dep(&c, KC_DEP_FILE, path, &st);
     /* A script: the kernel runs its interpreter. */
     int fd = sys_open(path, O_RDONLY | O_NONBLOCK, 0);
     char head[256];
-    ssize_t n = fd >= 0 ? syscall(SYS_read, fd, head, sizeof head - 1) : -1;
+    ssize_t n = found && fd >= 0 ? syscall(SYS_read, fd, head, sizeof head - 1) : -1;
     if (fd >= 0)
         close(fd);
     if (n > 2 && head[0] == '#' && head[1] == '!') {
@@ -312,11 +322,12 @@ static bool claim(const char *file, bool search, char *name)
         size_t l = strcspn(s, " \t\n");
         s[l] = '\0';
         if (sys_stat(s, &run) != 0)
-            return false;
+            found = false;
         claim_dep(&c, KC_DEP_FILE, s, &run);
     }
-    dev = (uint64_t)run.st_dev;
-    ino = (uint64_t)run.st_ino;
+    /* No program: a record of the probes only (device and inode 0). */
+    dev = found ? (uint64_t)run.st_dev : 0;
+    ino = found ? (uint64_t)run.st_ino : 0;
     memcpy(c.buf + at, &dev, 8);
     memcpy(c.buf + at + 8, &ino, 8);
     static unsigned long seq; /* a vfork child shares it: unique with the pid */
@@ -336,7 +347,7 @@ static bool claim(const char *file, bool search, char *name)
         tree_deps.failed = true; /* a single store: safe in a vfork child */
         return false;
     }
-    return true;
+    return found;
 }
 
 static void unclaim(const char *name)
@@ -687,7 +698,7 @@ int kc__ptree_collect(const char *dir, struct kc__ptree *t)
                     cl = v;
             }
             if (rc == 0)
-                cl[n_cl++] = (struct claimed){dev, ino, false, ""};
+                cl[n_cl++] = (struct claimed){dev, ino, dev == 0 && ino == 0, ""};
             /* The lookup's candidates and the program: counted until the
              * stream ends. */
             while (rc == 0 && kc_rd_left(&r) > 0) {

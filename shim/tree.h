@@ -1,7 +1,7 @@
 /*
  * A process tree recorded (tree.c): the watched child of a served nvcc
  * (nvcc.c) and every descendant that loads the shim write one report each
- * into a private directory named by KCACHE_TREE: the files read (with
+ * into a private directory named by _KCACHE_TREE: the files read (with
  * their stat), the paths probed and not found, the files written, and the
  * programs executed. An exec is announced before it happens (a claim the
  * program's own report must answer), so a descendant without the shim (a
@@ -16,9 +16,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define KC_TREE_ENV "KCACHE_TREE"
+#define KC_TREE_ENV "_KCACHE_TREE" /* internal: no KCACHE_ variable of the configuration */
 
-/* Called first by the constructor: with KCACHE_TREE set to a private
+/* Called first by the constructor: with _KCACHE_TREE set to a private
  * directory of ours, this process records into it until it exits or
  * replaces its image. True when it does (nothing else of kcache then
  * runs in the process: its runs are the tree's). One getenv in every
