@@ -396,19 +396,26 @@ static void after_failed_exec(bool flushed)
     errno = e;                                                                                     \
     return rc
 
-static int (*real_execve)(const char *, char *const[], char *const[]);
-static int (*real_execv)(const char *, char *const[]);
+/* execve and execv as glibc has them: the system call (no lookup of the
+ * real function: a vfork child calls them). */
+static int sys_execve(const char *path, char *const argv[], char *const envp[])
+{
+    return (int)syscall(SYS_execve, path, argv, envp);
+}
+
 static int (*real_execvp)(const char *, char *const[]);
 static int (*real_execvpe)(const char *, char *const[], char *const[]);
 
+static int (*real_execve)(const char *, char *const[], char *const[]) = sys_execve;
+
 KC_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-    EXEC_BODY(real_execve, "execve", path, false, real_execve(path, argv, envp));
+    EXEC_BODY(real_execve, "execve", path, false, sys_execve(path, argv, envp));
 }
 
 KC_EXPORT int execv(const char *path, char *const argv[])
 {
-    EXEC_BODY(real_execv, "execv", path, false, real_execv(path, argv));
+    EXEC_BODY(real_execve, "execve", path, false, sys_execve(path, argv, environ));
 }
 
 KC_EXPORT int execvp(const char *file, char *const argv[])
@@ -451,9 +458,6 @@ KC_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_
                real_spawnp(pid, file, fa, attr, argv, envp));
 }
 
-static void (*real__exit)(int);
-static void (*real__Exit)(int);
-
 /* A process that leaves by _exit (dash does) runs no atexit handler. */
 static void report_before_exit(void)
 {
@@ -464,22 +468,25 @@ static void report_before_exit(void)
     }
 }
 
+/* As glibc's _exit: exit_group, no lookup (a vfork child calls it). */
+static void __attribute__((noreturn)) sys_exit(int status)
+{
+    for (;;)
+        syscall(SYS_exit_group, status);
+}
+
 KC_EXPORT void _exit(int status)
 {
-    REAL_FN(real__exit, "_exit");
     if (__builtin_expect(tree_on, 0))
         report_before_exit();
-    real__exit(status);
-    __builtin_unreachable();
+    sys_exit(status);
 }
 
 KC_EXPORT void _Exit(int status)
 {
-    REAL_FN(real__Exit, "_Exit");
     if (__builtin_expect(tree_on, 0))
         report_before_exit();
-    real__Exit(status);
-    __builtin_unreachable();
+    sys_exit(status);
 }
 
 static int (*real_system)(const char *);
