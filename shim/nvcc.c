@@ -118,6 +118,10 @@ static int parse(struct nvrun *r, const char **why)
 {
     for (int i = 1; i < r->argc; i++) {
         const char *a = r->argv[i];
+        if (strcmp(a, "-") == 0) {
+            *why = "a source read from standard input (not a file the tree opens)";
+            return KC_PASS_input;
+        }
         if (named(a, refused_opts) || strncmp(a, "--keep-dir=", 11) == 0) {
             *why = "an option that keeps nvcc's temporary files";
             return KC_PASS_option;
@@ -147,6 +151,12 @@ static kc_digest run_key(const struct nvrun *r, const kc_digest *id, const char 
         return d;
     kc__hash_str(h, "kcache nvcc tree 1");
     kc__hash_bytes(h, id, sizeof *id);
+    /* Where it lies: nvcc finds nvcc.profile, its headers and its
+     * programs beside its executable. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    kc__hash_str(h, exe);
     kc__hash_u64(h, (uint64_t)r->argc);
     for (int i = 0; i < r->argc; i++)
         kc__hash_str(h, i == 0 ? "nvcc" : r->argv[i]);

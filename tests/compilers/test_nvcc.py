@@ -24,7 +24,8 @@ plain run's, byte for byte. Cases:
   miss, and that gcc runs;
 - static: a statically linked host compiler stand-in (-ccbin) reports
   nothing: never stored, passed through with its reason;
-- unnamed: --keep (temporary files kept) passes through with its reason;
+- unnamed: --keep (temporary files kept), a source on standard input, an
+  output no argument names (-c without -o): passed through with a reason;
 - killed: nvcc killed mid-run: the caller sees the signal, nothing stored;
 - flight: four identical compiles at once compile once.
 
@@ -326,6 +327,14 @@ def case_unnamed(R):
         rc, _, _, tool = R.run(["-c", "k.cu", "-o", "k.o", "--keep"], env=R.env(store), cwd=d)
         check(rc == 0 and tool.get("passthrough") == 1 and "option=1" in tool.get("reasons", ""),
               "unnamed --keep %d: passed through (%s)" % (i, tool))
+    # A source read from standard input: not a file the tree opens.
+    for i in range(2):
+        r = subprocess.run([R.nvcc, "-x", "cu", "-c", "-", "-o", "stdin.o", "-I."],
+                           env=R.env(store), cwd=d, input=KERNEL.encode(), capture_output=True,
+                           timeout=600)
+        rc, _, _, tool = parse(r.returncode, r.stdout, r.stderr)
+        check(rc == 0 and tool.get("passthrough") == 1 and "input=1" in tool.get("reasons", ""),
+              "unnamed stdin %d: passed through (%s)" % (i, tool))
     # -odir-less output: nvcc -c without -o writes k.o, a file no argument
     # names: run, never stored.
     for i in range(2):
