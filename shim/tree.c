@@ -197,6 +197,9 @@ bool kc__ptree_start(void)
         return false;
     if (!private_dir(d))
         return false; /* unanswered: the tree is not stored */
+    /* No counters, no stats line: what this process prints is the tree's
+     * output, stored and replayed. */
+    kc__tool_child();
     begin(d, true);
     return true;
 }

@@ -201,6 +201,12 @@ def case_c(R):
     check(fp is not None and fp == fw, "c warm: the device code (.nv_fatbin, %s bytes) is plain's"
           % (None if fp is None else len(fp)))
     check(b"registers" in res["warm"][2], "c warm: ptxas -v's report replayed on standard error")
+    # Only nvcc's own stats line: none of its tree's programs prints one
+    # (it would be stored and replayed as nvcc's output).
+    store = os.path.join(R.work, "store-c2")
+    r = subprocess.run([R.nvcc] + args, env=R.env(store), cwd=d, capture_output=True, timeout=600)
+    n = r.stderr.count(b"kcache: stats:")
+    check(n == 1, "c cold: one stats line, nvcc's (%d)" % n)
 
 
 def case_phases(R):
