@@ -109,7 +109,9 @@ static void report_write(void)
     kc__deps_end_process();
     struct kc_buf b = {0};
     pid_t me = getpid();
-    bool claimed = by_exec && me == image_pid;
+    /* 1: an exec'd image, answering a claim; 2: nvcc's watched child, the
+     * tree's root, whose report must be there too; 0: a forked child. */
+    int claimed = me != image_pid ? 0 : by_exec ? 1 : 2;
     struct stat exe = {0};
     char exe_path[PATH_MAX], cwd[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
@@ -681,6 +683,7 @@ int kc__ptree_collect(const char *dir, struct kc__ptree *t)
     } *rep = NULL;
     size_t n_rep = 0, cap_rep = 0;
     struct kc__deps all = {0};
+    bool root_seen = false;
     int rc = 0;
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {
@@ -735,7 +738,9 @@ int kc__ptree_collect(const char *dir, struct kc__ptree *t)
             if (rc == 0 && bad)
                 t->why = "a program of the tree could not be followed (it read a file kcache "
                          "cannot key, or ran out of memory)";
-            if (rc == 0 && claimed) {
+            if (rc == 0 && claimed == 2)
+                root_seen = true;
+            if (rc == 0 && claimed == 1) {
                 if (n_rep == cap_rep) {
                     cap_rep = cap_rep ? cap_rep * 2 : 16;
                     void *v = realloc(rep, cap_rep * sizeof *rep);
@@ -770,6 +775,8 @@ int kc__ptree_collect(const char *dir, struct kc__ptree *t)
             t->why = "a program it ran reported nothing (statically linked, or run without the "
                      "preload)";
     }
+    if (rc == 0 && !root_seen && t->why == NULL)
+        t->why = "nvcc's own report is missing";
     free(cl);
     free(rep);
     /* One entry per path, the strongest; none the tree wrote itself, none

@@ -65,6 +65,10 @@ class Runner:
         self.shim = os.environ["KCACHE_SHIM"]
         self.base = {k: v for k, v in os.environ.items()
                      if not k.startswith("KCACHE_") and k != "LD_PRELOAD"}
+        # nvcc's temporary files, in the work directory: a killed nvcc's
+        # children leave theirs behind.
+        self.base["TMPDIR"] = os.path.join(work, "tmp")
+        os.makedirs(self.base["TMPDIR"])
 
     def env(self, store, **kw):
         e = dict(self.base, LD_PRELOAD=self.shim, KCACHE_DIR=store, KCACHE_STATS="1")
