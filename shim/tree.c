@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define REPORT_MAGIC 0x3152544b43ull /* "KCTR1" */
@@ -526,11 +527,35 @@ KC_EXPORT FILE *popen(const char *cmd, const char *mode)
 
 /* ---- the root: the reports merged ---------------------------------------------------- */
 
+/* Report directories of trees whose nvcc was killed (SIGKILL runs no
+ * cleanup) are removed by a later miss once a day old. */
+static void remove_stale(const char *store_dir)
+{
+    DIR *d = opendir(store_dir);
+    if (d == NULL)
+        return;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        char p[PATH_MAX];
+        if (strncmp(e->d_name, "tree.", 5) != 0 ||
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+            st.st_uid != geteuid() || now.tv_sec - st.st_mtim.tv_sec < 86400 ||
+            (size_t)snprintf(p, sizeof p, "%s/%s", store_dir, e->d_name) >= sizeof p)
+            continue;
+        kc__ptree_remove(p);
+    }
+    closedir(d);
+}
+
 int kc__ptree_open(const char *store_dir, char *dir, size_t n)
 {
     if (store_dir == NULL || store_dir[0] != '/' || strlen(store_dir) > PATH_MAX - 200 ||
         (size_t)snprintf(dir, n, "%s/tree.XXXXXX", store_dir) >= n)
         return -ENAMETOOLONG;
+    remove_stale(store_dir);
     return mkdtemp(dir) != NULL ? 0 : -errno;
 }
 
