@@ -354,15 +354,28 @@ def case_unnamed(R):
               "unnamed -c without -o %d: run, not stored (%s)" % (i, tool))
 
 
+SORT = r'''
+#include <cub/device/device_radix_sort.cuh>
+void sort(const unsigned *k_in, unsigned *k_out, const float *v_in, float *v_out, int n,
+          void *tmp, size_t bytes, cudaStream_t s)
+{
+    cub::DeviceRadixSort::SortPairs(tmp, bytes, k_in, k_out, v_in, v_out, n, 0, 32, s);
+}
+'''
+
+
 def case_killed(R):
     d = source(R.work, "killed")
+    with open(os.path.join(d, "sort.cu"), "w") as f:
+        f.write(SORT)
     store = os.path.join(R.work, "store-killed")
-    args = [R.nvcc, "-c", "k.cu", "-o", "k.o", "-arch=sm_80"]
+    # A compile of several seconds: SIGTERM reaches nvcc mid-run.
+    args = [R.nvcc, "-c", "sort.cu", "-o", "sort.o", "-arch=sm_80"]
     status = []
     for env in (R.base, R.env(store)):
         p = subprocess.Popen(args, env=env, cwd=d, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-        time.sleep(1.0)
+        time.sleep(2.0)
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=120)
         status.append(p.returncode)
