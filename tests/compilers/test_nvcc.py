@@ -40,6 +40,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from kctest import rm_settled  # noqa: E402
+
 KERNEL = r'''
 #include "k.h"
 __global__ void scale(float *x, int n) {
@@ -430,7 +433,7 @@ def main():
             if not only or c.__name__[5:] in only:
                 c(R)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        rm_settled(work)
     print("%d failures" % len(failures))
     return 1 if failures else 0
 
