@@ -30,6 +30,9 @@ static __thread struct kc__deps *tracking __attribute__((tls_model("initial-exec
  * one set under a lock, through `tracking` while a call is recorded;
  * process_busy keeps the recording's own calls out. */
 static struct kc__deps *process_deps;
+/* A second set that sees every call too: a tool's run inside an nvcc tree
+ * (tool.c's watched child records its run, tree.c the tree's report). */
+static struct kc__deps *process_also;
 static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int process_busy __attribute__((tls_model("initial-exec")));
 
@@ -56,6 +59,10 @@ static void process_leave(void)
         } else if (__builtin_expect(process_deps != NULL, 0) && !process_busy) {                   \
             process_enter();                                                                       \
             call;                                                                                  \
+            if (process_also != NULL) {                                                            \
+                tracking = process_also;                                                           \
+                call;                                                                              \
+            }                                                                                      \
             process_leave();                                                                       \
         }                                                                                          \
     } while (0)
@@ -63,13 +70,19 @@ static void process_leave(void)
 void kc__deps_begin_process(struct kc__deps *d)
 {
     d->process = true;
+    pthread_mutex_lock(&process_lock);
+    /* A set already recording keeps recording beside the new one. */
+    if (process_deps != NULL && process_deps != d)
+        process_also = process_deps;
     __atomic_store_n(&process_deps, d, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&process_lock);
 }
 
 void kc__deps_end_process(void)
 {
     pthread_mutex_lock(&process_lock);
     __atomic_store_n(&process_deps, NULL, __ATOMIC_RELEASE);
+    process_also = NULL;
     pthread_mutex_unlock(&process_lock);
 }
 

@@ -86,7 +86,8 @@ void kc__deps_begin(struct kc__deps *d);
 
 /* Starts recording every thread's calls into d (zeroed by the caller), for
  * the rest of the process: a compiler tool's run (tool.c). Files opened
- * for writing are recorded too, as KC_DEP_WRITTEN. */
+ * for writing are recorded too, as KC_DEP_WRITTEN. A set already recording
+ * (an nvcc tree's, tree.c) goes on recording every call beside d. */
 void kc__deps_begin_process(struct kc__deps *d);
 
 /* Stops kc__deps_begin_process's recording: once it returns, no thread

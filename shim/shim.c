@@ -4,6 +4,7 @@
  * interposer that swaps our wrappers into dlopen'd NVRTC and libcuda.
  */
 #include "shim.h"
+#include "tree.h"
 #include "front.h"
 #include "flight.h"
 #include "../store/local/chain.h"
@@ -588,6 +589,11 @@ __attribute__((constructor)) static void shim_init(int argc, char **argv, char *
 {
     (void)envp;
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    /* A descendant of a served nvcc records for it and is served nothing
+     * itself (tree.c); nvcc itself is served whole (nvcc.c). */
+    if (kc__ptree_start())
+        return;
+    kc__nvcc_start(argc, argv);
     kc__tool_start(argc, argv);
 }
 

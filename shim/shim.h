@@ -65,6 +65,12 @@ const char *kc__self_path(void);
  * in every other case (and in that child). */
 void kc__tool_start(int argc, char **argv);
 
+/* Called before main: when this process is nvcc, a hit replays its whole
+ * run and exits, a miss runs it in a watched child whose tree reports
+ * (nvcc.c, tree.h) and exits; returns in every other case (and in that
+ * child). */
+void kc__nvcc_start(int argc, char **argv);
+
 /* In a compiler tool's watched child: no counters, no stats line. */
 void kc__tool_child(void);
 

@@ -22,6 +22,7 @@
 #include "deps.h"
 #include "flight.h"
 #include "shim.h"
+#include "toolrun.h"
 #include "why.h"
 
 #include "../common/buf.h"
@@ -576,7 +577,7 @@ static int file_digest(const char *path, kc_digest *out)
 }
 
 /* Whether fds a and b are one open file description (`2>&1`). */
-static bool same_stream(int a, int b)
+bool kc__tool_same_stream(int a, int b)
 {
     struct stat sa, sb;
     if (fstat(a, &sa) != 0 || fstat(b, &sb) != 0)
@@ -946,7 +947,7 @@ static int put_names(const struct run *r, const struct outfile *f, struct kc_buf
 
 /* This process's umask, read without changing it (/proc), else by umask(2)
  * (no other thread runs before main). */
-static mode_t current_umask(void)
+mode_t kc__tool_umask(void)
 {
     mode_t m = umask(022);
     umask(m);
@@ -957,7 +958,7 @@ static mode_t current_umask(void)
  * renamed over it. Its mode is the one the tool's open(O_CREAT|O_TRUNC,
  * 0666) would leave: an existing file's own, else 0666 less the umask.
  * 0, or negative errno (nothing is left behind). */
-static int output_write(const char *path, const struct kc_buf *bytes)
+int kc__tool_output_write(const char *path, const struct kc_buf *bytes)
 {
     struct stat st;
     mode_t mode;
@@ -966,7 +967,7 @@ static int output_write(const char *path, const struct kc_buf *bytes)
             return -EINVAL; /* /dev/stdout, a FIFO: the tool's own writes */
         mode = st.st_mode & 07777;
     } else if (errno == ENOENT) {
-        mode = 0666 & ~current_umask();
+        mode = 0666 & ~kc__tool_umask();
     } else {
         return -errno;
     }
@@ -991,7 +992,7 @@ static int output_write(const char *path, const struct kc_buf *bytes)
 
 /* Whether the directory `path` would be created in exists and this
  * process may create files there. */
-static bool output_dir_writable(const char *path)
+bool kc__tool_output_dir_writable(const char *path)
 {
     char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
@@ -1024,7 +1025,7 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
             return -EEXIST;
         /* A failure is the input's only where the output could have been
          * written (stored so): else the tool's own error is another. */
-        if (!output_dir_writable(r->outputs[k]))
+        if (!kc__tool_output_dir_writable(r->outputs[k]))
             return -EACCES;
     }
     for (int k = 0; k < r->n_outputs; k++) {
@@ -1033,7 +1034,7 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
         struct kc_buf b = {0};
         int rc = put_names(r, &x->file[k], &b);
         if (rc == 0)
-            rc = output_write(r->outputs[k], &b);
+            rc = kc__tool_output_write(r->outputs[k], &b);
         kc_buf_free(&b);
         if (rc != 0)
             return rc;
@@ -1083,7 +1084,7 @@ static void child_report(void)
 
 /* Whether the paths name one file as the tool would open them (the same
  * string, or the same inode). */
-static bool same_path(const char *a, const char *b)
+bool kc__tool_same_path(const char *a, const char *b)
 {
     if (strcmp(a, b) == 0)
         return true;
@@ -1097,7 +1098,7 @@ static bool same_path(const char *a, const char *b)
 static int output_index(const struct run *r, const char *path)
 {
     for (int k = 0; k < r->n_outputs; k++)
-        if (same_path(path, r->outputs[k]))
+        if (kc__tool_same_path(path, r->outputs[k]))
             return k;
     return -1;
 }
@@ -1152,7 +1153,7 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
         for (int k = 0; k < r->n_outputs && !known; k++)
             known = strcmp(path, r->outputs[k]) == 0;
         for (int k = 0; k < r->n_inputs && !known; k++)
-            known = same_path(path, r->inputs[k]);
+            known = kc__tool_same_path(path, r->inputs[k]);
         for (const char *const *f = r->tool->inert_files; *f != NULL && !known; f++)
             known = strcmp(path, *f) == 0;
         for (int k = 0; k < r->n_places && !known; k++)
@@ -1177,12 +1178,55 @@ static const char *report_check(const struct run *r, const struct kc_buf *rep, b
     return bad;
 }
 
-struct capture {
-    int fd; /* the pipe's read end, -1 at its end */
-    int to; /* where its bytes go on */
-    struct kc_buf *b;
-    bool over; /* more than MAX_STREAM: not kept */
-};
+/* Copies the watched child's pipes through (cap[i].to, -1: kept only)
+ * and keeps their bytes, until every pipe is closed. */
+void kc__tool_pump(pid_t pid, struct kc__capture *cap, int n, bool *out_broken, bool *err_broken)
+{
+    char buf[65536];
+    for (;;) {
+        struct pollfd pf[KC__PUMP_MAX];
+        int map[KC__PUMP_MAX], np = 0;
+        for (int i = 0; i < n; i++)
+            if (cap[i].fd >= 0) {
+                pf[np] = (struct pollfd){.fd = cap[i].fd, .events = POLLIN};
+                map[np++] = i;
+            }
+        if (np == 0)
+            break;
+        if (poll(pf, (nfds_t)np, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        for (int k = 0; k < np; k++) {
+            if (pf[k].revents == 0)
+                continue;
+            struct kc__capture *cp = &cap[map[k]];
+            ssize_t got = read(cp->fd, buf, sizeof buf);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                close(cp->fd);
+                cp->fd = -1;
+                continue;
+            }
+            if (cp->to >= 0) {
+                bool *broken = cp->to == STDOUT_FILENO ? out_broken : err_broken;
+                int wrc = *broken ? 0 : kc__write_full(cp->to, buf, (size_t)got);
+                if (wrc != 0)
+                    *broken = true;
+                /* The reader went away: the tool itself would have died
+                 * of SIGPIPE writing there, so it does (and so do we). */
+                if (wrc == -EPIPE)
+                    kill(pid, SIGPIPE);
+            }
+            if (cp->b->len + (size_t)got > MAX_STREAM)
+                cp->over = true;
+            else
+                kc_buf_add(cp->b, buf, (size_t)got);
+        }
+    }
+}
 
 /* Runs the tool in a child and waits for it, copying its streams through.
  * Returns in the child (0: the tool's main runs next). In this process,
@@ -1241,55 +1285,13 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
     signal(SIGPIPE, SIG_IGN);
     struct record x = {.merged = merged};
     struct kc_buf report = {0};
-    struct capture cap[3] = {{outp[0], STDOUT_FILENO, &x.out, false},
-                             {merged ? -1 : errp[0], STDERR_FILENO, &x.err, false},
-                             {rep[0], -1, &report, false}};
+    struct kc__capture cap[3] = {{outp[0], STDOUT_FILENO, &x.out, false},
+                                 {merged ? -1 : errp[0], STDERR_FILENO, &x.err, false},
+                                 {rep[0], -1, &report, false}};
     uint64_t t0 = kc_mono_ns();
     char buf[65536];
     bool out_broken = false, err_broken = false;
-    for (;;) {
-        struct pollfd pf[3];
-        int map[3], np = 0;
-        for (int i = 0; i < 3; i++)
-            if (cap[i].fd >= 0) {
-                pf[np] = (struct pollfd){.fd = cap[i].fd, .events = POLLIN};
-                map[np++] = i;
-            }
-        if (np == 0)
-            break;
-        if (poll(pf, (nfds_t)np, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        for (int k = 0; k < np; k++) {
-            if (pf[k].revents == 0)
-                continue;
-            struct capture *cp = &cap[map[k]];
-            ssize_t got = read(cp->fd, buf, sizeof buf);
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0) {
-                close(cp->fd);
-                cp->fd = -1;
-                continue;
-            }
-            if (cp->to >= 0) {
-                bool *broken = cp->to == STDOUT_FILENO ? &out_broken : &err_broken;
-                int wrc = *broken ? 0 : kc__write_full(cp->to, buf, (size_t)got);
-                if (wrc != 0)
-                    *broken = true;
-                /* The reader went away: the tool itself would have died
-                 * of SIGPIPE writing there, so it does (and so do we). */
-                if (wrc == -EPIPE)
-                    kill(pid, SIGPIPE);
-            }
-            if (cp->b->len + (size_t)got > MAX_STREAM)
-                cp->over = true;
-            else
-                kc_buf_add(cp->b, buf, (size_t)got);
-        }
-    }
+    kc__tool_pump(pid, cap, 3, &out_broken, &err_broken);
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
         ;
@@ -1327,7 +1329,7 @@ static int supervise(const struct run *r, bool merged, struct kc_store *st,
         else if (x.status != 0 && n_wrote > 0)
             why_not = "it failed after writing an output";
         for (int k = 0; k < r->n_outputs && why_not == NULL && x.status != 0; k++)
-            if (!output_dir_writable(r->outputs[k]))
+            if (!kc__tool_output_dir_writable(r->outputs[k]))
                 why_not = "it failed where its output could not be written";
     }
     x.n_files = (uint32_t)r->n_outputs;
@@ -1413,7 +1415,7 @@ struct id_memo {
 };
 #define ID_MEMO_MAGIC 0x314449544b43ull /* "KCTID1" */
 
-static int tool_identity(const struct kc_config *cfg, kc_digest *out)
+int kc__tool_identity(const struct kc_config *cfg, kc_digest *out)
 {
     struct stat st;
     if (stat("/proc/self/exe", &st) != 0)
@@ -1545,7 +1547,7 @@ void kc__tool_start(int argc, char **argv)
     }
     /* The executable's identity: its build-id, else its contents. */
     kc_digest id;
-    if (tool_identity(cfg, &id) != 0) {
+    if (kc__tool_identity(cfg, &id) != 0) {
         pass(&c, KC_PASS_internal);
         run_free(&r);
         return;
@@ -1557,7 +1559,7 @@ void kc__tool_start(int argc, char **argv)
         run_free(&r);
         return;
     }
-    bool merged = same_stream(STDOUT_FILENO, STDERR_FILENO);
+    bool merged = kc__tool_same_stream(STDOUT_FILENO, STDERR_FILENO);
     kc_digest kd;
     why = run_key(&r, &id, merged, &kd);
     if (why >= 0) {

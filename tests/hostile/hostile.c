@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1554,6 +1555,126 @@ CASE(access, hostile)
     SAY("bad mode rc=%d errno=%d", ERR(access(ptx_path, 0x77)));
     SAY("long rc=%d errno=%d", ERR(access(lp(), F_OK)));
 }
+/* The exec family, posix_spawn, system, popen, _exit (shim/tree.c): outside
+ * an nvcc tree the shim only passes them on. Each run in a child. */
+static void exec_child(int (*fn)(void))
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int rc = fn();
+        printf("returned rc=%d errno=%d\n", rc, errno);
+        fflush(stdout);
+        _exit(0);
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    SAY("child status %d", ws);
+}
+static char *const no_argv[] = {"x", NULL};
+static char *const no_env[] = {NULL};
+static int x_execve_null(void)
+{
+    return execve(NULL, no_argv, no_env);
+}
+static int x_execve_missing(void)
+{
+    return execve("/nonexistent/x", no_argv, no_env);
+}
+static int x_execve_dir(void)
+{
+    return execve("/", no_argv, no_env);
+}
+static int x_execv_long(void)
+{
+    return execv(lp(), no_argv);
+}
+static int x_execvp_missing(void)
+{
+    return execvp("kcache-no-such-program", no_argv);
+}
+static int x_execvp_empty(void)
+{
+    return execvp("", no_argv);
+}
+static int x_execvpe_missing(void)
+{
+    return execvpe("kcache-no-such-program", no_argv, no_env);
+}
+static int x_exit(void)
+{
+    _exit(7);
+}
+static int x_Exit(void)
+{
+    _Exit(9);
+}
+CASE(execve, hostile)
+{
+    exec_child(x_execve_null);
+    exec_child(x_execve_missing);
+    exec_child(x_execve_dir);
+}
+CASE(execv, hostile)
+{
+    exec_child(x_execv_long);
+}
+CASE(execvp, hostile)
+{
+    exec_child(x_execvp_missing);
+    exec_child(x_execvp_empty);
+}
+CASE(execvpe, hostile)
+{
+    exec_child(x_execvpe_missing);
+}
+CASE(_exit, hostile)
+{
+    exec_child(x_exit);
+}
+CASE(_Exit, hostile)
+{
+    exec_child(x_Exit);
+}
+CASE(posix_spawn, hostile)
+{
+    pid_t pid = 0;
+    SAY("missing rc=%d", posix_spawn(&pid, "/nonexistent/x", NULL, NULL, no_argv, no_env));
+    SAY("dir rc=%d", posix_spawn(&pid, "/", NULL, NULL, no_argv, no_env));
+}
+CASE(posix_spawnp, hostile)
+{
+    pid_t pid = 0;
+    SAY("missing rc=%d", posix_spawnp(&pid, "kcache-no-such-program", NULL, NULL, no_argv, no_env));
+    SAY("long rc=%d", posix_spawnp(&pid, lp(), NULL, NULL, no_argv, no_env));
+}
+CASE(system, hostile)
+{
+    SAY("NULL rc=%d", system(NULL) != 0);
+    fflush(stdout);
+    SAY("exit 3 rc=%d", system("exit 3"));
+}
+CASE(popen, hostile)
+{
+    errno = 0;
+    FILE *f = popen("true", "x");
+    SAY("bad mode %s errno=%d", f == NULL ? "NULL" : "a stream", errno);
+    if (f != NULL)
+        pclose(f);
+    f = popen("exit 4", "r");
+    SAY("exit 4 status=%d", f != NULL ? pclose(f) : -1);
+}
+#define TREE_CASES                                                                                 \
+    C(execve, hostile, NULL)                                                                       \
+    C(execv, hostile, NULL)                                                                        \
+    C(execvp, hostile, NULL)                                                                       \
+    C(execvpe, hostile, NULL)                                                                      \
+    C(_exit, hostile, NULL)                                                                        \
+    C(_Exit, hostile, NULL)                                                                        \
+    C(posix_spawn, hostile, NULL)                                                                  \
+    C(posix_spawnp, hostile, NULL)                                                                 \
+    C(system, hostile, NULL)                                                                       \
+    C(popen, hostile, NULL)
 CASE(dlsym, hostile)
 {
     dlerror();
@@ -1947,7 +2068,8 @@ static const struct hcase cases[] = {
                                                                                                             C(dlsym,
                                                                                                               garbage_handle,
                                                                                                               "glibc's dlsym dereferences a garbage handle")
-                                                                                                                NVVM_CASES};
+                                                                                                                NVVM_CASES
+                                                                                                                    TREE_CASES};
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static int nofork;

@@ -9,7 +9,7 @@ bytes written, crashes. Also checks that
   - the table covers every hook: each name in kc__nvrtc_hooks[] (shim/nvrtc.c),
     kc__driver_hooks[] (shim/driver.c and KC_MEMO_WRAPPERS in shim/driver.h),
     kc__link_hooks[] (shim/link.c), kc__culink_hooks[] (shim/culink.c),
-    the libc wrappers of shim/deps.c and dlsym has at least one case;
+    the libc wrappers of shim/deps.c and shim/tree.c and dlsym has at least one case;
   - every case the table excludes as crashing the real library really does
     crash it without the shim (so the exclusion list stays honest);
   - the shim printed nothing on stderr (no warning for hostile input).
@@ -64,6 +64,8 @@ def hooks_in_source():
     names.update(re.findall(r"^KC_EXPORT \w+ \*?(\w+)\(", deps, re.M))
     shim = open(os.path.join(SRC, "shim/shim.c")).read()
     names.update(re.findall(r"^KC_EXPORT \w+ \*?(\w+)\(", shim, re.M))
+    tree = open(os.path.join(SRC, "shim/tree.c")).read()
+    names.update(re.findall(r"^KC_EXPORT \w+ \*?(\w+)\(", tree, re.M))
     if re.search(r'"\.globl dlsym', shim):
         names.add("dlsym")
     return names
