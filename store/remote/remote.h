@@ -281,8 +281,11 @@ void kc_remote_close(struct kc_remote *r);
  * the same cluster slot (and shard) as the entry it guards. 0: taken; this
  * process holds it until kc_remote_unlock or ttl_ms (so a holder that dies
  * lets it expire). -EBUSY: another holder has it (poll the entry with
- * kc_remote_get). -EROFS: this node does not write, so it must not make
- * others wait for it; compile without the lock. Other negatives: the
+ * kc_remote_get; also when this node's lock was refused, full or not
+ * allowed, while a trusted writer holds it). -EROFS: this node does not
+ * write, so it must not make others wait for it; -ENOSPC: the server is
+ * full (asked whatever the write backoff: a lock is small); compile
+ * without the lock, either way. Other negatives: the
  * remote failed (as get); proceed without the lock. */
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
 

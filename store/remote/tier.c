@@ -718,12 +718,22 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     return rc;
 }
 
+/* A full server's writes (OOM) are tried again after this, doubling with
+ * each refusal in a row up to KC__FULL_MAX_MS: a server is full for a
+ * while (keys expire or are evicted, an operator raises maxmemory or
+ * prunes), not for good. A refused write costs one round trip. */
+#define KC__FULL_FIRST_MS 100
+#define KC__FULL_MAX_MS 30000
+
 /* Whether this node may write to the server `route` maps to. Under mu. */
 static int may_write(struct kc_remote *r, const char *route)
 {
     if (!r->keys.have_secret)
         return -EROFS;
     struct kc__node *nd = target_node(r, route);
+    if (nd != NULL && nd->writes_off && nd->writes_retry_ns != 0 &&
+        kc_mono_ns() >= nd->writes_retry_ns)
+        nd->writes_off = false; /* full a while ago: tried again */
     if (nd != NULL && (nd->ep.read_only || nd->writes_off))
         return nd->writes_off && !nd->ep.read_only ? -ENOSPC : -EROFS;
     if (r->cfg.mode == KC_REMOTE_CLUSTER && r->cfg.ep[0].read_only)
@@ -770,12 +780,24 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     if (noperm)
         r->ctr.write_refusals++;
     nd->writes_off = true;
+    nd->writes_retry_ns = 0;
+    if (oom) {
+        unsigned shift = nd->full_refusals < 16 ? nd->full_refusals : 16;
+        uint64_t ms = (uint64_t)KC__FULL_FIRST_MS << shift;
+        if (ms > KC__FULL_MAX_MS)
+            ms = KC__FULL_MAX_MS;
+        nd->full_refusals++;
+        nd->writes_retry_ns = kc_mono_ns() + ms * 1000000ull;
+    }
     if (!r->full_warned) {
         r->full_warned = true;
         char shown[340], said[208];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%s); nothing more is uploaded to it", shown,
-               reply_excerpt(s, said, sizeof said, 200));
+        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%s); %s", shown,
+               reply_excerpt(s, said, sizeof said, 200),
+               oom ? "uploads and locks are tried again after a backoff, compiles not shared "
+                     "meanwhile"
+                   : "nothing more is uploaded to it");
     }
     kc__reply_free(rep);
     return oom ? -ENOSPC : -EROFS;
@@ -803,6 +825,8 @@ static int set_value(struct kc_remote *r, const char *k, const unsigned char *v,
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_STATUS) {
             kc__breaker_ok(&r->rctx);
+            if (nd != NULL)
+                nd->full_refusals = 0;
             r->ctr.uploads++;
             r->ctr.upload_bytes += vlen;
             kc__reply_free(rep);
@@ -969,7 +993,12 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     int rc = activate(r);
     if (rc == 0)
         rc = may_write(r, k);
-    if (rc == -EROFS || rc == -ENOSPC) {
+    /* A full server is asked again whatever its backoff: a refused lock
+     * costs one round trip (its value is small), and a lock taken the
+     * moment there is room keeps the machines agreeing. */
+    if (rc == -ENOSPC)
+        rc = 0;
+    if (rc == -EROFS) {
         rc = lock_peek(r, k, lk, rc);
         goto out;
     }
@@ -989,6 +1018,8 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
             kc__breaker_ok(&r->rctx);
+            if (nd != NULL)
+                nd->full_refusals = 0;
             r->ctr.locks++;
             kc__reply_free(rep);
         } else if (rep->type == REDIS_REPLY_STRING) {
@@ -1002,6 +1033,10 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
             rc = -EBUSY;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
+            /* Refused (full, or writes not allowed here): no lock of its
+             * own, but one a trusted writer took before is waited on. */
+            if (rc == -ENOSPC || rc == -EROFS)
+                rc = lock_peek(r, k, lk, rc);
         } else {
             rc = garbage(r, nd, rep);
         }

@@ -1390,6 +1390,79 @@ def flight_loaded(ctx):
             b.wait()
 
 
+# ---- full: a Redis that refuses writes (issue 47, finding 3) -------------------
+
+def error_replies(rs):
+    info = rs.cmd('INFO', 'stats').decode()
+    m = re.search(r'total_error_replies:(\d+)', info)
+    return int(m.group(1)) if m else 0
+
+
+def full(ctx):
+    """A full Redis (maxmemory, noeviction) during a cold 4-node run. Full
+    at the start and room again once every node was refused (keys expired
+    or evicted, maxmemory raised): the nodes agree through the locks again,
+    compiles <= 2 x kernels. Full throughout: nothing can be shared, each
+    node compiles what it needs once (what running without kcache costs),
+    within the time bound."""
+    plain = plain_s(ctx)
+    bound = 2 * plain + 5
+    rs = ctx.redis(tcp=True)
+    url = fault_url(rs)
+    env = dict(FLIGHT_ENV)
+    # OOM under noeviction, then under allkeys-lru (nothing left to evict
+    # frees enough).
+    for attempt, policy in enumerate(('noeviction', 'allkeys-lru')):
+        rs.cmd('FLUSHALL')
+        rs.cmd('CONFIG', 'SET', 'maxmemory-policy', policy)
+        rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+        before = error_replies(rs)
+        nodes = [ctx.node(url, extra=env) for _ in range(4)]
+        t0 = time.monotonic()
+        runs = [n.start(rotate(i + attempt), ctx) for i, n in enumerate(nodes)]
+        deadline = time.monotonic() + 10
+        while error_replies(rs) - before < len(nodes) and time.monotonic() < deadline and \
+                all(r.p.poll() is None for r in runs):
+            time.sleep(0.002)
+        refused = error_replies(rs) - before
+        rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+        room = time.monotonic() - t0
+        ends = []
+        for r in runs:
+            r.wait()
+            ends.append(time.monotonic() - t0)
+        print('%s: full until %.2f s (%d writes refused); nodes ended after %s s; plain %.1f s'
+              % (policy, room, refused, ['%.1f' % e for e in ends], plain))
+        check_outputs(runs, ctx.ref, 'Redis full, then room again')
+        if not check(misses(runs) <= 2 * K and max(ends) <= bound,
+                     'Redis full (%s) at the start of a cold 4-node run, room once each node '
+                     'was refused: %d compiles for %d kernels (bound %d), slowest node %.1f s '
+                     '(bound %.1f s)' % (policy, misses(runs), K, 2 * K, max(ends), bound)):
+            for i, r in enumerate(runs):
+                print('-- node %d' % i)
+                print('\n'.join(ln for ln in r.stderr.splitlines() if 'remote' in ln))
+        for n in nodes:
+            n.settle()
+
+    # Full throughout: nothing can be written, so nothing is shared; no
+    # node waits on another, each compiles what it needs once.
+    rs.cmd('FLUSHALL')
+    rs.cmd('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    nodes = [ctx.node(url, extra=env) for _ in range(4)]
+    runs, took = timed_runs(ctx, nodes)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+    check_outputs(runs, ctx.ref, 'Redis full throughout')
+    check(misses(runs) <= len(nodes) * K and took <= bound and rs.cmd('DBSIZE') == 0,
+          'Redis full throughout a cold 4-node run: %d compiles for %d kernels on %d nodes '
+          '(no more than without kcache), slowest node %.1f s (bound %.1f s)'
+          % (misses(runs), K, len(nodes), took, bound))
+    check(all(r.stderr.count('kcache: warning') == 1 for r in runs),
+          'Redis full throughout: each process says so once')
+    for n in nodes:
+        n.settle()
+
+
 def main():
     if shutil.which('redis-server') is None:
         print('redis-server is not installed (scripts/setup installs it)')
@@ -1401,6 +1474,7 @@ def main():
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
          'cluster-down': cluster_down, 'flight-hang': flight_hang,
          'flight-failover': flight_failover, 'flight-loaded': flight_loaded,
+         'full': full,
          'jit': jit, 'ptxas': ptxas}[MODE](ctx)
     finally:
         if ctx is not None:

@@ -671,14 +671,23 @@ Test(tier, server_full)
     cr_assert(stored > 0);
     struct kc_remote_counters c = ctr(r);
     cr_assert_eq(c.errors, 1);
-    /* No further upload is tried, reads go on. */
+    /* No further upload is tried during the backoff, reads go on. */
     unsigned char *b = body_n(100, 10);
     kc_key k = key_n(100);
     cr_assert_eq(kc_remote_put(r, NS, &k, NULL, 1, b, 10, 0), -ENOSPC);
-    free(b);
     cr_assert_eq(ctr(r).errors, 1);
     for (int i = 0; i < stored; i++)
         get_ok(r, (uint64_t)i, 256 << 10);
+    /* Full for a while, not for good (issue 47, finding 3): once there is
+     * room again (keys expired, maxmemory raised), the next upload after
+     * the backoff goes up, with no second warning. */
+    char out[256];
+    cr_assert_eq(h_cli(&srv, out, sizeof out, "CONFIG", "SET", "maxmemory", "0", NULL), 0);
+    h_sleep_ms(150);
+    cr_assert_eq(kc_remote_put(r, NS, &k, NULL, 1, b, 10, 1100), 0);
+    free(b);
+    get_ok(r, 100, 10);
+    cr_assert_eq(ctr(r).errors, 1);
 }
 
 static struct fake fk;
