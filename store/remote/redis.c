@@ -596,11 +596,18 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
      * not yet promoted) costs its timeout once, and the others keep
      * sharing. One that refused costs next to nothing: a soft failure, and
      * one dead primary among live ones (a failover, a seed that is down)
-     * turns off only its own keys. */
-    bool whole = rc->cluster && !nd->answered && !refused(err) && ++rc->strangers >= KC__STRANGERS;
+     * turns off only its own keys. A node counts once, when it first
+     * fails: the same hung primary failing again once its backoff ends
+     * (it is still stopped) is its own keys' business, its backoff
+     * doubling; counted again, it turned every waiting process's remote
+     * off and made each compile what the others were compiling (issue 47,
+     * finding 1: 9 to 15 compiles for 4 kernels on 4 nodes). */
+    bool again = nd->failures > 0 && !nd->answered;
+    bool whole =
+        rc->cluster && !nd->answered && !refused(err) && !again && ++rc->strangers >= KC__STRANGERS;
     if (whole)
         kc__breaker_open(rc);
-    else if (rc->cluster && !nd->answered)
+    else if (rc->cluster && !nd->answered && !again)
         kc__breaker_soft(rc);
     if (!whole)
         rc->ctr->breaker_opens++;

@@ -1287,14 +1287,14 @@ def flight_hang(ctx):
     print('plain run %.1f s; SIGSTOP %.2f s into the run; nodes ended after %s s'
           % (plain, stopped - t0, ['%.1f' % e for e in ends]))
     check_outputs(runs, ctx.ref, 'a primary hung 10 s')
-    # The second bound (compiles <= 2 x kernels) is not met yet on a
-    # loaded machine (10-15 compiles for 4 kernels seen): printed, not
-    # asserted, until it is.
-    print('compiles: %d for %d kernels (goal %d)' % (misses(runs), K, 2 * K))
-    if not check(took <= bound,
+    # Compiles <= 2 x kernels: the hung primary, failing again once its
+    # backoff ended, counted as a second unreached node and turned each
+    # waiter's whole remote off, so each compiled what the others were
+    # compiling (9-15 for 4 kernels on a loaded machine).
+    if not check(took <= bound and misses(runs) <= 2 * K,
                  'a primary hung 10 s during a cold 4-node run: slowest node %.1f s (bound '
-                 '%.1f s: 2 x %.1f + 5), %d compiles for %d kernels'
-                 % (took, bound, plain, misses(runs), K)):
+                 '%.1f s: 2 x %.1f + 5), %d compiles for %d kernels (bound %d)'
+                 % (took, bound, plain, misses(runs), K, 2 * K)):
         for i, r in enumerate(runs):
             print('-- node %d' % i)
             print('\n'.join(ln for ln in r.stderr.splitlines()
