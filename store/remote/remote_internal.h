@@ -335,6 +335,9 @@ struct kc__rctx {
 #define KC__SOFT_FAILURES 3
 #define KC__STRANGERS 2
 #define KC__BREAKER_MAX_MS 60000
+/* A server that refused (reset, refused: a restart, most often) is asked
+ * again after this, doubling with each refusal in a row. */
+#define KC__REFUSED_FIRST_MS 50
 
 /* Whether the breaker lets an operation through now. */
 bool kc__breaker_closed(const struct kc__rctx *rc);

@@ -1361,6 +1361,42 @@ def flight_failover(ctx):
         s.stop()
 
 
+def flight_restart(ctx):
+    """Redis restarted (empty) during a cold 4-node run, once the first
+    lock was taken: compiles <= 2 x kernels, the slowest node within twice
+    a plain run + 5 s."""
+    plain = plain_s(ctx)
+    bound = 2 * plain + 5
+    rs = ctx.redis(tcp=True)
+    worst, slowest = 0, 0.0
+    for attempt in range(2):
+        rs.cmd('FLUSHALL')
+        nodes = [ctx.node(rs.url, extra=FLIGHT_ENV) for _ in range(4)]
+        t0 = time.monotonic()
+        runs = [n.start(rotate(i + attempt), ctx) for i, n in enumerate(nodes)]
+        while all(r.p.poll() is None for r in runs) and not rs.cmd('KEYS', 'kcache:lock:*'):
+            time.sleep(0.002)
+        rs.restart_empty()
+        restarted = time.monotonic() - t0
+        ends = []
+        for r in runs:
+            r.wait()
+            ends.append(time.monotonic() - t0)
+        print('restarted %.2f s into the run; nodes ended after %s s; %d compiles'
+              % (restarted, ['%.1f' % e for e in ends], misses(runs)))
+        check_outputs(runs, ctx.ref, 'Redis restarted mid-run')
+        if misses(runs) > 2 * K:
+            for i, r in enumerate(runs):
+                print('-- node %d' % i)
+                print('\n'.join(ln for ln in r.stderr.splitlines() if 'remote' in ln))
+        worst, slowest = max(worst, misses(runs)), max(slowest, max(ends))
+        for n in nodes:
+            n.settle()
+    check(worst <= 2 * K and slowest <= bound,
+          'Redis restarted (empty) during a cold 4-node run: %d compiles for %d kernels (bound '
+          '%d), slowest node %.1f s (bound %.1f s)' % (worst, K, 2 * K, slowest, bound))
+
+
 BUSY = 'while True: pass\n'
 
 
@@ -1474,7 +1510,7 @@ def main():
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
          'cluster-down': cluster_down, 'flight-hang': flight_hang,
          'flight-failover': flight_failover, 'flight-loaded': flight_loaded,
-         'full': full,
+         'full': full, 'flight-restart': flight_restart,
          'jit': jit, 'ptxas': ptxas}[MODE](ctx)
     finally:
         if ctx is not None:
