@@ -289,6 +289,14 @@ void kc_remote_close(struct kc_remote *r);
  * remote failed (as get); proceed without the lock. */
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
 
+/* Whether a trusted writer took a lock in namespace ns lately (within a
+ * few seconds): a writer sets a signed mark, kcache:writer:{<ns>}, when it
+ * takes a lock. A read-only node that finds neither the entry nor a lock
+ * waits while it is there: a writer working through the same programs
+ * will take that lock soon. 1, 0 (none, expired, or not a trusted
+ * writer's), or a negative errno (as get). */
+int kc_remote_writer_active(struct kc_remote *r, const char *ns);
+
 /* Single flight's polls: while on (this thread), a lookup that misses
  * counts as a poll, not a miss; kc_remote_poll_served says the lookup
  * that waited was served after all (its first miss becomes no miss), so

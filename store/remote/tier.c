@@ -23,9 +23,10 @@ struct kc_remote {
     pthread_mutex_t mu; /* guards everything below */
     struct kc_remote_config cfg;
     int retry_ms;
-    bool transient;  /* options.transient: no connection outlives an operation */
-    char node[96];   /* options.node, or empty */
-    char token[160]; /* this process's lock value: node:pid:random */
+    bool transient;   /* options.transient: no connection outlives an operation */
+    char node[96];    /* options.node, or empty */
+    char token[160];  /* this process's lock value: node:pid:random */
+    uint64_t mark_ns; /* when this process last set its writer mark (kc_remote_lock) */
     void (*warn)(const char *msg, void *arg); /* options.warn, or NULL */
     void *warn_arg;
     bool activated;
@@ -92,6 +93,16 @@ int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len
         return rc;
     /* The hash tag is the entry's whole key: the same cluster slot. */
     int n = snprintf(buf, len, "kcache:lock:{%s}", k);
+    return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
+}
+
+/* The writer mark of a namespace: kcache:writer:{<ns>}, set by a trusted
+ * writer when it takes a lock (see kc_remote_writer_active). */
+static int mark_name(const char *ns, char *buf, size_t len)
+{
+    if (!ns_nameable(ns))
+        return -EINVAL;
+    int n = snprintf(buf, len, "kcache:writer:{%s}", ns);
     return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
 }
 
@@ -979,6 +990,58 @@ static int lock_peek(struct kc_remote *r, const char *k, const char *lk, int why
     return rc == -EBUSY ? rc : why;
 }
 
+/* The writer mark lives this long after the lock that set it (a compile's
+ * time between two locks, on a loaded machine too); a process sets it
+ * again at most every quarter of it. */
+#define KC__MARK_S 5
+
+/* Sets this process's writer mark of ns (a lock was just taken), unless
+ * it did so lately; what the server answers changes nothing. Under mu. */
+static void set_mark(struct kc_remote *r, const char *ns)
+{
+    uint64_t now = kc_mono_ns();
+    if (r->mark_ns != 0 && now - r->mark_ns < KC__MARK_S * 250000000ull)
+        return;
+    char mk[KC_REMOTE_KEY_MAX], value[KC__LOCK_VALUE_MAX], ex[8];
+    if (mark_name(ns, mk, sizeof mk) != 0 ||
+        kc__lock_value(r->na, &r->keys, mk, r->token, kc_wall_ns() / 1000000 + KC__MARK_S * 1000ull,
+                       value, sizeof value) != 0)
+        return;
+    r->mark_ns = now;
+    snprintf(ex, sizeof ex, "%d", KC__MARK_S);
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 5, "SET", mk, value, "EX", ex);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    if (run(r, mk, &cmd, &rep, &nd) == 0)
+        kc__reply_free(rep);
+}
+
+int kc_remote_writer_active(struct kc_remote *r, const char *ns)
+{
+    char mk[KC_REMOTE_KEY_MAX];
+    if (mark_name(ns, mk, sizeof mk) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc != 0)
+        goto out;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "GET", mk);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, mk, &cmd, &rep, &nd);
+    if (rc != 0)
+        goto out;
+    rc = rep->type == REDIS_REPLY_STRING &&
+         kc__lock_value_check(r->na, &r->keys, mk, rep->str, rep->len, kc_wall_ns() / 1000000,
+                              60000) == 0; /* clocks' skew */
+    kc__reply_free(rep);
+out:
+    op_unlock(r);
+    return rc;
+}
+
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
 {
     char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
@@ -1022,6 +1085,7 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
                 nd->full_refusals = 0;
             r->ctr.locks++;
             kc__reply_free(rep);
+            set_mark(r, ns);
         } else if (rep->type == REDIS_REPLY_STRING) {
             kc__breaker_ok(&r->rctx);
             rc = lock_holder(r, lk, rep);
