@@ -1460,7 +1460,9 @@ def full(ctx):
         before = error_replies(rs)
         nodes = [ctx.node(url, extra=env) for _ in range(4)]
         t0 = time.monotonic()
-        runs = [n.start(rotate(i + attempt), ctx) for i, n in enumerate(nodes)]
+        # The same order on every node: each compiles the first kernel
+        # while full (refused), then they agree again through the locks.
+        runs = [n.start(rotate(attempt), ctx) for n in nodes]
         deadline = time.monotonic() + 10
         while error_replies(rs) - before < len(nodes) and time.monotonic() < deadline and \
                 all(r.p.poll() is None for r in runs):
@@ -1472,13 +1474,23 @@ def full(ctx):
         for r in runs:
             r.wait()
             ends.append(time.monotonic() - t0)
-        print('%s: full until %.2f s (%d writes refused); nodes ended after %s s; plain %.1f s'
-              % (policy, room, refused, ['%.1f' % e for e in ends], plain))
+        # Each write refused while full may cost one compile nobody else
+        # could wait for; the first of each node's is in the 2 x kernels
+        # (a node that is loaded may start late and others be refused
+        # again meanwhile). Before, one refusal turned a process's writes
+        # off for good: no more locks, so no more refusals, and each node
+        # compiled every kernel.
+        total = error_replies(rs) - before
+        allowed = 2 * K + max(0, total - len(nodes))
+        print('%s: full until %.2f s (%d writes refused then, %d in all); nodes ended after %s '
+              's; plain %.1f s' % (policy, room, refused, total, ['%.1f' % e for e in ends],
+                                   plain))
         check_outputs(runs, ctx.ref, 'Redis full, then room again')
-        if not check(misses(runs) <= 2 * K and max(ends) <= bound,
+        if not check(misses(runs) <= allowed and max(ends) <= bound,
                      'Redis full (%s) at the start of a cold 4-node run, room once each node '
-                     'was refused: %d compiles for %d kernels (bound %d), slowest node %.1f s '
-                     '(bound %.1f s)' % (policy, misses(runs), K, 2 * K, max(ends), bound)):
+                     'was refused: %d compiles for %d kernels (bound %d: 2 x kernels and one '
+                     'per refusal past each node\'s first), slowest node %.1f s (bound %.1f s)'
+                     % (policy, misses(runs), K, allowed, max(ends), bound)):
             for i, r in enumerate(runs):
                 print('-- node %d' % i)
                 print('\n'.join(ln for ln in r.stderr.splitlines() if 'remote' in ln))
