@@ -1515,6 +1515,30 @@ def full(ctx):
     for n in nodes:
         n.settle()
 
+    # An owner whose uploads a full Redis refused keeps them and uploads
+    # them once there is room (its next round), instead of leaving them
+    # local for good.
+    rs.cmd('FLUSHALL')
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    before = error_replies(rs)
+    n = ctx.node(url, extra={'KCACHE_OWNER_IDLE_MS': '4000'})
+    r = n.start(['ka'], ctx).wait()
+    deadline = time.monotonic() + 10
+    while error_replies(rs) - before < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the lock's refusal, then the owner's upload's
+    time.sleep(0.3)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+    time.sleep(0.2)  # past the owner's first backoff (100 ms)
+    r2 = n.start(['kb'], ctx).wait()
+    check_outputs([r], {'ka': ctx.ref['ka']}, 'Redis full, the owner kept the refused upload')
+    deadline = time.monotonic() + 10
+    while len(rs.entries()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(r2.rc == 0 and len(rs.entries()) == 4,
+          'an upload a full Redis refused goes up with the owner\'s next round once there is '
+          'room (%d entries for 2 kernels, want 4)' % len(rs.entries()))
+    n.settle(timeout=60)
+
 
 def main():
     if shutil.which('redis-server') is None:
