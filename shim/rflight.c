@@ -35,6 +35,7 @@ enum wait_end {
     W_OFF,      /* this process turned the remote off */
     W_FREED,    /* the lock went without a result: taken here, or gone */
     W_DEADLINE, /* KCACHE_LOCK_TIMEOUT (or what is left of it) ran out */
+    W_NOWRITER, /* a read-only node: no lock, and no trusted writer at work */
 };
 
 static const char *const wait_why[] = {
@@ -43,6 +44,7 @@ static const char *const wait_why[] = {
     [W_OFF] = "the remote went off here",
     [W_FREED] = "the lock went without a result (its holder gave up, died or was failed over)",
     [W_DEADLINE] = "the wait's bound ran out",
+    [W_NOWRITER] = "no trusted writer took its lock, and none is at work now",
 };
 
 /* Logs the end of a wait: at debug always; a wait that was not served
@@ -71,6 +73,13 @@ static void wait_logged(const char *ns, const kc_key *key, enum wait_end end, ui
            name, ms, wait_why[end]);
 }
 
+/* A read-only node (the lock's answer -EROFS: no lock, none to take)
+ * with a trusted writer at work in ns. */
+static bool writer_at_work(struct kc_remote *r, const char *ns, int lock_rc)
+{
+    return lock_rc == -EROFS && kc_remote_writer_active(r, ns) == 1;
+}
+
 int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg), void *arg,
                       bool *held)
 {
@@ -87,8 +96,12 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
     }
     /* Not -EBUSY: this node holds no lock and nobody it trusts does (a
      * read-only node, a lock a trusted writer did not take, or the remote
-     * failed): compile. */
-    if (rc != -EBUSY)
+     * failed): compile; but a read-only node waits while a trusted writer
+     * is at work in this namespace (it took a lock lately): a writer going
+     * through the same programs in another order takes this one's lock
+     * soon, and read-only nodes that compiled before it did made every
+     * node compile every program on a loaded machine (issue 47). */
+    if (rc != -EBUSY && !writer_at_work(r, ns, rc))
         return 0;
     uint64_t budget = (uint64_t)cfg->lock_timeout_ms * 1000000ull;
     uint64_t spent = __atomic_load_n(&wasted_ns, __ATOMIC_RELAXED);
@@ -106,7 +119,9 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
     uint64_t start = kc_mono_ns();
     uint64_t wait = budget - spent;
     uint64_t deadline = start + wait;
-    kc_log(KC_LOG_DEBUG, "remote: another node holds the lock of a compile; waiting up to %d ms",
+    kc_log(KC_LOG_DEBUG, "remote: %s; waiting up to %d ms",
+           rc == -EBUSY ? "another node holds the lock of a compile"
+                        : "no lock, but a trusted writer is at work",
            (int)(wait / 1000000));
     enum wait_end end = W_DEADLINE;
     long sleep_us = 2000;
@@ -147,13 +162,13 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
             end = W_FREED;
             goto wasted;
         }
-        if (rc != -EBUSY) {
+        if (rc != -EBUSY && !writer_at_work(r, ns, rc)) {
             /* Gone, and this node takes none (read-only): one more look. */
             if (poll_once(r, poll, arg) > 0) {
                 wait_logged(ns, key, W_SERVED, kc_mono_ns() - start);
                 return 1;
             }
-            end = W_FREED;
+            end = rc == -EROFS ? W_NOWRITER : W_FREED;
             goto wasted;
         }
     }

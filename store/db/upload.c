@@ -22,7 +22,9 @@
  * that failed is tried again after a second, doubling up to a minute.
  * Puts that failed because the remote could not be reached are remembered
  * (bounded, with their remote) and tried again from the database once it
- * can be; the rest (too large, read-only node, a full server) stay local.
+ * can be, and so are those a full server refused (it is tried again after
+ * a backoff: keys expire or are evicted); the rest (too large, a read-only
+ * node) stay local.
  * A value the remote already holds that verifies is kept (-EEXIST): the
  * entry is up, and its lock is cleared as after an upload. The remote's
  * counters are added to the store's statistics (kc_remote_counters_pack)
@@ -206,7 +208,7 @@ static int upload_file(int dfd, const char *name, int pass, bool *used)
             /* Up or not (a full server, the remote down), its waiters go
              * now: they compile themselves rather than wait out the lock. */
             published(r, sp.ns, &sp.key, sp.hdr.kind);
-            if (rc != 0 && rc != -EEXIST && transient(rc))
+            if (rc != 0 && rc != -EEXIST && (transient(rc) || rc == -ENOSPC))
                 remember(sp.ns, &sp.key, u);
         }
     }
@@ -246,13 +248,17 @@ void kc__upload_retry(struct kc__owner *o)
     retries = NULL;
     n_retries = 0;
     pthread_mutex_unlock(&up_mu);
-    bool used[UPS_MAX] = {false};
+    bool used[UPS_MAX] = {false}, full[UPS_MAX] = {false};
+    bool *kept = calloc(n, sizeof *kept); /* tried or remembered again this round */
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
             struct kc_remote *r = ups[v[i].remote].r;
-            if (!kc_remote_usable(r)) {
-                if (pass == 0)
+            /* Down, or full this round: kept for a later one, unread. */
+            if (!kc_remote_usable(r) || full[v[i].remote]) {
+                if (kept == NULL ? pass == 0 : !kept[i])
                     remember(v[i].ns, &v[i].key, v[i].remote);
+                if (kept != NULL)
+                    kept[i] = true;
                 continue;
             }
             void *body = NULL;
@@ -265,12 +271,17 @@ void kc__upload_retry(struct kc__owner *o)
                 int rc = kc_remote_put(r, v[i].ns, &v[i].key, NULL, h.kind, body, len, h.saved_ns);
                 if (rc == 0 || rc == -EEXIST)
                     published(r, v[i].ns, &v[i].key, h.kind);
-                else if (transient(rc))
+                else if (transient(rc) || rc == -ENOSPC)
                     remember(v[i].ns, &v[i].key, v[i].remote);
+                if (rc == -ENOSPC)
+                    full[v[i].remote] = true;
+                if (kept != NULL)
+                    kept[i] = true; /* tried: done with, or remembered */
             }
             free(body);
         }
     }
+    free(kept);
     free(v);
     for (int u = 0; u < UPS_MAX; u++)
         if (used[u])

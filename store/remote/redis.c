@@ -561,17 +561,32 @@ static void node_off(struct kc__rctx *rc, struct kc__node *nd, int err, const ch
      * not yet promoted) costs its timeout once, and the others keep
      * sharing. One that refused costs next to nothing: a soft failure, and
      * one dead primary among live ones (a failover, a seed that is down)
-     * turns off only its own keys. */
-    bool whole = rc->cluster && !nd->answered && !refused(err) && ++rc->strangers >= KC__STRANGERS;
+     * turns off only its own keys. A node counts once, when it first
+     * fails: the same hung primary failing again once its backoff ends
+     * (it is still stopped) is its own keys' business, its backoff
+     * doubling; counted again, it turned every waiting process's remote
+     * off and made each compile what the others were compiling (issue 47,
+     * finding 1: 9 to 15 compiles for 4 kernels on 4 nodes). */
+    bool again = nd->failures > 0 && !nd->answered;
+    bool whole =
+        rc->cluster && !nd->answered && !refused(err) && !again && ++rc->strangers >= KC__STRANGERS;
     if (whole)
         kc__breaker_open(rc);
-    else if (rc->cluster && !nd->answered)
+    else if (rc->cluster && !nd->answered && !again)
         kc__breaker_soft(rc);
     if (!whole)
         rc->ctr->breaker_opens++;
     nd->off = true;
-    unsigned shift = nd->failures < 6 ? nd->failures : 6;
-    uint64_t ms = (uint64_t)rc->retry_ms << shift;
+    /* A refusal cost next to nothing (a reset, no timeout) and is most
+     * often a restart: the server is asked again soon, so the machines
+     * agree through it again within a restart's downtime rather than
+     * each compiling alone for a whole second (issue 47: a restart cost
+     * 12 compiles for 4 kernels on 4 nodes). */
+    uint64_t first = (uint64_t)rc->retry_ms;
+    if (refused(err) && first > KC__REFUSED_FIRST_MS)
+        first = KC__REFUSED_FIRST_MS;
+    unsigned shift = nd->failures < 10 ? nd->failures : 10;
+    uint64_t ms = first << shift;
     if (ms > KC__BREAKER_MAX_MS)
         ms = KC__BREAKER_MAX_MS;
     nd->retry_at_ns = rc->retry_ms > 0 ? kc_mono_ns() + ms * 1000000 : 0;
@@ -765,7 +780,7 @@ int kc__node_exec(struct kc__rctx *rc, struct kc__node *nd, int n, const struct 
                      ? "closed the TLS session unanswered (does it want a client certificate? "
                        "KCACHE_REMOTE_CERT_FILE, KCACHE_REMOTE_KEY_FILE)"
                  : unanswered && nd->ep.transport == KC_REMOTE_TCP
-                     ? "closed the connection unanswered (a TLS port? use rediss://)"
+                     ? "closed the connection unanswered (restarting? a TLS port? use rediss://)"
                  : r == -ETIMEDOUT ? "no answer within the operation timeout"
                  : r == -EPROTO    ? "answered garbage"
                                    : "connection failed");

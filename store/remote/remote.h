@@ -282,10 +282,21 @@ void kc_remote_close(struct kc_remote *r);
  * the same cluster slot (and shard) as the entry it guards. 0: taken; this
  * process holds it until kc_remote_unlock or ttl_ms (so a holder that dies
  * lets it expire). -EBUSY: another holder has it (poll the entry with
- * kc_remote_get). -EROFS: this node does not write, so it must not make
- * others wait for it; compile without the lock. Other negatives: the
+ * kc_remote_get; also when this node's lock was refused, full or not
+ * allowed, while a trusted writer holds it). -EROFS: this node does not
+ * write, so it must not make others wait for it; -ENOSPC: the server is
+ * full (asked whatever the write backoff: a lock is small); compile
+ * without the lock, either way. Other negatives: the
  * remote failed (as get); proceed without the lock. */
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms);
+
+/* Whether a trusted writer took a lock in namespace ns lately (within a
+ * few seconds): a writer sets a signed mark, kcache:writer:{<ns>}, when it
+ * takes a lock. A read-only node that finds neither the entry nor a lock
+ * waits while it is there: a writer working through the same programs
+ * will take that lock soon. 1, 0 (none, expired, or not a trusted
+ * writer's), or a negative errno (as get). */
+int kc_remote_writer_active(struct kc_remote *r, const char *ns);
 
 /* Single flight's polls: while on (this thread), a lookup that misses
  * counts as a poll, not a miss; kc_remote_poll_served says the lookup

@@ -286,6 +286,9 @@ struct kc__node {
     uint64_t retry_at_ns;           /* 0 with off: for the process */
     unsigned failures;
     bool writes_off;                /* refused writes (full, read-only replica) */
+    uint64_t writes_retry_ns;       /* full (OOM): writes tried again from then (0: read-only
+                                     * replica or user, off for the process) */
+    unsigned full_refusals;         /* OOM replies in a row: the backoff's doubling */
     bool answered;                  /* it answered once in this process */
     struct kc__reply_budget budget; /* of the reply being read */
 };
@@ -332,6 +335,9 @@ struct kc__rctx {
 #define KC__SOFT_FAILURES 3
 #define KC__STRANGERS 2
 #define KC__BREAKER_MAX_MS 60000
+/* A server that refused (reset, refused: a restart, most often) is asked
+ * again after this, doubling with each refusal in a row. */
+#define KC__REFUSED_FIRST_MS 50
 
 /* Whether the breaker lets an operation through now. */
 bool kc__breaker_closed(const struct kc__rctx *rc);

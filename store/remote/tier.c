@@ -23,9 +23,10 @@ struct kc_remote {
     pthread_mutex_t mu; /* guards everything below */
     struct kc_remote_config cfg;
     int retry_ms;
-    bool transient;  /* options.transient: no connection outlives an operation */
-    char node[96];   /* options.node, or empty */
-    char token[160]; /* this process's lock value: node:pid:random */
+    bool transient;   /* options.transient: no connection outlives an operation */
+    char node[96];    /* options.node, or empty */
+    char token[160];  /* this process's lock value: node:pid:random */
+    uint64_t mark_ns; /* when this process last set its writer mark (kc_remote_lock) */
     void (*warn)(const char *msg, void *arg); /* options.warn, or NULL */
     void *warn_arg;
     bool activated;
@@ -92,6 +93,16 @@ int kc_remote_lock_name(const char *ns, const kc_key *key, char *buf, size_t len
         return rc;
     /* The hash tag is the entry's whole key: the same cluster slot. */
     int n = snprintf(buf, len, "kcache:lock:{%s}", k);
+    return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
+}
+
+/* The writer mark of a namespace: kcache:writer:{<ns>}, set by a trusted
+ * writer when it takes a lock (see kc_remote_writer_active). */
+static int mark_name(const char *ns, char *buf, size_t len)
+{
+    if (!ns_nameable(ns))
+        return -EINVAL;
+    int n = snprintf(buf, len, "kcache:writer:{%s}", ns);
     return n > 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
 }
 
@@ -718,12 +729,22 @@ int kc_remote_get(struct kc_remote *r, const char *ns, const kc_key *key, void *
     return rc;
 }
 
+/* A full server's writes (OOM) are tried again after this, doubling with
+ * each refusal in a row up to KC__FULL_MAX_MS: a server is full for a
+ * while (keys expire or are evicted, an operator raises maxmemory or
+ * prunes), not for good. A refused write costs one round trip. */
+#define KC__FULL_FIRST_MS 100
+#define KC__FULL_MAX_MS 30000
+
 /* Whether this node may write to the server `route` maps to. Under mu. */
 static int may_write(struct kc_remote *r, const char *route)
 {
     if (!r->keys.have_secret)
         return -EROFS;
     struct kc__node *nd = target_node(r, route);
+    if (nd != NULL && nd->writes_off && nd->writes_retry_ns != 0 &&
+        kc_mono_ns() >= nd->writes_retry_ns)
+        nd->writes_off = false; /* full a while ago: tried again */
     if (nd != NULL && (nd->ep.read_only || nd->writes_off))
         return nd->writes_off && !nd->ep.read_only ? -ENOSPC : -EROFS;
     if (r->cfg.mode == KC_REMOTE_CLUSTER && r->cfg.ep[0].read_only)
@@ -770,12 +791,24 @@ static int write_error(struct kc_remote *r, struct kc__node *nd, redisReply *rep
     if (noperm)
         r->ctr.write_refusals++;
     nd->writes_off = true;
+    nd->writes_retry_ns = 0;
+    if (oom) {
+        unsigned shift = nd->full_refusals < 16 ? nd->full_refusals : 16;
+        uint64_t ms = (uint64_t)KC__FULL_FIRST_MS << shift;
+        if (ms > KC__FULL_MAX_MS)
+            ms = KC__FULL_MAX_MS;
+        nd->full_refusals++;
+        nd->writes_retry_ns = kc_mono_ns() + ms * 1000000ull;
+    }
     if (!r->full_warned) {
         r->full_warned = true;
         char shown[340], said[208];
         kc_remote_endpoint_display(&nd->ep, shown, sizeof shown);
-        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%s); nothing more is uploaded to it", shown,
-               reply_excerpt(s, said, sizeof said, 200));
+        kc_log(KC_LOG_WARN, "remote: %s refuses writes (%s); %s", shown,
+               reply_excerpt(s, said, sizeof said, 200),
+               oom ? "uploads and locks are tried again after a backoff, compiles not shared "
+                     "meanwhile"
+                   : "nothing more is uploaded to it");
     }
     kc__reply_free(rep);
     return oom ? -ENOSPC : -EROFS;
@@ -803,6 +836,8 @@ static int set_value(struct kc_remote *r, const char *k, const unsigned char *v,
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_STATUS) {
             kc__breaker_ok(&r->rctx);
+            if (nd != NULL)
+                nd->full_refusals = 0;
             r->ctr.uploads++;
             r->ctr.upload_bytes += vlen;
             kc__reply_free(rep);
@@ -955,6 +990,58 @@ static int lock_peek(struct kc_remote *r, const char *k, const char *lk, int why
     return rc == -EBUSY ? rc : why;
 }
 
+/* The writer mark lives this long after the lock that set it (a compile's
+ * time between two locks, on a loaded machine too); a process sets it
+ * again at most every quarter of it. */
+#define KC__MARK_S 5
+
+/* Sets this process's writer mark of ns (a lock was just taken), unless
+ * it did so lately; what the server answers changes nothing. Under mu. */
+static void set_mark(struct kc_remote *r, const char *ns)
+{
+    uint64_t now = kc_mono_ns();
+    if (r->mark_ns != 0 && now - r->mark_ns < KC__MARK_S * 250000000ull)
+        return;
+    char mk[KC_REMOTE_KEY_MAX], value[KC__LOCK_VALUE_MAX], ex[8];
+    if (mark_name(ns, mk, sizeof mk) != 0 ||
+        kc__lock_value(r->na, &r->keys, mk, r->token, kc_wall_ns() / 1000000 + KC__MARK_S * 1000ull,
+                       value, sizeof value) != 0)
+        return;
+    r->mark_ns = now;
+    snprintf(ex, sizeof ex, "%d", KC__MARK_S);
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 5, "SET", mk, value, "EX", ex);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    if (run(r, mk, &cmd, &rep, &nd) == 0)
+        kc__reply_free(rep);
+}
+
+int kc_remote_writer_active(struct kc_remote *r, const char *ns)
+{
+    char mk[KC_REMOTE_KEY_MAX];
+    if (mark_name(ns, mk, sizeof mk) != 0)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    int rc = activate(r);
+    if (rc != 0)
+        goto out;
+    struct kc__cmd cmd;
+    kc__cmd_set(&cmd, 2, "GET", mk);
+    redisReply *rep = NULL;
+    struct kc__node *nd = NULL;
+    rc = run(r, mk, &cmd, &rep, &nd);
+    if (rc != 0)
+        goto out;
+    rc = rep->type == REDIS_REPLY_STRING &&
+         kc__lock_value_check(r->na, &r->keys, mk, rep->str, rep->len, kc_wall_ns() / 1000000,
+                              60000) == 0; /* clocks' skew */
+    kc__reply_free(rep);
+out:
+    op_unlock(r);
+    return rc;
+}
+
 int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int ttl_ms)
 {
     char k[KC_REMOTE_KEY_MAX], lk[KC_REMOTE_KEY_MAX + 16];
@@ -969,7 +1056,12 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     int rc = activate(r);
     if (rc == 0)
         rc = may_write(r, k);
-    if (rc == -EROFS || rc == -ENOSPC) {
+    /* A full server is asked again whatever its backoff: a refused lock
+     * costs one round trip (its value is small), and a lock taken the
+     * moment there is room keeps the machines agreeing. */
+    if (rc == -ENOSPC)
+        rc = 0;
+    if (rc == -EROFS) {
         rc = lock_peek(r, k, lk, rc);
         goto out;
     }
@@ -989,8 +1081,11 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
     if (rc == 0) {
         if (rep->type == REDIS_REPLY_INTEGER && rep->integer == 1) {
             kc__breaker_ok(&r->rctx);
+            if (nd != NULL)
+                nd->full_refusals = 0;
             r->ctr.locks++;
             kc__reply_free(rep);
+            set_mark(r, ns);
         } else if (rep->type == REDIS_REPLY_STRING) {
             kc__breaker_ok(&r->rctx);
             rc = lock_holder(r, lk, rep);
@@ -1002,6 +1097,10 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
             rc = -EBUSY;
         } else if (rep->type == REDIS_REPLY_ERROR) {
             rc = write_error(r, nd, rep);
+            /* Refused (full, or writes not allowed here): no lock of its
+             * own, but one a trusted writer took before is waited on. */
+            if (rc == -ENOSPC || rc == -EROFS)
+                rc = lock_peek(r, k, lk, rc);
         } else {
             rc = garbage(r, nd, rep);
         }

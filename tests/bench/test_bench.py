@@ -123,7 +123,8 @@ def main():
         # 7e: the fault rows, each beside its run without the fault (the
         # cluster row only where the cluster formed).
         faults = remote.get("faults") or {}
-        for name in ("restart", "full"):
+        for name in ("restart", "full", "full_oom", "full_room") + tuple(
+                n for n in ("failover", "hang") if n in faults):
             for k in ("base_compiles", "fault_compiles", "base_wall_s", "fault_wall_s",
                       "wall_ratio", "base_cpu_s", "fault_cpu_s", "cpu_ratio"):
                 if not isinstance((faults.get(name) or {}).get(k), (int, float)):
@@ -132,6 +133,8 @@ def main():
                 if not isinstance(((faults.get(name) or {}).get("fault_remote") or {}).get(k),
                                   int):
                     problems.append(f"remote.faults.{name}.fault_remote.{k} not a number")
+            if not isinstance((faults.get(name) or {}).get("compiles_goal"), int):
+                problems.append(f"remote.faults.{name}.compiles_goal not a number")
         # The failover row, where the cluster formed: a failover only when
         # each run's replica was promoted (it says how many were, and when).
         fo = faults.get("failover")

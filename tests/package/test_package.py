@@ -239,7 +239,7 @@ class Redis:
 
     def entries(self):
         return [k for k in self.cli('--scan', '--pattern', 'kcache:*').split()
-                if not k.startswith('kcache:lock:')]
+                if not k.startswith(('kcache:lock:', 'kcache:writer:'))]
 
     def stop(self):
         self.p.kill()

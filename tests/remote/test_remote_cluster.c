@@ -480,6 +480,31 @@ Test(cluster, dead_primary_it_never_reached_turns_off_only_its_keys)
     cr_assert_eq(k.timeouts, 0);
 }
 
+/* A hung primary (SIGSTOPped) that this host never reached times out
+ * again once its backoff ends: it is one node, counted once, so it turns
+ * off only its own keys, never the whole remote (counted as a second
+ * unreached node, it turned every waiting host's remote off: issue 47,
+ * finding 1's duplicate compiles). */
+Test(cluster, hung_primary_failing_again_turns_off_only_its_keys)
+{
+    const int C = 2;
+    uint64_t a = find_entry(0, 0, -1, -1), c = find_entry(0, C, -1, -1);
+    int seed = 0;
+    struct kc_remote *w = open_cluster(1, &seed);
+    put_ok(w, a);
+    struct kc_remote *r = open_cluster(1, &seed);
+    cr_assert_eq(get_rc(r, a), 0);
+    kill(node[C].pid, SIGSTOP);
+    cr_assert_neq(get_rc(r, c), 0, "an entry of the hung node");
+    h_sleep_ms(1200); /* past its first backoff (1 s) */
+    cr_assert_neq(get_rc(r, c), 0, "the hung node, tried again");
+    struct kc_remote_counters k = ctr(r);
+    kill(node[C].pid, SIGCONT);
+    cr_assert_eq(k.timeouts, 2, "timeouts %" PRIu64, k.timeouts);
+    cr_assert(kc_remote_usable(r), "the whole remote turned off by one hung node");
+    cr_assert_eq(get_rc(r, a), 0, "a live primary's entry");
+}
+
 /* While a dead primary's replica is not promoted yet, its keys live under
  * fallback names on the live primaries: the nodes still share them (an
  * entry put by one is served to another, a lock taken by one is seen by

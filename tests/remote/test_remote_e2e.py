@@ -233,9 +233,14 @@ class Redis:
         self.start()
 
     def entries(self):
-        """The entry keys (not locks) the server holds."""
+        """The entry keys (not locks, not writer marks) the server holds."""
         return sorted(k.decode() for k in self.cmd('KEYS', 'kcache:*')
-                      if not k.startswith(b'kcache:lock:'))
+                      if not k.startswith((b'kcache:lock:', b'kcache:writer:')))
+
+    def size(self):
+        """DBSIZE less the writers' marks (kcache:writer:{<ns>}, set with
+        their locks, gone seconds later)."""
+        return self.cmd('DBSIZE') - len(self.cmd('KEYS', 'kcache:writer:*'))
 
 
 def value_kind(v):
@@ -713,7 +718,7 @@ def trust(ctx):
     s = ro.stats()
     check(s['remote']['uploads'] == 0 and s['remote']['locks'] == 0,
           'a read-only node uploads nothing and takes no lock')
-    check(rs.cmd('DBSIZE') == 2 * K, 'a read-only node wrote nothing to the server')
+    check(rs.size() == 2 * K, 'a read-only node wrote nothing to the server')
 
     # A signing key readable by others is refused: the node reads, and
     # writes nothing.
@@ -726,7 +731,7 @@ def trust(ctx):
           'a signing key of mode 0644 is refused, with a warning')
     check(r.stderr.count('refused') == 1, 'one warning')
     s = n.stats()
-    check(s['remote']['uploads'] == 0 and rs.cmd('DBSIZE') == 2 * K,
+    check(s['remote']['uploads'] == 0 and rs.size() == 2 * K,
           'with its key refused, the node uploads nothing')
 
     # An attacker with write access and no trusted key: each real entry
@@ -1315,14 +1320,14 @@ def flight_hang(ctx):
     print('plain run %.1f s; SIGSTOP %.2f s into the run; nodes ended after %s s'
           % (plain, stopped - t0, ['%.1f' % e for e in ends]))
     check_outputs(runs, ctx.ref, 'a primary hung 10 s')
-    # The issue's second bound (compiles <= 2 x kernels) is not met yet on a
-    # loaded machine (10-15 compiles for 4 kernels seen): printed, not
-    # asserted, until it is.
-    print('compiles: %d for %d kernels (goal %d)' % (misses(runs), K, 2 * K))
-    if not check(took <= bound,
+    # Compiles <= 2 x kernels: the hung primary, failing again once its
+    # backoff ended, counted as a second unreached node and turned each
+    # waiter's whole remote off, so each compiled what the others were
+    # compiling (9-15 for 4 kernels on a loaded machine).
+    if not check(took <= bound and misses(runs) <= 2 * K,
                  'a primary hung 10 s during a cold 4-node run: slowest node %.1f s (bound '
-                 '%.1f s: 2 x %.1f + 5), %d compiles for %d kernels'
-                 % (took, bound, plain, misses(runs), K)):
+                 '%.1f s: 2 x %.1f + 5), %d compiles for %d kernels (bound %d)'
+                 % (took, bound, plain, misses(runs), K, 2 * K)):
         for i, r in enumerate(runs):
             print('-- node %d' % i)
             print('\n'.join(ln for ln in r.stderr.splitlines()
@@ -1389,6 +1394,42 @@ def flight_failover(ctx):
         s.stop()
 
 
+def flight_restart(ctx):
+    """Redis restarted (empty) during a cold 4-node run, once the first
+    lock was taken: compiles <= 2 x kernels, the slowest node within twice
+    a plain run + 5 s."""
+    plain = plain_s(ctx)
+    bound = 2 * plain + 5
+    rs = ctx.redis(tcp=True)
+    worst, slowest = 0, 0.0
+    for attempt in range(2):
+        rs.cmd('FLUSHALL')
+        nodes = [ctx.node(rs.url, extra=FLIGHT_ENV) for _ in range(4)]
+        t0 = time.monotonic()
+        runs = [n.start(rotate(i + attempt), ctx) for i, n in enumerate(nodes)]
+        while all(r.p.poll() is None for r in runs) and not rs.cmd('KEYS', 'kcache:lock:*'):
+            time.sleep(0.002)
+        rs.restart_empty()
+        restarted = time.monotonic() - t0
+        ends = []
+        for r in runs:
+            r.wait()
+            ends.append(time.monotonic() - t0)
+        print('restarted %.2f s into the run; nodes ended after %s s; %d compiles'
+              % (restarted, ['%.1f' % e for e in ends], misses(runs)))
+        check_outputs(runs, ctx.ref, 'Redis restarted mid-run')
+        if misses(runs) > 2 * K:
+            for i, r in enumerate(runs):
+                print('-- node %d' % i)
+                print('\n'.join(ln for ln in r.stderr.splitlines() if 'remote' in ln))
+        worst, slowest = max(worst, misses(runs)), max(slowest, max(ends))
+        for n in nodes:
+            n.settle()
+    check(worst <= 2 * K and slowest <= bound,
+          'Redis restarted (empty) during a cold 4-node run: %d compiles for %d kernels (bound '
+          '%d), slowest node %.1f s (bound %.1f s)' % (worst, K, 2 * K, slowest, bound))
+
+
 BUSY = 'while True: pass\n'
 
 
@@ -1418,6 +1459,115 @@ def flight_loaded(ctx):
             b.wait()
 
 
+# ---- full: a Redis that refuses writes (issue 47, finding 3) -------------------
+
+def error_replies(rs):
+    info = rs.cmd('INFO', 'stats').decode()
+    m = re.search(r'total_error_replies:(\d+)', info)
+    return int(m.group(1)) if m else 0
+
+
+def full(ctx):
+    """A full Redis (maxmemory, noeviction) during a cold 4-node run. Full
+    at the start and room again once every node was refused (keys expired
+    or evicted, maxmemory raised): the nodes agree through the locks again,
+    compiles <= 2 x kernels. Full throughout: nothing can be shared, each
+    node compiles what it needs once (what running without kcache costs),
+    within the time bound."""
+    plain = plain_s(ctx)
+    bound = 2 * plain + 5
+    rs = ctx.redis(tcp=True)
+    url = fault_url(rs)
+    env = dict(FLIGHT_ENV)
+    # OOM under noeviction, then under allkeys-lru (nothing left to evict
+    # frees enough).
+    for attempt, policy in enumerate(('noeviction', 'allkeys-lru')):
+        rs.cmd('FLUSHALL')
+        rs.cmd('CONFIG', 'SET', 'maxmemory-policy', policy)
+        rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+        before = error_replies(rs)
+        nodes = [ctx.node(url, extra=env) for _ in range(4)]
+        t0 = time.monotonic()
+        # The same order on every node: each compiles the first kernel
+        # while full (refused), then they agree again through the locks.
+        runs = [n.start(rotate(attempt), ctx) for n in nodes]
+        deadline = time.monotonic() + 10
+        while error_replies(rs) - before < len(nodes) and time.monotonic() < deadline and \
+                all(r.p.poll() is None for r in runs):
+            time.sleep(0.002)
+        refused = error_replies(rs) - before
+        rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+        room = time.monotonic() - t0
+        ends = []
+        for r in runs:
+            r.wait()
+            ends.append(time.monotonic() - t0)
+        # Each write refused while full may cost one compile nobody else
+        # could wait for; the first of each node's is in the 2 x kernels
+        # (a node that is loaded may start late and others be refused
+        # again meanwhile). Before, one refusal turned a process's writes
+        # off for good: no more locks, so no more refusals, and each node
+        # compiled every kernel.
+        total = error_replies(rs) - before
+        allowed = 2 * K + max(0, total - len(nodes))
+        print('%s: full until %.2f s (%d writes refused then, %d in all); nodes ended after %s '
+              's; plain %.1f s' % (policy, room, refused, total, ['%.1f' % e for e in ends],
+                                   plain))
+        check_outputs(runs, ctx.ref, 'Redis full, then room again')
+        if not check(misses(runs) <= allowed and max(ends) <= bound,
+                     'Redis full (%s) at the start of a cold 4-node run, room once each node '
+                     'was refused: %d compiles for %d kernels (bound %d: 2 x kernels and one '
+                     'per refusal past each node\'s first), slowest node %.1f s (bound %.1f s)'
+                     % (policy, misses(runs), K, allowed, max(ends), bound)):
+            for i, r in enumerate(runs):
+                print('-- node %d' % i)
+                print('\n'.join(ln for ln in r.stderr.splitlines() if 'remote' in ln))
+        for n in nodes:
+            n.settle()
+
+    # Full throughout: nothing can be written, so nothing is shared; no
+    # node waits on another, each compiles what it needs once.
+    rs.cmd('FLUSHALL')
+    rs.cmd('CONFIG', 'SET', 'maxmemory-policy', 'noeviction')
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    nodes = [ctx.node(url, extra=env) for _ in range(4)]
+    runs, took = timed_runs(ctx, nodes)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+    check_outputs(runs, ctx.ref, 'Redis full throughout')
+    check(misses(runs) <= len(nodes) * K and took <= bound and rs.cmd('DBSIZE') == 0,
+          'Redis full throughout a cold 4-node run: %d compiles for %d kernels on %d nodes '
+          '(no more than without kcache), slowest node %.1f s (bound %.1f s)'
+          % (misses(runs), K, len(nodes), took, bound))
+    check(all(r.stderr.count('kcache: warning') == 1 for r in runs),
+          'Redis full throughout: each process says so once')
+    for n in nodes:
+        n.settle()
+
+    # An owner whose uploads a full Redis refused keeps them and uploads
+    # them once there is room (its next round), instead of leaving them
+    # local for good.
+    rs.cmd('FLUSHALL')
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '1')
+    before = error_replies(rs)
+    n = ctx.node(url, extra={'KCACHE_OWNER_IDLE_MS': '4000'})
+    r = n.start(['ka'], ctx).wait()
+    deadline = time.monotonic() + 10
+    while error_replies(rs) - before < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the lock's refusal, then the owner's upload's
+    time.sleep(0.3)
+    rs.cmd('CONFIG', 'SET', 'maxmemory', '0')
+    time.sleep(0.2)  # past the owner's first backoff (100 ms)
+    r2 = n.start(['kb'], ctx).wait()
+    check_outputs([r], {'ka': ctx.ref['ka']}, 'Redis full, the owner kept the refused upload')
+    deadline = time.monotonic() + 10
+    while len(rs.entries()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(r2.rc == 0 and len(rs.entries()) == 4,
+          'an upload a full Redis refused goes up with the owner\'s next round once there is '
+          'room (%d entries for 2 kernels, want 4)' % len(rs.entries()))
+    n.settle(timeout=60)
+
+
 def main():
     if shutil.which('redis-server') is None:
         print('redis-server is not installed (scripts/setup installs it)')
@@ -1429,6 +1579,7 @@ def main():
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
          'cluster-down': cluster_down, 'flight-hang': flight_hang,
          'flight-failover': flight_failover, 'flight-loaded': flight_loaded,
+         'full': full, 'flight-restart': flight_restart,
          'jit': jit, 'ptxas': ptxas}[MODE](ctx)
     finally:
         if ctx is not None:

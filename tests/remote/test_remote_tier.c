@@ -671,14 +671,23 @@ Test(tier, server_full)
     cr_assert(stored > 0);
     struct kc_remote_counters c = ctr(r);
     cr_assert_eq(c.errors, 1);
-    /* No further upload is tried, reads go on. */
+    /* No further upload is tried during the backoff, reads go on. */
     unsigned char *b = body_n(100, 10);
     kc_key k = key_n(100);
     cr_assert_eq(kc_remote_put(r, NS, &k, NULL, 1, b, 10, 0), -ENOSPC);
-    free(b);
     cr_assert_eq(ctr(r).errors, 1);
     for (int i = 0; i < stored; i++)
         get_ok(r, (uint64_t)i, 256 << 10);
+    /* Full for a while, not for good (issue 47, finding 3): once there is
+     * room again (keys expired, maxmemory raised), the next upload after
+     * the backoff goes up, with no second warning. */
+    char out[256];
+    cr_assert_eq(h_cli(&srv, out, sizeof out, "CONFIG", "SET", "maxmemory", "0", NULL), 0);
+    h_sleep_ms(150);
+    cr_assert_eq(kc_remote_put(r, NS, &k, NULL, 1, b, 10, 1100), 0);
+    free(b);
+    get_ok(r, 100, 10);
+    cr_assert_eq(ctr(r).errors, 1);
 }
 
 static struct fake fk;
@@ -832,6 +841,34 @@ Test(tier, lock_is_held_by_one_node)
     /* Another key's lock is independent. */
     kc_key k2 = key_n(8);
     cr_assert_eq(kc_remote_lock(a, NS, &k2, 60000), 0);
+}
+
+/* A writer that takes a lock marks its namespace (kcache:writer:{<ns>}),
+ * signed: a read-only node sees a trusted writer at work and waits for
+ * it; a mark anyone else set (no trusted key) is not one. */
+Test(tier, a_writer_at_work_is_seen_by_read_only_nodes)
+{
+    make_keys();
+    h_start(&srv, "r");
+    struct kc_remote *w =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .node = "node-w"});
+    struct kc_remote *ro = open_with((struct opts){.trusted = trusted, .node = "node-r"});
+    cr_assert_eq(kc_remote_writer_active(ro, NS), 0, "no writer yet");
+    kc_key k = key_n(9);
+    cr_assert_eq(kc_remote_lock(ro, NS, &k, 60000), -EROFS);
+    cr_assert_eq(kc_remote_writer_active(ro, NS), 0, "a read-only node marks nothing");
+    cr_assert_eq(kc_remote_lock(w, NS, &k, 60000), 0);
+    cr_assert_eq(kc_remote_writer_active(ro, NS), 1);
+    cr_assert_eq(kc_remote_writer_active(ro, "nvrtc:other-ns"), 0, "per namespace");
+    char mk[256], out[512];
+    snprintf(mk, sizeof mk, "kcache:writer:{%s}", NS);
+    const char *ttl[] = {"TTL", mk};
+    long long t = raw_int(2, ttl);
+    cr_assert(t > 0 && t <= 5, "TTL %lld", t);
+    /* Forged: a value without a trusted signature, or another mark's. */
+    cr_assert_eq(h_cli(&srv, out, sizeof out, "SET", mk, "node-x:1:0123456789abcdef", NULL), 0);
+    cr_assert_eq(kc_remote_writer_active(ro, NS), 0, "an unsigned mark");
+    cr_assert_eq(kc_remote_unlock(w, NS, &k), 0);
 }
 
 Test(tier, lock_of_a_dead_holder_expires)

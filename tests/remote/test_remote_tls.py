@@ -161,7 +161,7 @@ class TlsRedis:
 
     def entries(self):
         return sorted(k.decode() for k in self.cmd('KEYS', 'kcache:*')
-                      if not k.startswith(b'kcache:lock:'))
+                      if not k.startswith((b'kcache:lock:', b'kcache:writer:')))
 
     def stop(self):
         if self.p is not None:
