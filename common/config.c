@@ -72,9 +72,10 @@ const struct kc_config_var kc_config_vars[] = {
                                      .dflt = "(none)"},
     [KC_VAR_NVVM] = {"KCACHE_NVVM", "cache libNVVM compiles (numba-cuda, cuda.core)", .dflt = "1",
                      .flag = "--no-nvvm"},
-    [KC_VAR_TOOLS] = {"KCACHE_TOOLS",
-                      "cache compiler tools run as processes (ptxas, cicc, fatbinary, nvlink)",
-                      .dflt = "1", .flag = "--no-tools"},
+    [KC_VAR_TOOLS] =
+        {"KCACHE_TOOLS",
+         "cache compiler tools run as processes (ptxas, cicc, fatbinary, nvlink, nvcc)",
+         .dflt = "1", .flag = "--no-tools"},
     [KC_VAR_REMOTE_CA_FILE] = {"KCACHE_REMOTE_CA_FILE",
                                "CA certificates (PEM) rediss:// servers are verified with",
                                .dflt = "(system)"},
@@ -85,6 +86,9 @@ const struct kc_config_var kc_config_vars[] = {
     [KC_VAR_REMOTE_TLS_VERIFY] = {"KCACHE_REMOTE_TLS_VERIFY",
                                   "0: rediss:// servers' certificates are not verified (warns)",
                                   .dflt = "1"},
+    [KC_VAR_NVCC] = {"KCACHE_NVCC",
+                     "serve nvcc runs whole (0: only its cicc, ptxas, fatbinary, nvlink runs)",
+                     .dflt = "1", .flag = "--no-nvcc"},
 
     /* Internal: read where needed, through kc_config_get. */
     [KC_VAR_TOOL] = {"KCACHE_TOOL", "the kcache tool that runs the store's owner", KC_VAR_INTERNAL},
@@ -324,6 +328,7 @@ void kc_config_load_zeroed(struct kc_config *cfg)
     cfg->link = true;
     cfg->nvvm = true;
     cfg->tools = true;
+    cfg->nvcc = true;
 
     /* A secure-execution process (set-user-ID or set-group-ID, file
      * capabilities) must not obey its caller's environment, which could
@@ -386,6 +391,7 @@ void kc_config_load_zeroed(struct kc_config *cfg)
     load_bool(cfg, KC_VAR_LINK, &cfg->link);
     load_bool(cfg, KC_VAR_NVVM, &cfg->nvvm);
     load_bool(cfg, KC_VAR_TOOLS, &cfg->tools);
+    load_bool(cfg, KC_VAR_NVCC, &cfg->nvcc);
 
     v = env(cfg, KC_VAR_LOG);
     if (v != NULL) {
@@ -561,6 +567,9 @@ void kc_config_value(const struct kc_config *cfg, int i, char *buf, int len)
         break;
     case KC_VAR_TOOLS:
         snprintf(buf, len, "%d", cfg->tools);
+        break;
+    case KC_VAR_NVCC:
+        snprintf(buf, len, "%d", cfg->nvcc);
         break;
     case KC_VAR_REMOTE_CA_FILE:
         snprintf(buf, len, "%s", cfg->remote_ca_file[0] ? cfg->remote_ca_file : "(system)");

@@ -64,6 +64,7 @@ enum kc_var {
     KC_VAR_REMOTE_CERT_FILE,
     KC_VAR_REMOTE_KEY_FILE,
     KC_VAR_REMOTE_TLS_VERIFY,
+    KC_VAR_NVCC,
     KC_N_SETTINGS, /* the settings come first; internal variables follow */
     KC_VAR_TOOL = KC_N_SETTINGS,
     KC_VAR_STORE_LIB,
@@ -107,6 +108,7 @@ struct kc_config {
     bool link;                           /* KCACHE_LINK: nvJitLink and cuLink* links */
     bool nvvm;                           /* KCACHE_NVVM: libNVVM compiles */
     bool tools;                          /* KCACHE_TOOLS: compiler tools run as processes */
+    bool nvcc;                           /* KCACHE_NVCC: nvcc served whole (else its tools) */
 
     /* Provenance, for `kcache config`: KC_FROM_* per setting, indexed as
      * kc_config_vars[] (enum kc_var). */

@@ -583,7 +583,7 @@ void kc__nvcc_start(int argc, char **argv)
     if (strcmp(base, "nvcc") != 0)
         return;
     const struct kc_config *cfg = kc__config();
-    if (cfg->disable || !cfg->tools)
+    if (cfg->disable || !cfg->tools || !cfg->nvcc)
         return;
     struct kc_counters c = {0};
     struct nvrun r = {.argc = argc, .argv = argv};

@@ -27,7 +27,9 @@ plain run's, byte for byte. Cases:
 - unnamed: --keep (temporary files kept), a source on standard input, an
   output no argument names (-c without -o): passed through with a reason;
 - killed: nvcc killed mid-run: the caller sees the signal, nothing stored;
-- flight: four identical compiles at once compile once.
+- flight: four identical compiles at once compile once;
+- switch: KCACHE_NVCC=0: nvcc runs, not served whole; its cicc, ptxas and
+  fatbinary runs are served warm (each prints its own counters).
 
 Usage: test_nvcc.py NVCC
 """
@@ -418,6 +420,27 @@ def case_flight(R):
           % (misses, hits))
 
 
+def case_switch(R):
+    d = source(R.work, "switch")
+    store = os.path.join(R.work, "store-switch")
+    args = ["-c", "k.cu", "-o", "k.o"]
+    R.run(args, cwd=d)
+    plain = read(os.path.join(d, "k.o"))
+    seen = []
+    for phase in ("cold", "warm"):
+        os.unlink(os.path.join(d, "k.o"))
+        r = subprocess.run([R.nvcc] + args, env=R.env(store, KCACHE_NVCC="0"), cwd=d,
+                           capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+        lines = re.findall(rb"tool hits=(\d+) misses=(\d+)", r.stderr)
+        seen.append((r.returncode, sum(int(h) for h, _ in lines), sum(int(m) for _, m in lines)))
+        check(r.returncode == 0 and section(read(os.path.join(d, "k.o")), ".nv_fatbin") ==
+              section(plain, ".nv_fatbin"), "switch %s: the device code is plain's" % phase)
+    # No line is nvcc's own (it is no tree): cicc, ptxas, fatbinary, each
+    # a miss cold and a hit warm.
+    check(seen[0][1:] == (0, 3) and seen[1][1:] == (3, 0),
+          "switch: KCACHE_NVCC=0 serves nvcc's tools, not nvcc (cold, warm: %s)" % seen)
+
+
 def main():
     nvcc = sys.argv[1]
     if not os.path.exists(nvcc):
@@ -427,7 +450,7 @@ def main():
     R = Runner(nvcc, work)
     only = sys.argv[2:]
     cases = [case_c, case_phases, case_md, case_error, case_header, case_include, case_path,
-             case_static, case_unnamed, case_killed, case_flight]
+             case_static, case_unnamed, case_killed, case_flight, case_switch]
     try:
         for c in cases:
             if not only or c.__name__[5:] in only:
