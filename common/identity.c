@@ -29,7 +29,8 @@ struct kc__hasher {
 
 struct kc__hasher *kc__hasher_new(void)
 {
-    struct kc__hasher *h = malloc(sizeof *h);
+    /* XXH3's state is 64-byte aligned (its vector code may load it so). */
+    struct kc__hasher *h = aligned_alloc(64, sizeof *h);
     if (h != NULL)
         XXH3_128bits_reset(&h->st);
     return h;
@@ -59,6 +60,31 @@ void kc__hash_str(struct kc__hasher *h, const char *s)
         return;
     }
     kc__hash_bytes(h, s, strlen(s));
+}
+
+struct kc__hasher *kc__hasher_dup(const struct kc__hasher *h)
+{
+    struct kc__hasher *d = aligned_alloc(64, sizeof *d);
+    if (d != NULL)
+        XXH3_copyState(&d->st, &h->st);
+    return d;
+}
+
+/* 64 KiB: a chunk copied is still in the core's L2 when it is hashed. */
+#define HASH_COPY_CHUNK (64u << 10)
+
+void kc__hash_copy(struct kc__hasher *h, void *dst, const void *src, size_t n)
+{
+    if (h == NULL) {
+        memcpy(dst, src, n);
+        return;
+    }
+    kc__hash_u64(h, (uint64_t)n);
+    for (size_t off = 0; off < n; off += HASH_COPY_CHUNK) {
+        size_t m = n - off < HASH_COPY_CHUNK ? n - off : HASH_COPY_CHUNK;
+        memcpy((char *)dst + off, (const char *)src + off, m);
+        XXH3_128bits_update(&h->st, (const char *)dst + off, m);
+    }
 }
 
 kc_digest kc__hash_digest(struct kc__hasher *h)
