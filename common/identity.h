@@ -47,6 +47,12 @@ void kc__digest_hex(const kc_digest *d, char out[33]);
  * whole file only when it has no build-id. 0 or negative errno. */
 int kc__file_identity(const char *path, kc_digest *out);
 
+/* The name of the loaded object holding `addr`, as dladdr's dli_fname
+ * gives it (the loader's name; the main program's is argv[0]), found
+ * without dladdr's walk of the object's symbol table; NULL when no loaded
+ * object holds addr. Valid while the object stays loaded. */
+const char *kc__loaded_name(const void *addr);
+
 /* The identity of the loaded object holding `addr`, as kc__file_identity
  * gives for its file: the build-id read from the notes already mapped (no
  * system call), else the file's identity. 0 or negative errno. */
