@@ -29,7 +29,8 @@ struct kc__hasher {
 
 struct kc__hasher *kc__hasher_new(void)
 {
-    struct kc__hasher *h = malloc(sizeof *h);
+    /* XXH3's state is 64-byte aligned (its vector code may load it so). */
+    struct kc__hasher *h = aligned_alloc(64, sizeof *h);
     if (h != NULL)
         XXH3_128bits_reset(&h->st);
     return h;
@@ -59,6 +60,31 @@ void kc__hash_str(struct kc__hasher *h, const char *s)
         return;
     }
     kc__hash_bytes(h, s, strlen(s));
+}
+
+struct kc__hasher *kc__hasher_dup(const struct kc__hasher *h)
+{
+    struct kc__hasher *d = aligned_alloc(64, sizeof *d);
+    if (d != NULL)
+        XXH3_copyState(&d->st, &h->st);
+    return d;
+}
+
+/* 64 KiB: a chunk copied is still in the core's L2 when it is hashed. */
+#define HASH_COPY_CHUNK (64u << 10)
+
+void kc__hash_copy(struct kc__hasher *h, void *dst, const void *src, size_t n)
+{
+    if (h == NULL) {
+        memcpy(dst, src, n);
+        return;
+    }
+    kc__hash_u64(h, (uint64_t)n);
+    for (size_t off = 0; off < n; off += HASH_COPY_CHUNK) {
+        size_t m = n - off < HASH_COPY_CHUNK ? n - off : HASH_COPY_CHUNK;
+        memcpy((char *)dst + off, (const char *)src + off, m);
+        XXH3_128bits_update(&h->st, (const char *)dst + off, m);
+    }
 }
 
 kc_digest kc__hash_digest(struct kc__hasher *h)
@@ -270,10 +296,47 @@ int kc__file_identity(const char *path, kc_digest *out)
 
 struct mapped_note {
     const void *addr; /* an address inside the object */
-    uintptr_t base;   /* its load bias (link map's l_addr) */
+    const char *name; /* the object's name as the loader has it, once found */
     int rc;           /* -ENOENT until found in memory */
     kc_digest id;
 };
+
+/* Whether one of the object's loaded segments holds addr (as dladdr tells
+ * the object apart, without its walk of the symbol table). */
+static bool holds(const struct dl_phdr_info *info, uintptr_t addr)
+{
+    const ElfW(Phdr) *ph = info->dlpi_phdr;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (ph[i].p_type == PT_LOAD && addr >= info->dlpi_addr + ph[i].p_vaddr &&
+            addr - (info->dlpi_addr + ph[i].p_vaddr) < ph[i].p_memsz)
+            return true;
+    return false;
+}
+
+static int find_name(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct mapped_note *a = arg;
+    (void)size;
+    if (!holds(info, (uintptr_t)a->addr))
+        return 0;
+    a->name = info->dlpi_name;
+    return 1;
+}
+
+const char *kc__loaded_name(const void *addr)
+{
+    struct mapped_note a = {.addr = addr};
+    if (addr == NULL)
+        return NULL;
+    /* One pass over the loaded objects' program headers: dladdr walks the
+     * object's symbol table too (~10k instructions on libkcache.so). The
+     * main program has no name there: dladdr's is argv[0]. */
+    dl_iterate_phdr(find_name, &a);
+    if (a.name != NULL && a.name[0] != '\0')
+        return a.name;
+    Dl_info info;
+    return dladdr(addr, &info) != 0 ? info.dli_fname : NULL;
+}
 
 /* dl_iterate_phdr callback: for the object holding a->addr, reads its
  * build-id from the notes the loader mapped. Each PT_NOTE, in order, must
@@ -283,16 +346,10 @@ struct mapped_note {
 static int find_mapped_note(struct dl_phdr_info *info, size_t size, void *arg)
 {
     struct mapped_note *a = arg;
-    uintptr_t addr = (uintptr_t)a->addr;
     const ElfW(Phdr) *ph = info->dlpi_phdr;
-    if (info->dlpi_addr != a->base)
-        return 0; /* another object: its headers are not touched */
-    bool mine = false;
-    for (int i = 0; i < info->dlpi_phnum && !mine; i++)
-        mine = ph[i].p_type == PT_LOAD && addr >= info->dlpi_addr + ph[i].p_vaddr &&
-               addr - (info->dlpi_addr + ph[i].p_vaddr) < ph[i].p_memsz;
-    if (!mine)
-        return 0;
+    if (!holds(info, (uintptr_t)a->addr))
+        return 0; /* another object: its notes are not touched */
+    a->name = info->dlpi_name;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         if (ph[i].p_type != PT_NOTE)
             continue;
@@ -321,19 +378,16 @@ int kc__loaded_identity(const void *addr, kc_digest *out)
     struct mapped_note a = {.addr = addr, .rc = -ENOENT};
     if (addr == NULL)
         return -EINVAL;
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (dladdr1(addr, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || info.dli_fname == NULL)
-        return -ENOENT;
-    if (lm != NULL) {
-        a.base = (uintptr_t)lm->l_addr;
-        dl_iterate_phdr(find_mapped_note, &a);
-    }
+    /* One pass finds the object and reads its notes (no dladdr). */
+    dl_iterate_phdr(find_mapped_note, &a);
     if (a.rc == 0) {
         *out = a.id;
         return 0;
     }
-    return kc__file_identity(info.dli_fname, out);
+    if (a.name == NULL)
+        return -ENOENT; /* in no loaded object */
+    const char *name = kc__loaded_name(addr);
+    return name != NULL ? kc__file_identity(name, out) : -ENOENT;
 }
 
 static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
@@ -355,18 +409,16 @@ int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, c
         return -ENOMEM;
     kc__hash_str(h, "nvrtc-identity");
     kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
-    Dl_info info;
+    const char *lib = compile != NULL ? kc__loaded_name(compile) : NULL;
     kc_digest d;
     char path[4096] = "";
-    if (compile != NULL && dladdr(compile, &info) != 0 && info.dli_fname != NULL &&
-        kc__loaded_identity(compile, &d) == 0) {
+    if (lib != NULL && kc__loaded_identity(compile, &d) == 0) {
         kc__hash_bytes(h, &d, sizeof d);
         /* libnvrtc-builtins: loaded, or beside libnvrtc. */
         if (dl_iterate_phdr(find_builtins, path) == 0) {
-            const char *slash = strrchr(info.dli_fname, '/');
-            int dir = slash ? (int)(slash - info.dli_fname) + 1 : 0;
-            snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname,
-                     major, minor);
+            const char *slash = strrchr(lib, '/');
+            int dir = slash ? (int)(slash - lib) + 1 : 0;
+            snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, lib, major, minor);
         }
     } else {
         kc__hash_str(h, "unknown-libnvrtc");

@@ -21,6 +21,13 @@ void kc__hash_bytes(struct kc__hasher *h, const void *p, size_t n);
 void kc__hash_str(struct kc__hasher *h, const char *s); /* NULL hashes as absent */
 void kc__hash_u64(struct kc__hasher *h, uint64_t v);
 kc_digest kc__hash_digest(struct kc__hasher *h);
+/* A new hasher in h's state (h unchanged), or NULL (out of memory): a
+ * prefix hashed once, continued in several ways. Freed by kc__hasher_free. */
+struct kc__hasher *kc__hasher_dup(const struct kc__hasher *h);
+/* Copies n bytes from src to dst (not overlapping) and hashes them as
+ * kc__hash_bytes(h, src, n) would, in one pass: each chunk is hashed from
+ * dst while the copy has it in cache. h NULL: the copy alone. */
+void kc__hash_copy(struct kc__hasher *h, void *dst, const void *src, size_t n);
 
 /* struct stat, for the prototype below. */
 struct stat;
@@ -39,6 +46,12 @@ void kc__digest_hex(const kc_digest *d, char out[33]);
  * its contents): reads the ELF header, program headers and notes, and the
  * whole file only when it has no build-id. 0 or negative errno. */
 int kc__file_identity(const char *path, kc_digest *out);
+
+/* The name of the loaded object holding `addr`, as dladdr's dli_fname
+ * gives it (the loader's name; the main program's is argv[0]), found
+ * without dladdr's walk of the object's symbol table; NULL when no loaded
+ * object holds addr. Valid while the object stays loaded. */
+const char *kc__loaded_name(const void *addr);
 
 /* The identity of the loaded object holding `addr`, as kc__file_identity
  * gives for its file: the build-id read from the notes already mapped (no

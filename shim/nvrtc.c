@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define BACKEND "nvrtc"
@@ -79,6 +80,23 @@ static nvrtcResult (*real_version)(int *, int *);
 
 /* ---- shadows of the host's programs ------------------------------------------ */
 
+/* The host's inputs to nvrtcCreateProgram (source, name, headers, include
+ * names), copied at create: the host may free its buffers once create
+ * returns, and a later miss or getter gives them to NVRTC. One block for
+ * all of them (libmathdx's programs hold 1186 headers, 120 MB: one
+ * allocation, huge pages, one unmap, instead of as many of each), made in
+ * the same pass that hashes them for the key (prefix), and shared, never
+ * written, by every copy of the program (prog_copy). */
+struct inputs {
+    unsigned refs; /* atomic */
+    size_t mapped; /* > 0: block is an mmap of this many bytes; else malloc'd */
+    void *map;     /* the mapping's start (block is aligned inside it) */
+    char *block;
+    /* The key's hash state after the inputs (base_key's prefix), or NULL:
+     * NVRTC's identity was not known at create (hashed at compile then). */
+    struct kc__hasher *prefix;
+};
+
 struct prog {
     nvrtcProgram h; /* the host's handle */
     /* NVRTC's program. When own, h is kcache's (the struct itself) and
@@ -87,6 +105,7 @@ struct prog {
      * recorded here. Otherwise real == h. */
     nvrtcProgram real;
     bool own;
+    struct inputs *in; /* src, name, headers and include_names point into it */
     char *src, *name;
     int n_headers;
     char **headers, **include_names;
@@ -143,16 +162,64 @@ static char **opts_copy(int n, const char *const *o)
     return v;
 }
 
+/* Big inputs get a mapping of their own, asked for huge pages: a fresh
+ * process's first program faults its pages in 2 MiB at a time. */
+#define INPUTS_MAP_MIN (4u << 20)
+#define INPUTS_HUGE (2u << 20)
+
+static void inputs_release(struct inputs *in)
+{
+    if (in == NULL || __atomic_sub_fetch(&in->refs, 1, __ATOMIC_ACQ_REL) > 0)
+        return;
+    if (in->mapped > 0)
+        munmap(in->map, in->mapped);
+    else
+        free(in->block);
+    kc__hasher_free(in->prefix);
+    free(in);
+}
+
+/* A block of n bytes for inputs, or -ENOMEM. */
+static int inputs_alloc(struct inputs *in, size_t n)
+{
+    if (n < INPUTS_MAP_MIN) {
+        in->block = malloc(n);
+        return in->block != NULL ? 0 : -ENOMEM;
+    }
+    /* Rounded up, and a huge page more, so an aligned start fits. */
+    size_t len = ((n + INPUTS_HUGE - 1) & ~(size_t)(INPUTS_HUGE - 1)) + INPUTS_HUGE;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return -ENOMEM;
+    uintptr_t a = ((uintptr_t)m + INPUTS_HUGE - 1) & ~(uintptr_t)(INPUTS_HUGE - 1);
+    (void)madvise((void *)a, len - (a - (uintptr_t)m), MADV_HUGEPAGE); /* a hint */
+    in->map = m;
+    in->mapped = len;
+    in->block = (char *)a;
+    return 0;
+}
+
+/* One string of the inputs into the block at *at (advanced), hashed into h
+ * (NULL: copied only) as kc__hash_str would; NULL stays NULL. */
+static char *inputs_put(struct kc__hasher *h, char **at, const char *s, size_t len)
+{
+    if (s == NULL) {
+        if (h != NULL)
+            kc__hash_u64(h, UINT64_MAX);
+        return NULL;
+    }
+    char *d = *at;
+    kc__hash_copy(h, d, s, len);
+    d[len] = '\0';
+    *at += len + 1;
+    return d;
+}
+
 static void prog_free(struct prog *p)
 {
     if (p == NULL)
         return;
-    free(p->src);
-    free(p->name);
-    for (int i = 0; i < p->n_headers; i++) {
-        free(p->headers[i]);
-        free(p->include_names[i]);
-    }
+    inputs_release(p->in);
     free(p->headers);
     free(p->include_names);
     for (int i = 0; i < p->n_exprs; i++)
@@ -509,6 +576,14 @@ static bool names_cwd(nvrtcProgram prog, int n_opts, const char *const *opts)
  * named (removed, too long): such compiles pass through. */
 static const char *bundled_key_option(const char *o);
 
+/* The key's first fields, before the program's inputs. */
+static void key_head(struct kc__hasher *h, const struct identity *id)
+{
+    kc__hash_str(h, "kcache-nvrtc");
+    kc__hash_u64(h, KC_FORMAT_VERSION);
+    kc__hash_bytes(h, &id->digest, sizeof id->digest);
+}
+
 static int base_key(const struct prog *p, int n_opts, const char *const *opts, kc_digest *out)
 {
     char cwd[PATH_MAX];
@@ -517,20 +592,23 @@ static int base_key(const struct prog *p, int n_opts, const char *const *opts, k
         if (records_cwd(opts[i]) && kc__cwd(cwd, sizeof cwd) != 0)
             return -ENOENT;
     const struct identity *id = nvrtc_identity();
-    struct kc__hasher *h = kc__hasher_new();
+    /* The inputs were hashed as create copied them (the same fields, in
+     * the same order, with the same identity: it is read once). */
+    const struct kc__hasher *prefix = p->in != NULL ? p->in->prefix : NULL;
+    struct kc__hasher *h = prefix != NULL ? kc__hasher_dup(prefix) : kc__hasher_new();
     if (h == NULL || id == NULL) {
         kc__hasher_free(h);
         return -ENOMEM;
     }
-    kc__hash_str(h, "kcache-nvrtc");
-    kc__hash_u64(h, KC_FORMAT_VERSION);
-    kc__hash_bytes(h, &id->digest, sizeof id->digest);
-    kc__hash_str(h, p->src);
-    kc__hash_str(h, p->name);
-    kc__hash_u64(h, (uint64_t)p->n_headers);
-    for (int i = 0; i < p->n_headers; i++) {
-        kc__hash_str(h, p->headers[i]);
-        kc__hash_str(h, p->include_names[i]);
+    if (prefix == NULL) {
+        key_head(h, id);
+        kc__hash_str(h, p->src);
+        kc__hash_str(h, p->name);
+        kc__hash_u64(h, (uint64_t)p->n_headers);
+        for (int i = 0; i < p->n_headers; i++) {
+            kc__hash_str(h, p->headers[i]);
+            kc__hash_str(h, p->include_names[i]);
+        }
     }
     kc__hash_u64(h, (uint64_t)n_opts);
     for (int i = 0; i < n_opts; i++)
@@ -643,15 +721,20 @@ static struct prog *prog_copy(const struct prog *p)
     int failed = c == NULL;
     if (failed)
         return NULL;
-    c->src = dup_or_null(p->src, &failed);
-    c->name = dup_or_null(p->name, &failed);
+    /* The inputs are shared, not copied (never written once made). */
+    c->in = p->in;
+    if (c->in != NULL)
+        __atomic_add_fetch(&c->in->refs, 1, __ATOMIC_RELAXED);
+    c->src = p->src;
+    c->name = p->name;
     c->headers = calloc(p->n_headers + 1, sizeof *c->headers);
     c->include_names = calloc(p->n_headers + 1, sizeof *c->include_names);
     c->exprs = calloc(p->n_exprs + 1, sizeof *c->exprs);
     failed |= c->headers == NULL || c->include_names == NULL || c->exprs == NULL;
-    for (int i = 0; i < p->n_headers && !failed; i++, c->n_headers++) {
-        c->headers[i] = dup_or_null(p->headers[i], &failed);
-        c->include_names[i] = dup_or_null(p->include_names[i], &failed);
+    if (!failed) {
+        c->n_headers = p->n_headers;
+        memcpy(c->headers, p->headers, p->n_headers * sizeof *c->headers);
+        memcpy(c->include_names, p->include_names, p->n_headers * sizeof *c->include_names);
     }
     for (int i = 0; i < p->n_exprs && !failed; i++, c->n_exprs++)
         c->exprs[i] = dup_or_null(p->exprs[i], &failed);
@@ -975,6 +1058,62 @@ static bool own_ok(void)
     return id != NULL && id->unknown[0] == '\0';
 }
 
+/* p's inputs: one copy of the host's (n headers and include names; NULL
+ * ones stay NULL), hashed for the key as they are copied when NVRTC's
+ * identity is known already (a program kcache keeps: own_ok asked for it).
+ * 0, or -ENOMEM (what was made is p's: prog_free frees it). */
+static int inputs_make(struct prog *p, const char *src, const char *name, int n,
+                       const char *const *headers, const char *const *names)
+{
+    int nh = n > 0 && headers != NULL ? n : 0;
+    size_t *len = malloc((2 * (size_t)nh + 2) * sizeof *len);
+    struct inputs *in = calloc(1, sizeof *in);
+    if (len == NULL || in == NULL) {
+        free(len);
+        free(in);
+        return -ENOMEM;
+    }
+    in->refs = 1;
+    p->in = in;
+    /* The lengths first: the block is sized, and each string's length is
+     * hashed before its bytes. */
+    len[0] = src != NULL ? strlen(src) : 0;
+    len[1] = name != NULL ? strlen(name) : 0;
+    size_t total = len[0] + len[1] + 2;
+    for (int i = 0; i < nh; i++) {
+        const char *in_name = names != NULL ? names[i] : NULL;
+        len[2 + 2 * i] = headers[i] != NULL ? strlen(headers[i]) : 0;
+        len[3 + 2 * i] = in_name != NULL ? strlen(in_name) : 0;
+        total += len[2 + 2 * i] + len[3 + 2 * i] + 2;
+    }
+    if (nh > 0) {
+        p->headers = calloc(nh, sizeof *p->headers);
+        p->include_names = calloc(nh, sizeof *p->include_names);
+    }
+    if ((nh > 0 && (p->headers == NULL || p->include_names == NULL)) ||
+        inputs_alloc(in, total) != 0) {
+        free(len);
+        return -ENOMEM;
+    }
+    const struct identity *id = __atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE) ? &ident : NULL;
+    struct kc__hasher *h = id != NULL ? kc__hasher_new() : NULL;
+    if (h != NULL)
+        key_head(h, id);
+    char *at = in->block;
+    p->src = inputs_put(h, &at, src, len[0]);
+    p->name = inputs_put(h, &at, name, len[1]);
+    if (h != NULL)
+        kc__hash_u64(h, (uint64_t)nh);
+    for (int i = 0; i < nh; i++) {
+        p->headers[i] = inputs_put(h, &at, headers[i], len[2 + 2 * i]);
+        p->include_names[i] = inputs_put(h, &at, names != NULL ? names[i] : NULL, len[3 + 2 * i]);
+    }
+    p->n_headers = nh;
+    in->prefix = h;
+    free(len);
+    return 0;
+}
+
 KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
                                          int numHeaders, const char *const *headers,
                                          const char *const *includeNames)
@@ -1007,23 +1146,11 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
         t_nvrtc = t0 != 0 ? kc_mono_ns() - t_own : 0;
     }
     struct prog *p = calloc(1, sizeof *p);
-    int failed = p == NULL;
+    bool failed = p == NULL || inputs_make(p, src, name, numHeaders, headers, includeNames) != 0;
     if (!failed) {
         p->own = own;
         p->h = own ? (nvrtcProgram)p : *prog;
         p->real = own ? NULL : *prog;
-        p->src = dup_or_null(src, &failed);
-        p->name = dup_or_null(name, &failed);
-        if (numHeaders > 0 && headers != NULL) {
-            p->headers = calloc(numHeaders, sizeof *p->headers);
-            p->include_names = calloc(numHeaders, sizeof *p->include_names);
-            failed |= p->headers == NULL || p->include_names == NULL;
-            for (int i = 0; i < numHeaders && !failed; i++) {
-                p->n_headers++;
-                p->headers[i] = dup_or_null(headers[i], &failed);
-                p->include_names[i] = dup_or_null(includeNames ? includeNames[i] : NULL, &failed);
-            }
-        }
     }
     if (failed) {
         prog_free(p);

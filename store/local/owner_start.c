@@ -7,6 +7,7 @@
  * the store and into the shim's front (see local.h).
  */
 #include "local.h"
+#include "../../common/identity.h"
 #include "../../common/trust.h"
 
 #include <dlfcn.h>
@@ -98,19 +99,19 @@ static int mapped_path(uintptr_t a, char *buf, size_t len)
 
 int kc__object_path(const void *addr, char *buf, size_t len)
 {
-    Dl_info di;
-    if (dladdr(addr, &di) == 0 || di.dli_fname == NULL || di.dli_fname[0] == 0)
+    const char *name = kc__loaded_name(addr);
+    if (name == NULL || name[0] == 0)
         return -ENOENT;
-    if (di.dli_fname[0] != '/') {
+    if (name[0] != '/') {
         /* Loaded by a relative name, which the loader resolved against the
          * working directory of that moment; the host may have changed it
          * since. The kernel's view of the mapping is absolute. */
         return mapped_path((uintptr_t)addr, buf, len);
     }
-    size_t n = strlen(di.dli_fname);
+    size_t n = strlen(name);
     if (n >= len)
         return -ENAMETOOLONG;
-    memcpy(buf, di.dli_fname, n + 1);
+    memcpy(buf, name, n + 1);
     return 0;
 }
 

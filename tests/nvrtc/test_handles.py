@@ -12,8 +12,10 @@ NULL source, numHeaders < 0, NULL header arrays or elements, NULL name,
 empty source); NULL handles given to every function; getters before a
 compile; name expressions before, during and after compiles; a second
 compile; bad option arrays; getters given NULL; destroy's handling of the
-handle; programs with in-memory headers; threads that each run their own
-program, and threads racing getters on one program.
+handle; programs with in-memory headers (6 MB of them too, with every
+buffer create was given overwritten and freed once it returns); threads
+that each run their own program, and threads racing getters on one
+program.
 
 Every out-parameter starts as a sentinel, so a getter that sets it, sets it
 to NULL or leaves it untouched reads differently; a buffer's bytes past the
@@ -223,6 +225,35 @@ elif case == "headers":
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
     outputs(h, "headers")
     destroy(h)
+elif case == "headers-freed":
+    # In-memory headers of 6 MB in all (kcache's copy of a program that big
+    # is a mapping of its own), their buffers, the source's and the names'
+    # overwritten and freed as soon as create returns: every later call
+    # (the compile, a second compile on NVRTC's program, a copy of the
+    # program the same headers make again) reads what create was given.
+    def bufs(*v):
+        return [ctypes.create_string_buffer(x) for x in v]
+    def ptrs(bs):
+        return (ctypes.c_void_p * len(bs))(*[ctypes.addressof(b) for b in bs])
+    def spoil(bs):
+        for b in bs:
+            ctypes.memset(b, 0x2a, len(b) - 1)
+    big = b"#define G 1.0f\n/*" + b"kcache " * 900000 + b"*/\n"
+    for i in range(2):
+        src, name = bufs(HSRC), bufs(b"k.cu")
+        hd, nm = bufs(b"#define F 3.0f\n", big), bufs(b"h.h", b"g.h")
+        h = P()
+        rc = lib.nvrtcCreateProgram(ctypes.byref(h), src[0], name[0], 2, ptrs(hd), ptrs(nm))
+        say("create", i, rc)
+        spoil(src + name + hd + nm)
+        del src, name, hd, nm
+        say("compile", i, lib.nvrtcCompileProgram(h, 1, OPT))
+        outputs(h, "freed-%d" % i)
+        if i == 1:
+            o2 = arr(b"-arch=compute_90", b"-lineinfo")
+            say("compile2", lib.nvrtcCompileProgram(h, 2, o2))
+            outputs(h, "freed-second")
+        destroy(h)
 elif case == "destroy":
     rc, h = create()
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
@@ -293,7 +324,7 @@ else:
 NULL_FNS = ["compile", "addname", "lowered", "destroy", "pch", "PTX", "CUBIN", "LTOIR", "ProgramLog"]
 CASES = (["create-args"] + ["null-" + f for f in NULL_FNS] +
          ["before-compile", "names", "names-null", "lowered-null", "twice", "bad-options",
-          "error", "headers", "destroy", "threads-own", "threads-one",
+          "error", "headers", "headers-freed", "destroy", "threads-own", "threads-one",
           "lowered-again", "lowered-again-other"] +
          ["after-destroy-" + w for w in ["destroy", "compile", "size", "addname"]])
 # Cases whose compiles all hit when warm, NVRTC never asked for a program.
