@@ -25,12 +25,25 @@
 
 struct kc__hasher {
     XXH3_state_t st;
+    void *raw; /* what malloc returned */
 };
+
+/* XXH3's state is 64-byte aligned (its vector code may load it so), but
+ * never from aligned_alloc: a host may replace malloc and free only (cicc
+ * exports its own), and free would then be handed glibc's block. */
+static struct kc__hasher *hasher_alloc(void)
+{
+    void *raw = malloc(sizeof(struct kc__hasher) + 63);
+    if (raw == NULL)
+        return NULL;
+    struct kc__hasher *h = (struct kc__hasher *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+    h->raw = raw;
+    return h;
+}
 
 struct kc__hasher *kc__hasher_new(void)
 {
-    /* XXH3's state is 64-byte aligned (its vector code may load it so). */
-    struct kc__hasher *h = aligned_alloc(64, sizeof *h);
+    struct kc__hasher *h = hasher_alloc();
     if (h != NULL)
         XXH3_128bits_reset(&h->st);
     return h;
@@ -38,7 +51,8 @@ struct kc__hasher *kc__hasher_new(void)
 
 void kc__hasher_free(struct kc__hasher *h)
 {
-    free(h);
+    if (h != NULL)
+        free(h->raw);
 }
 
 void kc__hash_u64(struct kc__hasher *h, uint64_t v)
@@ -64,7 +78,7 @@ void kc__hash_str(struct kc__hasher *h, const char *s)
 
 struct kc__hasher *kc__hasher_dup(const struct kc__hasher *h)
 {
-    struct kc__hasher *d = aligned_alloc(64, sizeof *d);
+    struct kc__hasher *d = hasher_alloc();
     if (d != NULL)
         XXH3_copyState(&d->st, &h->st);
     return d;
