@@ -51,4 +51,10 @@ struct kc__capture {
  * sent SIGPIPE, as its own write would have. */
 void kc__tool_pump(pid_t pid, struct kc__capture *cap, int n, bool *out_broken, bool *err_broken);
 
+/* Called before main with the program's arguments (by the entry, shim.c):
+ * when this process is a compiler tool kcache serves (tool.c), a hit
+ * replays the run and exits, a miss runs the tool in a watched child and
+ * exits with its status; returns in every other case (and in that child). */
+void kc__tool_start(int argc, char **argv);
+
 #endif
