@@ -8,7 +8,7 @@
  */
 #include "shim.h"
 #include "tree.h"
-#include "toolrun.h"
+#include "tool.h"
 
 #include <dlfcn.h>
 #include <link.h>

@@ -1,7 +1,8 @@
 /*
- * The parts of a compiler tool's run (tool.c) that nvcc's served tree
- * (nvcc.c) shares: writing an output atomically, the standard streams, a
- * watched child's pipes, the executable's identity.
+ * The parts of a compiler's run as a process (toolrun.c) that the tool
+ * family (tool.c) and nvcc's served tree (nvcc.c) share: writing an output
+ * atomically, the standard streams, a watched child's pipes, the
+ * executable's identity.
  */
 #ifndef KCACHE_TOOLRUN_H
 #define KCACHE_TOOLRUN_H
@@ -45,16 +46,13 @@ struct kc__capture {
 };
 #define KC__PUMP_MAX 4
 
+/* The most of a stream a run keeps (more: it is not stored). */
+#define KC__STREAM_MAX (64u << 20)
+
 /* Copies the pipes through and keeps their bytes until every one is
  * closed (n at most KC__PUMP_MAX). A reader that went away on standard
  * output or error sets *out_broken or *err_broken; on EPIPE the child is
  * sent SIGPIPE, as its own write would have. */
 void kc__tool_pump(pid_t pid, struct kc__capture *cap, int n, bool *out_broken, bool *err_broken);
-
-/* Called before main with the program's arguments (by the entry, shim.c):
- * when this process is a compiler tool kcache serves (tool.c), a hit
- * replays the run and exits, a miss runs the tool in a watched child and
- * exits with its status; returns in every other case (and in that child). */
-void kc__tool_start(int argc, char **argv);
 
 #endif
