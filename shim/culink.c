@@ -558,3 +558,6 @@ const struct kc__hook kc__culink_hooks[] = {
     HOOK(cuLinkDestroy, real_destroy),
     {NULL, NULL, NULL, 0},
 };
+
+/* The family of the driver's cuLink* (hook.h). */
+KC__FAMILY(culink, KC_LIB_CUDA, kc__culink_hooks, NULL, NULL);

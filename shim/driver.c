@@ -1150,3 +1150,6 @@ const struct kc__hook kc__driver_hooks[] = {
     HOOK(cuLibraryLoadFromFile, real_lib_load_file),
     KC_MEMO_WRAPPERS(MEMO_HOOK){NULL, NULL, NULL, 0},
 };
+
+/* The family of the driver JIT (hook.h). */
+KC__FAMILY(driver, KC_LIB_CUDA, kc__driver_hooks, NULL, NULL);

@@ -91,4 +91,8 @@ bool kc__jit_log_option(struct kc__jit_logs *l, CUjit_option o, void *v, unsigne
  * symbols, LTO) cannot be replayed from the cache. */
 bool kc__jit_code_option(CUjit_option o);
 
+/* The driver JIT's hook table (NULL-name terminated), registered with
+ * KC__FAMILY. */
+extern const struct kc__hook kc__driver_hooks[];
+
 #endif

@@ -1692,3 +1692,6 @@ const struct kc__hook kc__link_hooks[] = {
         "nvJitLinkVersion", NULL, &jl_real[F_VERSION][0], KC_LIB_NVJITLINK},
     {NULL, NULL, NULL, 0},
 };
+
+/* The family of nvJitLink, and its versioned names by pattern (hook.h). */
+KC__FAMILY(link, KC_LIB_NVJITLINK, kc__link_hooks, "__nvJitLink", kc__link_hook_pattern);

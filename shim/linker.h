@@ -173,4 +173,15 @@ void kc__link_complete_end(struct kc__link_sess *s, int rc, struct kc__lrec *rec
 /* Chain helpers for the APIs' keys. */
 struct kc__hasher *kc__link_hasher(const char *api);
 
+/* The hook tables of nvJitLink (link.c) and of the driver's cuLink*
+ * (culink.c), registered with KC__FAMILY. */
+extern const struct kc__hook kc__link_hooks[];
+extern const struct kc__hook kc__culink_hooks[];
+
+/* The hook of a name no table lists but the nvJitLink family's pattern
+ * takes (__nvJitLink<Fn>_<major>_<minor> of a release later than its
+ * table), given one of a few spare slots on first sight; NULL for any other
+ * name. */
+const struct kc__hook *kc__link_hook_pattern(const char *name);
+
 #endif

@@ -1962,3 +1962,6 @@ const struct kc__hook kc__nvrtc_hooks[] = {
     {"nvrtcVersion", NULL, (void **)&real_version, KC_LIB_NVRTC},
     {NULL, NULL, NULL, 0},
 };
+
+/* The family of NVRTC (hook.h). */
+KC__FAMILY(nvrtc, KC_LIB_NVRTC, kc__nvrtc_hooks, NULL, NULL);

@@ -838,3 +838,6 @@ const struct kc__hook kc__nvvm_hooks[] = {
     {"nvvmIRVersion", NULL, (void **)&real_ir_version, KC_LIB_NVVM},
     {NULL, NULL, NULL, 0},
 };
+
+/* The family of libNVVM (hook.h). */
+KC__FAMILY(nvvm, KC_LIB_NVVM, kc__nvvm_hooks, NULL, NULL);

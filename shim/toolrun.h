@@ -1,7 +1,8 @@
 /*
- * The parts of a compiler tool's run (tool.c) that nvcc's served tree
- * (nvcc.c) shares: writing an output atomically, the standard streams, a
- * watched child's pipes, the executable's identity.
+ * The parts of a compiler's run as a process (toolrun.c) that the tool
+ * family (tool.c) and nvcc's served tree (nvcc.c) share: writing an output
+ * atomically, the standard streams, a watched child's pipes, the
+ * executable's identity.
  */
 #ifndef KCACHE_TOOLRUN_H
 #define KCACHE_TOOLRUN_H
@@ -44,6 +45,9 @@ struct kc__capture {
     bool over;
 };
 #define KC__PUMP_MAX 4
+
+/* The most of a stream a run keeps (more: it is not stored). */
+#define KC__STREAM_MAX (64u << 20)
 
 /* Copies the pipes through and keeps their bytes until every one is
  * closed (n at most KC__PUMP_MAX). A reader that went away on standard

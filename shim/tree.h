@@ -51,4 +51,10 @@ int kc__ptree_collect(const char *dir, struct kc__ptree *t);
 
 void kc__ptree_free(struct kc__ptree *t);
 
+/* Called before main (by the entry, shim.c): when this process is nvcc, a
+ * hit replays its whole run and exits, a miss runs it in a watched child
+ * whose tree reports (nvcc.c, tree.h) and exits; returns in every other
+ * case (and in that child). */
+void kc__nvcc_start(int argc, char **argv);
+
 #endif

@@ -186,22 +186,32 @@ def check(root, arch):
 
 # ---- store/db/: one file, one layer ------------------------------------------
 
+# Each folder whose files are layered, and how: (folder, heading of its table
+# in ARCHITECTURE.md, whether a layer's files may call each other). store/db/:
+# one file, one layer, none calls another of its own. shim/: a family (the
+# files of one library's hooks) or the shared mechanism is one layer whose
+# files call each other, never in a circle; a family calls no other family
+# but one below it in the table.
+FILES_TABLES = [
+    ("store/db", re.compile(r"^#+\s.*`store/db/` in layers"), False),
+    ("shim", re.compile(r"^#+\s.*`shim/` in layers"), True),
+]
 FILES_DIR = "store/db"
-FILES_HEADING = re.compile(r"^#+\s.*`store/db/` in layers")
+FILES_HEADING = FILES_TABLES[0][1]
 LAYER_ROW = re.compile(r"^\|\s*`([A-Za-z_][\w-]*)`\s*\|")
 TICKS = re.compile(r"`([^`]+)`")
 FILE_EXT = (".c", ".h", ".cc")
 NAME = re.compile(r"\b((?:kc|KC)__\w+)\b")
 
 
-def read_file_table(arch):
-    """[(layer, [files], [may call])] from the store/db/ layer table, top first."""
+def read_file_table(arch, heading=FILES_HEADING):
+    """[(layer, [files], [may call])] from a folder's layer table, top first."""
     rows = []
     inside = False
     with open(arch, encoding="utf-8") as f:
         for line in f:
             if line.startswith("#"):
-                inside = bool(FILES_HEADING.match(line))
+                inside = bool(heading.match(line))
                 continue
             if not inside:
                 continue
@@ -255,8 +265,30 @@ def declared(text):
     return set(re.findall(r"\b((?:kc|KC)__\w+)\s*\(", text))
 
 
-def check_files(root, arch):
-    rows = read_file_table(arch)
+def circles(edges):
+    """The circles of a graph {a: {b: name}}: one list [a, b, ..., a] each."""
+    out, state, stack = [], {}, []
+
+    def visit(a):
+        state[a] = 1
+        stack.append(a)
+        for b in sorted(edges.get(a, ())):
+            if state.get(b) == 1:
+                out.append(stack[stack.index(b):] + [b])
+            elif b not in state:
+                visit(b)
+        stack.pop()
+        state[a] = 2
+
+    for a in sorted(edges):
+        if a not in state:
+            visit(a)
+    return out
+
+
+def check_files(root, arch, files_dir=FILES_DIR, heading=FILES_HEADING, across=False):
+    FILES_DIR = files_dir
+    rows = read_file_table(arch, heading)
     d = os.path.join(root, FILES_DIR)
     if not os.path.isdir(d):
         return []
@@ -309,6 +341,7 @@ def check_files(root, arch):
             return True  # reported above
         return lt == ls or lt in may[ls]
 
+    edges = {}
     for f in present:
         if f not in layer_of:
             continue
@@ -335,12 +368,26 @@ def check_files(root, arch):
                 if lt == ls:
                     if g.endswith(".h") or (f.endswith(".h") and n in decl):
                         continue  # the layer's shared types, or its header's prototypes
+                    if across:
+                        edges.setdefault(f, {}).setdefault(g, n)
+                        continue
                     errors.append("%s/%s: uses %s of %s, a file of its own layer %s (a call across)"
                                   % (FILES_DIR, f, n, g, ls))
                 elif lt not in may[ls]:
                     how = "up" if rank[lt] < rank[ls] else "across"
                     errors.append("%s/%s: uses %s of %s, in layer %s, which layer %s may not call "
                                   "(a call %s)" % (FILES_DIR, f, n, g, lt, ls, how))
+    for c in circles(edges):
+        errors.append("%s: a circle in layer %s: %s" % (
+            FILES_DIR, layer_of[c[0]],
+            " -> ".join("%s (%s)" % (a, edges[a][b]) for a, b in zip(c, c[1:])) + " -> " + c[-1]))
+    return errors
+
+
+def check_all_files(root, arch):
+    errors = []
+    for files_dir, heading, across in FILES_TABLES:
+        errors += check_files(root, arch, files_dir, heading, across)
     return errors
 
 
@@ -351,6 +398,7 @@ SELF_TABLE = """| directory | responsibility | may depend on |
 | `tests/` | x | everything |
 | `store/` | x | nothing |
 | `store/db/` | x | `store/` |
+| `shim/` | x | nothing |
 
 ## `store/db/` in layers
 
@@ -359,6 +407,14 @@ SELF_TABLE = """| directory | responsibility | may depend on |
 | `top` | `top.c` `top.h` | `mid`, `bottom` |
 | `mid` | `mid.h` `m1.c` `m2.c` | `bottom` |
 | `bottom` | `bottom.c` `bottom.h` | nothing |
+
+## `shim/` in layers
+
+| layer | files | may call |
+|---|---|---|
+| `entry` | `e.c` | `fam`, `mech` |
+| `fam` | `f.c` | `mech` |
+| `mech` | `m.h` `m1.c` `m2.c` | nothing |
 """
 
 
@@ -383,6 +439,13 @@ def self_test():
         "store/db/top.c": '#include "top.h"\n#include "mid.h"\nint kc__top(void)\n{\n'
                           "    return kc__m1() + kc__m2();\n}\n",
     }
+    base.update({
+        "shim/m.h": "int kc__m1(void);\nint kc__m2(void);\n",
+        "shim/m1.c": '#include "m.h"\nint kc__m1(void)\n{\n    return kc__m2();\n}\n',
+        "shim/m2.c": '#include "m.h"\nint kc__m2(void)\n{\n    return 0;\n}\n',
+        "shim/f.c": '#include "m.h"\nint kc__f(void)\n{\n    return kc__m1();\n}\n',
+        "shim/e.c": "int kc__f(void);\nint main(void)\n{\n    return kc__f();\n}\n",
+    })
     planted = {
         "include": {"low/a.c": '#include "a.h"\n#include "../high/b.c"\n'},
         "meson file": {"low/meson.build": "low_src = files('a.c', '../high/b.c')\n"},
@@ -399,6 +462,11 @@ def self_test():
         "store/db header declares up": {"store/db/bottom.h": "struct kc__b { int x; };\n"
                                         "#define KC__B_MAX 4\nint kc__b_get(void);\nint kc__top(void);\n"},
         "store/db file in no layer": {"store/db/new.c": "int kc__new(void)\n{\n    return 0;\n}\n"},
+        "shim circle in a layer": {"shim/m2.c": '#include "m.h"\nint kc__m2(void)\n{\n'
+                                              "    return kc__m1();\n}\n"},
+        "shim mechanism calls a family": {"shim/m2.c": '#include "m.h"\nint kc__f(void);\n'
+                                                     "int kc__m2(void)\n{\n    return kc__f();\n}\n"},
+        "shim file in no layer": {"shim/g.c": "int kc__g(void)\n{\n    return 0;\n}\n"},
         "store/db table circle": {"ARCHITECTURE.md": SELF_TABLE.replace(
             "| `bottom.c` `bottom.h` | nothing |", "| `bottom.c` `bottom.h` | `top` |")},
     }
@@ -412,7 +480,7 @@ def self_test():
                 with open(os.path.join(root, rel), "w") as f:
                     f.write(text)
             arch = os.path.join(root, "ARCHITECTURE.md")
-            errors = check(root, arch) + check_files(root, arch)
+            errors = check(root, arch) + check_all_files(root, arch)
             ok = (errors == []) if name == "clean" else (len(errors) >= 1)
             print("%s: %s: %s" % ("ok" if ok else "FAIL", name, errors or "no crossing"))
             failures += not ok
@@ -427,14 +495,14 @@ def main(argv):
         return 2
     root = argv[1]
     arch = argv[2] if len(argv) > 2 else os.path.join(root, "ARCHITECTURE.md")
-    errors = check(root, arch) + check_files(root, arch)
+    errors = check(root, arch) + check_all_files(root, arch)
     for e in errors:
         print(e)
     if errors:
         print("%d boundary crossing(s)" % len(errors))
         return 1
     print("layers: every include and meson file reference keeps the table; "
-          "every file of store/db/ calls only the layers below it")
+          "every file of store/db/ and shim/ calls only the layers below it, never in a circle")
     return 0
 
 

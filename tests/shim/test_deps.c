@@ -20,7 +20,7 @@
 #include "deps.h"
 #include "shim.h"
 
-/* What shim.c gives deps.c. */
+/* What hook.c gives deps.c. */
 void *kc__real_dlsym(void *handle, const char *name)
 {
     return dlsym(handle, name);

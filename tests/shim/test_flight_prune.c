@@ -22,7 +22,7 @@
 #include "flight.h"
 #include "shim.h"
 
-/* What flight.c needs of shim.c. */
+/* What flight.c needs of core.c. */
 static struct kc_config cfg;
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 
