@@ -155,3 +155,21 @@ int kc_rd_end(const struct kc_rd *r)
 {
     return !r->bad && r->off == r->len ? 0 : -EBADMSG;
 }
+
+void kc_buf_put_blob(struct kc_buf *b, const void *p, size_t n)
+{
+    kc_buf_put_u64(b, n);
+    kc_buf_add(b, p, n);
+}
+
+int kc_rd_get_blob(struct kc_rd *r, struct kc_buf *v)
+{
+    uint64_t n = kc_rd_get_u64(r);
+    if (n > kc_rd_left(r))
+        return -EINVAL;
+    const unsigned char *p = kc_rd_take(r, (size_t)n);
+    if (p == NULL && n > 0)
+        return -EINVAL;
+    kc_buf_add(v, p, (size_t)n);
+    return v->err ? -ENOMEM : 0;
+}

@@ -75,6 +75,8 @@ void kc_buf_put_u8(struct kc_buf *b, uint8_t v);
 void kc_buf_put_u16(struct kc_buf *b, uint16_t v);
 void kc_buf_put_u32(struct kc_buf *b, uint32_t v);
 void kc_buf_put_u64(struct kc_buf *b, uint64_t v);
+/* Appends n, then the n bytes at p (kc_rd_get_blob reads it back). */
+void kc_buf_put_blob(struct kc_buf *b, const void *p, size_t n);
 /* Releases the bytes and zeroes the buffer (ready for reuse). */
 void kc_buf_free(struct kc_buf *b);
 
@@ -108,6 +110,9 @@ int kc_rd_get_bytes(struct kc_rd *r, void *out, size_t n);
 /* The next n bytes in place (a pointer into the input, valid as long as
  * it), or NULL past the end. */
 const unsigned char *kc_rd_take(struct kc_rd *r, size_t n);
+/* A length, then as many bytes, appended to v (kc_buf_put_blob's): 0, or
+ * -EINVAL past the end, or -ENOMEM. */
+int kc_rd_get_blob(struct kc_rd *r, struct kc_buf *v);
 /* How many bytes are left (0 once bad). */
 size_t kc_rd_left(const struct kc_rd *r);
 /* 0 when every read succeeded and every byte was read; else -EBADMSG. */

@@ -198,37 +198,19 @@ static void rec_free(struct nvrec *x)
     memset(x, 0, sizeof *x);
 }
 
-static void put_blob(struct kc_buf *b, const void *p, size_t n)
-{
-    kc_buf_put_u64(b, n);
-    kc_buf_add(b, p, n);
-}
-
 static int rec_encode(const struct nvrec *x, struct kc_buf *b)
 {
     kc_buf_put_u64(b, NVCC_MAGIC);
     kc_buf_put_u32(b, (uint32_t)x->status);
     kc_buf_put_u8(b, (uint8_t)x->merged);
-    put_blob(b, x->out.p, x->out.len);
-    put_blob(b, x->err.p, x->err.len);
+    kc_buf_put_blob(b, x->out.p, x->out.len);
+    kc_buf_put_blob(b, x->err.p, x->err.len);
     kc_buf_put_u32(b, (uint32_t)x->n);
     for (int i = 0; i < x->n; i++) {
-        put_blob(b, x->path[i], strlen(x->path[i]));
-        put_blob(b, x->file[i].p, x->file[i].len);
+        kc_buf_put_blob(b, x->path[i], strlen(x->path[i]));
+        kc_buf_put_blob(b, x->file[i].p, x->file[i].len);
     }
     return b->err ? -ENOMEM : 0;
-}
-
-static int get_blob(struct kc_rd *r, struct kc_buf *v)
-{
-    uint64_t n = kc_rd_get_u64(r);
-    if (n > kc_rd_left(r))
-        return -EINVAL;
-    const unsigned char *p = kc_rd_take(r, (size_t)n);
-    if (p == NULL && n > 0)
-        return -EINVAL;
-    kc_buf_add(v, p, (size_t)n);
-    return v->err ? -ENOMEM : 0;
 }
 
 static int rec_decode(const void *p, size_t n, struct nvrec *x)
@@ -240,17 +222,17 @@ static int rec_decode(const void *p, size_t n, struct nvrec *x)
         return -EINVAL;
     x->status = (int)kc_rd_get_u32(&r);
     x->merged = kc_rd_get_u8(&r);
-    int rc = get_blob(&r, &x->out);
+    int rc = kc_rd_get_blob(&r, &x->out);
     if (rc == 0)
-        rc = get_blob(&r, &x->err);
+        rc = kc_rd_get_blob(&r, &x->err);
     uint32_t k = kc_rd_get_u32(&r);
     if (k > MAX_OUTPUTS)
         rc = -EINVAL;
     for (uint32_t i = 0; rc == 0 && i < k; i++) {
         struct kc_buf pb = {0};
-        rc = get_blob(&r, &pb);
+        rc = kc_rd_get_blob(&r, &pb);
         if (rc == 0)
-            rc = get_blob(&r, &x->file[i]);
+            rc = kc_rd_get_blob(&r, &x->file[i]);
         kc_buf_add(&pb, "", 1);
         x->path[i] = (char *)pb.p;
         x->n = (int)i + 1;

@@ -770,24 +770,18 @@ static void record_free(struct record *x)
         kc_buf_free(&x->file[k].bytes);
 }
 
-static void put_blob(struct kc_buf *b, const struct kc_buf *v)
-{
-    kc_buf_put_u64(b, v->len);
-    kc_buf_add(b, v->p, v->len);
-}
-
 static int record_encode(const struct record *x, struct kc_buf *b)
 {
     kc_buf_put_u64(b, TOOL_MAGIC);
     kc_buf_put_u32(b, (uint32_t)(int32_t)x->status);
     kc_buf_put_u8(b, (uint8_t)x->merged);
-    put_blob(b, &x->out);
-    put_blob(b, &x->err);
+    kc_buf_put_blob(b, x->out.p, x->out.len);
+    kc_buf_put_blob(b, x->err.p, x->err.len);
     kc_buf_put_u32(b, x->n_files);
     for (uint32_t k = 0; k < x->n_files; k++) {
         const struct outfile *f = &x->file[k];
         kc_buf_put_u8(b, (uint8_t)f->wrote);
-        put_blob(b, &f->bytes);
+        kc_buf_put_blob(b, f->bytes.p, f->bytes.len);
         kc_buf_put_u32(b, f->n_cut);
         for (uint32_t j = 0; j < f->n_cut; j++) {
             kc_buf_put_u64(b, f->cut[j].at);
@@ -795,18 +789,6 @@ static int record_encode(const struct record *x, struct kc_buf *b)
         }
     }
     return b->err ? -ENOMEM : 0;
-}
-
-static int get_blob(struct kc_rd *r, struct kc_buf *v)
-{
-    uint64_t n = kc_rd_get_u64(r);
-    if (n > kc_rd_left(r))
-        return -EINVAL;
-    const unsigned char *p = kc_rd_take(r, (size_t)n);
-    if (p == NULL && n > 0)
-        return -EINVAL;
-    kc_buf_add(v, p, (size_t)n);
-    return v->err ? -ENOMEM : 0;
 }
 
 static int record_decode(const void *p, size_t n, struct record *x)
@@ -818,16 +800,16 @@ static int record_decode(const void *p, size_t n, struct record *x)
         return -EINVAL;
     x->status = (int)(int32_t)kc_rd_get_u32(&r);
     x->merged = kc_rd_get_u8(&r);
-    int rc = get_blob(&r, &x->out);
+    int rc = kc_rd_get_blob(&r, &x->out);
     if (rc == 0)
-        rc = get_blob(&r, &x->err);
+        rc = kc_rd_get_blob(&r, &x->err);
     x->n_files = kc_rd_get_u32(&r);
     if (rc == 0 && x->n_files > MAX_OUT)
         rc = -EINVAL;
     for (uint32_t k = 0; rc == 0 && k < x->n_files; k++) {
         struct outfile *f = &x->file[k];
         f->wrote = kc_rd_get_u8(&r);
-        rc = get_blob(&r, &f->bytes);
+        rc = kc_rd_get_blob(&r, &f->bytes);
         f->n_cut = kc_rd_get_u32(&r);
         if (rc == 0 && (f->wrote > 1 || f->n_cut > MAX_REC))
             rc = -EINVAL;
