@@ -324,7 +324,7 @@ class Capture:
             print('tcpdump is not installed: the relay\'s record alone is checked')
             return
         flt = ' or '.join('tcp port %d' % p for p in ports)
-        self.p = subprocess.Popen(['tcpdump', '-i', 'lo', '-U', '-s', '0', '-w', self.path, flt],
+        self.p = subprocess.Popen(['tcpdump', '-i', 'lo', '--immediate-mode', '-U', '-s', '0', '-w', self.path, flt],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   preexec_fn=e._die_with_us)
         line = self.p.stderr.readline().decode(errors='replace')
@@ -338,7 +338,15 @@ class Capture:
     def bytes(self):
         if self.p is None:
             return None
-        time.sleep(0.3)
+        # Packets reach tcpdump a moment after they crossed lo: wait until
+        # the file stops growing (at most 3 s), then stop it.
+        last, deadline = -1, time.monotonic() + 3
+        while time.monotonic() < deadline:
+            size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+            if size == last and size > 24:
+                break
+            last = size
+            time.sleep(0.3)
         self.p.terminate()
         self.p.wait()
         self.p.stderr.close()
