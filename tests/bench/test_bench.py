@@ -123,7 +123,7 @@ def main():
         # 7e: the fault rows, each beside its run without the fault (the
         # cluster row only where the cluster formed).
         faults = remote.get("faults") or {}
-        for name in ("restart", "full", "full_oom", "full_room") + tuple(
+        for name in ("restart", "full", "full_oom", "full_room", "loaded") + tuple(
                 n for n in ("failover", "hang") if n in faults):
             for k in ("base_compiles", "fault_compiles", "base_wall_s", "fault_wall_s",
                       "wall_ratio", "base_cpu_s", "fault_cpu_s", "cpu_ratio"):
