@@ -13,38 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Import commits every ROUND_ENTRIES records or ROUND_BYTES bytes. */
 #define ROUND_ENTRIES 4096
 #define ROUND_BYTES (64u << 20)
-
-void kc__import_read_begin(struct kc__import_read *ir, const struct kc_bundle_import_opts *o,
-                           int fd)
-{
-    struct stat sb;
-    ir->o = o;
-    ir->total = 0;
-    off_t at = lseek(fd, 0, SEEK_CUR);
-    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && at >= 0 && sb.st_size > at)
-        ir->total = (uint64_t)(sb.st_size - at);
-}
-
-void kc__import_on_read(uint64_t bytes, void *arg)
-{
-    struct kc__import_read *ir = arg;
-    if (ir->o->progress == NULL)
-        return;
-    if (ir->total > 0 && bytes >= ir->total)
-        bytes = ir->total - 1;
-    kc__import_progress(ir->o, bytes, ir->total);
-}
-
-void kc__import_read_end(struct kc__import_read *ir, uint64_t bytes)
-{
-    kc__import_progress(ir->o, bytes, bytes);
-}
 
 /* Pass 1: reads and checks all of it (copying what it reads to copy_fd,
  * when not -1); counts what is present already. */

@@ -11,6 +11,9 @@
 
 #include "steps.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 /* ---- drain (drain.c) ------------------------------------------------------- */
 
 /* One drain of the spool: put files in rounds (each committed, uploaded,
@@ -80,10 +83,31 @@ struct kc__import_read {
     const struct kc_bundle_import_opts *o;
     uint64_t total;
 };
-void kc__import_read_begin(struct kc__import_read *ir, const struct kc_bundle_import_opts *o,
-                           int fd);
-void kc__import_on_read(uint64_t bytes, void *arg);
-void kc__import_read_end(struct kc__import_read *ir, uint64_t bytes);
+static inline void kc__import_read_begin(struct kc__import_read *ir,
+                                         const struct kc_bundle_import_opts *o, int fd)
+{
+    struct stat sb;
+    ir->o = o;
+    ir->total = 0;
+    off_t at = lseek(fd, 0, SEEK_CUR);
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && at >= 0 && sb.st_size > at)
+        ir->total = (uint64_t)(sb.st_size - at);
+}
+
+static inline void kc__import_on_read(uint64_t bytes, void *arg)
+{
+    struct kc__import_read *ir = arg;
+    if (ir->o->progress == NULL)
+        return;
+    if (ir->total > 0 && bytes >= ir->total)
+        bytes = ir->total - 1;
+    kc__import_progress(ir->o, bytes, ir->total);
+}
+
+static inline void kc__import_read_end(struct kc__import_read *ir, uint64_t bytes)
+{
+    kc__import_progress(ir->o, bytes, bytes);
+}
 
 /* Pass 1 of an import: reads and checks all of the bundle on fd (copying
  * what it reads to copy_fd, when not -1); a dry run with a store counts
