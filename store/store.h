@@ -290,8 +290,10 @@ struct kc_bundle_export_opts {
     int level;                             /* the codec's level; 0: its default */
     const struct kc_bundle_crypto *crypto; /* NULL, or key_id 0: unsigned */
     /* Progress (NULL: none), with progress_arg: stage "bodies" (a whole
-     * store's export: its bodies, first), then "entries" (the entries
-     * written, of the selected). */
+     * store's export: its bodies, first), then "entries" (of the
+     * selected); a record counts once its bytes were written to fd (a
+     * block's in proportion as they go), a stage's total once its last
+     * byte was. */
     kc_progress_stage_fn progress_stage;
     kc_progress_fn progress;
     void *progress_arg;
@@ -310,9 +312,9 @@ struct kc_bundle_import_opts {
      * NULL: unknown for all. */
     int (*usable)(const char *ns, void *arg);
     void *usable_arg;
-    /* Progress (NULL: none), with progress_arg: stage "check" (the records
-     * read and checked, of the bundle's), then, unless a dry run, "write"
-     * (the records applied or skipped, of the bundle's). */
+    /* Progress (NULL: none), with progress_arg, in bytes of the bundle
+     * read (of its size; 0, unknown, for a pipe): stage "check" (read and
+     * checked), then, unless a dry run, "write" (read again and applied). */
     kc_progress_stage_fn progress_stage;
     kc_progress_fn progress;
     void *progress_arg;

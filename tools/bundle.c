@@ -546,7 +546,10 @@ static int cmd_import(const struct kc_tool_ctx *t, const char *path, bool trust_
         return KC_EXIT_RUNTIME;
     }
     struct kc_tool_progress pg;
-    kc_tool_progress_begin(&pg, "import", false, kc_tool_progress_wanted(quiet));
+    /* In bytes of the bundle read: its bodies come first, and a pipe's
+     * bytes arrive as they come (a count of entries stood still until the
+     * bodies were all read). */
+    kc_tool_progress_begin(&pg, "import", true, kc_tool_progress_wanted(quiet));
     struct kc_bundle_import_opts o = {
         .fd = fd,
         .trust_unsigned = trust_unsigned,

@@ -318,10 +318,11 @@ static void print_remote(const struct kc_remote_counters *r)
            "\n",
            r->errors, r->refusals, r->auth_failures, r->protocol_errors, r->error_replies, r->oom,
            r->timeouts);
-    if (r->tls_failures > 0 || r->write_refusals > 0)
-        printf("  TLS sessions refused %" PRIu64 "  writes refused this user (NOPERM) %" PRIu64
-               "\n",
-               r->tls_failures, r->write_refusals);
+    if (r->tls_failures > 0 || r->write_refusals > 0 || r->tls_sessions_made > 0 ||
+        r->tls_sessions_resumed > 0)
+        printf("  TLS sessions made %" PRIu64 "  resumed %" PRIu64 "  refused %" PRIu64
+               "  writes refused this user (NOPERM) %" PRIu64 "\n",
+               r->tls_sessions_made, r->tls_sessions_resumed, r->tls_failures, r->write_refusals);
     printf("  refused entries %" PRIu64 " (bad signatures %" PRIu64
            ", damaged or misplaced %" PRIu64 ")  turned off %" PRIu64 " times\n",
            r->bad, r->bad_signatures, r->bad >= r->bad_signatures ? r->bad - r->bad_signatures : 0,

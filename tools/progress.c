@@ -113,18 +113,20 @@ static void draw(struct kc_tool_progress *p, uint64_t now, bool last)
     size_t max = p->cols > 1 ? (size_t)p->cols - 1 : sizeof line - 1;
     if (p->total == 0) {
         /* A stage that cannot know its total: the count and the rate. */
-        n = snprintf(line, sizeof line, "%s%s %s  %s", head, count(p, p->done, d, sizeof d),
-                     p->bytes ? "" : unit, rate);
+        n = snprintf(line, sizeof line, "%s%s%s%s  %s", head, count(p, p->done, d, sizeof d),
+                     p->bytes ? "" : " ", p->bytes ? "" : unit, rate);
         if (n > 0 && (size_t)n > max)
-            n = snprintf(line, sizeof line, "%s%s %s", head, count(p, p->done, d, sizeof d),
-                         p->bytes ? "" : unit);
+            n = snprintf(line, sizeof line, "%s%s%s%s", head, count(p, p->done, d, sizeof d),
+                         p->bytes ? "" : " ", p->bytes ? "" : unit);
     } else {
         uint64_t done = p->done < p->total ? p->done : p->total;
         int pct = (int)(done * 100 / p->total);
         if (done == p->total && last)
             duration(0, left, sizeof left);
         else if (done < p->total && r > 0.0)
-            duration((double)(p->total - done) / r, left, sizeof left);
+            /* Work still going never says 0:00: at least a second. */
+            duration((double)(p->total - done) / r < 1.0 ? 1.0 : (double)(p->total - done) / r,
+                     left, sizeof left);
         else
             snprintf(left, sizeof left, "--:--");
         /* done as wide as total, and room for the widest tail: the bar

@@ -7,10 +7,13 @@
  *
  * done/total, a bar, the rate (entries/s, or bytes/s for a count of
  * bytes) and the time left, redrawn in place (\r) at most 10 times a
- * second; a stage whose total is unknown shows the count and the rate.
+ * second; a stage whose total is unknown (an import from a pipe) shows
+ * the count and the rate.
  * Each line ends with a newline once its work is done. A count at its
  * total before the stage ends says "--:-- left" (counted, still being
- * written); the stage's last line says "0:00 left". A line fits the
+ * written); the stage's last line says "0:00 left". Callers count what is
+ * done, not what is handed on: an export's records once their bytes were
+ * written, an import's bytes as they are read. A line fits the
  * terminal: on a narrow one the bar, then the rate, the time left and the
  * count are left out, and a word is never cut. Nothing is written when
  * the bar is off, or when no progress was ever reported.

@@ -207,11 +207,13 @@ static int collect(const struct kc_bundle_import_opts *o, int fd, struct kc_bund
 {
     struct kc_bundle_info again;
     struct kc__bundle_reader r;
-    int rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &again, o->crypto, o->trust_unsigned != 0);
+    struct kc__import_read ir;
+    kc__import_read_begin(&ir, o, fd);
+    int rc = kc__bundle_reader_begin_read(&r, fd, -1, kc__import_on_read, &ir, &again, o->crypto,
+                                          o->trust_unsigned != 0);
     bool have_prev = false;
     uint32_t prev_off = 0;
     size_t prev_len = 0;
-    uint64_t done = 0;
     int ok = 1;
     while (rc == 0 && ok) {
         struct kc__sp_put sp;
@@ -221,7 +223,6 @@ static int collect(const struct kc_bundle_import_opts *o, int fd, struct kc_bund
             rc = n;
             break;
         }
-        kc__import_progress(o, ++done, info->entries);
         if (idx >= info->n_ns || strcmp(info->ns[idx].ns, sp.ns) != 0) {
             rc = -EIO;
             snprintf(info->why, sizeof info->why, "the bundle changed between its readings");
@@ -491,7 +492,7 @@ int kc__bulk_import(struct kc__owner *ow, int fd, const struct kc_bundle_import_
             rc = kc__owner_commit(ow);
         rc = rc == 0 ? 1 : rc;
         if (rc == 1) /* all of it read (the reader checks the count) and written */
-            kc__import_progress(o, info->entries, info->entries);
+            kc__import_progress(o, (uint64_t)sb.st_size, (uint64_t)sb.st_size);
     }
     if (hj.started) {
         pthread_join(hj.th, NULL);

@@ -144,6 +144,12 @@ struct kc__bstream {
      * with it). */
     int copy_fd;
     int copy_err;
+    /* Reading from fd: called after each read(2) with the bytes read from
+     * fd so far (the reader's progress: a bundle's bodies come before its
+     * entries, so a count of entries says nothing while they arrive). */
+    void (*on_read)(uint64_t bytes, void *arg);
+    void *on_read_arg;
+    uint64_t fd_bytes;
 };
 
 /* Starts a stream over fd (reading or writing) or, with fd -1, over the
@@ -195,6 +201,16 @@ struct kc__bundle_writer {
     pthread_cond_t cv;
     bool th_started, pending, stop;
     int th_rc; /* its first error */
+    /* What reached fd: records (entries and body records, in the order
+     * added) whose bytes were written, a block's counted in proportion to
+     * its bytes written as they go (kc__bundle_writer_written). */
+    uint64_t added;                  /* records added */
+    uint64_t raw_first, spare_first; /* the first record of each block */
+    _Atomic uint64_t written;
+    /* Called on the adding thread, about every 100 ms, while it waits for
+     * the output thread (a slow reader): its progress can be drawn then. */
+    void (*tick)(void *arg);
+    void *tick_arg;
 };
 
 /* Writes the header (info: created_ns, entries, raw_bytes, key_id,
@@ -218,6 +234,13 @@ int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, con
  * keeps it) under digest. Entries naming it follow as KC__SP_ENTRY puts. */
 int kc__bundle_writer_add_body(struct kc__bundle_writer *w, const kc_digest *digest,
                                const void *value, size_t len);
+/* Records (entries and body records) whose bytes were written to fd so
+ * far, counting the block being written in proportion to its bytes
+ * written; kc__bundle_writer_sync, then, counts every record added. */
+uint64_t kc__bundle_writer_written(struct kc__bundle_writer *w);
+/* Closes the block being filled and waits until every record added is
+ * written to fd (w->tick called while it waits). 0 or a negative errno. */
+int kc__bundle_writer_sync(struct kc__bundle_writer *w);
 /* Closes the last block, writes the trailer (signed when crypto has a
  * key) and flushes. *file_bytes: the bundle's size. 0 or a negative errno. */
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes);
@@ -320,6 +343,12 @@ int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem
  * none) as it goes, for as long as the reader is used (a stream copied
  * only as far as it checks out). */
 int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
+                                 struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                                 bool trust_unsigned);
+/* kc__bundle_reader_begin_copy with on_read(bytes read from fd so far,
+ * arg) called after each read of fd, the header's included (NULL: none). */
+int kc__bundle_reader_begin_read(struct kc__bundle_reader *r, int fd, int copy_fd,
+                                 void (*on_read)(uint64_t bytes, void *arg), void *arg,
                                  struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                                  bool trust_unsigned);
 /* The next record: 1 with *sp decoded and checked (pointing into the

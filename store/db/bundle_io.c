@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <lz4.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,9 @@
 #include <zstd.h>
 
 #define IO_CHUNK (1u << 20)
+/* A block is written in pieces of this much (a pipe's buffer), each
+ * counted as written once write(2) took it. */
+#define OUT_PIECE (64u << 10)
 /* The header text lists namespaces up to about this many bytes. */
 #define HEADER_TEXT_NS (256u << 10)
 
@@ -90,6 +94,14 @@ static void bs_hash(struct kc__bstream *s, const void *p, size_t n)
         s->crypto->digest_add(s->crypto->ctx, p, n);
 }
 
+/* n more bytes read from fd: the reader's progress. */
+static void bs_got(struct kc__bstream *s, size_t n)
+{
+    s->fd_bytes += n;
+    if (s->on_read != NULL && n > 0)
+        s->on_read(s->fd_bytes, s->on_read_arg);
+}
+
 /* Refills the buffer so that at least `want` (<= cap) bytes are buffered,
  * or the stream ends. 0 or the read error. */
 static int bs_fill(struct kc__bstream *s, size_t want)
@@ -111,6 +123,7 @@ static int bs_fill(struct kc__bstream *s, size_t want)
         if (rc < 0)
             return rc;
         s->len += (size_t)r;
+        bs_got(s, (size_t)r);
     }
     return 0;
 }
@@ -136,6 +149,7 @@ int kc__bs_read(struct kc__bstream *s, void *p, size_t n)
                 int rc = bs_copy(s, o, (size_t)r);
                 if (rc < 0)
                     return rc;
+                bs_got(s, (size_t)r);
                 bs_hash(s, o, (size_t)r);
                 s->off += (uint64_t)r;
                 o += r;
@@ -222,6 +236,20 @@ int kc__bs_write(struct kc__bstream *s, const void *p, size_t n)
         n -= k;
     }
     return 0;
+}
+
+/* Writes n bytes through the digests to fd now, after what the buffer
+ * holds (without fd: into the buffer). 0 or the write error. */
+static int bs_write_now(struct kc__bstream *s, const void *p, size_t n)
+{
+    if (s->fd < 0)
+        return kc__bs_write(s, p, n);
+    int rc = kc__bs_flush(s);
+    if (rc < 0)
+        return rc;
+    bs_hash(s, p, n);
+    s->off += n;
+    return write_all(s->fd, p, n);
 }
 
 kc_digest kc__bs_digest(struct kc__bstream *s)
@@ -411,7 +439,7 @@ int kc__bundle_writer_begin(struct kc__bundle_writer *w, int fd, const struct kc
  * (raw: their bytes, plain: of them, plain puts' bytes). On the output
  * thread when there is one. */
 static int out_block(struct kc__bundle_writer *w, struct kc__buf *rawb, uint32_t records,
-                     uint64_t plain)
+                     uint64_t plain, uint64_t first)
 {
     size_t raw = rawb->len, stored = raw;
     const unsigned char *sp = rawb->p;
@@ -456,8 +484,21 @@ static int out_block(struct kc__bundle_writer *w, struct kc__buf *rawb, uint32_t
     kc__put_u64(h + 32, XXH3_64bits(sp, stored));
     kc__put_u64(h + 40, XXH3_64bits(h, 40));
     int rc = kc__bs_write(&w->s, h, sizeof h);
+    /* In pieces, each counted as written once write(2) took it: a slow
+     * reader's progress is what it was given, not what was handed here.
+     * Then the stream's buffer, so that the block is all in fd. */
+    for (size_t at = 0; rc == 0 && at < stored;) {
+        size_t k = stored - at < OUT_PIECE ? stored - at : OUT_PIECE;
+        rc = bs_write_now(&w->s, sp + at, k);
+        at += k;
+        if (rc == 0)
+            atomic_store(&w->written,
+                         first + (uint64_t)((double)records * (double)at / (double)stored));
+    }
     if (rc == 0)
-        rc = kc__bs_write(&w->s, sp, stored);
+        rc = kc__bs_flush(&w->s);
+    if (rc == 0)
+        atomic_store(&w->written, first + records);
     w->blocks++;
     rawb->len = 0;
     return rc;
@@ -475,7 +516,9 @@ static void *out_main(void *arg)
         if (!w->pending)
             break;
         pthread_mutex_unlock(&w->mu);
-        int rc = w->th_rc == 0 ? out_block(w, &w->spare, w->spare_records, w->spare_plain) : 0;
+        int rc = w->th_rc == 0
+                     ? out_block(w, &w->spare, w->spare_records, w->spare_plain, w->spare_first)
+                     : 0;
         pthread_mutex_lock(&w->mu);
         if (rc < 0 && w->th_rc == 0)
             w->th_rc = rc;
@@ -486,12 +529,29 @@ static void *out_main(void *arg)
     return NULL;
 }
 
-/* Waits until the output thread holds no block: its first error, or 0. */
+/* Waits until the output thread holds no block: its first error, or 0.
+ * w->tick is called about every 100 ms meanwhile. */
 static int out_wait(struct kc__bundle_writer *w)
 {
     pthread_mutex_lock(&w->mu);
-    while (w->pending)
-        pthread_cond_wait(&w->cv, &w->mu);
+    while (w->pending) {
+        if (w->tick == NULL) {
+            pthread_cond_wait(&w->cv, &w->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT && w->pending) {
+            pthread_mutex_unlock(&w->mu);
+            w->tick(w->tick_arg);
+            pthread_mutex_lock(&w->mu);
+        }
+    }
     int rc = w->th_rc;
     pthread_mutex_unlock(&w->mu);
     return rc;
@@ -502,11 +562,12 @@ static int writer_flush_block(struct kc__bundle_writer *w)
     if (w->block_records == 0)
         return 0;
     uint32_t records = w->block_records;
-    uint64_t plain = w->block_plain;
+    uint64_t plain = w->block_plain, first = w->raw_first;
     w->block_records = 0;
     w->block_plain = 0;
+    w->raw_first = w->added;
     if (!w->th_started)
-        return out_block(w, &w->raw, records, plain);
+        return out_block(w, &w->raw, records, plain, first);
     int rc = out_wait(w);
     if (rc < 0)
         return rc;
@@ -515,6 +576,7 @@ static int writer_flush_block(struct kc__bundle_writer *w)
     w->spare = w->raw;
     w->spare_records = records;
     w->spare_plain = plain;
+    w->spare_first = first;
     w->pending = true;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
@@ -557,6 +619,7 @@ int kc__bundle_writer_add(struct kc__bundle_writer *w, const char *ns, const kc_
     if (len <= 4 || ((const unsigned char *)put)[4] != KC__SP_STORED)
         w->block_plain += len;
     w->block_records++;
+    w->added++;
     w->entries++;
     w->raw_bytes += KC__BUNDLE_REC_SIZE(len);
     if (w->raw.len >= KC__BUNDLE_BLOCK_TARGET)
@@ -577,6 +640,7 @@ int kc__bundle_writer_add_body(struct kc__bundle_writer *w, const kc_digest *dig
     if (w->raw.err)
         return w->raw.err;
     w->block_records++;
+    w->added++;
     if (w->raw.len >= KC__BUNDLE_BLOCK_TARGET)
         return writer_flush_block(w);
     return 0;
@@ -612,11 +676,25 @@ int kc__bundle_writer_add_entry(struct kc__bundle_writer *w, const char *ns, con
     if (!stored)
         w->block_plain += plen;
     w->block_records++;
+    w->added++;
     w->entries++;
     w->raw_bytes += KC__BUNDLE_REC_SIZE(plen);
     if (w->raw.len >= KC__BUNDLE_BLOCK_TARGET)
         return writer_flush_block(w);
     return 0;
+}
+
+uint64_t kc__bundle_writer_written(struct kc__bundle_writer *w)
+{
+    return atomic_load(&w->written);
+}
+
+int kc__bundle_writer_sync(struct kc__bundle_writer *w)
+{
+    int rc = writer_flush_block(w);
+    if (rc == 0 && w->th_started)
+        rc = out_wait(w);
+    return rc;
 }
 
 int kc__bundle_writer_finish(struct kc__bundle_writer *w, uint64_t *file_bytes)
@@ -860,26 +938,34 @@ bool kc__bundle_reader_has_dict(const struct kc__bundle_reader *r, uint64_t id)
 }
 
 static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n, int copy_fd,
-                        struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
-                        bool trust_unsigned);
+                        void (*on_read)(uint64_t, void *), void *arg, struct kc_bundle_info *info,
+                        const struct kc_bundle_crypto *crypto, bool trust_unsigned);
 
 int kc__bundle_reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n,
                             struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                             bool trust_unsigned)
 {
-    return reader_begin(r, fd, mem, n, -1, info, crypto, trust_unsigned);
+    return reader_begin(r, fd, mem, n, -1, NULL, NULL, info, crypto, trust_unsigned);
 }
 
 int kc__bundle_reader_begin_copy(struct kc__bundle_reader *r, int fd, int copy_fd,
                                  struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
                                  bool trust_unsigned)
 {
-    return reader_begin(r, fd, NULL, 0, copy_fd, info, crypto, trust_unsigned);
+    return reader_begin(r, fd, NULL, 0, copy_fd, NULL, NULL, info, crypto, trust_unsigned);
+}
+
+int kc__bundle_reader_begin_read(struct kc__bundle_reader *r, int fd, int copy_fd,
+                                 void (*on_read)(uint64_t bytes, void *arg), void *arg,
+                                 struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
+                                 bool trust_unsigned)
+{
+    return reader_begin(r, fd, NULL, 0, copy_fd, on_read, arg, info, crypto, trust_unsigned);
 }
 
 static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, size_t n, int copy_fd,
-                        struct kc_bundle_info *info, const struct kc_bundle_crypto *crypto,
-                        bool trust_unsigned)
+                        void (*on_read)(uint64_t, void *), void *arg, struct kc_bundle_info *info,
+                        const struct kc_bundle_crypto *crypto, bool trust_unsigned)
 {
     memset(r, 0, sizeof *r);
     memset(info, 0, sizeof *info);
@@ -889,8 +975,11 @@ static int reader_begin(struct kc__bundle_reader *r, int fd, const void *mem, si
     int rc = kc__bs_init(&r->s, fd, mem, n);
     if (rc < 0)
         return fail(r, rc, "out of memory");
-    if (fd >= 0)
+    if (fd >= 0) {
         r->s.copy_fd = copy_fd;
+        r->s.on_read = on_read;
+        r->s.on_read_arg = arg;
+    }
     /* The digest starts with the first byte; it is kept only when the
      * header says the bundle is signed by a key we trust. */
     bool can_verify = crypto != NULL && crypto->digest_begin != NULL && crypto->verify != NULL;

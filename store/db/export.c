@@ -134,7 +134,9 @@ struct emit {
     struct kc_bundle_info *info;
     const struct kc_bundle_export_opts *o;
     uint64_t done;
-    uint64_t bodies, bodies_total; /* a whole store's: written, and to write */
+    uint64_t bodies, bodies_total; /* a whole store's: added, and to write */
+    uint64_t stage_first;          /* the writer's records before the stage */
+    uint64_t stage_total;          /* the stage's count to reach */
     rocksdb_iterator_t *sources;   /* own_source's walk */
     bool sources_started;
 };
@@ -145,10 +147,26 @@ static void progress(const struct emit *e, uint64_t done, uint64_t total)
         e->o->progress(done, total, e->o->progress_arg);
 }
 
-static void stage(const struct emit *e, const char *name)
+static void stage(struct emit *e, const char *name, uint64_t total)
 {
+    e->stage_first = kc__bundle_writer_written(&e->w);
+    e->stage_total = total;
     if (e->o->progress_stage != NULL)
         e->o->progress_stage(name, e->o->progress_arg);
+}
+
+/* The stage's progress: its records whose bytes were written (to a slow
+ * reader, what it was given), short of its total until the stage's last
+ * byte is written (its end reports the total). */
+static void written(void *arg)
+{
+    struct emit *e = arg;
+    if (e->o->progress == NULL)
+        return;
+    uint64_t w = kc__bundle_writer_written(&e->w) - e->stage_first;
+    if (w >= e->stage_total)
+        w = e->stage_total > 0 ? e->stage_total - 1 : 0;
+    progress(e, w, e->stage_total);
 }
 
 /* How many bodies the store holds: its refcounts (one per body), for a
@@ -257,7 +275,7 @@ static int emit_one(struct kc__sel *s, const struct kc__cand *c, struct emit *e,
     if (rc < 0)
         return kc__bundle_why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
     e->done++;
-    progress(e, e->done, e->info->entries);
+    written(e);
     return 0;
 }
 
@@ -300,8 +318,11 @@ static int emit_bodies(struct kc__sel *s, struct emit *e)
         if (rc < 0)
             kc__bundle_why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
         else if (++e->bodies <= e->bodies_total)
-            progress(e, e->bodies, e->bodies_total);
+            written(e);
     }
+    /* The stage ends once its bytes are all written. */
+    if (rc == 0 && (rc = kc__bundle_writer_sync(&e->w)) < 0)
+        kc__bundle_why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
     if (rc == 0)
         progress(e, e->bodies, e->bodies);
     int ie = kc__db_iter_err(s->d, it);
@@ -326,7 +347,7 @@ static int emit_entry_cand(struct kc__sel *s, const struct kc__cand *c, void *ar
     if (rc < 0)
         return kc__bundle_why(e->info, rc, "cannot write the bundle: %s", strerror(-rc));
     e->done++;
-    progress(e, e->done, e->info->entries);
+    written(e);
     return 0;
 }
 
@@ -412,21 +433,21 @@ int kc__bundle_export(const struct kc__store_access *a, const struct kc_bundle_e
     rc = kc__bundle_writer_begin(&e.w, o->fd, info, o->codec, o->level, crypto, dl.v, dl.n);
     if (rc < 0)
         kc__bundle_why(info, rc, "cannot write the bundle: %s", strerror(-rc));
+    e.w.tick = o->progress != NULL ? written : NULL;
+    e.w.tick_arg = &e;
     if (rc == 0 && have) {
         e.sources = rocksdb_create_iterator_cf(d->db, kc__sel_ro(&s), d->cf[KC__CF_SOURCES]);
         /* The whole store: bodies in table order, then the entries. */
         bool whole = o->n_globs == 0 && o->since_ns == 0 && o->max_size == 0;
         if (whole) {
-            stage(&e, "bodies");
             e.bodies_total = o->progress != NULL ? count_bodies(&s) : 0;
+            stage(&e, "bodies", e.bodies_total);
             rc = emit_bodies(&s, &e);
         }
         if (rc == 0) {
-            stage(&e, "entries");
+            stage(&e, "entries", info->entries);
             rc = kc__sel_each(&s, whole ? emit_entry_cand : emit_cand, &e);
         }
-        if (rc == 0)
-            progress(&e, e.done, e.done);
         int ie = kc__db_iter_err(d, e.sources);
         rocksdb_iter_destroy(e.sources);
         if (rc == 0 && ie != 0)
@@ -441,6 +462,9 @@ int kc__bundle_export(const struct kc__store_access *a, const struct kc_bundle_e
         if (rc < 0)
             kc__bundle_why(info, rc, "cannot write the bundle: %s", strerror(-rc));
     }
+    /* The last count once the last byte (the trailer's) is written. */
+    if (rc == 0 && have)
+        progress(&e, e.done, e.done);
     info->blocks = e.w.blocks;
     kc__bundle_writer_free(&e.w);
     dicts_free(&dl);

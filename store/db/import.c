@@ -25,7 +25,10 @@ int kc__import_check(const struct kc__store_access *a, const struct kc_bundle_im
                      int fd, int copy_fd, struct kc_bundle_info *info)
 {
     struct kc__bundle_reader r;
-    int rc = kc__bundle_reader_begin_copy(&r, fd, copy_fd, info, o->crypto, o->trust_unsigned != 0);
+    struct kc__import_read ir;
+    kc__import_read_begin(&ir, o, fd);
+    int rc = kc__bundle_reader_begin_read(&r, fd, copy_fd, kc__import_on_read, &ir, info, o->crypto,
+                                          o->trust_unsigned != 0);
     if (rc < 0 && r.s.copy_err != 0)
         rc = kc__bundle_why(info, r.s.copy_err, "cannot copy the bundle to a private file: %s",
                             strerror(-r.s.copy_err));
@@ -37,7 +40,6 @@ int kc__import_check(const struct kc__store_access *a, const struct kc_bundle_im
     bool have = rc == 0 && a != NULL && o->dry_run && a->reader_hold(a->st, &d) == 0;
     for (size_t i = 0; rc == 0 && i < info->n_ns; i++)
         info->ns[i].usable = o->usable != NULL ? o->usable(info->ns[i].ns, o->usable_arg) : -1;
-    uint64_t done = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
         size_t idx;
@@ -49,10 +51,9 @@ int kc__import_check(const struct kc__store_access *a, const struct kc_bundle_im
                                     "cannot copy the bundle to a private file: %s",
                                     strerror(-r.s.copy_err));
             if (rc == 0)
-                kc__import_progress(o, done, done);
+                kc__import_read_end(&ir, r.s.fd_bytes);
             break;
         }
-        kc__import_progress(o, ++done, info->entries);
         struct kc_bundle_ns *e = &info->ns[idx];
         if (o->only_usable && e->usable == 0) {
             e->skipped++;
@@ -163,11 +164,14 @@ int kc__import_entries(struct kc__owner *ow, const struct kc_bundle_import_opts 
 {
     struct kc_bundle_info again;
     struct kc__bundle_reader r;
-    int rc = kc__bundle_reader_begin(&r, fd, NULL, 0, &again, o->crypto, o->trust_unsigned != 0);
+    struct kc__import_read ir;
+    kc__import_read_begin(&ir, o, fd);
+    int rc = kc__bundle_reader_begin_read(&r, fd, -1, kc__import_on_read, &ir, &again, o->crypto,
+                                          o->trust_unsigned != 0);
     /* The first reading checked every body; the bytes are the same (a
      * private file), and their digests are checked again. */
     struct kc__buf body = {0};
-    uint64_t round_n = 0, round_bytes = 0, done = 0;
+    uint64_t round_n = 0, round_bytes = 0;
     while (rc == 0) {
         struct kc__sp_put sp;
         size_t idx, len;
@@ -176,11 +180,9 @@ int kc__import_entries(struct kc__owner *ow, const struct kc_bundle_import_opts 
         if (n <= 0) {
             rc = n;
             if (rc == 0)
-                kc__import_progress(o, done, done);
+                kc__import_read_end(&ir, r.s.fd_bytes);
             break;
         }
-        /* Counted as it is taken: applied, present or skipped. */
-        kc__import_progress(o, ++done, info->entries);
         if (idx >= info->n_ns || strcmp(info->ns[idx].ns, sp.ns) != 0) {
             rc = kc__bundle_why(info, -EIO, "the bundle changed between its two readings");
             break;

@@ -11,6 +11,9 @@
 
 #include "steps.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 /* ---- drain (drain.c) ------------------------------------------------------- */
 
 /* One drain of the spool: put files in rounds (each committed, uploaded,
@@ -64,12 +67,46 @@ struct kc__store_access {
 int kc__bundle_export(const struct kc__store_access *a, const struct kc_bundle_export_opts *opts,
                       struct kc_bundle_info *info);
 
-/* An import's progress (opts->progress, when set): done of total records. */
+/* An import's progress (opts->progress, when set): done of total bytes of
+ * the bundle read (total 0: unknown, a pipe's). */
 static inline void kc__import_progress(const struct kc_bundle_import_opts *o, uint64_t done,
                                        uint64_t total)
 {
     if (o->progress != NULL)
         o->progress(done, total, o->progress_arg);
+}
+
+/* An import's reading of fd, for kc__bundle_reader_begin_read: its bytes
+ * read of total (the file's size; 0 for a pipe), short of the total until
+ * the reading's end reports it (kc__import_read_end). */
+struct kc__import_read {
+    const struct kc_bundle_import_opts *o;
+    uint64_t total;
+};
+static inline void kc__import_read_begin(struct kc__import_read *ir,
+                                         const struct kc_bundle_import_opts *o, int fd)
+{
+    struct stat sb;
+    ir->o = o;
+    ir->total = 0;
+    off_t at = lseek(fd, 0, SEEK_CUR);
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && at >= 0 && sb.st_size > at)
+        ir->total = (uint64_t)(sb.st_size - at);
+}
+
+static inline void kc__import_on_read(uint64_t bytes, void *arg)
+{
+    struct kc__import_read *ir = arg;
+    if (ir->o->progress == NULL)
+        return;
+    if (ir->total > 0 && bytes >= ir->total)
+        bytes = ir->total - 1;
+    kc__import_progress(ir->o, bytes, ir->total);
+}
+
+static inline void kc__import_read_end(struct kc__import_read *ir, uint64_t bytes)
+{
+    kc__import_progress(ir->o, bytes, bytes);
 }
 
 /* Pass 1 of an import: reads and checks all of the bundle on fd (copying

@@ -622,8 +622,13 @@ static int connect_once(struct kc__rctx *rc, struct kc__node *nd, int64_t ns, ch
             return r;
         nd->conn = conn;
         nd->ops = &tls_ops;
+        bool resumed = rc->tls->resumed(conn);
+        if (resumed)
+            rc->ctr->tls_sessions_resumed++;
+        else
+            rc->ctr->tls_sessions_made++;
         kc_log(KC_LOG_DEBUG, "remote: %s: TLS session %s", nd->addr,
-               rc->tls->resumed(conn) ? "resumed" : "made (full handshake)");
+               resumed ? "resumed" : "made (full handshake)");
         return 0;
     }
     struct timeval tv = tv_of_ns(ns);

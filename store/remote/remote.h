@@ -186,7 +186,9 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(breaker_opens, "times the remote or a server was turned off")                                \
     X(polls, "lookups of an entry another node was compiling")                                     \
     X(tls_failures, "TLS sessions refused: certificate, no TLS, client certificate wanted")        \
-    X(write_refusals, "writes the server refused this user (NOPERM): the node reads only")
+    X(write_refusals, "writes the server refused this user (NOPERM): the node reads only")         \
+    X(tls_sessions_made, "TLS sessions made with a full handshake (certificate verified)")         \
+    X(tls_sessions_resumed, "TLS sessions resumed (an abbreviated handshake, no certificate)")
 
 struct kc_remote_counters {
 #define KC__REMOTE_FIELD(name, what) uint64_t name;

@@ -123,7 +123,7 @@ def main():
         # 7e: the fault rows, each beside its run without the fault (the
         # cluster row only where the cluster formed).
         faults = remote.get("faults") or {}
-        for name in ("restart", "full", "full_oom", "full_room") + tuple(
+        for name in ("restart", "full", "full_oom", "full_room", "loaded") + tuple(
                 n for n in ("failover", "hang") if n in faults):
             for k in ("base_compiles", "fault_compiles", "base_wall_s", "fault_wall_s",
                       "wall_ratio", "base_cpu_s", "fault_cpu_s", "cpu_ratio"):
@@ -135,6 +135,15 @@ def main():
                     problems.append(f"remote.faults.{name}.fault_remote.{k} not a number")
             if not isinstance((faults.get(name) or {}).get("compiles_goal"), int):
                 problems.append(f"remote.faults.{name}.compiles_goal not a number")
+        # 7f: the TLS costs through kcache's TLS object, where it was built.
+        tls = remote.get("tls") or {}
+        if not tls.get("reason"):
+            for k in ("load_ms", "ctx_ms", "system_ctx_ms", "full_ms", "resumed_ms",
+                      "plain_connect_ms", "tls_get_us", "plain_get_us"):
+                if not isinstance((tls.get("costs") or {}).get(k), (int, float)):
+                    problems.append(f"remote.tls.costs.{k} not a number")
+            if not tls.get("kernels"):
+                problems.append("remote.tls.kernels missing")
         # The failover row, where the cluster formed: a failover only when
         # each run's replica was promoted (it says how many were, and when).
         fo = faults.get("failover")

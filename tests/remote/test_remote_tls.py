@@ -424,6 +424,14 @@ def serve(ctx):
     check(made == 1 and resumed >= 2 * K - 1,
           'one full handshake per process and server, the next connections resume its '
           'session (%d made, %d resumed)' % (made, resumed))
+    # kcache stats counts them: each connection a session made or resumed.
+    rem = reader.stats()['remote']
+    smade, sres = rem.get('tls_sessions_made'), rem.get('tls_sessions_resumed')
+    check(smade is not None and sres is not None and smade >= made and sres >= resumed and
+          smade + sres == rem['connects'],
+          'kcache stats counts the TLS sessions made and resumed (%s made, %s resumed, %d '
+          'connections; the host\'s log: %d made, %d resumed)'
+          % (smade, sres, rem['connects'], made, resumed))
     time.sleep(0.2)
     with relay.lock:
         seen = bytes(relay.seen)

@@ -17,8 +17,10 @@ and remote prune, each run three ways on the same state:
 and the exit code and stdout are the same all three ways. On a narrow
 terminal (40 and 30 columns) every frame fits and ends at a word's end
 (the parts that matter least left out: never a word cut); an export to a
-slow reader (a FIFO read in small pieces) says 0:00 left only once its
-writing ended, never while bytes are still going (issue 47, finding 10). push and remote
+slow reader (a FIFO read in small pieces) says 100% and 0:00 left only
+once its writing ended, never while bytes are still going, and its count
+advances as the reader reads; an import from a slow FIFO writer draws a
+count of bytes from its first bytes on (issue 47, finding 10). push and remote
 prune run against a private redis-server on a unix socket in the test's
 temporary directory (skipped when redis-server, or libsodium for a key, is
 missing).
@@ -118,7 +120,8 @@ COUNT = r'[0-9]+(?:\.[0-9]+ [KMGTP]iB| B)?'
 BAR = re.compile(r'^(?P<head>[a-z][a-z ]*): +(?P<done>%s)/(?P<total>%s) \[[#-]+\] +'
                  r'(?P<pct>[0-9]+)%%  (?P<rate>%s)  (?P<left>--:--|[0-9]+:[0-9]{2}(?::[0-9]{2})?) left *$'
                  % (COUNT, COUNT, RATE))
-TALLY = re.compile(r'^(?P<head>[a-z][a-z ]*): (?P<done>[0-9]+) entries  (?P<rate>%s) *$' % RATE)
+TALLY = re.compile(r'^(?P<head>[a-z][a-z ]*): (?P<done>[0-9]+ entries|%s)  (?P<rate>%s) *$'
+                   % (COUNT, RATE))
 
 
 def split_err(err):
@@ -187,7 +190,7 @@ def check_bar(what, rc_out_err, want_heads, want_last):
         else:
             check(not last.group('rate').startswith('--'),
                   '%s: %s ends with a rate: %r' % (what, head, last.group(0)))
-            done = count_value(last.group('done'))
+            done = count_value(last.group('done').replace(' entries', ''))
         want = want_last.get(head)
         if want is not None:
             check(abs(done - want) <= max(1, want * 0.002),
@@ -319,6 +322,61 @@ def narrow_and_slow():
     check(done and done[0] >= got['eof'] - 0.3,
           'export to a slow reader: 0:00 left only once the writing ended (at %.2f s; the '
           'reader had its last byte at %.2f s)' % (done[0] if done else -1, got['eof']))
+    # ... and 100% only then: the count is of what was written, not of what
+    # was handed to the writer (a frame 100% while bytes are still going
+    # was "100% --:-- left" for the whole write).
+    full = [t for t, f in frames if f.startswith('export entries') and ' 100%' in f]
+    check(full and full[0] >= got['eof'] - 0.3,
+          'export to a slow reader: 100%% only once the writing ended (first at %.2f s; the '
+          'reader had its last byte at %.2f s)' % (full[0] if full else -1, got['eof']))
+    # ... and the count advances while the reader reads (not one jump).
+    moving = {f.split('%')[0][-3:] for t, f in frames
+              if f.startswith('export ') and '%' in f and t < got['eof'] - 0.3}
+    check(len(moving) >= 3, 'export to a slow reader: the percentage advances while the '
+          'reader reads (%s before its last byte)' % sorted(moving))
+    os.unlink(fifo)
+
+    # A slow FIFO writer: import draws a count that grows with the bytes
+    # read, from the first bytes on (the bodies come first in a bundle:
+    # counting entries showed nothing until they were all read).
+    bundle = os.path.join(T, 'slow-src.kcb')
+    r = subprocess.run([TOOL, '--dir', S, 'export', '-o', bundle], env=ENV,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    data = open(bundle, 'rb').read()
+    check(r.returncode == 0 and len(data) > 0, 'export for the slow import (%d bytes)' % len(data))
+    os.mkfifo(fifo, 0o600)
+    CHUNK = max(4096, len(data) // 80)
+    fed = {}
+
+    def slow_writer(t0):
+        def write():
+            marks = []
+            with open(fifo, 'wb') as f:
+                for i in range(0, len(data), CHUNK):
+                    f.write(data[i:i + CHUNK])
+                    f.flush()
+                    marks.append((time.monotonic() - t0, i + CHUNK))
+                    time.sleep(0.025)
+            fed['marks'] = marks
+            fed['end'] = time.monotonic() - t0
+        th = threading.Thread(target=write)
+        th.start()
+        fed['thread'] = th
+    dest = os.path.join(T, 'slow-import')
+    rc, frames = run_timed(['--dir', dest, 'import', '--trust-unsigned', fifo], COLS,
+                           before=slow_writer)
+    fed['thread'].join()
+    check(rc == 0, 'import from a slow FIFO: exit 0 (%d)' % rc)
+    half = next((t for t, n in fed['marks'] if n >= len(data) // 2), fed['end'])
+    checking = [(t, f) for t, f in frames if f.startswith('import check:')]
+    early = [t for t, f in checking if t < half]
+    check(early, 'import from a slow FIFO: the check\'s count drawn before half the bundle '
+          'was written (first at %.2f s; half written at %.2f s, all at %.2f s)'
+          % (checking[0][0] if checking else -1, half, fed['end']))
+    counts = {f.split(':', 1)[1].split('  ')[0].strip() for t, f in checking
+              if t < fed['end'] - 0.1}
+    check(len(counts) >= 3, 'import from a slow FIFO: the count advances while the bundle '
+          'arrives (%d counts before its last byte at %.2f s)' % (len(counts), fed['end']))
     os.unlink(fifo)
 
 
@@ -366,9 +424,11 @@ def local_commands():
     def norm_dirs(name):
         return lambda how, out: out.replace(os.path.join(T, '%s-%s' % (name, how)).encode(), b'DIR')
 
-    # import into an empty store (the tables path): check, then write.
+    # import into an empty store (the tables path): check, then write; in
+    # bytes of the bundle read.
+    B = os.path.getsize(bundle)
     t = three_ways('import', into('empty'), ['import check', 'import write'],
-                   {'import check': N, 'import write': N}, norm=norm_dirs('empty'))
+                   {'import check': B, 'import write': B}, norm=norm_dirs('empty'))
     check(imported(t[1]) == (N, N), 'import: every entry imported (%r)' % t[1][:200])
 
     # import into a store with entries (drained puts): every record counted.
@@ -376,13 +436,13 @@ def local_commands():
         rc, err = populate(os.path.join(T, 'seeded-%s' % how), 10, first=100000)
         check(rc == 0, 'kc-populate a store with other entries (%r)' % err)
     t = three_ways('import into entries', into('seeded'), ['import check', 'import write'],
-                   {'import check': N, 'import write': N}, before=seed, norm=norm_dirs('seeded'))
+                   {'import check': B, 'import write': B}, before=seed, norm=norm_dirs('seeded'))
     check(imported(t[1]) == (N, N), 'import into entries: every entry imported (%r)' % t[1][:200])
 
     # import --dry-run: the check alone.
     t = three_ways('import --dry-run', lambda how: ['--dir', S, 'import', '--dry-run',
                                                     '--trust-unsigned', bundle],
-                   ['import check'], {'import check': N})
+                   ['import check'], {'import check': B})
     check(imported(t[1]) == (0, N), 'import --dry-run: all present (%r)' % t[1][:200])
 
     # gc: in bytes, what eviction frees; on three copies of the store.
