@@ -193,7 +193,10 @@ static redisReplyObjectFunctions reply_fns = {
 
 /* The system's trust store, as the distributions lay it out: Debian,
  * Ubuntu and Alpine; RHEL, Rocky, Fedora; SUSE; then OpenSSL's own
- * default (its OPENSSLDIR, and SSL_CERT_FILE / SSL_CERT_DIR). */
+ * default (its OPENSSLDIR). SSL_CERT_FILE / SSL_CERT_DIR, when set, come
+ * before all of them (OpenSSL's default paths read them). The packaged
+ * object's OpenSSL is its own, linked in (KC_TLS_STATIC_OPENSSL): its
+ * OPENSSLDIR (/etc/ssl) is not every distribution's, hence the list. */
 static const char *const ca_files[] = {
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
@@ -286,6 +289,18 @@ static int load_client_cert(SSL_CTX *ctx, const struct kc_tls_settings *s, char 
 
 static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_t wl)
 {
+#ifdef KC_TLS_STATIC_OPENSSL
+    /* The OpenSSL linked in reads no configuration: the system's
+     * openssl.cnf (and OPENSSL_CONF) is its own OpenSSL's, whose providers
+     * and policies this one may not have. And it registers no atexit
+     * handler: one that freed OpenSSL's state while the remote's thread
+     * still used it would change how the host exits. The first call to
+     * initialise decides; hiredis_ssl's later one changes nothing. */
+    if (OPENSSL_init_ssl(OPENSSL_INIT_NO_LOAD_CONFIG | OPENSSL_INIT_NO_ATEXIT, NULL) != 1) {
+        say(why, wl, "OpenSSL failed to initialise");
+        return -EIO;
+    }
+#endif
     struct tls_ctx *x = calloc(1, sizeof *x);
     if (x == NULL)
         return -ENOMEM;
@@ -308,7 +323,9 @@ static int ctx_new(const struct kc_tls_settings *s, void **out, char *why, size_
         } else {
             /* A hashed directory first: certificates read as a chain needs
              * them (the bundle parses every CA up front: 0.1 s a process). */
-            bool found = false;
+            const char *ef = getenv("SSL_CERT_FILE"), *ed = getenv("SSL_CERT_DIR");
+            bool found = ((ef != NULL && *ef != '\0') || (ed != NULL && *ed != '\0')) &&
+                         SSL_CTX_set_default_verify_paths(ctx) == 1;
             for (size_t i = 0; i < sizeof ca_dirs / sizeof *ca_dirs && !found; i++)
                 if (hashed_dir(ca_dirs[i]) &&
                     SSL_CTX_load_verify_locations(ctx, NULL, ca_dirs[i]) == 1)

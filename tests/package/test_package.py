@@ -46,6 +46,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -145,6 +147,31 @@ def strip_root(root):
                     os.rename(os.path.join(p, f), os.path.join(cxx, f))
 
 
+def host_files(root):
+    """What every machine has and minbase may lack: /etc/hosts (bullseye's
+    minbase has none, and `localhost` would not resolve). And the root's
+    own libzstd (trixie's libcrypto.so.3, which Python's ssl module uses,
+    needs it), from the root's own package (debootstrap's archive), in
+    /opt/pyssl: strip_root removed it from the loader's path, and only the
+    process that uses Python's ssl is given it (LD_LIBRARY_PATH)."""
+    hosts = os.path.join(root, 'etc', 'hosts')
+    if not os.path.exists(hosts):
+        with open(hosts, 'w') as f:
+            f.write('127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n')
+    pyssl = os.path.join(root, 'opt', 'pyssl')
+    os.makedirs(pyssl, exist_ok=True)
+    debs = glob.glob(os.path.join(root, 'var', 'cache', 'apt', 'archives', 'libzstd1_*.deb'))
+    if debs and not glob.glob(os.path.join(pyssl, 'libzstd.so.1*')):
+        x = tempfile.mkdtemp(prefix='zstd-', dir=CACHE)
+        try:
+            if run(['dpkg-deb', '-x', debs[0], x]).returncode == 0:
+                for f in glob.glob(os.path.join(x, 'lib', 'x86_64-linux-gnu', 'libzstd.so.1*')) + \
+                        glob.glob(os.path.join(x, 'usr', 'lib', 'x86_64-linux-gnu', 'libzstd.so.1*')):
+                    shutil.copy(f, pyssl, follow_symlinks=False)
+        finally:
+            shutil.rmtree(x, ignore_errors=True)
+
+
 def make_root(suite):
     """A minbase root with python3, made once and cached."""
     root = os.path.join(CACHE, suite + '-test')
@@ -152,6 +179,7 @@ def make_root(suite):
     sf = os.path.join(root, '.kcache-root')
     if os.path.isfile(sf) and open(sf).read() == stamp:
         strip_root(root)
+        host_files(root)
         return root
     shutil.rmtree(root + '.tmp', ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
@@ -164,6 +192,7 @@ def make_root(suite):
         f.write(stamp)
     os.rename(root + '.tmp', root)
     strip_root(root)
+    host_files(root)
     print('made the %s root in %.0f s' % (suite, time.time() - t), flush=True)
     return root
 
@@ -194,14 +223,17 @@ def end_root_procs(root, wait=15):
         time.sleep(0.05)
 
 
-def in_root(root, work, nvrtc, script, timeout=600):
+def in_root(root, work, nvrtc, script, timeout=600, ro=()):
     """Runs `script` (sh) in the root as nobody, in a private mount
     namespace: the test's directory at /tmp/kc, the toolkit's NVRTC
-    read-only at /opt/nvrtc, /proc."""
+    read-only at /opt/nvrtc, /proc; and each (directory, where) of `ro`
+    read-only at `where`."""
+    extra = ''.join('mkdir -p "$r"%s; mount --bind %s "$r"%s; mount -o remount,bind,ro "$r"%s;'
+                    % (sh_quote(w), sh_quote(d), sh_quote(w), sh_quote(w)) for d, w in ro)
     mounts = ('set -e; r=%s; mkdir -p "$r/tmp/kc" "$r/opt/nvrtc" "$r/proc";'
               'mount --bind %s "$r/tmp/kc";'
               'mount --bind %s "$r/opt/nvrtc"; mount -o remount,bind,ro "$r/opt/nvrtc";'
-              'mount -t proc proc "$r/proc";'
+              'mount -t proc proc "$r/proc";' + extra.replace('%', '%%') +
               'exec chroot --userspec=%d:%d "$r" env -i PATH=/usr/bin:/bin HOME=/tmp/kc/home '
               'LANG=C.UTF-8 LD_LIBRARY_PATH=/opt/nvrtc sh -c "$0"') % (sh_quote(root), sh_quote(work), sh_quote(nvrtc),
                                              NOBODY, NOBODY)
@@ -240,6 +272,99 @@ class Redis:
     def entries(self):
         return [k for k in self.cli('--scan', '--pattern', 'kcache:*').split()
                 if not k.startswith(('kcache:lock:', 'kcache:writer:'))]
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
+
+
+class TlsRedis:
+    """A private redis-server on a loopback TLS port only (--port 0), its
+    certificate (localhost, 127.0.0.1) from a CA made here with openssl;
+    the default user off, the ACL user kc with the password file's
+    password. The roots share this machine's network."""
+    USER = 'kc'
+
+    def __init__(self, d):
+        self.dir = d
+        os.makedirs(d)
+        os.chmod(d, 0o755)
+        self.ca, self.pwfile = os.path.join(d, 'ca.crt'), os.path.join(d, 'redis.pw')
+        p = lambda n: os.path.join(d, n)  # noqa: E731
+        for args in (['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2',
+                      '-subj', '/CN=kcache package test CA', '-keyout', p('ca.key'), '-out', self.ca,
+                      '-addext', 'basicConstraints=critical,CA:TRUE',
+                      '-addext', 'keyUsage=critical,keyCertSign,cRLSign'],
+                     ['req', '-newkey', 'rsa:2048', '-nodes', '-subj', '/CN=localhost',
+                      '-keyout', p('server.key'), '-out', p('server.csr')]):
+            r = run(['openssl'] + args)
+            assert r.returncode == 0, r.stderr
+        with open(p('server.ext'), 'w') as f:
+            # What X509_STRICT (Python >= 3.13's default) asks of them too.
+            f.write('subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n'
+                    'keyUsage=critical,digitalSignature,keyEncipherment\n'
+                    'subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n')
+        r = run(['openssl', 'x509', '-req', '-in', p('server.csr'), '-CA', self.ca, '-CAkey', p('ca.key'),
+                 '-CAcreateserial', '-days', '1', '-extfile', p('server.ext'), '-out', p('server.crt')])
+        assert r.returncode == 0, r.stderr
+        self.password = os.urandom(12).hex()
+        with open(self.pwfile, 'w') as f:
+            f.write(self.password + '\n')
+        # The CA as a hashed directory too (SSL_CERT_DIR).
+        os.makedirs(p('certs'))
+        shutil.copy(self.ca, p('certs'))
+        r = run(['openssl', 'rehash', p('certs')])
+        assert r.returncode == 0, r.stderr
+        # kcache reads them as nobody: files of that user, the password's 0600.
+        for f in [self.ca, self.pwfile, p('certs')] + glob.glob(os.path.join(p('certs'), '*')):
+            os.chown(f, NOBODY, NOBODY, follow_symlinks=False)
+        os.chmod(self.pwfile, 0o600)
+        with socket.socket() as s:
+            s.bind(('127.0.0.1', 0))
+            self.port = s.getsockname()[1]
+        self.p = subprocess.Popen(
+            ['redis-server', '--bind', '127.0.0.1', '--port', '0', '--tls-port', str(self.port),
+             '--tls-cert-file', p('server.crt'), '--tls-key-file', p('server.key'),
+             '--tls-ca-cert-file', self.ca, '--tls-auth-clients', 'no',
+             '--user', 'default', 'off', '--user', self.USER, 'on', '>' + self.password, '~*', '&*', '+@all',
+             '--dir', d, '--save', '', '--appendonly', 'no', '--logfile', p('log')],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            try:
+                if self.cmd('PING') == b'PONG':
+                    return
+            except (OSError, ssl.SSLError):
+                pass
+            time.sleep(0.025)
+        raise SystemExit('the TLS redis-server did not start (%s)' % p('log'))
+
+    def url(self):
+        return 'rediss://%s@localhost:%d' % (self.USER, self.port)
+
+    def cmd(self, *args):
+        """One command as kc over TLS; its reply (simple, bulk or array)."""
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with socket.create_connection(('127.0.0.1', self.port), timeout=10) as s, \
+                ctx.wrap_socket(s, server_hostname='localhost') as t:
+            def enc(parts):
+                parts = [x.encode() for x in parts]
+                return b'*%d\r\n' % len(parts) + b''.join(b'$%d\r\n%s\r\n' % (len(x), x) for x in parts)
+            t.sendall(enc(['AUTH', self.USER, self.password]) + enc(list(args)))
+            with t.makefile('rb') as f:
+                def reply():
+                    line = f.readline()
+                    if line[:1] == b'*':
+                        return [reply() for _ in range(int(line[1:]))]
+                    if line[:1] == b'$':
+                        data = f.read(int(line[1:]) + 2)
+                        return data[:-2]
+                    return line[1:].strip()
+                reply()
+                return reply()
+
+    def entries(self):
+        return [k for k in self.cmd('KEYS', 'kcache:*')
+                if not k.startswith((b'kcache:lock:', b'kcache:writer:'))]
 
     def stop(self):
         self.p.kill()
@@ -317,6 +442,111 @@ KCACHE_DIR=/tmp/kc/rb $T/bin/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80
     > rout/b 2> rout/b.err
 '''
 
+# rediss:// from the root, with the tarball's kcache-run and with the wheel's
+# (pip-installed into a venv of the root's python3: minbase has no pip, so
+# pip's own wheel runs it, with the install scheme sysconfig's, as pip
+# chooses on Python >= 3.10: on 3.9 it would ask distutils, which
+# bullseye's minbase lacks): node A compiles and uploads over TLS, a fresh
+# node B is served by the remote in a process that also uses Python's ssl
+# (ssl_compose.py) before and after kcache's connection.
+TLS_SCRIPT = r'''
+cd /tmp/kc
+T=$1; NV=$2; URL=$3; shift 3
+mkdir -p home tls
+python3 -m venv --without-pip venv > tls/venv.log 2>&1 &&
+    venv/bin/python -c 'import runpy, sys, sysconfig
+sysconfig._PIP_USE_SYSCONFIG = True
+sys.path.insert(0, "pip.whl")
+sys.argv = ["pip"] + sys.argv[1:]
+runpy.run_module("pip", run_name="__main__", alter_sys=True)' \
+        install -q --no-index --no-deps --disable-pip-version-check ./kcache-*.whl >> tls/venv.log 2>&1
+echo $? > tls/venv.rc
+$T/bin/kcache keygen home/t.key > tls/keygen 2>&1
+export KCACHE_REMOTE=$URL KCACHE_REMOTE_CA_FILE=/tmp/kc/redis-tls/ca.crt \
+    KCACHE_REMOTE_PASSWORD_FILE=/tmp/kc/redis-tls/redis.pw \
+    KCACHE_REMOTE_SIGNING_KEY=/tmp/kc/home/t.key KCACHE_REMOTE_TRUSTED_KEYS=/tmp/kc/home/t.key.pub \
+    KCACHE_STATS=1 KCACHE_OWNER_IDLE_MS=500
+for v in tarball wheel; do
+    case $v in
+    tarball) B=$T/bin K="ta tb" ;;
+    wheel) B=/tmp/kc/venv/bin K="wa wb" ;;
+    esac
+    KCACHE_DIR=/tmp/kc/tls-$v-a $B/kcache remote ping > tls/$v.ping 2>&1; echo $? > tls/$v.ping.rc
+    # No KCACHE_REMOTE_CA_FILE: the CA through SSL_CERT_FILE, through
+    # SSL_CERT_DIR, and neither (the root has no trust store that holds it).
+    for how in file dir none; do
+        case $how in
+        file) E=SSL_CERT_FILE=/tmp/kc/redis-tls/ca.crt ;;
+        dir) E=SSL_CERT_DIR=/tmp/kc/redis-tls/certs ;;
+        none) E= ;;
+        esac
+        env -u KCACHE_REMOTE_CA_FILE $E KCACHE_DIR=/tmp/kc/tls-$v-env $B/kcache remote ping \
+            > tls/$v.env-$how 2>&1
+        echo $? > tls/$v.env-$how.rc
+    done
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/opt/cxx python3 nvrtc_ctypes.py "$NV" compute_80 $K \
+        > tls/$v.ref 2> tls/$v.ref.err
+    KCACHE_DIR=/tmp/kc/tls-$v-a LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/opt/cxx \
+        $B/kcache-run python3 nvrtc_ctypes.py "$NV" compute_80 $K > tls/$v.a 2> tls/$v.a.err
+    : > tls/$v.a-done
+    i=0
+    while [ ! -e tls/$v.uploaded ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    KCACHE_DIR=/tmp/kc/tls-$v-b LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/opt/cxx:/opt/pyssl \
+        $B/kcache-run python3 ssl_compose.py tls/$v.ssl "$NV" compute_80 $K > tls/$v.b 2> tls/$v.b.err
+done
+'''
+
+
+def check_tls(where, out, redis, counts):
+    def rd(n):
+        p = os.path.join(out, n)
+        return open(p).read() if os.path.exists(p) else ''
+    for v in ('tarball', 'wheel'):
+        w = '%s, %s, rediss://' % (where, v)
+        if v == 'wheel':
+            check(rd('venv.rc').strip() == '0', '%s: the wheel pip-installed into a venv of the root\'s '
+                  'python3 (%s)' % (where, rd('venv.log')[-400:]))
+        check(rd(v + '.ping.rc').strip() == '0', '%s: kcache remote ping (%s)' % (w, rd(v + '.ping')[-400:]))
+        for how, var in (('file', 'SSL_CERT_FILE'), ('dir', 'SSL_CERT_DIR')):
+            check(rd('%s.env-%s.rc' % (v, how)).strip() == '0',
+                  '%s: no KCACHE_REMOTE_CA_FILE, the CA in %s: kcache remote ping verifies the server (%s)'
+                  % (w, var, rd('%s.env-%s' % (v, how))[-300:]))
+        check(rd(v + '.env-none.rc').strip() not in ('', '0') and 'did not verify' in rd(v + '.env-none'),
+              '%s: neither: the server does not verify (%s)' % (w, rd(v + '.env-none')[-300:]))
+        ref = rd(v + '.ref')
+        check(len(ref.splitlines()) == 2 and rd(v + '.a') == ref,
+              '%s: node A: NVRTC\'s own outputs (%s)' % (w, rd(v + '.a.err')[-400:]))
+        check(stats_line(rd(v + '.a.err')) == (0, 2) and remote_part(rd(v + '.a.err')) is not None
+              and 'warning' not in rd(v + '.a.err'),
+              '%s: node A compiled both, the remote on, no warning (%s)' % (w, rd(v + '.a.err')[-400:]))
+        check(counts.get(v, 0) >= 2, '%s: node A uploaded its compiles over TLS (%d entries)'
+              % (w, counts.get(v, 0)))
+        check(rd(v + '.b') == ref, '%s: a fresh node B: NVRTC\'s own outputs (%s)' % (w, rd(v + '.b.err')[-400:]))
+        check(stats_line(rd(v + '.b.err')) == (2, 0) and remote_part(rd(v + '.b.err')) == (4, 0),
+              '%s: a fresh node B: no compile, 4 remote hits, no remote miss (%s)'
+              % (w, rd(v + '.b.err')[-300:]))
+        rep = rd(v + '.ssl')
+        check('before: +OK +PONG' in rep and 'after: +OK +PONG' in rep and
+              'kcache tls object mapped: True' in rep and 'python libssl mapped: True' in rep,
+              '%s: Python\'s ssl (its OpenSSL) works before and after kcache\'s TLS connection in '
+              'the same process, both mapped (%s)' % (w, rep.replace('\n', '; ')))
+
+
+def tls_exports(where, lib):
+    """The TLS object exports its table alone and needs no libssl or
+    libcrypto: OpenSSL and hiredis are linked in, hidden."""
+    if not check(os.path.isfile(lib), '%s: carries lib/libkcache-remote-tls.so (rediss://)' % where):
+        return
+    syms = set(re.findall(r'^\S+\s+[A-Za-z]\s+(\S+)$', run(['nm', '-D', '--defined-only', lib]).stdout, re.M))
+    needed = re.findall(r'NEEDED\s+(\S+)', run(['objdump', '-p', lib]).stdout)
+    ossl = sorted(x for x in run(['nm', '-D', lib]).stdout.split()
+                  if re.match(r'(SSL|EVP|X509|OPENSSL|CRYPTO|ERR|BIO|redis)_', x))
+    check(syms - {'_init', '_fini'} == {'kc_remote_tls'} and not ossl and
+          not [n for n in needed if n.startswith(('libssl', 'libcrypto'))],
+          '%s: libkcache-remote-tls.so exports kc_remote_tls alone, names no OpenSSL or hiredis symbol, '
+          'needs no libssl/libcrypto (defined %s; OpenSSL/hiredis %s; NEEDED %s)'
+          % (where, sorted(syms)[:6], ossl[:6], needed))
+
 
 def check_node(where, out):
     def rd(n):
@@ -364,13 +594,20 @@ def check_remote(where, out):
           '%s: no library missing (hiredis, libsodium come with the tarball)' % where)
 
 
-def test_root(suite, glibc, tarball, version, work_root, nvrtc):
+def test_root(suite, glibc, tarball, wheel, version, work_root, nvrtc):
     root = make_root(suite)
     work = os.path.join(work_root, suite)
-    for d in ('home', 'out', 'rout'):
+    for d in ('home', 'out', 'rout', 'tls'):
         os.makedirs(os.path.join(work, d))
     shutil.copy(tarball, work)
+    if wheel:
+        shutil.copy(wheel, work)
+    pip = sorted(glob.glob(os.path.join(CACHE, 'wheels', 'pip-*.whl')))
+    check(pip, '%s: pip\'s wheel (scripts/package\'s download, %s/wheels)' % (suite, CACHE))
+    if pip:
+        shutil.copy(pip[-1], os.path.join(work, 'pip.whl'))
     shutil.copy(os.path.join(HERE, 'nvrtc_ctypes.py'), work)
+    shutil.copy(os.path.join(HERE, 'ssl_compose.py'), work)
     for d, _, fs in os.walk(work):
         os.chown(d, NOBODY, NOBODY)
         for f in fs:
@@ -425,6 +662,72 @@ def test_root(suite, glibc, tarball, version, work_root, nvrtc):
             check_remote(suite, os.path.join(work, 'rout'))
         finally:
             redis.stop()
+
+        tls = TlsRedis(os.path.join(work, 'redis-tls'))
+        try:
+            import threading
+            done, counts = threading.Event(), {}
+
+            def watch():
+                # After each node A, its uploads: the count grows by at
+                # least one entry a kernel and then stays for 1 s.
+                base = 0
+                for v in ('tarball', 'wheel'):
+                    while not done.is_set() and not os.path.exists(os.path.join(work, 'tls', v + '.a-done')):
+                        time.sleep(0.1)
+                    deadline = time.time() + 60
+                    last, since = -1, time.time()
+                    while not done.is_set() and time.time() < deadline:
+                        n = len(tls.entries())
+                        if n != last:
+                            last, since = n, time.time()
+                        elif n >= base + 2 and time.time() - since >= 1.0:
+                            break
+                        time.sleep(0.1)
+                    counts[v] = max(last, 0) - base
+                    base = max(last, base)
+                    open(os.path.join(work, 'tls', v + '.uploaded'), 'w').close()
+            th = threading.Thread(target=watch)
+            th.start()
+            # This machine's trust store (Debian's ca-certificates) in the
+            # root, where the packaged OpenSSL, whose compiled-in default
+            # is not the system's, must still find it, and SSL_CERT_FILE /
+            # SSL_CERT_DIR still win over it.
+            store = [(d, d) for d in ('/etc/ssl/certs', '/usr/share/ca-certificates') if os.path.isdir(d)]
+            check(len(store) == 2, 'this machine has a Debian trust store to lend the roots (%s)' % store)
+            r = in_root(root, work, nvrtc, 'set -- %s %s %s\n%s' % (T, NV, tls.url(), TLS_SCRIPT), ro=store)
+            done.set()
+            th.join()
+            check(r.returncode == 0, '%s: the rediss:// script ran (%s)' % (suite, r.stderr[-400:]))
+            check_tls(suite, os.path.join(work, 'tls'), tls, counts)
+            # The system's trust store where each distribution keeps it
+            # (the test CA its only certificate, nothing else in the
+            # root): no KCACHE_REMOTE_CA_FILE, no SSL_CERT_*, the tarball's
+            # kcache remote ping verifies the server.
+            for name, where, f in (('Debian', '/etc/ssl/certs', 'ca-certificates.crt'),
+                                   ('RHEL', '/etc/pki/tls/certs', 'ca-bundle.crt'),
+                                   ('Fedora', '/etc/pki/ca-trust/extracted/pem', 'tls-ca-bundle.pem'),
+                                   ('SUSE', '/var/lib/ca-certificates', 'ca-bundle.pem'),
+                                   ('Alpine', '/etc/ssl', 'cert.pem')):
+                d = os.path.join(work, 'trust-' + name)
+                os.makedirs(d)
+                shutil.copy(tls.ca, os.path.join(d, f))
+                os.chmod(os.path.join(d, f), 0o644)
+                r = in_root(root, work, nvrtc,
+                            'export KCACHE_REMOTE=%s KCACHE_REMOTE_PASSWORD_FILE=/tmp/kc/redis-tls/redis.pw '
+                            'KCACHE_REMOTE_SIGNING_KEY=/tmp/kc/home/t.key '
+                            'KCACHE_REMOTE_TRUSTED_KEYS=/tmp/kc/home/t.key.pub '
+                            'KCACHE_DIR=/tmp/kc/trust-store; %s/bin/kcache remote ping 2>&1'
+                            % (tls.url(), T), ro=[(d, where)])
+                check(r.returncode == 0, '%s: tarball, the trust store as %s keeps it (%s/%s): kcache remote '
+                      'ping verifies the server (%s)' % (suite, name, where, f, (r.stdout + r.stderr)[-300:]))
+            tls_exports('%s, tarball' % suite, os.path.join(work, 'kcache-' + version, 'lib',
+                                                           'libkcache-remote-tls.so'))
+            lib = glob.glob(os.path.join(work, 'venv', 'lib', 'python3*', 'site-packages', 'kcache', 'lib',
+                                         'libkcache-remote-tls.so'))
+            tls_exports('%s, the installed wheel' % suite, lib[0] if lib else 'the installed wheel\'s lib/')
+        finally:
+            tls.stop()
     finally:
         end_root_procs(root)
 
@@ -625,7 +928,7 @@ def main():
             if isinstance(made[suite], BaseException):
                 check(False, 'the %s root: %s' % (suite, made[suite]))
                 continue
-            test_root(suite, glibc, tarball, version, work, nvrtc)
+            test_root(suite, glibc, tarball, wheels[0] if wheels else None, version, work, nvrtc)
         if wheels:
             test_wheel(wheels[0], work)
         # 5. docs/install.md's Dockerfile, its instructions carried out.
