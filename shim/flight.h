@@ -41,7 +41,8 @@ void kc__flight_release(int fd);
  * when it served it, 0 to keep waiting, -1 to stop (the remote holds
  * another node's result that does not fit this one: its headers differ);
  * between polls the lock is asked for again, so a lock that expired is
- * taken. Returns 1: served by a poll. 0:
+ * taken; a lock taken is followed by one more poll (the entry may have
+ * gone up since the caller's look). Returns 1: served by a poll. 0:
  * compile; *held says whether this process holds the lock (release it
  * with kc__flight_remote_release). Never fails otherwise: no remote, a
  * read-only node (it must not make others wait for it), or a remote that

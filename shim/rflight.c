@@ -165,6 +165,17 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
     int ttl = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 1;
     int rc = kc_remote_lock(r, ns, key, ttl);
     if (rc == 0) {
+        /* Taken. The entry may have gone up since this node's last look
+         * (the holder's owner uploads, then deletes the lock, between
+         * that look and this lock): one more look, else this node
+         * compiles what another published a moment ago. */
+        if (poll_once(r, poll, arg) > 0) {
+            kc_remote_unlock(r, ns, key);
+            kc_log(KC_LOG_DEBUG,
+                   "remote: key %016llx: served: published just before this node took its lock",
+                   (unsigned long long)key->id.hi);
+            return 1;
+        }
         *held = true;
         flight_logged(r, key, W_TAKEN, -1);
         return 0;
