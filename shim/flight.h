@@ -41,12 +41,23 @@ void kc__flight_release(int fd);
  * when it served it, 0 to keep waiting, -1 to stop (the remote holds
  * another node's result that does not fit this one: its headers differ);
  * between polls the lock is asked for again, so a lock that expired is
- * taken. Returns 1: served by a poll. 0: compile; *held says whether this
- * process holds the lock (release it with kc__flight_remote_release).
- * Never fails otherwise: no remote, a read-only node (it must not make
- * others wait for it), or a remote that fails: compile. */
+ * taken; a lock taken is followed by one more poll (the entry may have
+ * gone up since the caller's look). Returns 1: served by a poll. 0:
+ * compile; *held says whether this process holds the lock (release it
+ * with kc__flight_remote_release). Never fails otherwise: no remote, a
+ * read-only node (it must not make others wait for it), or a remote that
+ * fails: compile. With a remote configured, every 0 logs one line at
+ * debug (`remote: key <16 hex>: ... compiling here [<reason>]`; a costly
+ * unserved wait warns once, then info) and a compile the cluster did not
+ * spare is counted under its reason (the remote's flight_* counters). */
 int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg), void *arg,
                       bool *held);
+
+/* The caller compiles `key` without the cluster's single flight: the
+ * remote's manifest for it lists only other headers than this node's
+ * (nothing to wait for). Logged and counted as kc__flight_remote's
+ * reasons are (when a remote is configured). */
+void kc__flight_remote_skipped(const kc_key *key);
 
 /* After the compile: a lock this process holds is released only when the
  * result will not reach the remote (not `stored`, or its largest entry,

@@ -1633,6 +1633,8 @@ KC_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions,
             kc__flight_release(flight);
             goto out;
         }
+        if (stale)
+            kc__flight_remote_skipped(&mk);
     }
 
     /* Miss: compile for real, then capture and store (with the real

@@ -333,6 +333,16 @@ static void print_remote(const struct kc_remote_counters *r)
     printf("  locks not waited on (not a trusted writer's) %" PRIu64
            "  polls while waiting %" PRIu64 "\n",
            r->lock_untrusted, r->polls);
+    /* Compiles the cluster's single flight did not spare, by reason (the
+     * debug log names each one's key). */
+    uint64_t unspared = r->flight_freed + r->flight_deadline + r->flight_off + r->flight_unusable +
+                        r->flight_no_writer + r->flight_no_lock;
+    if (unspared > 0)
+        printf("  compiles not spared %" PRIu64 " (lock went %" PRIu64 "  wait ran out %" PRIu64
+               "  remote off %" PRIu64 "  result unusable here %" PRIu64 "  no writer %" PRIu64
+               "  no lock %" PRIu64 ")\n",
+               unspared, r->flight_freed, r->flight_deadline, r->flight_off, r->flight_unusable,
+               r->flight_no_writer, r->flight_no_lock);
 }
 
 /* `kcache stats --openmetrics`: the same numbers in the text format a node

@@ -91,7 +91,7 @@ _Static_assert(N_REMOTE <= (size_t)KC_REMOTE_STAT_BACKENDS * KC_N_COUNTERS,
                "the remote's counters fit their backends");
 
 static const char *const stat_names[KC_REMOTE_STAT_BACKENDS] = {"remote.0", "remote.1", "remote.2",
-                                                                "remote.3"};
+                                                                "remote.3", "remote.4"};
 
 const char *kc_remote_stat_backend(int i)
 {

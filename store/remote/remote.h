@@ -188,7 +188,13 @@ void kc_remote_endpoint_display(const struct kc_remote_endpoint *e, char *out, s
     X(tls_failures, "TLS sessions refused: certificate, no TLS, client certificate wanted")        \
     X(write_refusals, "writes the server refused this user (NOPERM): the node reads only")         \
     X(tls_sessions_made, "TLS sessions made with a full handshake (certificate verified)")         \
-    X(tls_sessions_resumed, "TLS sessions resumed (an abbreviated handshake, no certificate)")
+    X(tls_sessions_resumed, "TLS sessions resumed (an abbreviated handshake, no certificate)")     \
+    X(flight_freed, "compiles after a wait whose lock went without a result (holder gave up)")     \
+    X(flight_deadline, "compiles after a wait that ran out of KCACHE_LOCK_TIMEOUT")                \
+    X(flight_off, "compiles with the remote off here: no cluster single flight")                   \
+    X(flight_unusable, "compiles after a wait: the holder's result is not usable here")            \
+    X(flight_no_writer, "compiles of a read-only node with no trusted writer at work")             \
+    X(flight_no_lock, "compiles with no lock to wait on: refused (full), untrusted, or failed")
 
 struct kc_remote_counters {
 #define KC__REMOTE_FIELD(name, what) uint64_t name;
@@ -300,6 +306,20 @@ int kc_remote_lock(struct kc_remote *r, const char *ns, const kc_key *key, int t
  * writer's), or a negative errno (as get). */
 int kc_remote_writer_active(struct kc_remote *r, const char *ns);
 
+/* Why a node compiles a request although the cluster's single flight is
+ * on (KCACHE_REMOTE set): each counted as its flight_* counter. */
+enum kc_remote_flight {
+    KC_REMOTE_FLIGHT_FREED,     /* waited; the lock went without a result */
+    KC_REMOTE_FLIGHT_DEADLINE,  /* waited out KCACHE_LOCK_TIMEOUT (or what was left) */
+    KC_REMOTE_FLIGHT_OFF,       /* the remote off here (before or during a wait) */
+    KC_REMOTE_FLIGHT_UNUSABLE,  /* the holder's result is there, not usable here */
+    KC_REMOTE_FLIGHT_NO_WRITER, /* a read-only node, no trusted writer at work */
+    KC_REMOTE_FLIGHT_NO_LOCK,   /* no lock to wait on: refused, untrusted, failed */
+};
+
+/* Counts one compile the cluster's single flight did not spare, by why. */
+void kc_remote_flight_unspared(struct kc_remote *r, enum kc_remote_flight why);
+
 /* Single flight's polls: while on (this thread), a lookup that misses
  * counts as a poll, not a miss; kc_remote_poll_served says the lookup
  * that waited was served after all (its first miss becomes no miss), so
@@ -359,10 +379,10 @@ struct kc_remote *kc_remote_of_tier(struct kc_tier *t);
 /* The remote's counters as the store keeps statistics: per backend, a
  * struct kc_counters of KC_N_COUNTERS slots. They are spread, in
  * KC_REMOTE_COUNTERS order, over the pseudo-backends "remote.0"
- * .. "remote.3" (kc_remote_stat_backend), which `kcache stats`
+ * .. "remote.4" (kc_remote_stat_backend), which `kcache stats`
  * shows as its remote section, not as backends. New counters are appended,
  * so statistics written earlier keep their meaning. */
-#define KC_REMOTE_STAT_BACKENDS 4
+#define KC_REMOTE_STAT_BACKENDS 5
 const char *kc_remote_stat_backend(int i);
 bool kc_remote_is_stat_backend(const char *name);
 void kc_remote_counters_pack(const struct kc_remote_counters *c,

@@ -1167,6 +1167,32 @@ void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out)
     op_unlock(r);
 }
 
+void kc_remote_flight_unspared(struct kc_remote *r, enum kc_remote_flight why)
+{
+    pthread_mutex_lock(&r->mu);
+    switch (why) {
+    case KC_REMOTE_FLIGHT_FREED:
+        r->ctr.flight_freed++;
+        break;
+    case KC_REMOTE_FLIGHT_DEADLINE:
+        r->ctr.flight_deadline++;
+        break;
+    case KC_REMOTE_FLIGHT_OFF:
+        r->ctr.flight_off++;
+        break;
+    case KC_REMOTE_FLIGHT_UNUSABLE:
+        r->ctr.flight_unusable++;
+        break;
+    case KC_REMOTE_FLIGHT_NO_WRITER:
+        r->ctr.flight_no_writer++;
+        break;
+    case KC_REMOTE_FLIGHT_NO_LOCK:
+        r->ctr.flight_no_lock++;
+        break;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 void kc_remote_polling(bool on)
 {
     polling = on;

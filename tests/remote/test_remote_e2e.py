@@ -40,6 +40,13 @@ MODE:
            (reader, trusting the writer's key) is served the remote's signed
            entry: ptxas's output and streams, no run; a node trusting
            another key is not served it
+  flight-why  cold 4 x 4 runs at KCACHE_LOG=debug on one Redis and a Redis
+           Cluster (KCACHE_TEST_FLIGHT_RUNS, default 4): every compile has its
+           line, a kernel compiled again in the cluster names its reason;
+           duplicates forced (a lock past the bound, a dead holder, a
+           stopped holder): each line names the key and the right reason;
+           an entry published between a node's last look and its lock is
+           served, not compiled again
   jit      the driver JIT path (drvclient on the stand-in driver): 2 nodes x
            2 processes load one PTX image: one JIT in all; a fresh node loads
            the remote's cubin with the driver's own log
@@ -1459,6 +1466,237 @@ def flight_loaded(ctx):
             b.wait()
 
 
+# ---- flight-why: every compile the cluster did not spare says why -------------
+
+# The debug log's line for each compile a node makes while a remote is
+# configured (shim/rflight.c): the key's first 16 hex digits and the reason.
+COMPILE_RE = re.compile(r'kcache: \w+: remote: key ([0-9a-f]{16}): .*compiling here \[([a-z-]+)\]')
+
+
+def compile_lines(r):
+    return [m.groups() for m in map(COMPILE_RE.search, r.stderr.splitlines()) if m]
+
+
+def unexplained(runs):
+    """Checks one cold run of the cluster: every compile of a process has
+    its line (as many lines as compiles), and a kernel compiled more than
+    once in the cluster was compiled again only with a reason: one
+    `[lock]` compile (this node took the cluster's lock, nobody had it) at
+    most per key. Returns (compiles, duplicates, problems)."""
+    problems, per_key = [], {}
+    for i, r in enumerate(runs):
+        lines = compile_lines(r)
+        if len(lines) != r.misses:
+            problems.append('process %d: %d compiles, %d compile lines %s'
+                            % (i, r.misses, len(lines), lines))
+        for key, why in lines:
+            per_key.setdefault(key, []).append((i, why))
+    dups = {k: v for k, v in per_key.items() if len(v) > 1}
+    for k, v in dups.items():
+        if sum(why == 'lock' for _, why in v) > 1:
+            problems.append('key %s compiled %d times, %d of them with no reason but the lock: %s'
+                            % (k, len(v), sum(why == 'lock' for _, why in v), v))
+    return misses(runs), dups, problems
+
+
+def manifest_keys(ctx, rs):
+    """The manifests' remote keys of every kernel (a node compiles them
+    all, then the server is emptied)."""
+    filler = ctx.node(rs.url)
+    filler.start(KERNELS, ctx).wait()
+    filler.settle()
+    manifests = [k for k in rs.entries() if value_kind(rs.cmd('GET', k)) == 3]
+    rs.cmd('FLUSHALL')
+    return manifests
+
+
+def plant_locks(ctx, rs, manifests, ttl_ms):
+    """A trusted writer's lock on each manifest, as a holder that compiles
+    it (or died doing so) leaves it for ttl_ms."""
+    for k in manifests:
+        lk = 'kcache:lock:{%s}' % k
+        out = os.path.join(ctx.root, 'lock.val')
+        subprocess.run([FORGE, '--lock', out, lk, str(ttl_ms), ctx.key], check=True, timeout=60)
+        rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', str(ttl_ms))
+
+
+class LockRelay:
+    """A loopback TCP relay to a server's port that runs `hook` once, just
+    before it forwards the first lock command (an EVAL naming a lock) a
+    client sends: what happens on the server between a node's last look
+    and its lock."""
+
+    def __init__(self, port, hook):
+        self.to, self.hook, self.fired = port, hook, False
+        self.s = socket.socket()
+        self.s.bind(('127.0.0.1', 0))
+        self.s.listen(16)
+        self.port = self.s.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                a, _ = self.s.accept()
+            except OSError:
+                return
+            b = socket.create_connection(('127.0.0.1', self.to))
+            for x, y, up in ((a, b, True), (b, a, False)):
+                threading.Thread(target=self.pump, args=(x, y, up), daemon=True).start()
+
+    def pump(self, x, y, up):
+        try:
+            while True:
+                d = x.recv(65536)
+                if not d:
+                    break
+                if up and not self.fired and b'EVAL' in d and b'kcache:lock:' in d:
+                    self.fired = True
+                    self.hook()
+                y.sendall(d)
+        except OSError:
+            pass
+        for z in (x, y):
+            try:
+                z.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.s.close()
+
+
+def flight_why(ctx):
+    """Cold 4-node x 4-process runs at KCACHE_LOG=debug, on one Redis and
+    on a Redis Cluster in turn (KCACHE_TEST_FLIGHT_RUNS, default 4;
+    KCACHE_TEST_FLIGHT_PROCS processes per node, default 4): every
+    compile has its line, and a kernel compiled more than once in the
+    cluster was compiled again with a reason. Then duplicates forced:
+    the holder's lock outlives a waiter's bound ([deadline]), the holder
+    dies and its lock expires ([freed]), a holder stopped while its lock
+    expires (a real second compile: [freed]); each line names the key."""
+    n_runs = int(os.environ.get('KCACHE_TEST_FLIGHT_RUNS', '4'))
+    procs = int(os.environ.get('KCACHE_TEST_FLIGHT_PROCS', '4'))
+    rs = ctx.redis()
+    srv, curl = make_cluster(ctx, 0)
+    env = {'KCACHE_LOG': 'debug'}
+    total_dups, total_problems = 0, []
+    for i in range(n_runs):
+        on_cluster = i % 2 == 1
+        url = curl if on_cluster else rs.url
+        for s in (srv if on_cluster else [rs]):
+            s.cmd('FLUSHALL')
+        nodes = [ctx.node(url, extra=env) for _ in range(4)]
+        runs = [n.start(rotate(procs * a + b), ctx) for a, n in enumerate(nodes)
+                for b in range(procs)]
+        runs = [r.wait() for r in runs]
+        check_outputs(runs, ctx.ref, 'cold run %d (%s)' % (i, 'cluster' if on_cluster else 'one Redis'))
+        n, dups, problems = unexplained(runs)
+        print('cold run %d (%s): %d compiles for %d kernels; compiled again: %s'
+              % (i, 'Redis Cluster' if on_cluster else 'one Redis', n, K,
+                 {k: v for k, v in dups.items()} or 'none'))
+        total_dups += sum(len(v) - 1 for v in dups.values())
+        total_problems += problems
+        for nd in nodes:
+            nd.settle()
+    if not check(not total_problems,
+                 '%d cold runs: every compile has its line, every kernel compiled again in the '
+                 'cluster names its reason (%d compiles again)' % (n_runs, total_dups)):
+        print('\n'.join(total_problems[:10]))
+    for s in srv:
+        s.stop()
+
+    # A holder's lock outlives the waiter's bound: [deadline], then the
+    # process's bound is spent: [budget].
+    manifests = manifest_keys(ctx, rs)
+    short = sorted(k.rsplit(':', 1)[1][:16] for k in manifests)
+    plant_locks(ctx, rs, manifests, 60000)
+    n = ctx.node(rs.url, extra={'KCACHE_LOG': 'debug', 'KCACHE_LOCK_TIMEOUT': '1000'})
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'locks held past the bound')
+    lines = compile_lines(r)
+    whys = [w for _, w in lines]
+    if not check(sorted(k for k, _ in lines) == short and whys[:1] == ['deadline'] and
+                 all(w == 'budget' for w in whys[1:]) and r.misses == K,
+                 'a holder that keeps its lock past the bound: each compile names its key, the '
+                 'first [deadline], the rest [budget] (%s)' % lines):
+        print(r.stderr[-3000:])
+    s = n.stats()['remote']
+    check(s.get('flight_deadline') == K,
+          'kcache stats counts them as waits that ran out (flight_deadline %s)'
+          % s.get('flight_deadline'))
+
+    # A holder that died: its lock expires, the waiter takes it: [freed];
+    # the later kernels' locks have expired too: the waiter's [lock].
+    rs.cmd('FLUSHALL')
+    plant_locks(ctx, rs, manifests, 1500)
+    n = ctx.node(rs.url, extra=env)
+    r = n.start(KERNELS, ctx).wait()
+    check_outputs([r], ctx.ref, 'a holder that died')
+    lines = compile_lines(r)
+    if not check(sorted(k for k, _ in lines) == short and [w for _, w in lines][:1] == ['freed'],
+                 'a holder that died: its waiter names the key and [freed] (%s)' % lines):
+        print(r.stderr[-3000:])
+    check(n.stats()['remote'].get('flight_freed', 0) >= 1, 'kcache stats counts flight_freed')
+
+    # A real second compile: a node holding ka's lock stops (its lock
+    # lives 1.5 s), another node waits, takes the expired lock and compiles
+    # ka again. Tried until the first node is caught holding the lock.
+    caught = False
+    for attempt in range(8):
+        rs.cmd('FLUSHALL')
+        a = ctx.node(rs.url, extra={'KCACHE_LOG': 'debug', 'KCACHE_LOCK_TIMEOUT': '1500'})
+        ra = a.start(['ka'], ctx)
+        while ra.p.poll() is None and not rs.cmd('KEYS', 'kcache:lock:*'):
+            time.sleep(0.0005)
+        ra.p.send_signal(signal.SIGSTOP)
+        lk = rs.cmd('KEYS', 'kcache:lock:*')
+        if not lk or rs.entries():
+            ra.p.send_signal(signal.SIGCONT)
+            ra.wait()
+            a.settle()
+            continue
+        key = lk[0].decode().rsplit(':', 1)[1].rstrip('}')[:16]
+        b = ctx.node(rs.url, extra=env)
+        rb = b.start(['ka'], ctx).wait()
+        ra.p.send_signal(signal.SIGCONT)
+        ra.wait()
+        a.settle()
+        if rb.misses == 0 and rb.rc == 0:
+            continue  # stopped after its compile: its owner published it
+        caught = True
+        check_outputs([ra], {'ka': ctx.ref['ka']}, 'the stopped holder')
+        check_outputs([rb], {'ka': ctx.ref['ka']}, 'its waiter')
+        lines = compile_lines(rb)
+        if not check(ra.misses == 1 and rb.misses == 1 and lines == [(key, 'freed')],
+                     'a holder stopped past its lock: the kernel compiled twice, the second '
+                     'node\'s line names the key %s and [freed] (%s)' % (key, lines)):
+            print(rb.stderr[-3000:])
+        break
+    check(caught, 'a holder was caught holding its lock (%d tries)' % (attempt + 1))
+
+    # Published between a node's last look and its lock: another node's
+    # owner uploads the entries and deletes its lock just then (here the
+    # relay puts them up as the lock command passes). The node takes the
+    # free lock; it looks once more and is served, not compiling again.
+    tcp = ctx.redis(tcp=True)
+    filler = ctx.node(tcp.url)
+    filler.start(['ka'], ctx).wait()
+    filler.settle()
+    saved = {k: tcp.cmd('GET', k) for k in tcp.entries()}
+    tcp.cmd('FLUSHALL')
+    relay = LockRelay(tcp.port, lambda: [tcp.cmd('SET', k, v) for k, v in saved.items()])
+    n = ctx.node('redis://127.0.0.1:%d' % relay.port, extra=env)
+    r = n.start(['ka'], ctx).wait()
+    relay.close()
+    check_outputs([r], {'ka': ctx.ref['ka']}, 'published just before the lock')
+    if not check(relay.fired and len(saved) == 2 and r.misses == 0 and
+                 'published just before this node took its lock' in r.stderr,
+                 'published between a node\'s last look and its lock: served, not compiled '
+                 'again (%d compiles, %s)' % (r.misses, compile_lines(r))):
+        print(r.stderr[-3000:])
+
+
 # ---- full: a Redis that refuses writes (issue 47, finding 3) -------------------
 
 def error_replies(rs):
@@ -1579,7 +1817,7 @@ def main():
         {'trial': trial, 'trust': trust, 'faults': faults, 'cluster': cluster,
          'cluster-down': cluster_down, 'flight-hang': flight_hang,
          'flight-failover': flight_failover, 'flight-loaded': flight_loaded,
-         'full': full, 'flight-restart': flight_restart,
+         'full': full, 'flight-restart': flight_restart, 'flight-why': flight_why,
          'jit': jit, 'ptxas': ptxas}[MODE](ctx)
     finally:
         if ctx is not None:
