@@ -144,6 +144,17 @@ def main():
                     problems.append(f"remote.tls.costs.{k} not a number")
             if not tls.get("kernels"):
                 problems.append("remote.tls.kernels missing")
+            # The emulated network link: its GETs measured, or the reason
+            # it could not be made (no figure in its place).
+            link = tls.get("link") or {}
+            if not link.get("reason"):
+                for g in link.get("gets") or [{}]:
+                    for k in ("tls_get_us", "plain_get_us", "tls_over_plain"):
+                        if not isinstance(g.get(k), (int, float)):
+                            problems.append(f"remote.tls.link.gets.{k} not a number")
+                for k in ("rtt_ms", "full_ms", "resumed_ms"):
+                    if not isinstance(link.get(k), (int, float)):
+                        problems.append(f"remote.tls.link.{k} not a number")
         # The failover row, where the cluster formed: a failover only when
         # each run's replica was promoted (it says how many were, and when).
         fo = faults.get("failover")
