@@ -45,7 +45,7 @@ struct mmemo {
 };
 #define MMEMO_BUCKETS 1024
 static struct mmemo *mmemo[MMEMO_BUCKETS];
-static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Finds the result id of the first dependency set of `m` that still holds
  * (b: how, or NULL; its counts grow). */

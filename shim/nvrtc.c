@@ -40,30 +40,30 @@
 
 /* ---- real functions ------------------------------------------------------ */
 
-static nvrtcResult (*real_create)(nvrtcProgram *, const char *, const char *, int,
-                                  const char *const *, const char *const *);
-static nvrtcResult (*real_destroy)(nvrtcProgram *);
-static nvrtcResult (*real_compile)(nvrtcProgram, int, const char *const *);
-static nvrtcResult (*real_add_name)(nvrtcProgram, const char *);
-static nvrtcResult (*real_lowered)(nvrtcProgram, const char *, const char **);
-static nvrtcResult (*real_ptx_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_ptx)(nvrtcProgram, char *);
-static nvrtcResult (*real_cubin_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_cubin)(nvrtcProgram, char *);
-static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
-static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_optix)(nvrtcProgram, char *);
-static nvrtcResult (*real_nvvm_size)(nvrtcProgram, size_t *); /* 11.x, 12.x */
-static nvrtcResult (*real_nvvm)(nvrtcProgram, char *);
-static nvrtcResult (*real_tileir_size)(nvrtcProgram, size_t *); /* 13.3+ */
-static nvrtcResult (*real_tileir)(nvrtcProgram, char *);
-static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_log)(nvrtcProgram, char *);
-static nvrtcResult (*real_pch_status)(nvrtcProgram);
-static nvrtcResult (*real_pch_required)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_flow_callback)(nvrtcProgram, int (*)(void *, void *), void *);
-static nvrtcResult (*real_version)(int *, int *);
+KC__HOT static nvrtcResult (*real_create)(nvrtcProgram *, const char *, const char *, int,
+                                          const char *const *, const char *const *);
+KC__HOT static nvrtcResult (*real_destroy)(nvrtcProgram *);
+KC__HOT static nvrtcResult (*real_compile)(nvrtcProgram, int, const char *const *);
+KC__HOT static nvrtcResult (*real_add_name)(nvrtcProgram, const char *);
+KC__HOT static nvrtcResult (*real_lowered)(nvrtcProgram, const char *, const char **);
+KC__HOT static nvrtcResult (*real_ptx_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_ptx)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_cubin_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_cubin)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_optix)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_nvvm_size)(nvrtcProgram, size_t *); /* 11.x, 12.x */
+KC__HOT static nvrtcResult (*real_nvvm)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_tileir_size)(nvrtcProgram, size_t *); /* 13.3+ */
+KC__HOT static nvrtcResult (*real_tileir)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_log)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_pch_status)(nvrtcProgram);
+KC__HOT static nvrtcResult (*real_pch_required)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_flow_callback)(nvrtcProgram, int (*)(void *, void *), void *);
+KC__HOT static nvrtcResult (*real_version)(int *, int *);
 
 /* Resolves a real function, or returns NVRTC_ERROR_INTERNAL_ERROR from the
  * wrapper when no real NVRTC is loaded (cannot happen for a host that got
@@ -136,7 +136,7 @@ struct retired {
 
 #define PROG_BUCKETS 1024
 static struct prog *progs[PROG_BUCKETS];
-static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t bucket(nvrtcProgram h)
 {
@@ -316,12 +316,14 @@ static nvrtcProgram real_prog_locked(struct prog *p, nvrtcResult *err)
  * crashes on a program destroyed twice); they get NVRTC's answer to an
  * invalid program. progs_lock held for both. */
 #define TOMBS 256
-static nvrtcProgram tombs[TOMBS];
-static unsigned tomb_next;
+KC__HOT static nvrtcProgram tombs[TOMBS];
+KC__HOT static unsigned tomb_next;
 
 static void tomb_set(nvrtcProgram h, bool dead)
 {
-    for (unsigned i = 0; i < TOMBS; i++)
+    /* Before the first destroy there is no tomb to clear (a fresh
+     * process's first create reads none of the table). */
+    for (unsigned i = 0; tomb_next != 0 && i < TOMBS; i++)
         if (tombs[i] == h) {
             tombs[i] = NULL;
             break;
@@ -332,7 +334,7 @@ static void tomb_set(nvrtcProgram h, bool dead)
 
 static bool tomb_is(nvrtcProgram h)
 {
-    for (unsigned i = 0; h != NULL && i < TOMBS; i++)
+    for (unsigned i = 0; h != NULL && tomb_next != 0 && i < TOMBS; i++)
         if (tombs[i] == h)
             return true;
     return false;
@@ -458,8 +460,8 @@ static const char *const nvrtc_inert[] = {
     NULL,
 };
 
-static struct identity ident;
-static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static struct identity ident;
+KC__HOT static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* NVRTC's identity: version, build-ids of libnvrtc and libnvrtc-builtins. */
 static const struct identity *nvrtc_identity(void)
@@ -745,8 +747,8 @@ static struct prog *prog_copy(const struct prog *p)
     return c;
 }
 
-static nvrtcResult (*real_install)(const char *, unsigned int, const char **);
-static nvrtcResult (*real_remove)(const char *, const char **);
+KC__HOT static nvrtcResult (*real_install)(const char *, unsigned int, const char **);
+KC__HOT static nvrtcResult (*real_remove)(const char *, const char **);
 
 /* Installs NVRTC's headers into dir as the compile would (only when they
  * are not there): a hit leaves DIR as the compile leaves it, and the
