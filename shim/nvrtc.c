@@ -261,11 +261,7 @@ static void retire(struct prog *p)
         kc__replay_free(r);
         return;
     }
-    for (int i = 0; i < N_OUT; i++) {
-        free(r->out[i].bytes);
-        r->out[i].bytes = NULL;
-        r->out[i].nbytes = 0;
-    }
+    kc__replay_drop_outputs(r);
     t->r = r;
     t->next = p->retired;
     p->retired = t;
@@ -1384,8 +1380,9 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     if (grc != 0)
         return false;
     step_mark(STEP_RECORD);
-    struct kc__replay *r = kc__replay_decode(body, len);
-    api->free(body);
+    /* The record keeps the body (the store's malloc'd bytes, api->free
+     * being free) and serves its outputs from it. */
+    struct kc__replay *r = kc__replay_decode_body(body, len);
     step_mark(STEP_DECODE);
     if (r != NULL && (r->missing & nvrtc_outputs()) != 0) {
         /* An earlier layout's record, without a getter this NVRTC has: a
