@@ -29,6 +29,15 @@
  * initialised, writable and small only: the section is file-backed. */
 #define KC__HOT __attribute__((section("kc_hot")))
 
+/* Makes the page holding *p present for writing before it is read: a
+ * hash table's bucket that is read, then written, on a page never touched
+ * faults twice (the zero page, then its copy); written first, once. The
+ * byte keeps its value; call it with the table's lock held. */
+static inline void kc__touch_for_write(void *p)
+{
+    __atomic_fetch_or((unsigned char *)p, 0, __ATOMIC_RELAXED);
+}
+
 /* The configuration, read once on first use (thread-safe). */
 const struct kc_config *kc__config(void);
 

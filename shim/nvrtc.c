@@ -1160,6 +1160,7 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     pthread_mutex_lock(&progs_lock);
     if (own)
         tomb_set(p->h, false);
+    kc__touch_for_write(&progs[bucket(p->h)]);
     struct prog *stale = find_locked(p->h);
     if (stale != NULL) {
         /* A handle NVRTC reused after a destroy we did not see. */
