@@ -319,6 +319,13 @@ struct mapped_note {
  * the object apart, without its walk of the symbol table). */
 static bool holds(const struct dl_phdr_info *info, uintptr_t addr)
 {
+    /* Every segment lies at or above the load bias (p_vaddr is unsigned),
+     * unless the bias is negative (a prelinked object loaded below its
+     * addresses): an object based above addr is ruled out without reading
+     * its program headers, a page of its own each (in a Python process,
+     * a hundred objects: ~30 us of cache and TLB misses). */
+    if (info->dlpi_addr <= UINTPTR_MAX / 2 && addr < info->dlpi_addr)
+        return false;
     const ElfW(Phdr) *ph = info->dlpi_phdr;
     for (int i = 0; i < info->dlpi_phnum; i++)
         if (ph[i].p_type == PT_LOAD && addr >= info->dlpi_addr + ph[i].p_vaddr &&
@@ -352,17 +359,15 @@ const char *kc__loaded_name(const void *addr)
     return dladdr(addr, &info) != 0 ? info.dli_fname : NULL;
 }
 
-/* dl_iterate_phdr callback: for the object holding a->addr, reads its
- * build-id from the notes the loader mapped. Each PT_NOTE, in order, must
- * lie in the file-backed part of a PT_LOAD at the same file offset, so the
- * bytes read are exactly the ones file_build_id() would read; one that does
- * not leaves a->rc at -ENOENT (the caller reads the file). */
-static int find_mapped_note(struct dl_phdr_info *info, size_t size, void *arg)
+/* For the object `info` describes (the one holding a->addr), its name
+ * and the build-id from the notes the loader mapped. Each PT_NOTE, in
+ * order, must lie in the file-backed part of a PT_LOAD at the same file
+ * offset, so the bytes read are exactly the ones file_build_id() would
+ * read; one that does not leaves a->rc at -ENOENT (the caller reads the
+ * file). */
+static void read_mapped_note(const struct dl_phdr_info *info, struct mapped_note *a)
 {
-    struct mapped_note *a = arg;
     const ElfW(Phdr) *ph = info->dlpi_phdr;
-    if (!holds(info, (uintptr_t)a->addr))
-        return 0; /* another object: its notes are not touched */
     a->name = info->dlpi_name;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         if (ph[i].p_type != PT_NOTE)
@@ -377,14 +382,39 @@ static int find_mapped_note(struct dl_phdr_info *info, size_t size, void *arg)
                      ph[i].p_filesz <= l->p_filesz - (ph[i].p_vaddr - l->p_vaddr);
         }
         if (!mapped)
-            return 1; /* not readable here: the file decides */
+            return; /* not readable here: the file decides */
         const unsigned char *m = (const unsigned char *)(info->dlpi_addr + ph[i].p_vaddr);
         if (note_build_id(m, ph[i].p_filesz, &a->id) == 0) {
             a->rc = 0;
-            return 1;
+            return;
         }
     }
+}
+
+/* dl_iterate_phdr callback: read_mapped_note for the object holding
+ * a->addr; other objects' notes are not touched. */
+static int find_mapped_note(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct mapped_note *a = arg;
+    (void)size;
+    if (!holds(info, (uintptr_t)a->addr))
+        return 0;
+    read_mapped_note(info, a);
     return 1;
+}
+
+/* What kc__loaded_identity makes of a pass's answer: the build-id read in
+ * memory, else the file's identity by the object's name. */
+static int mapped_identity(const struct mapped_note *a, kc_digest *out)
+{
+    if (a->rc == 0) {
+        *out = a->id;
+        return 0;
+    }
+    if (a->name == NULL)
+        return -ENOENT; /* in no loaded object */
+    const char *name = kc__loaded_name(a->addr);
+    return name != NULL ? kc__file_identity(name, out) : -ENOENT;
 }
 
 int kc__loaded_identity(const void *addr, kc_digest *out)
@@ -394,25 +424,39 @@ int kc__loaded_identity(const void *addr, kc_digest *out)
         return -EINVAL;
     /* One pass finds the object and reads its notes (no dladdr). */
     dl_iterate_phdr(find_mapped_note, &a);
-    if (a.rc == 0) {
-        *out = a.id;
-        return 0;
-    }
-    if (a.name == NULL)
-        return -ENOENT; /* in no loaded object */
-    const char *name = kc__loaded_name(addr);
-    return name != NULL ? kc__file_identity(name, out) : -ENOENT;
+    return mapped_identity(&a, out);
 }
 
-static int find_builtins(struct dl_phdr_info *info, size_t size, void *arg)
+/* Whether a loaded object's name is libnvrtc-builtins' (by its base name). */
+static bool is_builtins(const char *name)
 {
-    const char *base = strrchr(info->dlpi_name, '/');
-    base = base ? base + 1 : info->dlpi_name;
-    if (strncmp(base, "libnvrtc-builtins", 17) == 0) {
-        snprintf(arg, 4096, "%s", info->dlpi_name);
-        return 1;
+    const char *base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    return strncmp(base, "libnvrtc-builtins", 17) == 0;
+}
+
+/* One pass over the loaded objects for NVRTC's identity: the object
+ * holding its compile function (its name and mapped build-id, as
+ * kc__loaded_identity's pass) and the first libnvrtc-builtins loaded. In
+ * a Python process (a hundred objects and more) each pass costs ~15k
+ * instructions; three were made. */
+struct nvrtc_scan {
+    struct mapped_note lib;
+    bool lib_seen;
+    char *builtins; /* 4096 bytes; "" until found */
+};
+
+static int nvrtc_scan_one(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct nvrtc_scan *sc = arg;
+    (void)size;
+    if (sc->builtins[0] == '\0' && is_builtins(info->dlpi_name))
+        snprintf(sc->builtins, 4096, "%s", info->dlpi_name);
+    if (!sc->lib_seen && holds(info, (uintptr_t)sc->lib.addr)) {
+        read_mapped_note(info, &sc->lib);
+        sc->lib_seen = true;
     }
-    return 0;
+    return sc->lib_seen && sc->builtins[0] != '\0';
 }
 
 int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, char *ns, size_t len,
@@ -423,18 +467,27 @@ int kc__nvrtc_namespace(const void *compile, int major, int minor, int format, c
         return -ENOMEM;
     kc__hash_str(h, "nvrtc-identity");
     kc__hash_u64(h, (uint64_t)major << 32 | (uint32_t)minor);
-    const char *lib = compile != NULL ? kc__loaded_name(compile) : NULL;
-    kc_digest d;
     char path[4096] = "";
-    if (lib != NULL && kc__loaded_identity(compile, &d) == 0) {
+    struct nvrtc_scan sc = {.lib = {.addr = compile, .rc = -ENOENT}, .builtins = path};
+    const char *lib = NULL;
+    if (compile != NULL) {
+        dl_iterate_phdr(nvrtc_scan_one, &sc);
+        /* kc__loaded_name: the loader's name, else dladdr's (the main
+         * program has none there). */
+        lib =
+            sc.lib.name != NULL && sc.lib.name[0] != '\0' ? sc.lib.name : kc__loaded_name(compile);
+    }
+    kc_digest d;
+    if (lib != NULL && mapped_identity(&sc.lib, &d) == 0) {
         kc__hash_bytes(h, &d, sizeof d);
         /* libnvrtc-builtins: loaded, or beside libnvrtc. */
-        if (dl_iterate_phdr(find_builtins, path) == 0) {
+        if (path[0] == '\0') {
             const char *slash = strrchr(lib, '/');
             int dir = slash ? (int)(slash - lib) + 1 : 0;
             snprintf(path, sizeof path, "%.*slibnvrtc-builtins.so.%d.%d", dir, lib, major, minor);
         }
     } else {
+        path[0] = '\0';
         kc__hash_str(h, "unknown-libnvrtc");
     }
     if (path[0] != '\0' && kc__file_identity(path, &d) == 0)

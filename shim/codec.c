@@ -9,12 +9,23 @@
 
 /* ---- the replay record ----------------------------------------------------- */
 
+void kc__replay_drop_outputs(struct kc__replay *r)
+{
+    for (int i = 0; i < N_OUT; i++) {
+        if (r->backing == NULL)
+            free(r->out[i].bytes);
+        r->out[i].bytes = NULL;
+        r->out[i].nbytes = 0;
+    }
+    free(r->backing);
+    r->backing = NULL;
+}
+
 void kc__replay_free(struct kc__replay *r)
 {
     if (r == NULL)
         return;
-    for (int i = 0; i < N_OUT; i++)
-        free(r->out[i].bytes);
+    kc__replay_drop_outputs(r);
     for (uint32_t i = 0; i < r->n_names; i++) {
         free(r->names[i].expr);
         free(r->names[i].name);
@@ -124,17 +135,38 @@ int kc__replay_encode(const struct kc__replay *r, struct kc_buf *b)
     return b->err ? -ENOMEM : 0;
 }
 
-struct kc__replay *kc__replay_decode(const void *p, size_t n)
+/* An output's blob, in place: a pointer into the reader's bytes (NULL, and
+ * the reader bad, when it does not fit). */
+static char *take_blob(struct kc_rd *r, uint64_t *len)
+{
+    uint64_t n = kc_rd_get_u64(r);
+    if (n > kc_rd_left(r)) {
+        r->bad = 1;
+        return NULL;
+    }
+    const unsigned char *q = kc_rd_take(r, (size_t)n);
+    *len = q != NULL ? n : 0;
+    return (char *)q;
+}
+
+/* Decodes p; the outputs' bytes are copies, or with `body` (p itself,
+ * malloc'd) point into it, which the record then owns (on failure too). */
+static struct kc__replay *decode(const void *p, size_t n, void *body)
 {
     struct kc_rd r;
     kc_rd_init(&r, p, n);
     uint64_t magic = kc_rd_get_u64(&r);
-    if (magic != REPLAY_MAGIC && magic != REPLAY_MAGIC_V3)
+    if (magic != REPLAY_MAGIC && magic != REPLAY_MAGIC_V3) {
+        free(body);
         return NULL;
+    }
     int n_out = magic == REPLAY_MAGIC ? N_OUT : N_OUT_V3;
     struct kc__replay *x = calloc(1, sizeof *x);
-    if (x == NULL)
+    if (x == NULL) {
+        free(body);
         return NULL;
+    }
+    x->backing = body;
     for (int i = n_out; i < N_OUT; i++)
         x->missing |= 1u << i;
     x->compile_rc = get_i32(&r);
@@ -146,7 +178,7 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
         o->get_rc = get_i32(&r);
         o->size_null_rc = get_i32(&r);
         o->get_null_rc = get_i32(&r);
-        o->bytes = get_blob(&r, &o->nbytes);
+        o->bytes = body != NULL ? take_blob(&r, &o->nbytes) : get_blob(&r, &o->nbytes);
         /* What capture() can have written: the getter filled a buffer of
          * the announced size, or (no usable size) up to 64 bytes. A record
          * whose getter would write more than the size getter announced
@@ -186,6 +218,16 @@ struct kc__replay *kc__replay_decode(const void *p, size_t n)
         return NULL;
     }
     return x;
+}
+
+struct kc__replay *kc__replay_decode(const void *p, size_t n)
+{
+    return decode(p, n, NULL);
+}
+
+struct kc__replay *kc__replay_decode_body(void *body, size_t n)
+{
+    return decode(body, n, body);
 }
 
 /* ---- manifests ----------------------------------------------------------------------- */

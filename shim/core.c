@@ -15,8 +15,8 @@
 /* ---- configuration ---------------------------------------------------- */
 
 static struct kc_config config;
-static pthread_once_t config_once = PTHREAD_ONCE_INIT;
-static bool config_loaded; /* config_init ran (kc__state_fini reads it) */
+KC__HOT static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+KC__HOT static bool config_loaded; /* config_init ran (kc__state_fini reads it) */
 
 static void config_init(void)
 {

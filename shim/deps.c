@@ -29,11 +29,11 @@ static __thread struct kc__deps *tracking __attribute__((tls_model("initial-exec
 /* A compiler tool's run (tool.c): every thread's calls are recorded, into
  * one set under a lock, through `tracking` while a call is recorded;
  * process_busy keeps the recording's own calls out. */
-static struct kc__deps *process_deps;
+KC__HOT static struct kc__deps *process_deps;
 /* A second set that sees every call too: a tool's run inside an nvcc tree
  * (tool.c's watched child records its run, tree.c the tree's report). */
-static struct kc__deps *process_also;
-static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static struct kc__deps *process_also;
+KC__HOT static pthread_mutex_t process_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int process_busy __attribute__((tls_model("initial-exec")));
 
 static void process_enter(void)
@@ -543,16 +543,16 @@ static void *real(const char *name, const char *version)
             var = (__typeof__(var))real(name, version);                                            \
     } while (0)
 
-static int (*real_open)(const char *, int, ...);
-static int (*real_open64)(const char *, int, ...);
-static int (*real_openat)(int, const char *, int, ...);
-static int (*real_openat64)(int, const char *, int, ...);
-static FILE *(*real_fopen)(const char *, const char *);
-static FILE *(*real_fopen64)(const char *, const char *);
-static int (*real_xstat)(int, const char *, struct stat *);
-static int (*real_xstat64)(int, const char *, struct stat64 *);
-static int (*real_stat)(const char *, struct stat *);
-static int (*real_access)(const char *, int);
+KC__HOT static int (*real_open)(const char *, int, ...);
+KC__HOT static int (*real_open64)(const char *, int, ...);
+KC__HOT static int (*real_openat)(int, const char *, int, ...);
+KC__HOT static int (*real_openat64)(int, const char *, int, ...);
+KC__HOT static FILE *(*real_fopen)(const char *, const char *);
+KC__HOT static FILE *(*real_fopen64)(const char *, const char *);
+KC__HOT static int (*real_xstat)(int, const char *, struct stat *);
+KC__HOT static int (*real_xstat64)(int, const char *, struct stat64 *);
+KC__HOT static int (*real_stat)(const char *, struct stat *);
+KC__HOT static int (*real_access)(const char *, int);
 
 /* stat() as libc has it. glibc < 2.33 exports no stat (its callers reach
  * __xstat through an inline wrapper): there, the same call through

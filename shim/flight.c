@@ -16,7 +16,7 @@
 /* DIR/locks, created 0700 and checked once: ours, a directory, private. */
 static int locks_dir(char *out, size_t len)
 {
-    static int state; /* 0 untried, 1 usable, -1 not */
+    KC__HOT static int state; /* 0 untried, 1 usable, -1 not */
     const struct kc_config *cfg = kc__config();
     if ((size_t)snprintf(out, len, "%s/locks", cfg->dir) >= len)
         return -ENAMETOOLONG;

@@ -29,7 +29,7 @@ extern const struct kc__family *const __stop_kc_families[]
 /* ---- interposition ------------------------------------------------------ */
 
 /* The real dlsym. Hidden, read by the dlsym interposer (shim.c). */
-__attribute__((visibility("hidden"))) void *(*kc__dlsym_real)(void *, const char *);
+KC__HOT __attribute__((visibility("hidden"))) void *(*kc__dlsym_real)(void *, const char *);
 
 void kc__real_dlsym_resolve(void)
 {
@@ -81,7 +81,7 @@ struct family {
 enum { MAX_FAMILIES = 1024 }; /* hooks, before duplicates are dropped */
 static struct family families[MAX_FAMILIES];
 static int n_families = -1; /* -1: the table overflowed, every name may be ours */
-static pthread_once_t families_once = PTHREAD_ONCE_INIT;
+KC__HOT static pthread_once_t families_once = PTHREAD_ONCE_INIT;
 
 static int family_cmp(const char *a, size_t alen, const struct family *b)
 {
@@ -237,7 +237,7 @@ const struct kc__hook *kc__hook_find(const char *name, int lib)
  * this one object, so two copies of a library (a wheel's and the
  * toolkit's) never mix their state: a second copy's functions are handed
  * to the host untouched. */
-static void *lib_base[KC_LIB_KINDS], *lib_any[KC_LIB_KINDS], *lib_handle[KC_LIB_KINDS];
+KC__HOT static void *lib_base[KC_LIB_KINDS], *lib_any[KC_LIB_KINDS], *lib_handle[KC_LIB_KINDS];
 
 static bool lib_kind_ok(int lib)
 {
@@ -292,9 +292,9 @@ struct lib_range {
     uintptr_t lo, hi;
     Dl_info info; /* dli_fname, dli_fbase; no symbol */
 };
-static struct lib_range lib_ranges[KC_LIB_KINDS];
-static int lib_range_state[KC_LIB_KINDS]; /* 0 not set up, 1 set, -1 none */
-static pthread_mutex_t lib_range_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static struct lib_range lib_ranges[KC_LIB_KINDS];
+KC__HOT static int lib_range_state[KC_LIB_KINDS]; /* 0 not set up, 1 set, -1 none */
+KC__HOT static pthread_mutex_t lib_range_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct range_scan {
     uintptr_t addr, lo, hi;
@@ -346,8 +346,8 @@ static void lib_range_setup(int lib)
 
 /* This shim's own range: a host resolving a hooked name with RTLD_DEFAULT
  * or a handle whose scope holds the preload finds our export first. */
-static struct range_scan self_range;
-static pthread_once_t self_range_once = PTHREAD_ONCE_INIT;
+KC__HOT static struct range_scan self_range;
+KC__HOT static pthread_once_t self_range_once = PTHREAD_ONCE_INIT;
 
 static void self_range_init(void)
 {
@@ -473,7 +473,7 @@ void *kc__hook_real(const struct kc__hook *h)
 
 void *kc__self_base(void)
 {
-    static void *base;
+    KC__HOT static void *base;
     if (base == NULL) {
         Dl_info info;
         if (dladdr((void *)kc__self_base, &info) != 0)

@@ -45,7 +45,7 @@ struct mmemo {
 };
 #define MMEMO_BUCKETS 1024
 static struct mmemo *mmemo[MMEMO_BUCKETS];
-static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static pthread_mutex_t mmemo_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Finds the result id of the first dependency set of `m` that still holds
  * (b: how, or NULL; its counts grow). */
@@ -109,6 +109,7 @@ int kc__manifest_lookup(struct kc_store *st, const struct kc_store_ops *api, con
 {
     size_t b = (base->lo ^ base->hi) % MMEMO_BUCKETS;
     pthread_mutex_lock(&mmemo_lock);
+    kc__touch_for_write(&mmemo[b]); /* a miss here writes it below */
     for (struct mmemo *e = mmemo[b]; e != NULL; e = e->next) {
         if (e->base.lo == base->lo && e->base.hi == base->hi) {
             int rc = kc__manifest_match(e->m, bundled, result);

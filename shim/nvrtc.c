@@ -40,30 +40,30 @@
 
 /* ---- real functions ------------------------------------------------------ */
 
-static nvrtcResult (*real_create)(nvrtcProgram *, const char *, const char *, int,
-                                  const char *const *, const char *const *);
-static nvrtcResult (*real_destroy)(nvrtcProgram *);
-static nvrtcResult (*real_compile)(nvrtcProgram, int, const char *const *);
-static nvrtcResult (*real_add_name)(nvrtcProgram, const char *);
-static nvrtcResult (*real_lowered)(nvrtcProgram, const char *, const char **);
-static nvrtcResult (*real_ptx_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_ptx)(nvrtcProgram, char *);
-static nvrtcResult (*real_cubin_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_cubin)(nvrtcProgram, char *);
-static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
-static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_optix)(nvrtcProgram, char *);
-static nvrtcResult (*real_nvvm_size)(nvrtcProgram, size_t *); /* 11.x, 12.x */
-static nvrtcResult (*real_nvvm)(nvrtcProgram, char *);
-static nvrtcResult (*real_tileir_size)(nvrtcProgram, size_t *); /* 13.3+ */
-static nvrtcResult (*real_tileir)(nvrtcProgram, char *);
-static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_log)(nvrtcProgram, char *);
-static nvrtcResult (*real_pch_status)(nvrtcProgram);
-static nvrtcResult (*real_pch_required)(nvrtcProgram, size_t *);
-static nvrtcResult (*real_flow_callback)(nvrtcProgram, int (*)(void *, void *), void *);
-static nvrtcResult (*real_version)(int *, int *);
+KC__HOT static nvrtcResult (*real_create)(nvrtcProgram *, const char *, const char *, int,
+                                          const char *const *, const char *const *);
+KC__HOT static nvrtcResult (*real_destroy)(nvrtcProgram *);
+KC__HOT static nvrtcResult (*real_compile)(nvrtcProgram, int, const char *const *);
+KC__HOT static nvrtcResult (*real_add_name)(nvrtcProgram, const char *);
+KC__HOT static nvrtcResult (*real_lowered)(nvrtcProgram, const char *, const char **);
+KC__HOT static nvrtcResult (*real_ptx_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_ptx)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_cubin_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_cubin)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_ltoir_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_ltoir)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_optix_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_optix)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_nvvm_size)(nvrtcProgram, size_t *); /* 11.x, 12.x */
+KC__HOT static nvrtcResult (*real_nvvm)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_tileir_size)(nvrtcProgram, size_t *); /* 13.3+ */
+KC__HOT static nvrtcResult (*real_tileir)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_log_size)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_log)(nvrtcProgram, char *);
+KC__HOT static nvrtcResult (*real_pch_status)(nvrtcProgram);
+KC__HOT static nvrtcResult (*real_pch_required)(nvrtcProgram, size_t *);
+KC__HOT static nvrtcResult (*real_flow_callback)(nvrtcProgram, int (*)(void *, void *), void *);
+KC__HOT static nvrtcResult (*real_version)(int *, int *);
 
 /* Resolves a real function, or returns NVRTC_ERROR_INTERNAL_ERROR from the
  * wrapper when no real NVRTC is loaded (cannot happen for a host that got
@@ -136,7 +136,7 @@ struct retired {
 
 #define PROG_BUCKETS 1024
 static struct prog *progs[PROG_BUCKETS];
-static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static pthread_mutex_t progs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t bucket(nvrtcProgram h)
 {
@@ -261,11 +261,7 @@ static void retire(struct prog *p)
         kc__replay_free(r);
         return;
     }
-    for (int i = 0; i < N_OUT; i++) {
-        free(r->out[i].bytes);
-        r->out[i].bytes = NULL;
-        r->out[i].nbytes = 0;
-    }
+    kc__replay_drop_outputs(r);
     t->r = r;
     t->next = p->retired;
     p->retired = t;
@@ -316,12 +312,14 @@ static nvrtcProgram real_prog_locked(struct prog *p, nvrtcResult *err)
  * crashes on a program destroyed twice); they get NVRTC's answer to an
  * invalid program. progs_lock held for both. */
 #define TOMBS 256
-static nvrtcProgram tombs[TOMBS];
-static unsigned tomb_next;
+KC__HOT static nvrtcProgram tombs[TOMBS];
+KC__HOT static unsigned tomb_next;
 
 static void tomb_set(nvrtcProgram h, bool dead)
 {
-    for (unsigned i = 0; i < TOMBS; i++)
+    /* Before the first destroy there is no tomb to clear (a fresh
+     * process's first create reads none of the table). */
+    for (unsigned i = 0; tomb_next != 0 && i < TOMBS; i++)
         if (tombs[i] == h) {
             tombs[i] = NULL;
             break;
@@ -332,7 +330,7 @@ static void tomb_set(nvrtcProgram h, bool dead)
 
 static bool tomb_is(nvrtcProgram h)
 {
-    for (unsigned i = 0; h != NULL && i < TOMBS; i++)
+    for (unsigned i = 0; h != NULL && tomb_next != 0 && i < TOMBS; i++)
         if (tombs[i] == h)
             return true;
     return false;
@@ -458,8 +456,8 @@ static const char *const nvrtc_inert[] = {
     NULL,
 };
 
-static struct identity ident;
-static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static struct identity ident;
+KC__HOT static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* NVRTC's identity: version, build-ids of libnvrtc and libnvrtc-builtins. */
 static const struct identity *nvrtc_identity(void)
@@ -745,8 +743,8 @@ static struct prog *prog_copy(const struct prog *p)
     return c;
 }
 
-static nvrtcResult (*real_install)(const char *, unsigned int, const char **);
-static nvrtcResult (*real_remove)(const char *, const char **);
+KC__HOT static nvrtcResult (*real_install)(const char *, unsigned int, const char **);
+KC__HOT static nvrtcResult (*real_remove)(const char *, const char **);
 
 /* Installs NVRTC's headers into dir as the compile would (only when they
  * are not there): a hit leaves DIR as the compile leaves it, and the
@@ -1162,6 +1160,7 @@ KC_EXPORT nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, co
     pthread_mutex_lock(&progs_lock);
     if (own)
         tomb_set(p->h, false);
+    kc__touch_for_write(&progs[bucket(p->h)]);
     struct prog *stale = find_locked(p->h);
     if (stale != NULL) {
         /* A handle NVRTC reused after a destroy we did not see. */
@@ -1382,8 +1381,9 @@ static bool try_serve(nvrtcProgram prog, struct kc_store *st, const struct kc_st
     if (grc != 0)
         return false;
     step_mark(STEP_RECORD);
-    struct kc__replay *r = kc__replay_decode(body, len);
-    api->free(body);
+    /* The record keeps the body (the store's malloc'd bytes, api->free
+     * being free) and serves its outputs from it. */
+    struct kc__replay *r = kc__replay_decode_body(body, len);
     step_mark(STEP_DECODE);
     if (r != NULL && (r->missing & nvrtc_outputs()) != 0) {
         /* An earlier layout's record, without a getter this NVRTC has: a

@@ -23,9 +23,9 @@
 
 /* ---- the store, loaded on first use ----------------------------------- */
 
-static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
-static int store_state; /* 0 untried, 1 open, -1 unusable */
-static struct kc_store *store;
+KC__HOT static pthread_mutex_t store_lock = PTHREAD_MUTEX_INITIALIZER;
+KC__HOT static int store_state; /* 0 untried, 1 open, -1 unusable */
+KC__HOT static struct kc_store *store;
 
 static void *load_store_lib(void)
 {
@@ -177,7 +177,7 @@ struct kc_store *kc__store(const struct kc_store_ops **api)
 static const char *backend_names[N_BACKENDS] = {"nvrtc", "jit", "memo", "link", "nvvm", "tool"};
 #define BACKEND_MEMO 2
 #define BACKEND_TOOL 5 /* on the stats line only when it counted something */
-static struct kc_counters counters[N_BACKENDS];
+KC__HOT static struct kc_counters counters[N_BACKENDS];
 static uint64_t pass_reasons[N_BACKENDS][KC_N_PASS_REASONS];
 _Static_assert(sizeof(struct kc_counters) % sizeof(uint64_t) == 0, "counters are u64 fields");
 

@@ -40,11 +40,11 @@
 #define REPORT_MAGIC 0x3152544b43ull /* "KCTR1" */
 #define CLAIM_MAGIC 0x3158544b43ull  /* "KCTX1" */
 
-static bool tree_on;
+KC__HOT static bool tree_on;
 static char tree_dir[PATH_MAX - 128]; /* private_dir bounds it */
-static pid_t image_pid, forked_pid;
-static uint64_t nonce;
-static bool by_exec; /* this image was started by an exec (not nvcc's watched child) */
+KC__HOT static pid_t image_pid, forked_pid;
+KC__HOT static uint64_t nonce;
+KC__HOT static bool by_exec; /* this image was started by an exec (not nvcc's watched child) */
 static struct kc__deps tree_deps;
 
 /* ---- system calls that record nothing ----------------------------------------------- */
