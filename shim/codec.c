@@ -65,9 +65,9 @@ static void get_digest(struct kc_rd *r, kc_digest *d)
     d->hi = kc_rd_get_u64(r);
 }
 
-/* A malloc'd copy of a blob, NUL-terminated (for strings); NULL (and the
- * reader bad) when it does not fit. */
-static char *get_blob(struct kc_rd *r, uint64_t *len)
+/* A blob, in place: a pointer into the reader's bytes (NULL, and the
+ * reader bad, when it does not fit). */
+static char *take_blob(struct kc_rd *r, uint64_t *len)
 {
     uint64_t n = kc_rd_get_u64(r);
     if (n > kc_rd_left(r)) {
@@ -75,6 +75,16 @@ static char *get_blob(struct kc_rd *r, uint64_t *len)
         return NULL;
     }
     const unsigned char *q = kc_rd_take(r, (size_t)n);
+    *len = q != NULL ? n : 0;
+    return (char *)q;
+}
+
+/* A malloc'd copy of a blob, NUL-terminated (for strings); NULL (and the
+ * reader bad) when it does not fit. */
+static char *get_blob(struct kc_rd *r, uint64_t *len)
+{
+    uint64_t n = 0;
+    const char *q = take_blob(r, &n);
     char *s = q != NULL ? malloc(n + 1) : NULL;
     if (s == NULL) {
         r->bad = 1;
@@ -133,20 +143,6 @@ int kc__replay_encode(const struct kc__replay *r, struct kc_buf *b)
     put_i32(b, r->pch_required_null_rc);
     kc_buf_put_u64(b, r->pch_required);
     return b->err ? -ENOMEM : 0;
-}
-
-/* An output's blob, in place: a pointer into the reader's bytes (NULL, and
- * the reader bad, when it does not fit). */
-static char *take_blob(struct kc_rd *r, uint64_t *len)
-{
-    uint64_t n = kc_rd_get_u64(r);
-    if (n > kc_rd_left(r)) {
-        r->bad = 1;
-        return NULL;
-    }
-    const unsigned char *q = kc_rd_take(r, (size_t)n);
-    *len = q != NULL ? n : 0;
-    return (char *)q;
 }
 
 /* Decodes p; the outputs' bytes are copies, or with `body` (p itself,

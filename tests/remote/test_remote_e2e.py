@@ -1520,19 +1520,20 @@ def plant_locks(ctx, rs, manifests, ttl_ms):
         rs.cmd('SET', lk, open(out, 'rb').read(), 'PX', str(ttl_ms))
 
 
-class LockRelay:
-    """A loopback TCP relay to a server's port that runs `hook` once, just
-    before it forwards the first lock command (an EVAL naming a lock) a
-    client sends: what happens on the server between a node's last look
-    and its lock."""
+class Relay:
+    """A loopback TCP relay to a server's port; every chunk a client sends
+    (up) or receives passes through self.seen_chunk before it is forwarded."""
 
-    def __init__(self, port, hook):
-        self.to, self.hook, self.fired = port, hook, False
+    def __init__(self, port):
+        self.to = port
         self.s = socket.socket()
         self.s.bind(('127.0.0.1', 0))
         self.s.listen(16)
         self.port = self.s.getsockname()[1]
         threading.Thread(target=self.accept, daemon=True).start()
+
+    def seen_chunk(self, data, up):
+        pass
 
     def accept(self):
         while True:
@@ -1550,9 +1551,7 @@ class LockRelay:
                 d = x.recv(65536)
                 if not d:
                     break
-                if up and not self.fired and b'EVAL' in d and b'kcache:lock:' in d:
-                    self.fired = True
-                    self.hook()
+                self.seen_chunk(d, up)
                 y.sendall(d)
         except OSError:
             pass
@@ -1564,6 +1563,21 @@ class LockRelay:
 
     def close(self):
         self.s.close()
+
+
+class LockRelay(Relay):
+    """A relay that runs `hook` once, just before it forwards the first lock
+    command (an EVAL naming a lock) a client sends: what happens on the
+    server between a node's last look and its lock."""
+
+    def __init__(self, port, hook):
+        self.hook, self.fired = hook, False
+        super().__init__(port)
+
+    def seen_chunk(self, data, up):
+        if up and not self.fired and b'EVAL' in data and b'kcache:lock:' in data:
+            self.fired = True
+            self.hook()
 
 
 def flight_why(ctx):
