@@ -43,7 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from kctest import rm_settled  # noqa: E402
+from kctest import elf_section as section, rm_settled  # noqa: E402
 
 KERNEL = r'''
 #include "k.h"
@@ -121,24 +121,6 @@ def ndiff(a, b):
     if a is None or b is None:
         return None if a is not b else 0
     return sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
-
-
-def section(blob, name):
-    """The bytes of ELF64 section `name` (little-endian), or None."""
-    import struct
-    if blob is None or blob[:4] != b"\x7fELF":
-        return None
-    shoff, = struct.unpack_from("<Q", blob, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3a)
-    def sh(i):
-        return struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize)
-    stro = sh(shstrndx)[4]
-    for i in range(shnum):
-        s = sh(i)
-        nm = blob[stro + s[0]:blob.index(b"\0", stro + s[0])].decode()
-        if nm == name:
-            return blob[s[4]:s[4] + s[5]]
-    return None
 
 
 def source(work, case, val="2.0f"):

@@ -25,13 +25,12 @@ Usage: test_nvcc_ninja.py NVCC
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from kctest import rm_settled  # noqa: E402
+from kctest import elf_section, rm_settled  # noqa: E402
 
 SOURCE = r'''#include <cub/block/block_reduce.cuh>
 template <typename T, int B>
@@ -56,20 +55,7 @@ def check(ok, what):
 def section(path, name):
     """The bytes of ELF64 section `name` of the file at path, or None."""
     with open(path, "rb") as f:
-        blob = f.read()
-    if blob[:4] != b"\x7fELF":
-        return None
-    shoff, = struct.unpack_from("<Q", blob, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3a)
-
-    def sh(i):
-        return struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize)
-    stro = sh(shstrndx)[4]
-    for i in range(shnum):
-        s = sh(i)
-        if blob[stro + s[0]:blob.index(b"\0", stro + s[0])] == name.encode():
-            return blob[s[4]:s[4] + s[5]]
-    return None
+        return elf_section(f.read(), name)
 
 
 def nvcc_stats(log):

@@ -2,6 +2,7 @@
 after adding tests/pylib to sys.path)."""
 import os
 import shutil
+import struct
 import time
 
 
@@ -13,3 +14,20 @@ def rm_settled(path):
         if not os.path.lexists(path):
             return
         time.sleep(0.1)
+
+
+def elf_section(blob, name):
+    """The bytes of ELF64 section `name` (little-endian) of blob, or None."""
+    if blob is None or blob[:4] != b"\x7fELF":
+        return None
+    shoff, = struct.unpack_from("<Q", blob, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3a)
+
+    def sh(i):
+        return struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize)
+    stro = sh(shstrndx)[4]
+    for i in range(shnum):
+        s = sh(i)
+        if blob[stro + s[0]:blob.index(b"\0", stro + s[0])] == name.encode():
+            return blob[s[4]:s[4] + s[5]]
+    return None
