@@ -17,6 +17,40 @@
  * holder that never publishes, costs more than that in all. */
 static uint64_t wasted_ns;
 
+/* A server that answered this process and then refused (a restart, most
+ * often: a connection is made per operation) is asked again after a short
+ * backoff (KC__REFUSED_FIRST_MS, doubling). Each node compiling alone
+ * inside it made a restart at the first lock cost 9 compiles for 4 kernels
+ * on 4 nodes (issue 47): a request waits for that retry when it is due
+ * within BACK_WAIT_MAX_MS, these waits bounded by BACK_WAIT_TOTAL_MS over
+ * the process, so a server that stays down costs that once. A server that
+ * never answered, or one off for a long backoff, is not waited for. */
+#define BACK_WAIT_MAX_MS 250
+#define BACK_WAIT_TOTAL_MS 1000
+static uint64_t back_waited_ns;
+
+/* The remote is off here: waits for its retry when that is soon (above)
+ * and before deadline (0: none). True: usable again. */
+static bool back_soon(struct kc_remote *r, uint64_t deadline)
+{
+    for (int i = 0; i < 4; i++) {
+        if (kc_remote_usable(r))
+            return true;
+        int ms = kc_remote_back_in_ms(r);
+        uint64_t ns = (uint64_t)(ms > 0 ? ms : 1) * 1000000ull;
+        uint64_t now = kc_mono_ns();
+        if (ms < 0 || ms > BACK_WAIT_MAX_MS ||
+            __atomic_load_n(&back_waited_ns, __ATOMIC_RELAXED) + ns >
+                (uint64_t)BACK_WAIT_TOTAL_MS * 1000000ull ||
+            (deadline != 0 && now + ns > deadline))
+            return false;
+        struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        __atomic_add_fetch(&back_waited_ns, kc_mono_ns() - now, __ATOMIC_RELAXED);
+    }
+    return kc_remote_usable(r);
+}
+
 /* One poll of the entry, its misses counted as polls. */
 static int poll_once(struct kc_remote *r, int (*poll)(void *arg), void *arg)
 {
@@ -158,12 +192,16 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
         flight_logged(NULL, key, N_CONFIG, -1);
         return 0;
     }
-    if (!kc_remote_usable(r)) {
+    if (!back_soon(r, 0)) {
         flight_logged(r, key, N_OFF, -1);
         return 0;
     }
     int ttl = cfg->lock_timeout_ms > 0 ? cfg->lock_timeout_ms : 1;
     int rc = kc_remote_lock(r, ns, key, ttl);
+    /* The lock failed and turned the remote off (refused: a restart):
+     * asked once more when its retry is soon. */
+    if (rc != 0 && rc != -EBUSY && !kc_remote_usable(r) && back_soon(r, 0))
+        rc = kc_remote_lock(r, ns, key, ttl);
     if (rc == 0) {
         /* Taken. The entry may have gone up since this node's last look
          * (the holder's owner uploads, then deletes the lock, between
@@ -230,7 +268,7 @@ int kc__flight_remote(const char *ns, const kc_key *key, int (*poll)(void *arg),
             end = W_REFUSED;
             goto wasted;
         }
-        if (!kc_remote_usable(r)) {
+        if (!back_soon(r, deadline)) {
             end = W_OFF;
             goto wasted;
         }

@@ -352,6 +352,13 @@ void kc_remote_counters(struct kc_remote *r, struct kc_remote_counters *out);
  * unusable: no library, no trusted key). Never blocks; does not connect. */
 bool kc_remote_usable(struct kc_remote *r);
 
+/* When a remote that is off here is asked again, if a server of it
+ * answered this process before it failed (a restart refuses for a moment,
+ * then serves): milliseconds from now (0: usable now), or -1 (not
+ * activated, unusable, the breaker open, or no such server: nothing to
+ * wait for). Never blocks; does not connect. */
+int kc_remote_back_in_ms(struct kc_remote *r);
+
 /* The server key of an entry: kcache:<ns>:<32 hex digits of key->id (hi,
  * lo)><16 of key->build>. 0, or -EINVAL for a namespace the remote cannot
  * name (see get). buf holds at least KC_REMOTE_KEY_MAX bytes. */

@@ -1228,6 +1228,40 @@ bool kc_remote_usable(struct kc_remote *r)
     return ok;
 }
 
+/* When the soonest of nd's retries is due, for a node that answered this
+ * process: 0 up now, UINT64_MAX none such. */
+static uint64_t node_back_at(const struct kc__node *nd, uint64_t now)
+{
+    if (node_up(nd))
+        return now;
+    if (!nd->answered || nd->retry_at_ns == 0)
+        return UINT64_MAX;
+    return nd->retry_at_ns;
+}
+
+int kc_remote_back_in_ms(struct kc_remote *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int ms = -1;
+    if (r->activated && r->act_rc == 0 && kc__breaker_closed(&r->rctx)) {
+        uint64_t now = kc_mono_ns(), at = UINT64_MAX;
+        for (int i = 0; i < r->n_nodes; i++) {
+            uint64_t t = node_back_at(r->nodes[i], now);
+            at = t < at ? t : at;
+        }
+        for (int i = 0; i < r->cl.n_nodes; i++) {
+            uint64_t t = node_back_at(r->cl.nodes[i], now);
+            at = t < at ? t : at;
+        }
+        if (at != UINT64_MAX) {
+            uint64_t left = at > now ? (at - now + 999999) / 1000000 : 0;
+            ms = left > INT32_MAX ? INT32_MAX : (int)left;
+        }
+    }
+    op_unlock(r);
+    return ms;
+}
+
 /* ---- ping --------------------------------------------------------------- */
 
 /* "field:value\r\n" of an INFO reply into out. */

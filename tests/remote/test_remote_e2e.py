@@ -1403,11 +1403,12 @@ def flight_failover(ctx):
 
 def flight_restart(ctx):
     """Redis restarted (empty) during a cold 4-node run, once the first
-    lock was taken: compiles <= 2 x kernels in the median of three runs
-    (the harshest moment: each node's remote is off for a refusal's first
-    backoff, 50 ms, and these ~30 ms kernels are compiled alone inside it;
-    one run in about twelve here compiles 9 for 4, the bound 8: issue 47
-    keeps that open), the slowest node within twice a plain run + 5 s."""
+    lock was taken: compiles <= 2 x kernels in each of three runs (the
+    harshest moment: a node's remote is off for a refusal's first backoff,
+    50 ms, and these ~30 ms kernels fit inside it; a node that had reached
+    the server waits for that retry rather than compiling alone: without
+    that, one run in about six compiled 9 for 4), the slowest node within
+    twice a plain run + 5 s."""
     plain = plain_s(ctx)
     bound = 2 * plain + 5
     rs = ctx.redis(tcp=True)
@@ -1436,11 +1437,10 @@ def flight_restart(ctx):
         slowest = max(slowest, max(ends))
         for n in nodes:
             n.settle()
-    mid = sorted(counts)[1]
-    check(mid <= 2 * K and slowest <= bound,
-          'Redis restarted (empty) during a cold 4-node run: %d compiles for %d kernels in the '
-          'median run (bound %d; runs %s), slowest node %.1f s (bound %.1f s)'
-          % (mid, K, 2 * K, counts, slowest, bound))
+    check(max(counts) <= 2 * K and slowest <= bound,
+          'Redis restarted (empty) during a cold 4-node run: at most %d compiles for %d kernels '
+          'in a run (bound %d; runs %s), slowest node %.1f s (bound %.1f s)'
+          % (max(counts), K, 2 * K, counts, slowest, bound))
 
 
 BUSY = 'while True: pass\n'

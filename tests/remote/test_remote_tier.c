@@ -783,6 +783,33 @@ Test(tier, owner_tries_again_after_retry_ms)
     cr_assert_eq(rc, 0, "%s", strerror(-rc));
 }
 
+/* A server that answered and then refused (a restart) is back in a
+ * refusal's short backoff, which kc_remote_back_in_ms tells (the shim's
+ * single flight waits for it); one that never answered is not waited for. */
+Test(tier, back_in_after_a_refusal)
+{
+    make_keys();
+    h_start(&srv, "r");
+    struct kc_remote *r =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .retry_ms = 1000});
+    cr_assert_eq(kc_remote_back_in_ms(r), -1, "not activated yet");
+    put_ok(r, 1, 100);
+    cr_assert_eq(kc_remote_back_in_ms(r), 0);
+    h_kill(&srv);
+    cr_assert_neq(get_rc(r, 1), 0);
+    cr_assert(!kc_remote_usable(r));
+    int ms = kc_remote_back_in_ms(r);
+    cr_assert(ms > 0 && ms <= 50, "back in %d ms, not within a refusal's 50 ms", ms);
+    struct kc_remote *fresh =
+        open_with((struct opts){.signing = wkey, .trusted = trusted, .retry_ms = 1000});
+    cr_assert_neq(get_rc(fresh, 1), 0);
+    cr_assert(!kc_remote_usable(fresh));
+    cr_assert_eq(kc_remote_back_in_ms(fresh), -1, "a server that never answered is waited for");
+    h_sleep_ms(ms + 5);
+    cr_assert_eq(kc_remote_back_in_ms(r), 0);
+    cr_assert(kc_remote_usable(r));
+}
+
 Test(tier, child_after_fork_uses_its_own_connection)
 {
     make_keys();
