@@ -24,6 +24,7 @@ struct kc__owner {
     struct kc__filter_rw f; /* DIR/filter; unmapped: none (readers fall back) */
     uint64_t hot_bytes;     /* bytes in DIR/hot, as the owner counted them */
     uint64_t hot_max;       /* 0: no hot files */
+    uint64_t hot_newest;    /* of hot_bytes, the newest files kept past hot_max */
     uint64_t hot_room_at;   /* when hot_room last asked the file system (mono ns) */
     bool hot_room_ok;       /* what it said */
     bool recovering;        /* inside kc__owner_recover */

@@ -216,10 +216,18 @@ static int hot_pack(struct kc__owner *o, struct kc__hotf *f)
  * pack is removed), and once it is reached the rest are removed. So the
  * most recently hit stay plain, the fastest to serve, and the next are
  * packed rather than sent back to RocksDB. */
+/* The most recently hit files stay plain whatever the bound, this many
+ * of them up to this many bytes together: a process's working set of a
+ * few big programs (one of libmathdx's LTO-IR records is 2 MiB, four
+ * times the floor of a small store's bound: it was read through RocksDB
+ * in every fresh process, 16-25 ms of an nvmath FFT hit, issue 50). */
+#define HOT_NEWEST_N 4
+#define HOT_NEWEST_BYTES (8ull << 20)
+
 void kc__hot_enforce(struct kc__owner *o)
 {
     o->hot_max = kc__hot_limit(o); /* the database grows and shrinks */
-    if (o->hot_bytes <= o->hot_max)
+    if (o->hot_bytes <= o->hot_max + o->hot_newest)
         return;
     struct kc__hotf *v;
     size_t n;
@@ -228,10 +236,16 @@ void kc__hot_enforce(struct kc__owner *o)
         return;
     qsort(v, n, sizeof *v, cmp_hotf);
     int dfd = open(o->p.hot, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    uint64_t target = o->hot_max / 10 * 9, kept = 0;
+    uint64_t target = o->hot_max / 10 * 9, kept = 0, newest = 0;
     bool full = false;
     for (size_t j = n; dfd >= 0 && j-- > 0;) {
         struct kc__hotf *f = &v[j];
+        /* The newest few, kept as they are, counted apart. */
+        if (n - j <= HOT_NEWEST_N && newest + f->size <= HOT_NEWEST_BYTES &&
+            kept + f->size > target / 2) {
+            newest += f->size;
+            continue;
+        }
         bool keep = !full && (kept + f->size <= target / 2 || f->packed || hot_pack(o, f) == 0);
         if (keep && kept + f->size > target)
             keep = false, full = true;
@@ -242,7 +256,8 @@ void kc__hot_enforce(struct kc__owner *o)
     }
     if (dfd >= 0) {
         close(dfd);
-        o->hot_bytes = kept;
+        o->hot_bytes = kept + newest;
+        o->hot_newest = newest;
     }
     free(v);
 }
@@ -259,6 +274,7 @@ void kc__hot_clear(struct kc__owner *o)
         close(dfd);
     free(v);
     o->hot_bytes = 0;
+    o->hot_newest = 0;
 }
 
 /* Writes the hot file of an entry from the database (a hit on an entry

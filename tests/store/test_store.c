@@ -1315,6 +1315,55 @@ Test(store, past_their_bound_the_oldest_hot_files_are_packed_then_removed)
         free(bodies[i]);
 }
 
+Test(store, the_newest_big_hot_file_stays_past_a_small_stores_bound)
+{
+    /* A small store (its bound the floor, KC__HOT_MIN) whose newest entry
+     * is one of libmathdx's 2 MiB LTO-IR records: that one stays plain in
+     * DIR/hot, so a fresh process reads it without RocksDB (issue 50); the
+     * older small ones are bounded as before. */
+    struct kc_store *st = open_at(dir, 0, 0);
+    enum { N = 60 };
+    size_t n = 20000, big = 2u << 20;
+    for (int i = 0; i < N; i++) {
+        kc_key k = key(2000 + (uint64_t)i, 1);
+        unsigned char *b = lz4_input(0, n, 300 + (uint64_t)i);
+        cr_assert_eq(api->put(st, NS, &k, NULL, KC_KIND_NVRTC, b, n, 1), 0);
+        free(b);
+        if (i % 10 == 9)
+            drain(st);
+    }
+    kc_key kb = key(3000, 1);
+    unsigned char *bb = lz4_input(0, big, 77);
+    cr_assert_eq(api->put(st, NS, &kb, NULL, KC_KIND_NVRTC, bb, big, 1), 0);
+    drain(st);
+    struct kc__paths p;
+    kc__paths_init(&p, dir);
+    for (int round = 0; round < 2; round++) {
+        size_t len;
+        mode_t mode;
+        unsigned char *f = hot_file(&kb, &len, &mode);
+        cr_assert_not_null(f, "round %d: the newest entry (2 MiB) is not hot", round);
+        cr_assert(mode == 0600 && len > big, "round %d: not plain: mode %o, %zu bytes", round, mode,
+                  len);
+        free(f);
+        uint64_t reserved;
+        uint64_t hot = kc__du(p.hot, &reserved);
+        cr_assert_leq(hot, KC__HOT_MIN + big + 128 * 1024, "round %d: DIR/hot %llu bytes", round,
+                      (unsigned long long)hot);
+        /* A later drain keeps it. */
+        kc_key k = key(4000 + (uint64_t)round, 1);
+        put_str(st, &k, NULL, "later");
+        drain(st);
+    }
+    void *b;
+    size_t bl;
+    cr_assert_eq(api->get(st, NS, &kb, &b, &bl, NULL), 0);
+    cr_assert(bl == big && memcmp(b, bb, big) == 0);
+    api->free(b);
+    api->close(st);
+    free(bb);
+}
+
 Test(store, a_symlinked_subdirectory_is_refused)
 {
     char hot[400], other[400];
