@@ -1056,6 +1056,62 @@ static bool own_ok(void)
     return id != NULL && id->unknown[0] == '\0';
 }
 
+/* A program with this many headers or more (libmathdx's hold 1,186, 123
+ * MB) is copied in one pass over the host's memory: into a reserved
+ * mapping, each string's length taken right before it is copied and
+ * hashed, so the copy reads it from cache. Sizing the block first read
+ * all 123 MB once more (10-12 ms of an nvmath FFT hit's create, issue 50).
+ * Inputs past the reservation take the two passes. */
+#define INPUTS_ONE_PASS_HEADERS 16
+#define INPUTS_RESERVE (1ull << 30)
+
+/* The one-pass copy (above) of p's inputs into in, hashed into h (NULL:
+ * copied only). 0; -ENOSPC (past the reservation) or -ENOMEM, with
+ * nothing of in made (p's header arrays may be). */
+static int inputs_one_pass(struct prog *p, struct inputs *in, struct kc__hasher *h, const char *src,
+                           const char *name, int nh, const char *const *headers,
+                           const char *const *names)
+{
+    size_t len = INPUTS_RESERVE + INPUTS_HUGE;
+    void *m =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return -ENOMEM;
+    uintptr_t a = ((uintptr_t)m + INPUTS_HUGE - 1) & ~(uintptr_t)(INPUTS_HUGE - 1);
+    (void)madvise((void *)a, len - (a - (uintptr_t)m), MADV_HUGEPAGE); /* a hint */
+    char *at = (char *)a, *end = (char *)m + len;
+    bool fits = true;
+#define PUT(s)                                                                                     \
+    ({                                                                                             \
+        const char *s_ = (s);                                                                      \
+        size_t n_ = s_ != NULL ? strlen(s_) : 0;                                                   \
+        fits = fits && n_ < (size_t)(end - at);                                                    \
+        fits ? inputs_put(h, &at, s_, n_) : NULL;                                                  \
+    })
+    p->src = PUT(src);
+    p->name = PUT(name);
+    if (h != NULL)
+        kc__hash_u64(h, (uint64_t)nh);
+    for (int i = 0; i < nh && fits; i++) {
+        p->headers[i] = PUT(headers[i]);
+        p->include_names[i] = PUT(names != NULL ? names[i] : NULL);
+    }
+#undef PUT
+    if (!fits) {
+        munmap(m, len);
+        p->src = p->name = NULL;
+        return -ENOSPC;
+    }
+    /* The reservation past the used huge pages goes back. */
+    uintptr_t used = ((uintptr_t)at + INPUTS_HUGE - 1) & ~(uintptr_t)(INPUTS_HUGE - 1);
+    if (used < (uintptr_t)end && munmap((void *)used, (uintptr_t)end - used) == 0)
+        len = used - (uintptr_t)m;
+    in->map = m;
+    in->mapped = len;
+    in->block = (char *)a;
+    return 0;
+}
+
 /* p's inputs: one copy of the host's (n headers and include names; NULL
  * ones stay NULL), hashed for the key as they are copied when NVRTC's
  * identity is known already (a program kcache keeps: own_ok asked for it).
@@ -1064,6 +1120,32 @@ static int inputs_make(struct prog *p, const char *src, const char *name, int n,
                        const char *const *headers, const char *const *names)
 {
     int nh = n > 0 && headers != NULL ? n : 0;
+    if (nh >= INPUTS_ONE_PASS_HEADERS) {
+        struct inputs *in = calloc(1, sizeof *in);
+        p->headers = calloc(nh, sizeof *p->headers);
+        p->include_names = calloc(nh, sizeof *p->include_names);
+        if (in == NULL || p->headers == NULL || p->include_names == NULL) {
+            free(in);
+            return -ENOMEM;
+        }
+        in->refs = 1;
+        const struct identity *id = __atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE) ? &ident : NULL;
+        struct kc__hasher *h = id != NULL ? kc__hasher_new() : NULL;
+        if (h != NULL)
+            key_head(h, id);
+        if ((id == NULL || h != NULL) &&
+            inputs_one_pass(p, in, h, src, name, nh, headers, names) == 0) {
+            p->n_headers = nh;
+            in->prefix = h;
+            p->in = in;
+            return 0;
+        }
+        kc__hasher_free(h);
+        free(in);
+        free(p->headers);
+        free(p->include_names);
+        p->headers = p->include_names = NULL;
+    }
     size_t *len = malloc((2 * (size_t)nh + 2) * sizeof *len);
     struct inputs *in = calloc(1, sizeof *in);
     if (len == NULL || in == NULL) {

@@ -254,6 +254,23 @@ elif case == "headers-freed":
             say("compile2", lib.nvrtcCompileProgram(h, 2, o2))
             outputs(h, "freed-second")
         destroy(h)
+    # Many headers (kcache copies 16 or more in one pass into a reserved
+    # mapping), each one the source uses, all spoiled and freed at once.
+    xs = range(20)
+    src = bufs(b"".join(b'#include "x%d.h"\n' % j for j in xs) +
+               b'extern "C" __global__ void k(float *p) { p[0] *= ' +
+               b" + ".join(b"X%d" % j for j in xs) + b'; }')
+    name = bufs(b"many.cu")
+    hd = bufs(*[b"#define X%d %d.0f\n/*%s*/\n" % (j, j, b"x" * (j * 5000)) for j in xs])
+    nm = bufs(*[b"x%d.h" % j for j in xs])
+    h = P()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(h), src[0], name[0], len(xs), ptrs(hd), ptrs(nm))
+    say("create many", rc)
+    spoil(src + name + hd + nm)
+    del src, name, hd, nm
+    say("compile many", lib.nvrtcCompileProgram(h, 1, OPT))
+    outputs(h, "freed-many")
+    destroy(h)
 elif case == "destroy":
     rc, h = create()
     say("compile", lib.nvrtcCompileProgram(h, 1, OPT))
