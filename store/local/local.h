@@ -307,8 +307,9 @@ int kc__mkdir_p(const char *path, mode_t mode);
  * that host's modes (<id>.ready.<umask>.<tag>; <id>.prep.<umask>.<tag>
  * while made; NVRTC's modes: files 0666, directories 0755, less the umask).
  * A host claims one by renaming it to <id>.claim.<umask>.<tag>, checks
- * every file against the map, moves its entries into its DIR (never over
- * one there) and removes what is left. */
+ * every file against the map (by its ctime where the tag carries the
+ * owner's proof, kc__ready_tag), moves its entries into its DIR (never
+ * over one there) and removes what is left. */
 #define KC__BH_MARKER ".nvrtc_headers_version"
 #define KC__BH_LOCK ".nvrtc_install.lock"
 #define KC__READY_POOL 2
