@@ -32,124 +32,14 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#ifndef STATX_MNT_ID
-#define STATX_MNT_ID 0x00001000U
-#endif
-
-/* The map file: magic, the NVRTC identity, the number of files, each
- * file's path length (u16), path and digest, then XXH3-128 of all before. */
-static const char MAGIC[8] = {'K', 'C', 'B', 'H', 'M', 'A', 'P', '1'};
-#define HEAD (sizeof MAGIC + 16 + 8)
-#define MAX_FILES (1u << 20)
-#define MAX_BYTES (64u << 20)
-
-struct slot {
-    uint64_t h;
-    const char *path; /* NULL: empty */
-    kc_digest d;
-};
-
-struct kc__pristine {
-    kc_digest id;
-    uint32_t n;
-    size_t mask;
-    struct slot *slot;
-    char *paths; /* the slots' paths */
-    struct kc__pristine *next;
-};
-
 static bool digest_eq(const kc_digest *a, const kc_digest *b)
 {
     return a->lo == b->lo && a->hi == b->hi;
 }
 
-bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest *out)
-{
-    uint64_t h = XXH3_64bits(rel, strlen(rel));
-    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        const struct slot *s = &m->slot[i];
-        if (s->path == NULL)
-            return false;
-        if (s->h == h && strcmp(s->path, rel) == 0) {
-            *out = s->d;
-            return true;
-        }
-    }
-}
-
-static void pristine_free(struct kc__pristine *m)
-{
-    if (m == NULL)
-        return;
-    free(m->slot);
-    free(m->paths);
-    free(m);
-}
-
-/* The map of bytes[0, len) for identity id, every check passed, or NULL. */
-static struct kc__pristine *decode(const unsigned char *b, size_t len, const kc_digest *id)
-{
-    if (len < HEAD + 16 || memcmp(b, MAGIC, sizeof MAGIC) != 0)
-        return NULL;
-    XXH128_hash_t sum = XXH3_128bits(b, len - 16);
-    uint64_t want[2], got[2] = {sum.low64, sum.high64};
-    memcpy(want, b + len - 16, 16);
-    kc_digest fid;
-    uint64_t n;
-    memcpy(&fid.lo, b + sizeof MAGIC, 8);
-    memcpy(&fid.hi, b + sizeof MAGIC + 8, 8);
-    memcpy(&n, b + sizeof MAGIC + 16, 8);
-    if (memcmp(want, got, 16) != 0 || !digest_eq(&fid, id) || n == 0 || n > MAX_FILES)
-        return NULL;
-    struct kc__pristine *m = calloc(1, sizeof *m);
-    size_t cap = 1;
-    while (cap < 2 * n)
-        cap <<= 1;
-    if (m == NULL || (m->slot = calloc(cap, sizeof *m->slot)) == NULL ||
-        (m->paths = malloc(len)) == NULL) {
-        pristine_free(m);
-        return NULL;
-    }
-    m->id = *id;
-    m->mask = cap - 1;
-    size_t off = HEAD, w = 0, end = len - 16;
-    for (uint64_t k = 0; k < n; k++) {
-        uint16_t pl;
-        if (end - off < 2)
-            goto bad;
-        memcpy(&pl, b + off, 2);
-        off += 2;
-        if (pl == 0 || end - off < (size_t)pl + 16)
-            goto bad;
-        const char *p = (const char *)b + off;
-        if (memchr(p, 0, pl) != NULL || p[0] == '/')
-            goto bad;
-        char *path = m->paths + w;
-        memcpy(path, p, pl);
-        path[pl] = 0;
-        w += (size_t)pl + 1;
-        off += pl;
-        kc_digest d;
-        memcpy(&d.lo, b + off, 8);
-        memcpy(&d.hi, b + off + 8, 8);
-        off += 16;
-        uint64_t h = XXH3_64bits(path, pl);
-        size_t i = h & m->mask;
-        while (m->slot[i].path != NULL) {
-            if (m->slot[i].h == h && strcmp(m->slot[i].path, path) == 0)
-                goto bad; /* twice */
-            i = (i + 1) & m->mask;
-        }
-        m->slot[i] = (struct slot){.h = h, .path = path, .d = d};
-    }
-    if (off != end)
-        goto bad;
-    m->n = (uint32_t)n;
-    return m;
-bad:
-    pristine_free(m);
-    return NULL;
-}
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x00001000U
+#endif
 
 /* ---- making the map from a DIR ----------------------------------------- */
 
@@ -167,7 +57,7 @@ static void put(struct buf *b, const void *p, size_t n)
         size_t cap = b->cap ? b->cap : 1 << 16;
         while (cap < b->len + n)
             cap *= 2;
-        unsigned char *q = cap <= MAX_BYTES ? realloc(b->p, cap) : NULL;
+        unsigned char *q = cap <= KC__BH_MAP_MAX_BYTES ? realloc(b->p, cap) : NULL;
         if (q == NULL) {
             b->failed = true;
             return;
@@ -191,7 +81,7 @@ struct files {
 
 static int add(struct files *f, const char *path, const kc_digest *d)
 {
-    if (f->n == MAX_FILES)
+    if (f->n == KC__BH_MAP_MAX_FILES)
         return -EFBIG;
     if (kc_grow(&f->v, &f->cap, f->n, sizeof *f->v, 4096) != 0)
         return -ENOMEM;
@@ -266,7 +156,7 @@ static unsigned char *make(const char *dir, const kc_digest *id, size_t *len)
     if (rc == 0) {
         qsort(f.v, f.n, sizeof *f.v, by_path);
         uint64_t n = f.n;
-        put(&b, MAGIC, sizeof MAGIC);
+        put(&b, kc__bh_map_magic, sizeof kc__bh_map_magic);
         put(&b, &id->lo, 8);
         put(&b, &id->hi, 8);
         put(&b, &n, 8);
@@ -299,60 +189,11 @@ static unsigned char *make(const char *dir, const kc_digest *id, size_t *len)
 
 /* ---- the store's copy ---------------------------------------------------- */
 
-/* DIR/bundled of the store and the map's name in it. */
-static int map_path(const char *store, const kc_digest *id, char *dir, size_t dl, char name[33])
-{
-    if ((size_t)snprintf(dir, dl, "%s/bundled", store) >= dl)
-        return -ENAMETOOLONG;
-    kc__digest_hex(id, name);
-    return 0;
-}
-
-/* The store's map of id: 0 with *m; -ENOENT when there is none; -EBADMSG
- * when there is one that fails a check (not ours, readable or writable by
- * others, not a regular file, corrupt, another identity's). */
-static int load(const char *store, const kc_digest *id, struct kc__pristine **m)
-{
-    char dir[PATH_MAX], name[33], path[PATH_MAX + 40];
-    if (map_path(store, id, dir, sizeof dir, name) != 0)
-        return -ENOENT;
-    int rc = kc__private_subdir(dir, false);
-    if (rc == -ENOENT)
-        return -ENOENT;
-    if (rc != 0)
-        return -EBADMSG;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT ? -ENOENT : -EBADMSG;
-    struct stat st;
-    unsigned char *b = NULL;
-    rc = -EBADMSG;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-        (st.st_mode & 077) == 0 && st.st_size > 0 && (uint64_t)st.st_size <= MAX_BYTES &&
-        (b = malloc((size_t)st.st_size)) != NULL) {
-        size_t off = 0, want = (size_t)st.st_size;
-        while (off < want) {
-            ssize_t r = read(fd, b + off, want - off);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
-            off += (size_t)r;
-        }
-        char extra;
-        if (off == want && read(fd, &extra, 1) == 0 && (*m = decode(b, want, id)) != NULL)
-            rc = 0;
-    }
-    free(b);
-    close(fd);
-    return rc;
-}
-
 static void save(const char *store, const kc_digest *id, const unsigned char *b, size_t len)
 {
     char dir[PATH_MAX], name[33];
-    if (map_path(store, id, dir, sizeof dir, name) != 0 || kc__private_subdir(dir, true) != 0)
+    if (kc__bh_map_path(store, id, dir, sizeof dir, name) != 0 ||
+        kc__private_subdir(dir, true) != 0)
         return;
     int rc = kc__spool_write(dir, name, b, len, false);
     if (rc != 0)
@@ -376,7 +217,7 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
         pthread_mutex_unlock(&maps_lock);
         return m;
     }
-    int rc = load(store, id, &m);
+    int rc = kc__bh_map_load(store, id, &m);
     if (rc == -EBADMSG)
         kc_log(KC_LOG_WARN,
                "the map of NVRTC's bundled headers in %s/bundled fails its checks; "
@@ -388,7 +229,7 @@ const struct kc__pristine *kc__pristine_get(const char *store, const kc_digest *
         size_t len = 0;
         uint64_t t0 = kc_mono_ns();
         unsigned char *b = make(dir, id, &len);
-        m = b != NULL ? decode(b, len, id) : NULL;
+        m = b != NULL ? kc__bh_map_decode(b, len, id) : NULL;
         if (m != NULL)
             save(store, id, b, len);
         if (m != NULL)
@@ -477,23 +318,6 @@ void kc__pristine_clock(struct timespec *ts)
         ts->tv_sec = ts->tv_nsec = 0; /* nothing is older: the map is not used */
 }
 
-static bool local_fs(int fd)
-{
-    struct statfs sf;
-    if (fstatfs(fd, &sf) != 0)
-        return false;
-    switch ((unsigned long)sf.f_type) {
-    case 0xEF53:     /* ext2, ext3, ext4 */
-    case 0x58465342: /* XFS */
-    case 0x9123683E: /* Btrfs */
-    case 0x01021994: /* tmpfs */
-    case 0x794C7630: /* overlayfs */
-    case 0xF2F52010: /* F2FS */
-        return true;
-    }
-    return false;
-}
-
 void kc__pristine_remember(const char *dir, const struct stat *st, const struct kc__pristine *m,
                            const struct timespec *since)
 {
@@ -502,7 +326,7 @@ void kc__pristine_remember(const char *dir, const struct stat *st, const struct 
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return;
-    bool local = local_fs(fd);
+    bool local = kc__local_fs(fd);
     close(fd);
     if (!local)
         return;
@@ -628,7 +452,7 @@ static const struct kc__pristine *map_lookup(const char *store, const kc_digest 
     struct kc__pristine *m = maps;
     while (m != NULL && !digest_eq(&m->id, id))
         m = m->next;
-    if (m == NULL && load(store, id, &m) == 0) {
+    if (m == NULL && kc__bh_map_load(store, id, &m) == 0) {
         m->next = maps;
         maps = m;
     }
@@ -693,9 +517,38 @@ struct ready_check {
     const struct kc__pristine *m;
     mode_t fm, dm;
     uint32_t n;
+    /* The owner's proof (the copy's name): with `proof`, a file whose
+     * ctime, and that of every directory between the top and it (`chain`),
+     * is older than it is the bytes the owner checked. `proved` counts
+     * those. */
+    bool proof, chain;
+    struct kc__pristine_proof pf;
+    uint32_t proved;
 };
 
 static int ready_check(int dfd, char *rel, size_t rl, int depth, struct ready_check *rc);
+
+/* Whether the file `name` of dir (rel below the top) is one the owner
+ * checked and nothing changed since (older(): a write, truncate, rename
+ * or link after the proof's time sets a later ctime): ours, with the
+ * umask's mode, one link, a path the map lists; dated now as the read
+ * check dates it. 0 when it is; 1 when it must be read; an error. */
+static int ready_proved(struct ready_check *ck, int dir, const char *name, const char *rel)
+{
+    struct stat st;
+    kc_digest want;
+    if (!ck->proof || !ck->chain || fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 07777) != ck->fm ||
+        st.st_nlink != 1 || !older(&st, &ck->pf))
+        return 1;
+    if (!kc__pristine_find(ck->m, rel, &want))
+        return -EBADMSG;
+    if (utimensat(dir, name, NULL, AT_SYMLINK_NOFOLLOW) != 0)
+        return -errno;
+    ck->n++;
+    ck->proved++;
+    return 0;
+}
 
 static int ready_entry(void *arg, int dir, const char *name, char *rel, size_t pl, int depth)
 {
@@ -704,7 +557,11 @@ static int ready_entry(void *arg, int dir, const char *name, char *rel, size_t p
      * and writes the marker last. */
     if (kc__bh_extra(depth, name))
         return 0;
-    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK), rc = 0;
+    int rc = ready_proved(ck, dir, name, rel);
+    if (rc <= 0)
+        return rc;
+    rc = 0;
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         rc = fd < 0 && errno == ELOOP ? -EINVAL : -errno;
@@ -712,7 +569,10 @@ static int ready_entry(void *arg, int dir, const char *name, char *rel, size_t p
                (st.st_mode & 07777) != (S_ISDIR(st.st_mode) ? ck->dm : ck->fm)) {
         rc = -EINVAL;
     } else if (S_ISDIR(st.st_mode)) {
+        bool chain = ck->chain;
+        ck->chain = chain && older(&st, &ck->pf);
         rc = depth < 64 ? ready_check(fd, rel, pl, depth + 1, ck) : -ELOOP;
+        ck->chain = chain;
     } else if (!S_ISREG(st.st_mode)) {
         rc = -EINVAL;
     } else {
@@ -782,17 +642,26 @@ static void after_fill(void)
  * failed its check (removed), DIR as it was; with *moved true: DIR holds
  * some of the copy's entries, every file checked, and no marker. */
 static int ready_fill(int bdir, const char *hex, int dfd, const struct kc__pristine *m, mode_t mask,
-                      uint32_t *n, bool *moved)
+                      uint32_t *n, uint32_t *proved, bool *moved)
 {
     char claim[128];
-    int rfd = kc__ready_claim(bdir, hex, mask, claim, sizeof claim);
+    struct timespec since;
+    int rfd = kc__ready_claim(bdir, hex, mask, claim, sizeof claim, &since);
     if (rfd < 0)
         return rfd;
     char rel[PATH_MAX];
     rel[0] = 0;
-    struct ready_check ck = {.m = m, .fm = 0666 & ~mask, .dm = 0755 & ~mask};
+    struct ready_check ck = {.m = m, .fm = 0666 & ~mask, .dm = 0755 & ~mask, .chain = true};
+    /* The owner's proof, where the copy lies on a local filesystem with
+     * nanosecond times (the claim's rename dated the top directory only). */
+    struct stat top;
+    if (since.tv_sec != 0 && fstat(rfd, &top) == 0 && kc__local_fs(rfd)) {
+        ck.proof = true;
+        ck.pf = (struct kc__pristine_proof){.dev = top.st_dev, .since = since};
+    }
     int rc = ready_check(rfd, rel, 0, 0, &ck);
     *n = ck.n;
+    *proved = ck.proved;
     if (rc == 0 && ck.n != m->n)
         rc = -EBADMSG;
     DIR *d = NULL;
@@ -893,11 +762,11 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     char hex[33];
     kc__digest_hex(id, hex);
     uint64_t t0 = kc_mono_ns();
-    uint32_t n = 0;
+    uint32_t n = 0, proved = 0;
     mode_t mask = 0;
     /* (A claim writes the store: not a read-only one.) */
     bool usable = !readonly && ready_usable(bdir, dfd, &mask), moved = false;
-    int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n, &moved) : -ENOENT;
+    int rc = usable ? ready_fill(bdir, hex, dfd, m, mask, &n, &proved, &moved) : -ENOENT;
     const char *how = "a ready copy";
     if (rc == -EXDEV)
         usable = false;
@@ -906,6 +775,7 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
             kc_log(KC_LOG_DEBUG, "nvrtc: a ready copy of the bundled headers in %s/bundled: %s",
                    store, strerror(-rc));
         how = "the store's copy";
+        proved = 0;
         int sfd = open_tree(bdir, hex);
         /* The tree's copy takes sfd and d2; mk is the marker's source. */
         int mk = sfd >= 0 ? dup(sfd) : -1, d2 = mk >= 0 ? dup(dfd) : -1;
@@ -942,8 +812,11 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
     close(lk);
     if (rc == 0) {
         *map = m;
-        kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s from %s: %u files, %.1f ms", dir, how, n,
-               (kc_mono_ns() - t0) / 1e6);
+        char by[48] = "";
+        if (proved > 0)
+            snprintf(by, sizeof by, " (%u by their ctime)", proved);
+        kc_log(KC_LOG_DEBUG, "nvrtc: bundled headers in %s from %s: %u files%s, %.1f ms", dir, how,
+               n, by, (kc_mono_ns() - t0) / 1e6);
         /* The owner makes the next one. */
         if (usable)
             kc__ready_want(bdir, hex, mask);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,29 +67,95 @@ static bool has(int bdir, const char *hex, const char *suffix)
     return fstatat(bdir, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
-/* One ready copy of <hex>.tree for mask: 0 or a negative errno. */
-static int make_one(int bdir, const char *hex, mode_t mask)
+/* The identity whose 32 hex digits are hex (kc__digest_hex's). */
+static void hex_digest(const char *hex, kc_digest *d)
 {
-    char tree[64], tag[48], prep[128], ready[128];
+    char part[17];
+    memcpy(part, hex, 16);
+    part[16] = 0;
+    d->hi = strtoull(part, NULL, 16);
+    memcpy(part, hex + 16, 16);
+    d->lo = strtoull(part, NULL, 16);
+}
+
+static bool map_check(void *arg, const char *rel, const kc_digest *d)
+{
+    kc_digest want;
+    return kc__pristine_find(arg, rel, &want) && want.lo == d->lo && want.hi == d->hi;
+}
+
+/* The proof of a copy just made and checked: the coarse realtime clock
+ * once it is strictly past the fine clock's now, so every ctime the copy
+ * got (the fine clock with multigrain timestamps, else the coarse one) is
+ * older than it (shim/bundled.c, after_fill). False when the clock cannot
+ * be read or does not move within 20 ms. */
+static bool proof_since(struct timespec *since)
+{
+    struct timespec fine;
+    if (syscall(SYS_clock_gettime, CLOCK_REALTIME, &fine) != 0)
+        return false;
+    for (int i = 0; i < 40; i++) {
+        if (syscall(SYS_clock_gettime, CLOCK_REALTIME_COARSE, since) != 0)
+            return false;
+        if (since->tv_sec > fine.tv_sec ||
+            (since->tv_sec == fine.tv_sec && since->tv_nsec > fine.tv_nsec))
+            return true;
+        nanosleep(&(struct timespec){0, 500000}, NULL);
+    }
+    return false;
+}
+
+/* One ready copy of <hex>.tree for mask: 0 or a negative errno. Every file
+ * is checked against the map as it is copied (no map, or one file that
+ * differs: no copy); where the filesystem is local with nanosecond times,
+ * the name carries the proof (kc__ready_tag) that lets the host's fill
+ * take a file whose ctime is older for checked without reading it. */
+static int make_one(const char *store, int bdir, const char *hex, mode_t mask)
+{
+    kc_digest id;
+    hex_digest(hex, &id);
+    struct kc__pristine *m = NULL;
+    int rc = kc__bh_map_load(store, &id, &m);
+    if (rc != 0)
+        return rc == -ENOENT ? -ENOENT : -EBADMSG;
+    char tree[64], tag[KC__READY_TAG], prep[128], ready[128];
     snprintf(tree, sizeof tree, "%s.tree", hex);
-    snprintf(tag, sizeof tag, "%ld.%016llx", (long)getpid(), (unsigned long long)kc__rand64());
+    kc__ready_tag(tag, NULL);
     kc__ready_name(prep, sizeof prep, hex, "prep", mask, tag);
-    kc__ready_name(ready, sizeof ready, hex, "ready", mask, tag);
-    if (mkdirat(bdir, prep, 0700) != 0)
-        return -errno;
+    if (mkdirat(bdir, prep, 0700) != 0) {
+        rc = -errno;
+        kc__bh_map_free(m);
+        return rc;
+    }
     int sfd = openat(bdir, tree, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int dfd = openat(bdir, prep, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    bool local = dfd >= 0 && kc__local_fs(dfd);
     /* NVRTC's install's modes: files 0666, directories 0755, less the umask. */
-    struct kc__tree_copy c = {.fm = 0666 & ~mask, .dm = 0755 & ~mask, .exact = true, .clone = true};
-    int rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
+    struct kc__tree_copy c = {.fm = 0666 & ~mask,
+                              .dm = 0755 & ~mask,
+                              .exact = true,
+                              .clone = true,
+                              .check = map_check,
+                              .arg = m};
+    rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
     if (sfd >= 0 && dfd < 0)
         close(sfd);
     if (dfd >= 0 && sfd < 0)
         close(dfd);
-    if (rc == 0 && renameat(bdir, prep, bdir, ready) != 0)
-        rc = -errno;
+    if (rc == 0 && c.n != m->n)
+        rc = -EBADMSG;
+    struct timespec since;
+    if (rc == 0) {
+        /* Checked and complete: its name says since when. */
+        bool proof = local && proof_since(&since);
+        kc__ready_tag(tag, proof ? &since : NULL);
+        kc__ready_name(ready, sizeof ready, hex, "ready", mask, tag);
+        if (renameat(bdir, prep, bdir, ready) != 0)
+            rc = -errno;
+    }
     if (rc != 0)
         kc__tree_remove(bdir, prep);
+    kc__bh_map_free(m);
     return rc;
 }
 
@@ -139,7 +206,7 @@ int kc__ready_job(struct kc__owner *o, uint32_t *made)
                 have += strcmp(v[j].kind, "ready") == 0 && strcmp(v[j].hex, w->hex) == 0 &&
                         v[j].mask == w->mask;
             for (; have < KC__READY_POOL; have++) {
-                int r = make_one(bdir, w->hex, w->mask);
+                int r = make_one(o->p.dir, bdir, w->hex, w->mask);
                 if (r != 0) {
                     kc_log(KC_LOG_DEBUG, "owner: no ready copy of the bundled headers %s: %s",
                            w->hex, strerror(-r));

@@ -48,6 +48,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #define KC_API __attribute__((visibility("default")))
 
@@ -306,8 +307,9 @@ int kc__mkdir_p(const char *path, mode_t mode);
  * that host's modes (<id>.ready.<umask>.<tag>; <id>.prep.<umask>.<tag>
  * while made; NVRTC's modes: files 0666, directories 0755, less the umask).
  * A host claims one by renaming it to <id>.claim.<umask>.<tag>, checks
- * every file against the map, moves its entries into its DIR (never over
- * one there) and removes what is left. */
+ * every file against the map (by its ctime where the tag carries the
+ * owner's proof, kc__ready_tag), moves its entries into its DIR (never
+ * over one there) and removes what is left. */
 #define KC__BH_MARKER ".nvrtc_headers_version"
 #define KC__BH_LOCK ".nvrtc_install.lock"
 #define KC__READY_POOL 2
@@ -365,8 +367,55 @@ void kc__ready_name(char *out, size_t n, const char *hex, const char *kind, mode
 /* Asks the owner for ready copies of <hex>'s install for umask `mask`. */
 void kc__ready_want(int bdir, const char *hex, mode_t mask);
 /* Claims a ready copy for mask: the claimed directory's fd, its name in
- * claim; -ENOENT when there is none. */
-int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t cn);
+ * claim; -ENOENT when there is none. *since: the proof its name carries
+ * (kc__ready_tag), {0, 0} when it has none. */
+int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t cn,
+                    struct timespec *since);
+/* A ready copy's tag: "<pid>.<16 hex>", and where since is not NULL, the
+ * owner's proof ".t<sec>_<nsec>": every file and directory of the copy was
+ * checked against the map before the coarse realtime clock read `since`,
+ * on a local filesystem with nanosecond times (kc__local_fs). out holds
+ * KC__READY_TAG bytes. */
+#define KC__READY_TAG 64
+void kc__ready_tag(char *out, const struct timespec *since);
+/* The proof at the end of a ready or claim name: false when it has none. */
+bool kc__ready_proof(const char *name, struct timespec *since);
+
+/* ---- the map of an install's files (bhmap.c) -------------------------- */
+
+/* DIR/bundled/<id>: the magic, the NVRTC identity, the number of files,
+ * each file's path length (u16), path and digest, then XXH3-128 of all
+ * before. Made by the shim (shim/bundled.c), read by it and the owner. */
+extern const char kc__bh_map_magic[8];
+#define KC__BH_MAP_MAX_FILES (1u << 20)
+#define KC__BH_MAP_MAX_BYTES (64u << 20)
+struct kc__bh_slot {
+    uint64_t h;
+    const char *path; /* NULL: empty */
+    kc_digest d;
+};
+struct kc__pristine {
+    kc_digest id;
+    uint32_t n;
+    size_t mask;
+    struct kc__bh_slot *slot;
+    char *paths; /* the slots' paths */
+    struct kc__pristine *next;
+};
+/* Whether the map lists rel, its digest in *out. */
+bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest *out);
+/* The map of bytes[0, len) for identity id, every check passed, or NULL. */
+struct kc__pristine *kc__bh_map_decode(const unsigned char *b, size_t len, const kc_digest *id);
+void kc__bh_map_free(struct kc__pristine *m);
+/* DIR/bundled of the store and the map's name in it. */
+int kc__bh_map_path(const char *store, const kc_digest *id, char *dir, size_t dl, char name[33]);
+/* The store's map of id: 0 with *m; -ENOENT when there is none; -EBADMSG
+ * when there is one that fails a check (not ours, readable or writable by
+ * others, not a regular file, corrupt, another identity's). */
+int kc__bh_map_load(const char *store, const kc_digest *id, struct kc__pristine **m);
+/* Whether the filesystem of fd is local and keeps nanosecond times from
+ * this machine's clock (ext2/3/4, XFS, Btrfs, tmpfs, overlayfs, F2FS). */
+bool kc__local_fs(int fd);
 
 /* ---- the directory (spool.c) ------------------------------------------ */
 

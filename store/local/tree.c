@@ -357,7 +357,36 @@ void kc__ready_want(int bdir, const char *hex, mode_t mask)
         close(fd);
 }
 
-int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t cn)
+void kc__ready_tag(char *out, const struct timespec *since)
+{
+    int n = snprintf(out, KC__READY_TAG, "%ld.%016llx", (long)getpid(),
+                     (unsigned long long)kc__rand64());
+    if (since != NULL && n > 0 && n < KC__READY_TAG)
+        snprintf(out + n, KC__READY_TAG - (size_t)n, ".t%lld_%09ld", (long long)since->tv_sec,
+                 (long)since->tv_nsec);
+}
+
+bool kc__ready_proof(const char *name, struct timespec *since)
+{
+    const char *t = strrchr(name, '.');
+    if (t == NULL || t[1] != 't' || t[2] < '0' || t[2] > '9')
+        return false;
+    char *end;
+    errno = 0;
+    long long sec = strtoll(t + 2, &end, 10);
+    if (errno != 0 || *end != '_' || sec <= 0 || end[1] < '0' || end[1] > '9')
+        return false;
+    const char *ns = end + 1;
+    long nsec = strtol(ns, &end, 10);
+    if (errno != 0 || *end != 0 || end - ns != 9 || nsec < 0 || nsec >= 1000000000L)
+        return false;
+    since->tv_sec = (time_t)sec;
+    since->tv_nsec = nsec;
+    return true;
+}
+
+int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t cn,
+                    struct timespec *since)
 {
     char prefix[96];
     kc__ready_name(prefix, sizeof prefix, hex, "ready", mask, "");
@@ -372,9 +401,13 @@ int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t 
         if (strncmp(e->d_name, prefix, pl) != 0)
             continue;
         /* The rename is the claim: of processes racing for one tree, one
-         * wins it and the others find it gone. */
-        char tag[48];
-        snprintf(tag, sizeof tag, "%ld.%016llx", (long)getpid(), (unsigned long long)kc__rand64());
+         * wins it and the others find it gone. The claim keeps the
+         * owner's proof (a copy put back keeps it: the check dated every
+         * file after it, so the next claim reads them). */
+        char tag[KC__READY_TAG];
+        struct timespec t = {0, 0};
+        bool proof = kc__ready_proof(e->d_name, &t);
+        kc__ready_tag(tag, proof ? &t : NULL);
         kc__ready_name(claim, cn, hex, "claim", mask, tag);
         if (renameat(bdir, e->d_name, bdir, claim) != 0)
             continue;
@@ -387,6 +420,8 @@ int kc__ready_claim(int bdir, const char *hex, mode_t mask, char *claim, size_t 
         if (fd < 0) {
             kc__tree_remove(bdir, claim);
             fd = -ENOENT;
+        } else {
+            *since = t;
         }
     }
     closedir(d);

@@ -674,6 +674,7 @@ def t_fill(tmp):
     client = os.path.join(SRC, "tests", "versions", "pristine_client.py")
     store = os.path.join(tmp, "store")
     n = [0]
+    last = [""]  # the last run's stderr
 
     def go(mode, shim=True, umask=0o022, modify=False, warn=0, owner=True):
         n[0] += 1
@@ -693,6 +694,7 @@ def t_fill(tmp):
             os.umask(old)
         if not shim:
             return open(out).read(), None, None
+        last[0] = err
         h, m, pt, _, e = stats(err, "nvrtc")
         w = [x for x in warnings(err) if not x.startswith(("kcache: debug:", "kcache: info:"))]
         check(e == 0 and pt == 0 and len(w) == warn,
@@ -760,6 +762,11 @@ def t_fill(tmp):
     victim = os.path.join(root, "cuda_fp16.h")
     with open(victim, "ab") as f:
         f.write(b"// not NVRTC's\n")
+    # The owner checks every file it copies against the map: none made.
+    settle()
+    check(not [x for x in os.listdir(os.path.join(store, "bundled")) if ".ready." in x],
+          "a corrupt store copy: the owner makes no ready copy of it (%s)"
+          % sorted(os.listdir(os.path.join(store, "bundled"))))
     out, hm, filled = go("fresh", warn=1, owner=False)
     check(out == ref and hm == (1, 0) and not filled,
           "a corrupt copy: one warning, NVRTC installs, DIR as NVRTC's (%s, filled %s)" % (hm, filled))
@@ -806,15 +813,66 @@ def t_fill(tmp):
                   sorted(set(out.splitlines()) ^ set(refs[um].splitlines())))[:1500]))
     left = [x for x in os.listdir(bdir) if ".claim." in x or ".prep." in x]
     check(not left, "no claimed or half-made copy is left (%s)" % left)
+    # The owner's proof: a ready copy it made and checked carries in its
+    # name the time since which nothing of it changed (a local filesystem
+    # with nanosecond times); a hit takes each file whose ctime is older
+    # for checked, none read. A copy without the proof (an older owner's)
+    # is read as before.
+    PROVED = re.compile(r"from a ready copy: ([0-9]+) files \(([0-9]+) by their ctime\)")
+    for x in ready(0o022):
+        shutil.rmtree(x)
+    settle()
+    r = ready(0o022)
+    check(len(r) == 2 and all(re.search(r"\.t[0-9]+_[0-9]{9}$", x) for x in r),
+          "the owner's ready copies carry its proof (%s)" % r)
+    out, hm, filled = go("fresh", owner=False)
+    pm = PROVED.search(last[0])
+    check(out == ref and filled == "ready" and pm is not None and pm.group(1) == pm.group(2) and
+          int(pm.group(1)) > 2000,
+          "a ready copy the owner made: every file proved by its ctime, none read (%s)"
+          % (pm.group(0) if pm else [x for x in last[0].splitlines() if "bundled" in x][-3:]))
+    r = ready(0o022)
+    bare = re.sub(r"\.t[0-9]+_[0-9]{9}$", "", r[0])
+    os.rename(r[0], bare)
+    out, hm, filled = go("fresh", owner=False)
+    check(out == ref and filled == "ready" and not PROVED.search(last[0]) and not os.path.exists(bare),
+          "a ready copy without the proof: claimed, every file read (%s)"
+          % [x for x in last[0].splitlines() if "bundled" in x][-2:])
     # A ready copy that is not NVRTC's (a byte, a mode, an extra file) is
     # not served: the store's copy fills DIR, no warning.
+    # (Rewritten in place after the owner made it, the same size, its
+    # times set back or not: its ctime is newer than the owner's proof.)
+    def flip(r, rel, back):
+        f = os.path.join(r, rel)
+        st = os.stat(f)
+        with open(f, "r+b") as h:
+            h.seek(st.st_size // 2)
+            b = h.read(1)
+            h.seek(st.st_size // 2)
+            h.write(bytes([b[0] ^ 1]))
+        if back:
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        check(os.stat(f).st_size == st.st_size, "flipped in place: %s" % rel)
+
+    def deep(r):
+        for root, _, fs in os.walk(os.path.join(r, "cccl")):
+            fs = [x for x in fs if os.path.getsize(os.path.join(root, x)) > 0]
+            if root.count(os.sep) - r.count(os.sep) >= 3 and fs:
+                return os.path.relpath(os.path.join(root, sorted(fs)[0]), r)
+        return "cuComplex.h"
+
     for label, spoil in (("an edited header", lambda r: open(os.path.join(r, "cuda_fp16.h"), "ab")
                           .write(b"// not NVRTC's\n")),
                          ("a header's mode", lambda r: os.chmod(os.path.join(r, "cuComplex.h"),
                                                                 0o666)),
                          ("a file of another's", lambda r: open(os.path.join(r, "cccl", "x.h"), "w")
                           .write("//\n")),
-                         ("a header missing", lambda r: os.unlink(os.path.join(r, "cuComplex.h")))):
+                         ("a header missing", lambda r: os.unlink(os.path.join(r, "cuComplex.h"))),
+                         ("a byte flipped in place", lambda r: flip(r, "cuda_fp16.h", False)),
+                         ("a byte flipped, its times set back",
+                          lambda r: flip(r, "cuda_fp16.h", True)),
+                         ("a deep header's byte flipped, its times set back",
+                          lambda r: flip(r, deep(r), True))):
         settle()
         r = ready(0o022)
         for x in r[1:]:
