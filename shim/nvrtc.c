@@ -1061,9 +1061,12 @@ static bool own_ok(void)
  * mapping, each string's length taken right before it is copied and
  * hashed, so the copy reads it from cache. Sizing the block first read
  * all 123 MB once more (10-12 ms of an nvmath FFT hit's create, issue 50).
- * Inputs past the reservation take the two passes. */
+ * The reservation is address space only (PROT_NONE: no commit charge,
+ * where overcommit is strict), made writable INPUTS_GROW at a time as the
+ * copy reaches it. Inputs past it (or a refusal) take the two passes. */
 #define INPUTS_ONE_PASS_HEADERS 16
 #define INPUTS_RESERVE (1ull << 30)
+#define INPUTS_GROW (32u << 20)
 
 /* The one-pass copy (above) of p's inputs into in, hashed into h (NULL:
  * copied only). 0; -ENOSPC (past the reservation) or -ENOMEM, with
@@ -1073,20 +1076,36 @@ static int inputs_one_pass(struct prog *p, struct inputs *in, struct kc__hasher 
                            const char *const *names)
 {
     size_t len = INPUTS_RESERVE + INPUTS_HUGE;
-    void *m =
-        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
         return -ENOMEM;
     uintptr_t a = ((uintptr_t)m + INPUTS_HUGE - 1) & ~(uintptr_t)(INPUTS_HUGE - 1);
     (void)madvise((void *)a, len - (a - (uintptr_t)m), MADV_HUGEPAGE); /* a hint */
-    char *at = (char *)a, *end = (char *)m + len;
+    char *at = (char *)a, *rw = (char *)a, *end = (char *)m + len;
     bool fits = true;
+    /* n bytes from at writable: whole INPUTS_GROW steps of the reservation. */
+#define ROOM(n)                                                                                    \
+    ({                                                                                             \
+        size_t need_ = (n);                                                                        \
+        if (need_ >= (size_t)(end - at)) {                                                         \
+            fits = false;                                                                          \
+        } else if (need_ > (size_t)(rw - at)) {                                                    \
+            size_t grow_ =                                                                         \
+                (need_ - (size_t)(rw - at) + INPUTS_GROW - 1) / INPUTS_GROW * INPUTS_GROW;         \
+            if (grow_ > (size_t)(end - rw))                                                        \
+                grow_ = (size_t)(end - rw);                                                        \
+            if (mprotect(rw, grow_, PROT_READ | PROT_WRITE) != 0)                                  \
+                fits = false;                                                                      \
+            else                                                                                   \
+                rw += grow_;                                                                       \
+        }                                                                                          \
+        fits;                                                                                      \
+    })
 #define PUT(s)                                                                                     \
     ({                                                                                             \
         const char *s_ = (s);                                                                      \
         size_t n_ = s_ != NULL ? strlen(s_) : 0;                                                   \
-        fits = fits && n_ < (size_t)(end - at);                                                    \
-        fits ? inputs_put(h, &at, s_, n_) : NULL;                                                  \
+        fits &&ROOM(n_ + 1) ? inputs_put(h, &at, s_, n_) : NULL;                                   \
     })
     p->src = PUT(src);
     p->name = PUT(name);
@@ -1097,12 +1116,14 @@ static int inputs_one_pass(struct prog *p, struct inputs *in, struct kc__hasher 
         p->include_names[i] = PUT(names != NULL ? names[i] : NULL);
     }
 #undef PUT
+#undef ROOM
     if (!fits) {
         munmap(m, len);
         p->src = p->name = NULL;
         return -ENOSPC;
     }
-    /* The reservation past the used huge pages goes back. */
+    /* The reservation past the used huge pages goes back (rw is whole
+     * steps from a huge page: past the used ones). */
     uintptr_t used = ((uintptr_t)at + INPUTS_HUGE - 1) & ~(uintptr_t)(INPUTS_HUGE - 1);
     if (used < (uintptr_t)end && munmap((void *)used, (uintptr_t)end - used) == 0)
         len = used - (uintptr_t)m;
