@@ -110,7 +110,7 @@ kc_digest kc__hash_digest(struct kc__hasher *h)
 /* 64 KiB: below malloc's mmap threshold, so a buffer costs no system call. */
 #define DIGEST_CHUNK (64u << 10)
 
-static bool same_file_state(const struct stat *a, const struct stat *b)
+bool kc__same_file_state(const struct stat *a, const struct stat *b)
 {
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
            a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
@@ -148,7 +148,7 @@ int kc__digest_fd(int fd, const struct stat *before, kc_digest *out)
         rc = -errno;
         goto out;
     }
-    if (!same_file_state(before, &after)) {
+    if (!kc__same_file_state(before, &after)) {
         rc = -ESTALE;
         goto out;
     }

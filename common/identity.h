@@ -9,6 +9,7 @@
 
 #include "digest.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,9 @@ struct stat;
  * the digest would not be of any one version of the file; -ENOMEM; or the
  * read's negative errno. *out is written only on 0. */
 int kc__digest_fd(int fd, const struct stat *before, kc_digest *out);
+/* Whether two stats are of one file in one state: device, inode, size,
+ * mtime and ctime. */
+bool kc__same_file_state(const struct stat *a, const struct stat *b);
 void kc__digest_hex(const kc_digest *d, char out[33]);
 
 /* The GNU build-id of the ELF file at `path` (or, without one, a digest of

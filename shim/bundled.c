@@ -11,6 +11,7 @@
  */
 #include "deps.h"
 #include "shim.h"
+#include "../common/clock.h"
 #include "../store/local/local.h"
 
 #include <dirent.h>
@@ -439,12 +440,6 @@ static void tree_name(const char *hex, char *out, size_t n)
     snprintf(out, n, "%s.tree", hex);
 }
 
-static bool map_check(void *arg, const char *rel, const kc_digest *d)
-{
-    kc_digest want;
-    return kc__pristine_find(arg, rel, &want) && digest_eq(&want, d);
-}
-
 /* The map of id, from the process's maps or the store's file, never made. */
 static const struct kc__pristine *map_lookup(const char *store, const kc_digest *id)
 {
@@ -578,7 +573,7 @@ static int ready_entry(void *arg, int dir, const char *name, char *rel, size_t p
     } else {
         kc_digest got;
         rc = kc__digest_fd(fd, &st, &got);
-        if (rc == 0 && !map_check((void *)ck->m, rel, &got))
+        if (rc == 0 && !kc__bh_map_check((void *)ck->m, rel, &got))
             rc = -EBADMSG;
         if (rc == 0)
             ck->n++;
@@ -622,15 +617,8 @@ static int move_in(int sdir, int ddir, const char *name)
  * (kc__pristine_unchanged). A tick at most. */
 static void after_fill(void)
 {
-    struct timespec fine, now;
-    if (syscall(SYS_clock_gettime, CLOCK_REALTIME, &fine) != 0)
-        return;
-    for (int i = 0; i < 40; i++) {
-        kc__pristine_clock(&now);
-        if (now.tv_sec > fine.tv_sec || (now.tv_sec == fine.tv_sec && now.tv_nsec > fine.tv_nsec))
-            return;
-        nanosleep(&(struct timespec){0, 500000}, NULL);
-    }
+    struct timespec t;
+    (void)kc_coarse_past_now(&t);
 }
 
 /* Fills DIR (dfd: holding only the install's lock, which this process
@@ -783,7 +771,7 @@ int kc__pristine_fill(const char *store, const kc_digest *id, const char *dir, b
                                   .dm = 0755,
                                   .fill = true,
                                   .clone = true,
-                                  .check = map_check,
+                                  .check = kc__bh_map_check,
                                   .arg = (void *)m};
         if (sfd < 0)
             rc = -ENOENT;
@@ -849,7 +837,7 @@ void kc__pristine_keep(const char *store, const kc_digest *id, const char *dir,
     int dfd = openat(bdir, tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     /* A reflink too: the host's later writes to DIR copy on write. */
     struct kc__tree_copy c = {
-        .fm = 0600, .dm = 0700, .clone = true, .check = map_check, .arg = (void *)m};
+        .fm = 0600, .dm = 0700, .clone = true, .check = kc__bh_map_check, .arg = (void *)m};
     int rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
     if (sfd >= 0 && dfd < 0)
         close(sfd);

@@ -1133,6 +1133,18 @@ static int inputs_one_pass(struct prog *p, struct inputs *in, struct kc__hasher 
     return 0;
 }
 
+/* The key's hasher with its head, for create to hash the inputs into;
+ * NULL when NVRTC's identity is not known yet (the compile hashes them
+ * then) or out of memory (the same). */
+static struct kc__hasher *inputs_hasher(void)
+{
+    const struct identity *id = __atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE) ? &ident : NULL;
+    struct kc__hasher *h = id != NULL ? kc__hasher_new() : NULL;
+    if (h != NULL)
+        key_head(h, id);
+    return h;
+}
+
 /* p's inputs: one copy of the host's (n headers and include names; NULL
  * ones stay NULL), hashed for the key as they are copied when NVRTC's
  * identity is known already (a program kcache keeps: own_ok asked for it).
@@ -1141,41 +1153,30 @@ static int inputs_make(struct prog *p, const char *src, const char *name, int n,
                        const char *const *headers, const char *const *names)
 {
     int nh = n > 0 && headers != NULL ? n : 0;
-    if (nh >= INPUTS_ONE_PASS_HEADERS) {
-        struct inputs *in = calloc(1, sizeof *in);
-        p->headers = calloc(nh, sizeof *p->headers);
-        p->include_names = calloc(nh, sizeof *p->include_names);
-        if (in == NULL || p->headers == NULL || p->include_names == NULL) {
-            free(in);
-            return -ENOMEM;
-        }
-        in->refs = 1;
-        const struct identity *id = __atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE) ? &ident : NULL;
-        struct kc__hasher *h = id != NULL ? kc__hasher_new() : NULL;
-        if (h != NULL)
-            key_head(h, id);
-        if ((id == NULL || h != NULL) &&
-            inputs_one_pass(p, in, h, src, name, nh, headers, names) == 0) {
-            p->n_headers = nh;
-            in->prefix = h;
-            p->in = in;
-            return 0;
-        }
-        kc__hasher_free(h);
-        free(in);
-        free(p->headers);
-        free(p->include_names);
-        p->headers = p->include_names = NULL;
-    }
-    size_t *len = malloc((2 * (size_t)nh + 2) * sizeof *len);
     struct inputs *in = calloc(1, sizeof *in);
-    if (len == NULL || in == NULL) {
-        free(len);
-        free(in);
+    if (in == NULL)
         return -ENOMEM;
-    }
     in->refs = 1;
     p->in = in;
+    if (nh > 0) {
+        p->headers = calloc(nh, sizeof *p->headers);
+        p->include_names = calloc(nh, sizeof *p->include_names);
+        if (p->headers == NULL || p->include_names == NULL)
+            return -ENOMEM;
+    }
+    in->prefix = inputs_hasher();
+    if (nh >= INPUTS_ONE_PASS_HEADERS) {
+        if (inputs_one_pass(p, in, in->prefix, src, name, nh, headers, names) == 0) {
+            p->n_headers = nh;
+            return 0;
+        }
+        /* Past the reservation, hashed in part: the two passes, afresh. */
+        kc__hasher_free(in->prefix);
+        in->prefix = inputs_hasher();
+    }
+    size_t *len = malloc((2 * (size_t)nh + 2) * sizeof *len);
+    if (len == NULL)
+        return -ENOMEM;
     /* The lengths first: the block is sized, and each string's length is
      * hashed before its bytes. */
     len[0] = src != NULL ? strlen(src) : 0;
@@ -1187,19 +1188,11 @@ static int inputs_make(struct prog *p, const char *src, const char *name, int n,
         len[3 + 2 * i] = in_name != NULL ? strlen(in_name) : 0;
         total += len[2 + 2 * i] + len[3 + 2 * i] + 2;
     }
-    if (nh > 0) {
-        p->headers = calloc(nh, sizeof *p->headers);
-        p->include_names = calloc(nh, sizeof *p->include_names);
-    }
-    if ((nh > 0 && (p->headers == NULL || p->include_names == NULL)) ||
-        inputs_alloc(in, total) != 0) {
+    if (inputs_alloc(in, total) != 0) {
         free(len);
         return -ENOMEM;
     }
-    const struct identity *id = __atomic_load_n(&ident.ready, __ATOMIC_ACQUIRE) ? &ident : NULL;
-    struct kc__hasher *h = id != NULL ? kc__hasher_new() : NULL;
-    if (h != NULL)
-        key_head(h, id);
+    struct kc__hasher *h = in->prefix;
     char *at = in->block;
     p->src = inputs_put(h, &at, src, len[0]);
     p->name = inputs_put(h, &at, name, len[1]);
@@ -1210,7 +1203,6 @@ static int inputs_make(struct prog *p, const char *src, const char *name, int n,
         p->include_names[i] = inputs_put(h, &at, names != NULL ? names[i] : NULL, len[3 + 2 * i]);
     }
     p->n_headers = nh;
-    in->prefix = h;
     free(len);
     return 0;
 }

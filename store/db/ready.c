@@ -9,6 +9,7 @@
  * died there.
  */
 #include "jobs.h"
+#include "../../common/clock.h"
 #include "../../common/log.h"
 
 #include <dirent.h>
@@ -18,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,33 +78,6 @@ static void hex_digest(const char *hex, kc_digest *d)
     d->lo = strtoull(part, NULL, 16);
 }
 
-static bool map_check(void *arg, const char *rel, const kc_digest *d)
-{
-    kc_digest want;
-    return kc__pristine_find(arg, rel, &want) && want.lo == d->lo && want.hi == d->hi;
-}
-
-/* The proof of a copy just made and checked: the coarse realtime clock
- * once it is strictly past the fine clock's now, so every ctime the copy
- * got (the fine clock with multigrain timestamps, else the coarse one) is
- * older than it (shim/bundled.c, after_fill). False when the clock cannot
- * be read or does not move within 20 ms. */
-static bool proof_since(struct timespec *since)
-{
-    struct timespec fine;
-    if (syscall(SYS_clock_gettime, CLOCK_REALTIME, &fine) != 0)
-        return false;
-    for (int i = 0; i < 40; i++) {
-        if (syscall(SYS_clock_gettime, CLOCK_REALTIME_COARSE, since) != 0)
-            return false;
-        if (since->tv_sec > fine.tv_sec ||
-            (since->tv_sec == fine.tv_sec && since->tv_nsec > fine.tv_nsec))
-            return true;
-        nanosleep(&(struct timespec){0, 500000}, NULL);
-    }
-    return false;
-}
-
 /* One ready copy of <hex>.tree for mask: 0 or a negative errno. Every file
  * is checked against the map as it is copied (no map, or one file that
  * differs: no copy); where the filesystem is local with nanosecond times,
@@ -135,7 +108,7 @@ static int make_one(const char *store, int bdir, const char *hex, mode_t mask)
                               .dm = 0755 & ~mask,
                               .exact = true,
                               .clone = true,
-                              .check = map_check,
+                              .check = kc__bh_map_check,
                               .arg = m};
     rc = sfd < 0 || dfd < 0 ? -EIO : kc__tree_copy(sfd, dfd, &c);
     if (sfd >= 0 && dfd < 0)
@@ -146,8 +119,9 @@ static int make_one(const char *store, int bdir, const char *hex, mode_t mask)
         rc = -EBADMSG;
     struct timespec since;
     if (rc == 0) {
-        /* Checked and complete: its name says since when. */
-        bool proof = local && proof_since(&since);
+        /* Checked and complete: its name says since when (every ctime
+         * the copy got is older than that time). */
+        bool proof = local && kc_coarse_past_now(&since);
         kc__ready_tag(tag, proof ? &since : NULL);
         kc__ready_name(ready, sizeof ready, hex, "ready", mask, tag);
         if (renameat(bdir, prep, bdir, ready) != 0)

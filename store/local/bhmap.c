@@ -46,6 +46,12 @@ bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest 
     }
 }
 
+bool kc__bh_map_check(void *m, const char *rel, const kc_digest *d)
+{
+    kc_digest want;
+    return kc__pristine_find(m, rel, &want) && digest_eq(&want, d);
+}
+
 void kc__bh_map_free(struct kc__pristine *m)
 {
     if (m == NULL)

@@ -404,6 +404,8 @@ struct kc__pristine {
 };
 /* Whether the map lists rel, its digest in *out. */
 bool kc__pristine_find(const struct kc__pristine *m, const char *rel, kc_digest *out);
+/* Whether map m (arg) lists rel with digest d: kc__tree_copy's check. */
+bool kc__bh_map_check(void *m, const char *rel, const kc_digest *d);
 /* The map of bytes[0, len) for identity id, every check passed, or NULL. */
 struct kc__pristine *kc__bh_map_decode(const unsigned char *b, size_t len, const kc_digest *id);
 void kc__bh_map_free(struct kc__pristine *m);

@@ -155,17 +155,6 @@ static int read_whole(int in, const struct stat *st, char **out)
     return 0;
 }
 
-/* Whether the open file fd is still as *before says (inode, size, times). */
-static bool same_state(int fd, const struct stat *before)
-{
-    struct stat now;
-    return fstat(fd, &now) == 0 && now.st_ino == before->st_ino && now.st_size == before->st_size &&
-           now.st_mtim.tv_sec == before->st_mtim.tv_sec &&
-           now.st_mtim.tv_nsec == before->st_mtim.tv_nsec &&
-           now.st_ctim.tv_sec == before->st_ctim.tv_sec &&
-           now.st_ctim.tv_nsec == before->st_ctim.tv_nsec;
-}
-
 /* Copies the file `name` of sdir (rel: its path below the top) into ddir as
  * kc__tree_copy does. The copy's bytes are checked (c->check) before the
  * file is made: a file that fails is never made (-EBADMSG). */
@@ -216,7 +205,8 @@ cloned:
     /* A reflink, or a copy read again, after the digest: the source must
      * not have changed in between (the bytes made are then the ones
      * checked; a ready copy's owner proof vouches for them). */
-    if (rc == 0 && check && clone && !same_state(in, &st))
+    struct stat now;
+    if (rc == 0 && check && clone && (fstat(in, &now) != 0 || !kc__same_file_state(&st, &now)))
         rc = -ESTALE;
 done:
     free(buf);

@@ -1228,8 +1228,8 @@ bool kc_remote_usable(struct kc_remote *r)
     return ok;
 }
 
-/* When the soonest of nd's retries is due, for a node that answered this
- * process: 0 up now, UINT64_MAX none such. */
+/* When nd can be asked again (mono ns): now when it is up, its retry time
+ * when it is off but answered this process before, else UINT64_MAX. */
 static uint64_t node_back_at(const struct kc__node *nd, uint64_t now)
 {
     if (node_up(nd))
