@@ -205,9 +205,11 @@ cloned:
     /* A reflink, or a copy read again, after the digest: the source must
      * not have changed in between (the bytes made are then the ones
      * checked; a ready copy's owner proof vouches for them). */
-    struct stat now;
-    if (rc == 0 && check && clone && (fstat(in, &now) != 0 || !kc__same_file_state(&st, &now)))
-        rc = -ESTALE;
+    if (rc == 0 && check && clone) {
+        struct stat now;
+        if (fstat(in, &now) != 0 || !kc__same_file_state(&st, &now))
+            rc = -ESTALE;
+    }
 done:
     free(buf);
     if (out >= 0 && close(out) != 0 && rc == 0)

@@ -875,7 +875,8 @@ def main():
         t = time.time()
         r = run([os.path.join(co, 'scripts', 'package'), '--dist', dist], timeout=3600)
         print('scripts/package: %.0f s' % (time.time() - t), flush=True)
-        if not check(r.returncode == 0, 'scripts/package from a clean checkout (%s)' % r.stderr[-2000:]):
+        if not check(r.returncode == 0, 'scripts/package from a clean checkout (%s)' % (
+                r.stdout[-3000:] + r.stderr[-2000:])):
             return 1
         version = re.search(r"version: '([^']+)'", open(os.path.join(SRC, 'meson.build')).read()).group(1)
         tarball = os.path.join(dist, 'kcache-%s-linux-x86_64.tar.gz' % version)
