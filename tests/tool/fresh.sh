@@ -48,7 +48,9 @@ while [ ! -e "$T/done" ]; do
     [ "$n" -ge "$maxs" ] && ok || fail "stats showed $n entries after $maxs"
     [ "$n" -gt "$maxs" ] && maxs=$n
     run "$KC" --dir "$L" ls
-    l=$(printf '%s\n' "$out" | grep -vc ' pending$')
+    # Stored entries: lines, not pending ones (an empty listing is none:
+    # printf gives it one empty line, which grep -vc would count).
+    l=$(printf '%s\n' "$out" | grep -v ' pending$' | grep -c .)
     [ "$l" -ge "$maxl" ] && ok || fail "ls showed $l stored entries after $maxl (exit $rc, stderr: $err; out: $(printf '%s\n' "$out" | head -3))"
     [ "$l" -gt "$maxl" ] && maxl=$l
 done
