@@ -274,8 +274,17 @@ static int replay(const struct nvrun *r, const struct nvrec *x, struct kc_counte
             (lstat(r->outputs[i], &st) == 0 || !kc__tool_output_dir_writable(r->outputs[i])))
             return -EEXIST;
     }
+    /* nvcc's outputs are written in place (-cubin, -ptx, -fatbin) or
+     * replaced (-c: GNU as unlinks an object first): served only where
+     * both leave the same, checked for all before any is written. */
     for (int i = 0; i < x->n; i++) {
-        int rc = kc__tool_output_write(x->path[i], &x->file[i]);
+        struct kc__out_how how;
+        int rc = kc__tool_output_how(x->path[i], false, &how);
+        if (rc != 0)
+            return rc;
+    }
+    for (int i = 0; i < x->n; i++) {
+        int rc = kc__tool_output_write(x->path[i], &x->file[i], false);
         if (rc != 0)
             return rc;
     }
@@ -615,7 +624,9 @@ void kc__nvcc_start(int argc, char **argv)
         int rrc = replay(&r, &x, &c); /* exits on success */
         rec_free(&x);
         pass(&c, rrc == -EEXIST ? KC_PASS_order : KC_PASS_input,
-             "a stored run cannot be replayed here");
+             rrc == -ENOTSUP ? "an output there now that nvcc writes through or replaces (a "
+                               "link, another owner, a mode or attributes of its own)"
+                             : "a stored run cannot be replayed here");
         return;
     }
     if (supervise(&r, merged, st, api, ns, &id, flight, &c) != 0) {

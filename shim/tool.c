@@ -939,7 +939,7 @@ static int replay(const struct run *r, const struct record *x, struct kc_counter
         struct kc_buf b = {0};
         int rc = put_names(r, &x->file[k], &b);
         if (rc == 0)
-            rc = kc__tool_output_write(r->outputs[k], &b);
+            rc = kc__tool_output_write(r->outputs[k], &b, true); /* O_TRUNC, in place */
         kc_buf_free(&b);
         if (rc != 0)
             return rc;

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,22 +45,97 @@ mode_t kc__tool_umask(void)
     return m;
 }
 
-/* Writes `bytes` to `path` whole or not at all: a temporary file beside it,
- * renamed over it. Its mode is the one the tool's open(O_CREAT|O_TRUNC,
- * 0666) would leave: an existing file's own, else 0666 less the umask.
- * 0, or negative errno (nothing is left behind). */
-int kc__tool_output_write(const char *path, const struct kc_buf *bytes)
+/* The group a file created in path's directory gets: the directory's
+ * when it is set-group-ID, else this process's effective group. */
+static bool new_file_gid(const char *path, gid_t *gid)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return false;
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return false;
+    *gid = (st.st_mode & S_ISGID) ? st.st_gid : getegid();
+    return true;
+}
+
+/* Whether path carries an extended attribute a file made anew would not
+ * (an ACL, user or trusted attributes; security labels are the
+ * directory's policy either way). Unreadable: yes. */
+static bool own_attributes(const char *path)
+{
+    char names[4096];
+    ssize_t n = llistxattr(path, names, sizeof names);
+    if (n < 0)
+        return errno != ENOTSUP && errno != ENOSYS;
+    for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1)
+        if (strncmp(names + i, "security.", 9) != 0)
+            return true;
+    return false;
+}
+
+int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how)
 {
     struct stat st;
-    mode_t mode;
-    if (stat(path, &st) == 0) {
-        if (!S_ISREG(st.st_mode))
-            return -EINVAL; /* /dev/stdout, a FIFO: the tool's own writes */
-        mode = st.st_mode & 07777;
-    } else if (errno == ENOENT) {
-        mode = 0666 & ~kc__tool_umask();
-    } else {
-        return -errno;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT)
+            return -errno;
+        how->kind = KC__OUT_CREATE;
+        how->mode = 0666 & ~kc__tool_umask();
+        return 0;
+    }
+    gid_t gid;
+    if (S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == geteuid() &&
+        new_file_gid(path, &gid) && st.st_gid == gid && !own_attributes(path) &&
+        faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 && kc__tool_output_dir_writable(path) &&
+        (in_place || (st.st_mode & 07777) == (0666 & ~kc__tool_umask()))) {
+        /* A file of this process's own, writable, that a new one would
+         * equal (a tool that replaces its output leaves its mode too). */
+        how->kind = KC__OUT_RENAME;
+        how->mode = st.st_mode & 07777;
+        return 0;
+    }
+    if (!in_place)
+        return -ENOTSUP; /* replaced or written through: the record cannot tell */
+    struct stat to;
+    if (stat(path, &to) == 0 ? !S_ISREG(to.st_mode) : errno != ENOENT)
+        return -EINVAL; /* /dev/stdout, a FIFO, a loop: the tool's own writes */
+    how->kind = KC__OUT_THROUGH;
+    how->mode = 0;
+    return 0;
+}
+
+/* bytes written whole to fd. 0 or negative errno. */
+static int put_all(int fd, const struct kc_buf *bytes)
+{
+    return kc__write_full(fd, bytes->p, bytes->len);
+}
+
+int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_place)
+{
+    struct kc__out_how how;
+    int rc = kc__tool_output_how(path, in_place, &how);
+    if (rc != 0)
+        return rc;
+    if (how.kind == KC__OUT_THROUGH) {
+        /* As the tool's own open(O_WRONLY|O_CREAT|O_TRUNC, 0666): through
+         * a symbolic link, into a file with other links, owners, modes or
+         * attributes, which stay as they are. */
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+        if (fd < 0)
+            return -errno;
+        struct stat st;
+        rc = fstat(fd, &st) != 0 ? -errno : !S_ISREG(st.st_mode) ? -EINVAL : put_all(fd, bytes);
+        if (close(fd) != 0 && rc == 0)
+            rc = -errno;
+        return rc;
     }
     char tmp[PATH_MAX];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.kcache-%ld-%llx", path, (long)getpid(),
@@ -68,8 +144,8 @@ int kc__tool_output_write(const char *path, const struct kc_buf *bytes)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return -errno;
-    int rc = kc__write_full(fd, bytes->p, bytes->len);
-    if (rc == 0 && fchmod(fd, mode) != 0)
+    rc = put_all(fd, bytes);
+    if (rc == 0 && fchmod(fd, how.mode) != 0)
         rc = -errno;
     if (close(fd) != 0 && rc == 0)
         rc = -errno;

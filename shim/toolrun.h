@@ -17,10 +17,32 @@
 /* This process's umask, read without changing it for longer than a call. */
 mode_t kc__tool_umask(void);
 
-/* Writes `bytes` to `path` whole or not at all (a temporary file beside
- * it, renamed over it), with the mode the tool's open(O_CREAT|O_TRUNC,
- * 0666) would leave. 0, or negative errno (nothing is left behind). */
-int kc__tool_output_write(const char *path, const struct kc_buf *bytes);
+/* How an output is written to be what the tool would leave there. A tool
+ * opens its output O_WRONLY|O_CREAT|O_TRUNC (ptxas, cicc, fatbinary,
+ * nvlink: in place), or unlinks it first and creates it anew (GNU as,
+ * which writes nvcc -c's object). */
+struct kc__out_how {
+    enum {
+        KC__OUT_CREATE,  /* nothing there: a temporary renamed to it, mode */
+        KC__OUT_RENAME,  /* a plain file of ours: the same, its mode kept */
+        KC__OUT_THROUGH, /* written in place, as the tool would (in_place) */
+    } kind;
+    mode_t mode;
+};
+
+/* How `path` is written for a tool that writes its output in place
+ * (in_place), or for one that may replace it: then only where both would
+ * leave the same (nothing there, or a file of this process's own with one
+ * link and the mode a new one gets), else -ENOTSUP. -EINVAL where it is
+ * no regular file's (/dev/stdout, a FIFO: the tool's own writes). */
+int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how);
+
+/* Writes `bytes` to `path` as kc__tool_output_how says: whole or not at
+ * all (a temporary file beside it, renamed over it) where nothing or a
+ * plain file of ours is there; else in place, as the tool's own
+ * open(O_WRONLY|O_CREAT|O_TRUNC, 0666) would (through a symbolic link,
+ * keeping links, owner, mode). 0, or negative errno (no temporary left). */
+int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_place);
 
 /* Whether the directory `path` would be created in exists and this
  * process may create files there. */

@@ -28,6 +28,9 @@ plain run's, byte for byte. Cases:
   output no argument names (-c without -o): passed through with a reason;
 - killed: nvcc killed mid-run: the caller sees the signal, nothing stored;
 - flight: four identical compiles at once compile once;
+- existing: an output already there (a symbolic link, a second link, a
+  mode of its own): every path as plain's (-c replaces it, -cubin writes
+  through it), served only where both ways leave the same;
 - switch: KCACHE_NVCC=0: nvcc runs, not served whole; its cicc, ptxas and
   fatbinary runs are served warm (each prints its own counters).
 
@@ -423,6 +426,76 @@ def case_switch(R):
           "switch: KCACHE_NVCC=0 serves nvcc's tools, not nvcc (cold, warm: %s)" % seen)
 
 
+def case_existing(R):
+    """An output already there. nvcc's -c object is written by GNU as,
+    which unlinks it first (a new file: a symbolic link or a second link
+    replaced, the mode a new file gets); -cubin's by ptxas in place
+    (through a link, the mode kept). A warm run leaves every path as the
+    plain run does: served where both ways leave the same (a file of the
+    caller's own with the mode a new one gets), else nvcc runs (a
+    pass-through with its reason)."""
+    um = os.umask(0)
+    os.umask(um)
+    new_mode = 0o666 & ~um
+
+    def state(paths):
+        st = []
+        for p in paths:
+            if not os.path.lexists(p):
+                st.append(None)
+            elif os.path.islink(p):
+                st.append(("link", os.readlink(p)))
+            else:
+                b = read(p)
+                ls = os.lstat(p)
+                st.append(("old" if b == b"old" else "new", oct(ls.st_mode & 0o7777),
+                           ls.st_uid, ls.st_nlink))
+        return st
+
+    for flag, ext in (("-c", "o"), ("-cubin", "cubin")):
+        for name in ("default", "mode", "symlink", "hardlink"):
+            case = "existing-%s-%s" % (ext, name)
+            d = source(R.work, case)
+            out, target, other = (os.path.join(d, "k." + ext), os.path.join(d, "t." + ext),
+                                  os.path.join(d, "other." + ext))
+            store = os.path.join(R.work, "store-" + case)
+            res = {}
+            for phase in ("plain", "cold", "warm"):
+                for p in (out, target, other):
+                    if os.path.lexists(p):
+                        os.unlink(p)
+                if name == "symlink":
+                    with open(target, "wb") as f:
+                        f.write(b"old")
+                    os.symlink("t." + ext, out)
+                else:
+                    with open(out, "wb") as f:
+                        f.write(b"old")
+                    os.chmod(out, new_mode if name == "default" else 0o600)
+                    if name == "hardlink":
+                        os.link(out, other)
+                env = R.base if phase == "plain" else R.env(store)
+                rc, so, se, tool = R.run([flag, "-arch=sm_80", "k.cu", "-o", "k." + ext],
+                                         env=env, cwd=d)
+                res[phase] = (rc, so, se, state([out, target, other]), tool, read(out))
+            p = res["plain"]
+            for phase in ("cold", "warm"):
+                r = res[phase]
+                check(r[0] == p[0] and r[3] == p[3],
+                      "%s %s: status and every path as plain's (%s; plain %s, kcache %s)"
+                      % (case, phase, r[4], p[3], r[3]))
+                check(norm(r[1]) == norm(p[1]) and norm(r[2]) == norm(p[2]),
+                      "%s %s: streams as plain's" % (case, phase))
+            if ext == "cubin":
+                check(res["warm"][5] == p[5], "%s warm: the cubin is plain's" % case)
+            w = res["warm"][4]
+            if name == "default":
+                check(w.get("hits") == 1, "%s warm: served (%s)" % (case, w))
+            else:
+                check(w.get("hits", 0) == 0 and w.get("passthrough") == 1,
+                      "%s warm: nvcc runs, a pass-through (%s)" % (case, w))
+
+
 def main():
     nvcc = sys.argv[1]
     if not os.path.exists(nvcc):
@@ -432,7 +505,7 @@ def main():
     R = Runner(nvcc, work)
     only = sys.argv[2:]
     cases = [case_c, case_phases, case_md, case_error, case_header, case_include, case_path,
-             case_static, case_unnamed, case_killed, case_flight, case_switch]
+             case_static, case_unnamed, case_killed, case_flight, case_switch, case_existing]
     try:
         for c in cases:
             if not only or c.__name__[5:] in only:

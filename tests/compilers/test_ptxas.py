@@ -25,6 +25,8 @@ from them only in ptxas's "Compile time = N ms" line. Cases:
 - killed: ptxas killed mid-run (SIGTERM to the process the caller started):
   the caller sees the signal's status, nothing is stored;
 - outputs: an unwritable directory, a missing one, /dev/stdout: as ptxas;
+- through: an output ptxas writes through (a symbolic link, a second
+  link, another owner's file, a read-only one): every path as plain's;
 - flight: four identical runs at once compile once;
 - nvcc: nvcc's own ptxas (temporary names, -m64 attached) served warm;
 - env: the variables ptxas reads (its getenv calls, traced by a preloaded
@@ -275,6 +277,89 @@ def case_outputs(R):
     os.chmod(ro, 0o755)
 
 
+def fs_state(paths):
+    """What a caller sees at each path: a link's target, or a file's
+    bytes, mode, owner, group and link count (None: nothing there)."""
+    st = []
+    for p in paths:
+        try:
+            ls = os.lstat(p)
+        except FileNotFoundError:
+            st.append(None)
+            continue
+        if stat.S_ISLNK(ls.st_mode):
+            st.append(("link", os.readlink(p)))
+        else:
+            st.append(("file", read(p), stat.S_IMODE(ls.st_mode), ls.st_uid, ls.st_gid,
+                       ls.st_nlink))
+    return st
+
+
+def case_through(R):
+    """An output that ptxas writes through (it opens it O_WRONLY|O_CREAT|
+    O_TRUNC, in place): a symbolic link (to a file, and dangling), a file
+    with a second link, a file of another owner, a read-only file. The
+    warm run (a hit) leaves every path as the plain run does: the link
+    kept and its target written, both links the new bytes, the owner and
+    mode kept; a file the tool cannot open makes the tool run."""
+    src = ptx(R.work, "through/k.ptx")
+    d = os.path.join(R.work, "through")
+    real = os.path.join(d, "real")
+    out = os.path.join(d, "k.cubin")
+    target = os.path.join(real, "t.cubin")
+    other = os.path.join(real, "other.cubin")
+
+    def old(path, md=0o644):
+        os.makedirs(real, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(b"old")
+        os.chmod(path, md)
+
+    def symlink():
+        old(target, 0o640)
+        os.symlink("real/t.cubin", out)
+
+    def dangling():
+        os.makedirs(real, exist_ok=True)
+        os.symlink("real/t.cubin", out)
+
+    def hardlink():
+        old(out, 0o600)
+        os.link(out, other)
+
+    def foreign():
+        old(out, 0o664)
+        os.chown(out, 65534, 65534)
+
+    def readonly():
+        old(out, 0o444)
+
+    cases = [("symlink", symlink), ("dangling", dangling), ("hardlink", hardlink)]
+    if os.geteuid() == 0:
+        cases.append(("owner", foreign))   # root writes into another's file, keeps its owner
+    else:
+        cases.append(("readonly", readonly))  # the tool cannot open it: neither can a hit
+    for name, prep in cases:
+        store = os.path.join(R.work, "store-through-" + name)
+        res = []
+        for phase in ("plain", "cold", "warm"):
+            shutil.rmtree(d, ignore_errors=True)
+            src = ptx(R.work, "through/k.ptx")
+            prep()
+            env = None if phase == "plain" else R.env(store)
+            rc, so, se, tool, _ = R.run(["--gpu-name=sm_90", src, "-o", out], env=env)
+            res.append((rc, norm(so), norm(se), fs_state([out, target, other]), tool))
+        (prc, pso, pse, pst, _), cold, warm = res
+        for phase, (rc, so, se, st, tool) in (("cold", cold), ("warm", warm)):
+            check((rc, so, se, st) == (prc, pso, pse, pst),
+                  "through %s %s: status, streams and every path as plain (%s)\n  plain %s\n  "
+                  "kcache %s" % (name, phase, tool, (prc, pst), (rc, st)))
+        if prc == 0:
+            check(warm[4].get("hits") == 1, "through %s warm: a hit (%s)" % (name, warm[4]))
+        leftover = [f for f in os.listdir(d) + os.listdir(real) if ".kcache-" in f]
+        check(not leftover, "through %s: no temporary left (%s)" % (name, leftover))
+
+
 def case_flight(R):
     src = ptx(R.work, "flight/k.ptx", mul="3.0")
     store = os.path.join(R.work, "store-flight")
@@ -366,7 +451,7 @@ def main():
         pass  # every release here takes PTX 8.0
     try:
         for case in (case_ok, case_modes, case_error, case_edited, case_tempnames, case_pass,
-                     case_killed, case_outputs, case_flight, case_env, case_nvcc):
+                     case_killed, case_outputs, case_through, case_flight, case_env, case_nvcc):
             case(R)
     finally:
         for d in glob.glob(os.path.join(work, "outputs", "ro")):
