@@ -92,12 +92,14 @@ int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how
         return 0;
     }
     gid_t gid;
-    if (S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == geteuid() &&
-        new_file_gid(path, &gid) && st.st_gid == gid && !own_attributes(path) &&
-        faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 && kc__tool_output_dir_writable(path) &&
+    if (S_ISREG(st.st_mode) && (st.st_mode & 07000) == 0 && st.st_nlink == 1 &&
+        st.st_uid == geteuid() && new_file_gid(path, &gid) && st.st_gid == gid &&
+        !own_attributes(path) && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 &&
+        kc__tool_output_dir_writable(path) &&
         (in_place || (st.st_mode & 07777) == (0666 & ~kc__tool_umask()))) {
         /* A file of this process's own, writable, that a new one would
-         * equal (a tool that replaces its output leaves its mode too). */
+         * equal (a tool that replaces its output leaves its mode too; no
+         * set-ID bit, which a write in place clears). */
         how->kind = KC__OUT_RENAME;
         how->mode = st.st_mode & 07777;
         return 0;
