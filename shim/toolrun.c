@@ -45,22 +45,28 @@ mode_t kc__tool_umask(void)
     return m;
 }
 
+/* The directory `path` would be created in, into dir[PATH_MAX]. */
+static bool dir_of(const char *path, char *dir)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        snprintf(dir, PATH_MAX, ".");
+    else if (slash == path)
+        snprintf(dir, PATH_MAX, "/");
+    else if ((size_t)(slash - path) < PATH_MAX)
+        snprintf(dir, PATH_MAX, "%.*s", (int)(slash - path), path);
+    else
+        return false;
+    return true;
+}
+
 /* The group a file created in path's directory gets: the directory's
  * when it is set-group-ID, else this process's effective group. */
 static bool new_file_gid(const char *path, gid_t *gid)
 {
     char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return false;
     struct stat st;
-    if (stat(dir, &st) != 0)
+    if (!dir_of(path, dir) || stat(dir, &st) != 0)
         return false;
     *gid = (st.st_mode & S_ISGID) ? st.st_gid : getegid();
     return true;
@@ -163,17 +169,9 @@ int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_
 bool kc__tool_output_dir_writable(const char *path)
 {
     char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else if ((size_t)(slash - path) < sizeof dir)
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    else
-        return false;
     struct stat st;
-    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && access(dir, W_OK | X_OK) == 0;
+    return dir_of(path, dir) && stat(dir, &st) == 0 && S_ISDIR(st.st_mode) &&
+           access(dir, W_OK | X_OK) == 0;
 }
 
 /* Whether the paths name one file as the tool would open them (the same
