@@ -277,14 +277,14 @@ static int replay(const struct nvrun *r, const struct nvrec *x, struct kc_counte
     /* nvcc's outputs are written in place (-cubin, -ptx, -fatbin) or
      * replaced (-c: GNU as unlinks an object first): served only where
      * both leave the same, checked for all before any is written. */
+    struct kc__out_how how[MAX_OUTPUTS];
     for (int i = 0; i < x->n; i++) {
-        struct kc__out_how how;
-        int rc = kc__tool_output_how(x->path[i], false, &how);
+        int rc = kc__tool_output_how(x->path[i], false, &how[i]);
         if (rc != 0)
             return rc;
     }
     for (int i = 0; i < x->n; i++) {
-        int rc = kc__tool_output_write(x->path[i], &x->file[i], false);
+        int rc = kc__tool_output_put(x->path[i], &x->file[i], &how[i]);
         if (rc != 0)
             return rc;
     }

@@ -45,8 +45,9 @@ mode_t kc__tool_umask(void)
     return m;
 }
 
-/* The directory `path` would be created in, into dir[PATH_MAX]. */
-static bool dir_of(const char *path, char *dir)
+/* The directory `path` would be created in, into dir[PATH_MAX], and its
+ * stat. */
+static bool out_dir(const char *path, char *dir, struct stat *st)
 {
     const char *slash = strrchr(path, '/');
     if (slash == NULL)
@@ -57,19 +58,7 @@ static bool dir_of(const char *path, char *dir)
         snprintf(dir, PATH_MAX, "%.*s", (int)(slash - path), path);
     else
         return false;
-    return true;
-}
-
-/* The group a file created in path's directory gets: the directory's
- * when it is set-group-ID, else this process's effective group. */
-static bool new_file_gid(const char *path, gid_t *gid)
-{
-    char dir[PATH_MAX];
-    struct stat st;
-    if (!dir_of(path, dir) || stat(dir, &st) != 0)
-        return false;
-    *gid = (st.st_mode & S_ISGID) ? st.st_gid : getegid();
-    return true;
+    return stat(dir, st) == 0 && S_ISDIR(st->st_mode);
 }
 
 /* Whether path carries an extended attribute a file made anew would not
@@ -97,12 +86,15 @@ int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how
         how->mode = 0666 & ~kc__tool_umask();
         return 0;
     }
-    gid_t gid;
+    /* A file made there gets the directory's group where it is
+     * set-group-ID, else this process's effective group. */
+    char dir[PATH_MAX];
+    struct stat ds;
     if (S_ISREG(st.st_mode) && (st.st_mode & 07000) == 0 && st.st_nlink == 1 &&
-        st.st_uid == geteuid() && new_file_gid(path, &gid) && st.st_gid == gid &&
-        !own_attributes(path) && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 &&
-        kc__tool_output_dir_writable(path) &&
-        (in_place || (st.st_mode & 07777) == (0666 & ~kc__tool_umask()))) {
+        st.st_uid == geteuid() && out_dir(path, dir, &ds) &&
+        st.st_gid == ((ds.st_mode & S_ISGID) ? ds.st_gid : getegid()) &&
+        access(dir, W_OK | X_OK) == 0 && faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0 &&
+        !own_attributes(path) && (in_place || (st.st_mode & 07777) == (0666 & ~kc__tool_umask()))) {
         /* A file of this process's own, writable, that a new one would
          * equal (a tool that replaces its output leaves its mode too; no
          * set-ID bit, which a write in place clears). */
@@ -120,19 +112,10 @@ int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how
     return 0;
 }
 
-/* bytes written whole to fd. 0 or negative errno. */
-static int put_all(int fd, const struct kc_buf *bytes)
+int kc__tool_output_put(const char *path, const struct kc_buf *bytes, const struct kc__out_how *how)
 {
-    return kc__write_full(fd, bytes->p, bytes->len);
-}
-
-int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_place)
-{
-    struct kc__out_how how;
-    int rc = kc__tool_output_how(path, in_place, &how);
-    if (rc != 0)
-        return rc;
-    if (how.kind == KC__OUT_THROUGH) {
+    int rc;
+    if (how->kind == KC__OUT_THROUGH) {
         /* As the tool's own open(O_WRONLY|O_CREAT|O_TRUNC, 0666): through
          * a symbolic link, into a file with other links, owners, modes or
          * attributes, which stay as they are. */
@@ -140,7 +123,9 @@ int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_
         if (fd < 0)
             return -errno;
         struct stat st;
-        rc = fstat(fd, &st) != 0 ? -errno : !S_ISREG(st.st_mode) ? -EINVAL : put_all(fd, bytes);
+        rc = fstat(fd, &st) != 0    ? -errno
+             : !S_ISREG(st.st_mode) ? -EINVAL
+                                    : kc__write_full(fd, bytes->p, bytes->len);
         if (close(fd) != 0 && rc == 0)
             rc = -errno;
         return rc;
@@ -152,8 +137,8 @@ int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return -errno;
-    rc = put_all(fd, bytes);
-    if (rc == 0 && fchmod(fd, how.mode) != 0)
+    rc = kc__write_full(fd, bytes->p, bytes->len);
+    if (rc == 0 && fchmod(fd, how->mode) != 0)
         rc = -errno;
     if (close(fd) != 0 && rc == 0)
         rc = -errno;
@@ -164,14 +149,20 @@ int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_
     return rc;
 }
 
+int kc__tool_output_write(const char *path, const struct kc_buf *bytes, bool in_place)
+{
+    struct kc__out_how how;
+    int rc = kc__tool_output_how(path, in_place, &how);
+    return rc != 0 ? rc : kc__tool_output_put(path, bytes, &how);
+}
+
 /* Whether the directory `path` would be created in exists and this
  * process may create files there. */
 bool kc__tool_output_dir_writable(const char *path)
 {
     char dir[PATH_MAX];
     struct stat st;
-    return dir_of(path, dir) && stat(dir, &st) == 0 && S_ISDIR(st.st_mode) &&
-           access(dir, W_OK | X_OK) == 0;
+    return out_dir(path, dir, &st) && access(dir, W_OK | X_OK) == 0;
 }
 
 /* Whether the paths name one file as the tool would open them (the same

@@ -37,6 +37,12 @@ struct kc__out_how {
  * no regular file's (/dev/stdout, a FIFO: the tool's own writes). */
 int kc__tool_output_how(const char *path, bool in_place, struct kc__out_how *how);
 
+/* Writes `bytes` to `path` as `how` says: whole or not at all (a
+ * temporary file beside it, renamed over it, how->mode), or in place. 0,
+ * or negative errno (no temporary left). */
+int kc__tool_output_put(const char *path, const struct kc_buf *bytes,
+                        const struct kc__out_how *how);
+
 /* Writes `bytes` to `path` as kc__tool_output_how says: whole or not at
  * all (a temporary file beside it, renamed over it) where nothing or a
  * plain file of ours is there; else in place, as the tool's own
